@@ -1,0 +1,60 @@
+//! The engine's error type: every failure names what went wrong and where.
+
+use crate::memory::OutOfMemory;
+use std::path::PathBuf;
+
+/// Anything the engine can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The device could not hold an allocation.
+    #[error(transparent)]
+    OutOfMemory(#[from] OutOfMemory),
+    /// A file could not be read or written.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What the operating system said.
+        source: std::io::Error,
+    },
+    /// A file's content is not what it should be.
+    #[error("{}: {message}", path.display())]
+    BadFile {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, and the fix where there is one.
+        message: String,
+    },
+    /// A configuration value is impossible.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// The thread pool could not be started.
+    #[error("could not start {threads} worker threads: {message}")]
+    Threads {
+        /// Threads asked for.
+        threads: usize,
+        /// Why not.
+        message: String,
+    },
+}
+
+impl EngineError {
+    /// An I/O error on `path`.
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        EngineError::Io {
+            path: path.into(),
+            source,
+        }
+    }
+
+    /// A content error in `path`.
+    pub fn bad_file(path: impl Into<PathBuf>, message: impl Into<String>) -> Self {
+        EngineError::BadFile {
+            path: path.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// The engine's result type.
+pub type Result<T, E = EngineError> = std::result::Result<T, E>;

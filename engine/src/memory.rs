@@ -1,0 +1,421 @@
+//! Accounted device memory: every tensor allocation takes a [`Lease`] from a [`MemoryTracker`]
+//! under a [`Category`], and gives its bytes back when dropped.
+//!
+//! The figures mirror what `torch.cuda.memory_stats` users read: allocated and reserved bytes,
+//! current and peak, per category, allocation and OOM counts. An allocation past the configured
+//! capacity is an [`OutOfMemory`] value, never an abort.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// What an allocation holds; memory reports break bytes down by these.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Category {
+    /// Model weights used by the forward pass.
+    Params,
+    /// Parameter gradients.
+    Grads,
+    /// Optimizer state: AdamW moments and fp32 master weights.
+    Optimizer,
+    /// Activations saved between forward and backward, and activation gradients.
+    Activations,
+    /// Short-lived scratch inside one operation.
+    Workspace,
+    /// Staging buffers of checkpoint and data input/output.
+    Io,
+}
+
+impl Category {
+    /// Every category, in report order.
+    pub const ALL: [Category; 6] = [
+        Category::Params,
+        Category::Grads,
+        Category::Optimizer,
+        Category::Activations,
+        Category::Workspace,
+        Category::Io,
+    ];
+
+    /// The lower-case name used in reports and configuration.
+    pub fn name(self) -> &'static str {
+        match self {
+            Category::Params => "params",
+            Category::Grads => "grads",
+            Category::Optimizer => "optimizer",
+            Category::Activations => "activations",
+            Category::Workspace => "workspace",
+            Category::Io => "io",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl fmt::Display for Category {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Current and peak bytes of one category (or of the whole device).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Bytes held now.
+    pub current: u64,
+    /// Most bytes held at once since the last [`MemoryTracker::reset_peak`].
+    pub peak: u64,
+}
+
+impl Usage {
+    fn add(&mut self, bytes: u64) {
+        self.current += bytes;
+        self.peak = self.peak.max(self.current);
+    }
+}
+
+/// Bytes held per category at one instant.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Breakdown {
+    /// Model weights.
+    pub params: u64,
+    /// Parameter gradients.
+    pub grads: u64,
+    /// Optimizer state.
+    pub optimizer: u64,
+    /// Saved activations and activation gradients.
+    pub activations: u64,
+    /// Operation scratch.
+    pub workspace: u64,
+    /// Input/output staging.
+    pub io: u64,
+}
+
+impl Breakdown {
+    /// The bytes of one category.
+    pub fn get(&self, category: Category) -> u64 {
+        match category {
+            Category::Params => self.params,
+            Category::Grads => self.grads,
+            Category::Optimizer => self.optimizer,
+            Category::Activations => self.activations,
+            Category::Workspace => self.workspace,
+            Category::Io => self.io,
+        }
+    }
+
+    fn set(&mut self, category: Category, bytes: u64) {
+        let slot = match category {
+            Category::Params => &mut self.params,
+            Category::Grads => &mut self.grads,
+            Category::Optimizer => &mut self.optimizer,
+            Category::Activations => &mut self.activations,
+            Category::Workspace => &mut self.workspace,
+            Category::Io => &mut self.io,
+        };
+        *slot = bytes;
+    }
+
+    /// All categories added up.
+    pub fn total(&self) -> u64 {
+        Category::ALL.iter().map(|&c| self.get(c)).sum()
+    }
+
+    /// The category holding the most bytes.
+    pub fn largest(&self) -> Category {
+        Category::ALL
+            .into_iter()
+            .max_by_key(|&c| (self.get(c), std::cmp::Reverse(c)))
+            .unwrap_or(Category::Params)
+    }
+}
+
+impl fmt::Display for Breakdown {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let parts: Vec<String> = Category::ALL
+            .iter()
+            .map(|&c| format!("{c} {}", human_bytes(self.get(c))))
+            .collect();
+        f.write_str(&parts.join(", "))
+    }
+}
+
+/// A snapshot of a tracker's figures.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryStats {
+    /// Bytes held by live allocations.
+    pub allocated: Usage,
+    /// Bytes the device has set aside (equal to `allocated` on the CPU, which caches nothing).
+    pub reserved: Usage,
+    /// Bytes held per category now.
+    pub current: Breakdown,
+    /// Each category's own peak.
+    pub peak_by_category: Breakdown,
+    /// Bytes per category at the instant of the overall peak.
+    pub at_peak: Breakdown,
+    /// The capacity allocations are checked against.
+    pub capacity: u64,
+    /// Successful allocations so far.
+    pub alloc_count: u64,
+    /// Allocations refused for lack of capacity.
+    pub oom_count: u64,
+}
+
+/// The tracker refused an allocation: it would exceed the device's capacity.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "out of memory: tried to allocate {} for {category} with {} of {} allocated ({by_category})",
+    human_bytes(*requested), human_bytes(*allocated), human_bytes(*capacity)
+)]
+pub struct OutOfMemory {
+    /// Bytes asked for.
+    pub requested: u64,
+    /// The category asked for.
+    pub category: Category,
+    /// The device's capacity.
+    pub capacity: u64,
+    /// Bytes held at the time.
+    pub allocated: u64,
+    /// Bytes reserved at the time.
+    pub reserved: u64,
+    /// Bytes held per category at the time.
+    pub by_category: Breakdown,
+}
+
+#[derive(Debug)]
+struct State {
+    capacity: u64,
+    allocated: Usage,
+    by_category: [Usage; 6],
+    at_peak: [u64; 6],
+    alloc_count: u64,
+    oom_count: u64,
+}
+
+impl State {
+    fn breakdown(&self, pick: impl Fn(&Usage) -> u64) -> Breakdown {
+        let mut b = Breakdown::default();
+        for c in Category::ALL {
+            b.set(c, pick(&self.by_category[c.index()]));
+        }
+        b
+    }
+}
+
+/// Counts every byte a device hands out. Cloning shares the same counters.
+#[derive(Clone, Debug)]
+pub struct MemoryTracker {
+    state: Arc<Mutex<State>>,
+}
+
+impl MemoryTracker {
+    /// A tracker refusing allocations that would take more than `capacity` bytes in all.
+    pub fn new(capacity: u64) -> Self {
+        MemoryTracker {
+            state: Arc::new(Mutex::new(State {
+                capacity,
+                allocated: Usage::default(),
+                by_category: [Usage::default(); 6],
+                at_peak: [0; 6],
+                alloc_count: 0,
+                oom_count: 0,
+            })),
+        }
+    }
+
+    /// A tracker with no practical capacity limit.
+    pub fn unlimited() -> Self {
+        Self::new(u64::MAX)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave the counters half-updated: every update is
+        // a few integer additions. So a poisoned lock is still consistent.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes `bytes` under `category`, or refuses if the capacity would be exceeded.
+    pub fn allocate(&self, bytes: u64, category: Category) -> Result<Lease, OutOfMemory> {
+        let mut s = self.lock();
+        if s.allocated.current.saturating_add(bytes) > s.capacity {
+            s.oom_count += 1;
+            return Err(OutOfMemory {
+                requested: bytes,
+                category,
+                capacity: s.capacity,
+                allocated: s.allocated.current,
+                reserved: s.allocated.current,
+                by_category: s.breakdown(|u| u.current),
+            });
+        }
+        s.alloc_count += 1;
+        s.allocated.add(bytes);
+        s.by_category[category.index()].add(bytes);
+        if s.allocated.current == s.allocated.peak {
+            let now: Vec<u64> = s.by_category.iter().map(|u| u.current).collect();
+            s.at_peak.copy_from_slice(&now);
+        }
+        Ok(Lease {
+            tracker: self.clone(),
+            bytes,
+            category,
+        })
+    }
+
+    fn release(&self, bytes: u64, category: Category) {
+        let mut s = self.lock();
+        s.allocated.current -= bytes;
+        s.by_category[category.index()].current -= bytes;
+    }
+
+    /// The figures now.
+    pub fn stats(&self) -> MemoryStats {
+        let s = self.lock();
+        let mut at_peak = Breakdown::default();
+        for c in Category::ALL {
+            at_peak.set(c, s.at_peak[c.index()]);
+        }
+        MemoryStats {
+            allocated: s.allocated,
+            reserved: s.allocated,
+            current: s.breakdown(|u| u.current),
+            peak_by_category: s.breakdown(|u| u.peak),
+            at_peak,
+            capacity: s.capacity,
+            alloc_count: s.alloc_count,
+            oom_count: s.oom_count,
+        }
+    }
+
+    /// Bytes held now.
+    pub fn allocated(&self) -> u64 {
+        self.lock().allocated.current
+    }
+
+    /// Starts a new peak window: every peak becomes the current figure.
+    pub fn reset_peak(&self) {
+        let mut s = self.lock();
+        s.allocated.peak = s.allocated.current;
+        for u in s.by_category.iter_mut() {
+            u.peak = u.current;
+        }
+        let now: Vec<u64> = s.by_category.iter().map(|u| u.current).collect();
+        s.at_peak.copy_from_slice(&now);
+    }
+
+    /// The capacity allocations are checked against.
+    pub fn capacity(&self) -> u64 {
+        self.lock().capacity
+    }
+}
+
+/// Bytes held under a tracker; dropping it gives them back.
+#[derive(Debug)]
+pub struct Lease {
+    tracker: MemoryTracker,
+    bytes: u64,
+    category: Category,
+}
+
+impl Lease {
+    /// The bytes this lease holds.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// The category the bytes are counted under.
+    pub fn category(&self) -> Category {
+        self.category
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.tracker.release(self.bytes, self.category);
+    }
+}
+
+/// `1536` → `1.5 KiB`: bytes for people.
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn allocation_past_capacity_is_an_error_with_the_breakdown() {
+        let t = MemoryTracker::new(1000);
+        let _a = t.allocate(600, Category::Params).unwrap();
+        let err = t.allocate(500, Category::Activations).unwrap_err();
+        assert_eq!(err.requested, 500);
+        assert_eq!(err.capacity, 1000);
+        assert_eq!(err.allocated, 600);
+        assert_eq!(err.by_category.params, 600);
+        assert_eq!(t.stats().oom_count, 1);
+        assert_eq!(t.allocated(), 600);
+        let msg = err.to_string();
+        assert!(msg.contains("500 B for activations"), "{msg}");
+        assert!(msg.contains("params 600 B"), "{msg}");
+    }
+
+    #[test]
+    fn reset_peak_starts_a_new_window() {
+        let t = MemoryTracker::unlimited();
+        let a = t.allocate(100, Category::Workspace).unwrap();
+        drop(a);
+        assert_eq!(t.stats().allocated.peak, 100);
+        t.reset_peak();
+        assert_eq!(t.stats().allocated.peak, 0);
+        assert_eq!(t.stats().peak_by_category.workspace, 0);
+    }
+
+    proptest! {
+        /// The peak equals the largest sum of live allocations over any sequence of allocations
+        /// and frees; every byte comes back once all leases are dropped.
+        #[test]
+        fn peak_is_the_largest_live_sum(ops in proptest::collection::vec((0u64..10_000, 0usize..6, any::<bool>()), 1..60)) {
+            let t = MemoryTracker::unlimited();
+            let mut live: Vec<Lease> = Vec::new();
+            let mut expected_peak = 0u64;
+            let mut expected_cat_peak = [0u64; 6];
+            for (bytes, cat, free) in ops {
+                if free && !live.is_empty() {
+                    live.remove(bytes as usize % live.len());
+                } else {
+                    live.push(t.allocate(bytes, Category::ALL[cat]).unwrap());
+                }
+                let sum: u64 = live.iter().map(|l| l.bytes()).sum();
+                expected_peak = expected_peak.max(sum);
+                for c in Category::ALL {
+                    let s: u64 = live.iter().filter(|l| l.category() == c).map(|l| l.bytes()).sum();
+                    expected_cat_peak[c.index()] = expected_cat_peak[c.index()].max(s);
+                }
+                prop_assert_eq!(t.allocated(), sum);
+            }
+            let stats = t.stats();
+            prop_assert_eq!(stats.allocated.peak, expected_peak);
+            prop_assert_eq!(stats.at_peak.total(), expected_peak);
+            for c in Category::ALL {
+                prop_assert_eq!(stats.peak_by_category.get(c), expected_cat_peak[c.index()]);
+            }
+            drop(live);
+            prop_assert_eq!(t.allocated(), 0);
+        }
+    }
+}

@@ -1,0 +1,247 @@
+//! The Llama architecture's shape, read from a Hugging Face `config.json` or written inline.
+
+use crate::error::{EngineError, Result};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// The shape of a Llama-family decoder.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LlamaConfig {
+    /// Token vocabulary size.
+    pub vocab_size: usize,
+    /// Width of the residual stream.
+    pub hidden_size: usize,
+    /// Width of the SwiGLU MLP.
+    pub intermediate_size: usize,
+    /// Decoder blocks.
+    pub num_hidden_layers: usize,
+    /// Query heads.
+    pub num_attention_heads: usize,
+    /// Key/value heads (grouped-query attention when fewer than the query heads).
+    pub num_key_value_heads: usize,
+    /// Width of one head; `hidden_size / num_attention_heads` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head_dim: Option<usize>,
+    /// RMSNorm epsilon.
+    #[serde(default = "default_eps")]
+    pub rms_norm_eps: f64,
+    /// Rotary embedding base.
+    #[serde(default = "default_theta")]
+    pub rope_theta: f64,
+    /// Whether the LM head reuses the token embedding.
+    #[serde(default)]
+    pub tie_word_embeddings: bool,
+    /// Longest sequence the model is configured for.
+    #[serde(default = "default_positions")]
+    pub max_position_embeddings: usize,
+}
+
+fn default_eps() -> f64 {
+    1e-5
+}
+fn default_theta() -> f64 {
+    10000.0
+}
+fn default_positions() -> usize {
+    2048
+}
+
+/// The fields of a Hugging Face config.json the engine reads; the rest are ignored.
+#[derive(Deserialize)]
+struct HfConfig {
+    model_type: Option<String>,
+    vocab_size: usize,
+    hidden_size: usize,
+    intermediate_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    num_key_value_heads: Option<usize>,
+    head_dim: Option<usize>,
+    rms_norm_eps: Option<f64>,
+    rope_theta: Option<f64>,
+    rope_parameters: Option<HfRope>,
+    rope_scaling: Option<serde_json::Value>,
+    tie_word_embeddings: Option<bool>,
+    max_position_embeddings: Option<usize>,
+    attention_bias: Option<bool>,
+    mlp_bias: Option<bool>,
+    hidden_act: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct HfRope {
+    rope_theta: Option<f64>,
+    rope_type: Option<String>,
+}
+
+impl LlamaConfig {
+    /// Reads a Hugging Face Llama `config.json`.
+    pub fn from_hf_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| EngineError::io(path, e))?;
+        Self::from_hf_json(&text).map_err(|m| EngineError::bad_file(path, m))
+    }
+
+    /// Parses the text of a Hugging Face Llama `config.json`.
+    pub fn from_hf_json(text: &str) -> Result<Self, String> {
+        let hf: HfConfig = serde_json::from_str(text).map_err(|e| e.to_string())?;
+        if let Some(t) = hf.model_type.as_deref().filter(|t| *t != "llama") {
+            return Err(format!(
+                "model_type is \"{t}\"; only \"llama\" is supported"
+            ));
+        }
+        let rope_type = hf
+            .rope_parameters
+            .as_ref()
+            .and_then(|r| r.rope_type.clone());
+        if let Some(t) = rope_type.filter(|t| t != "default") {
+            return Err(format!(
+                "rope_parameters.rope_type is \"{t}\"; only \"default\" rotary embeddings are supported"
+            ));
+        }
+        if hf.rope_scaling.as_ref().is_some_and(|v| !v.is_null()) {
+            return Err(
+                "rope_scaling is set; only unscaled rotary embeddings are supported".into(),
+            );
+        }
+        for (flag, name) in [
+            (hf.attention_bias, "attention_bias"),
+            (hf.mlp_bias, "mlp_bias"),
+        ] {
+            if flag == Some(true) {
+                return Err(format!("{name} is true; the engine's Llama has no biases"));
+            }
+        }
+        if let Some(act) = hf.hidden_act.as_deref().filter(|a| *a != "silu") {
+            return Err(format!(
+                "hidden_act is \"{act}\"; only \"silu\" is supported"
+            ));
+        }
+        let cfg = LlamaConfig {
+            vocab_size: hf.vocab_size,
+            hidden_size: hf.hidden_size,
+            intermediate_size: hf.intermediate_size,
+            num_hidden_layers: hf.num_hidden_layers,
+            num_attention_heads: hf.num_attention_heads,
+            num_key_value_heads: hf.num_key_value_heads.unwrap_or(hf.num_attention_heads),
+            head_dim: hf.head_dim,
+            rms_norm_eps: hf.rms_norm_eps.unwrap_or_else(default_eps),
+            rope_theta: hf
+                .rope_parameters
+                .and_then(|r| r.rope_theta)
+                .or(hf.rope_theta)
+                .unwrap_or_else(default_theta),
+            tie_word_embeddings: hf.tie_word_embeddings.unwrap_or(false),
+            max_position_embeddings: hf.max_position_embeddings.unwrap_or_else(default_positions),
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// A Hugging Face `config.json` for this shape, which `LlamaForCausalLM` loads.
+    pub fn to_hf_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim(),
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_parameters": {"rope_theta": self.rope_theta, "rope_type": "default"},
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "max_position_embeddings": self.max_position_embeddings,
+            "hidden_act": "silu",
+            "attention_bias": false,
+            "mlp_bias": false,
+            "torch_dtype": "float32",
+        })
+    }
+
+    /// Width of one attention head.
+    pub fn head_dim(&self) -> usize {
+        self.head_dim
+            .unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
+    }
+
+    /// Checks the shape is buildable; the message says which value to change.
+    pub fn validate(&self) -> Result<(), String> {
+        let positive = [
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            ("num_hidden_layers", self.num_hidden_layers),
+            ("num_attention_heads", self.num_attention_heads),
+            ("num_key_value_heads", self.num_key_value_heads),
+        ];
+        for (name, v) in positive {
+            if v == 0 {
+                return Err(format!("{name} is 0; it must be at least 1"));
+            }
+        }
+        if self.head_dim.is_none() && self.hidden_size % self.num_attention_heads != 0 {
+            return Err(format!(
+                "num_attention_heads ({}) does not divide hidden_size ({}); choose a divisor or set head_dim",
+                self.num_attention_heads, self.hidden_size
+            ));
+        }
+        if self.num_attention_heads % self.num_key_value_heads != 0 {
+            return Err(format!(
+                "num_key_value_heads ({}) does not divide num_attention_heads ({})",
+                self.num_key_value_heads, self.num_attention_heads
+            ));
+        }
+        if self.head_dim() % 2 != 0 {
+            return Err(format!(
+                "head dimension {} is odd; rotary embeddings need an even head dimension",
+                self.head_dim()
+            ));
+        }
+        let positive = |x: f64| x.is_finite() && x > 0.0;
+        if !positive(self.rms_norm_eps) || !positive(self.rope_theta) {
+            return Err("rms_norm_eps and rope_theta must be positive".into());
+        }
+        Ok(())
+    }
+
+    /// Parameters in the model (tied embeddings counted once).
+    pub fn num_params(&self) -> usize {
+        super::params::param_specs(self)
+            .iter()
+            .map(|s| s.numel())
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_theta_from_either_place() {
+        let base = r#""vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
+            "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1"#;
+        let old = LlamaConfig::from_hf_json(&format!("{{{base}, \"rope_theta\": 500.0}}")).unwrap();
+        assert_eq!(old.rope_theta, 500.0);
+        let new = LlamaConfig::from_hf_json(&format!(
+            "{{{base}, \"rope_parameters\": {{\"rope_theta\": 42.0, \"rope_type\": \"default\"}}}}"
+        ))
+        .unwrap();
+        assert_eq!(new.rope_theta, 42.0);
+        assert_eq!(new.head_dim(), 4);
+    }
+
+    #[test]
+    fn rejects_heads_that_do_not_divide() {
+        let err = LlamaConfig::from_hf_json(
+            r#"{"vocab_size": 10, "hidden_size": 10, "intermediate_size": 16,
+            "num_hidden_layers": 1, "num_attention_heads": 3}"#,
+        )
+        .unwrap_err();
+        assert!(err.contains("does not divide hidden_size"), "{err}");
+    }
+}

@@ -1,0 +1,211 @@
+//! The Llama-family decoder: embedding, blocks, final norm and fused LM head + loss, with an
+//! explicit backward pass and activation checkpointing.
+
+pub mod block;
+pub mod config;
+pub mod params;
+pub mod weights;
+
+use crate::backend::cpu::attention::AttnShape;
+use crate::backend::cpu::kernels::{self, RopeTable};
+use crate::backend::CpuDevice;
+use crate::error::{EngineError, Result};
+use crate::loss::{linear_cross_entropy, LossKind};
+use crate::memory::{Category, Lease};
+use crate::tensor::{Elem, Tensor};
+use block::{BlockActivations, BlockCtx, BlockDims};
+pub use config::LlamaConfig;
+pub use params::{param_specs, LayerParams, ParamSpec, Params};
+use serde::{Deserialize, Serialize};
+
+/// Which activations a block keeps for its backward pass.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Checkpointing {
+    /// Keep every activation the backward pass reads.
+    #[default]
+    None,
+    /// Keep only each block's input; recompute the block in the backward pass.
+    Full,
+}
+
+/// A batch of token rows: `input_ids` and next-token `labels` (−100 ignored), `[batch, seq]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Batch {
+    /// Rows.
+    pub batch: usize,
+    /// Tokens per row.
+    pub seq: usize,
+    /// Input token ids, row-major.
+    pub input_ids: Vec<u32>,
+    /// Target ids aligned with `input_ids`; −100 where ignored.
+    pub labels: Vec<i64>,
+}
+
+/// What one forward + backward pass produced.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PassOutput {
+    /// Mean cross-entropy over counted labels.
+    pub loss: f32,
+    /// Labels counted.
+    pub tokens: usize,
+    /// Blocks whose forward pass ran again during backward.
+    pub recomputed_blocks: usize,
+}
+
+/// The model's fixed state besides parameters: its shape and rotary tables.
+pub struct Model {
+    cfg: LlamaConfig,
+    rope: RopeTable,
+    _rope_lease: Lease,
+}
+
+impl Model {
+    /// Builds the model's buffers on `dev` (the rotary tables count as params).
+    pub fn new(dev: &CpuDevice, cfg: LlamaConfig) -> Result<Self> {
+        cfg.validate().map_err(EngineError::Config)?;
+        let rope = RopeTable::new(cfg.head_dim(), cfg.rope_theta, cfg.max_position_embeddings);
+        let lease = dev.tracker().allocate(rope.bytes(), Category::Params)?;
+        Ok(Model {
+            cfg,
+            rope,
+            _rope_lease: lease,
+        })
+    }
+
+    /// The model's shape.
+    pub fn config(&self) -> &LlamaConfig {
+        &self.cfg
+    }
+
+    fn dims(&self, batch: &Batch) -> BlockDims {
+        let c = &self.cfg;
+        BlockDims {
+            rows: batch.batch * batch.seq,
+            hidden: c.hidden_size,
+            ffn: c.intermediate_size,
+            eps: c.rms_norm_eps as f32,
+            attn: AttnShape {
+                batch: batch.batch,
+                seq: batch.seq,
+                heads: c.num_attention_heads,
+                kv_heads: c.num_key_value_heads,
+                head_dim: c.head_dim(),
+            },
+        }
+    }
+
+    /// Checks a batch fits the model: ids below the vocabulary, labels ids or −100, rows no
+    /// longer than the rotary tables.
+    pub fn check_batch(&self, batch: &Batch) -> Result<()> {
+        let v = self.cfg.vocab_size;
+        if batch.seq > self.cfg.max_position_embeddings {
+            return Err(EngineError::Config(format!(
+                "sequence length {} exceeds max_position_embeddings {}",
+                batch.seq, self.cfg.max_position_embeddings
+            )));
+        }
+        if let Some(id) = batch.input_ids.iter().find(|&&i| i as usize >= v) {
+            return Err(EngineError::Config(format!(
+                "input id {id} is outside the vocabulary of {v}"
+            )));
+        }
+        if let Some(l) = batch
+            .labels
+            .iter()
+            .find(|&&l| l != crate::loss::IGNORE_INDEX && !(0..v as i64).contains(&l))
+        {
+            return Err(EngineError::Config(format!(
+                "label {l} is neither -100 nor a token id below {v}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// One forward and backward pass: returns the loss and adds every parameter's gradient to
+    /// `grads`. Activations are allocated and freed inside; nothing outlives the call.
+    pub fn forward_backward<E: Elem>(
+        &self,
+        dev: &CpuDevice,
+        w: &Params<Tensor<E>>,
+        grads: &mut Params<Tensor<f32>>,
+        batch: &Batch,
+        checkpointing: Checkpointing,
+        loss_kind: LossKind,
+    ) -> Result<PassOutput> {
+        self.check_batch(batch)?;
+        let d = self.dims(batch);
+        let ctx = BlockCtx {
+            dev,
+            dims: d,
+            rope: &self.rope,
+        };
+        let (rows, h) = (d.rows, d.hidden);
+        let mut x = dev.zeros::<E>(&[rows, h], Category::Activations)?;
+        kernels::embedding_forward(dev, w.embed.as_slice(), &batch.input_ids, x.as_mut_slice());
+
+        let mut inputs: Vec<Tensor<E>> = Vec::with_capacity(w.layers.len());
+        let mut saved: Vec<Option<BlockActivations<E>>> = Vec::with_capacity(w.layers.len());
+        for layer in &w.layers {
+            let (out, acts) = block::forward(ctx, layer, &x)?;
+            saved.push(match checkpointing {
+                Checkpointing::None => Some(acts),
+                Checkpointing::Full => None,
+            });
+            inputs.push(std::mem::replace(&mut x, out));
+        }
+
+        let mut rinv = dev.zeros::<f32>(&[rows], Category::Activations)?;
+        let mut hn = dev.zeros::<E>(&[rows, h], Category::Activations)?;
+        kernels::rmsnorm_forward(
+            dev,
+            x.as_slice(),
+            w.final_norm.as_slice(),
+            d.eps,
+            hn.as_mut_slice(),
+            rinv.as_mut_slice(),
+        );
+        let mut dhn = dev.zeros::<E>(&[rows, h], Category::Activations)?;
+        let head_grad = grads.lm_head.as_mut().unwrap_or(&mut grads.embed);
+        let loss = linear_cross_entropy(
+            dev,
+            &hn,
+            w.head(),
+            &batch.labels,
+            loss_kind,
+            &mut dhn,
+            head_grad,
+        )?;
+        drop(hn);
+        let mut dh = dev.zeros::<E>(&[rows, h], Category::Activations)?;
+        kernels::rmsnorm_backward(
+            dev,
+            dhn.as_slice(),
+            x.as_slice(),
+            w.final_norm.as_slice(),
+            rinv.as_slice(),
+            dh.as_mut_slice(),
+            grads.final_norm.as_mut_slice(),
+        );
+        drop((dhn, x, rinv));
+
+        let mut recomputed_blocks = 0;
+        for (l, layer) in w.layers.iter().enumerate().rev() {
+            let input = inputs.pop().expect("one input per block");
+            let acts = match saved.pop().flatten() {
+                Some(acts) => acts,
+                None => {
+                    recomputed_blocks += 1;
+                    block::forward(ctx, layer, &input)?.1
+                }
+            };
+            block::backward(ctx, layer, &mut grads.layers[l], &input, acts, &mut dh)?;
+        }
+        kernels::embedding_backward(dh.as_slice(), &batch.input_ids, grads.embed.as_mut_slice());
+        Ok(PassOutput {
+            loss: loss.loss,
+            tokens: loss.tokens,
+            recomputed_blocks,
+        })
+    }
+}

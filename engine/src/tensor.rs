@@ -1,0 +1,143 @@
+//! Tensors: a flat, row-major buffer of one element type, leased from a device's tracker.
+
+use crate::memory::{Category, Lease};
+use half::bf16;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// The element types the engine stores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DType {
+    /// IEEE single precision.
+    F32,
+    /// bfloat16: f32's exponent range with an 8-bit mantissa.
+    Bf16,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::Bf16 => 2,
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            DType::F32 => "f32",
+            DType::Bf16 => "bf16",
+        })
+    }
+}
+
+/// An element type: stored as itself, computed with in f32.
+pub trait Elem: bytemuck::Pod + Default + Send + Sync + PartialEq + fmt::Debug + 'static {
+    /// The matching [`DType`].
+    const DTYPE: DType;
+    /// Widens to f32 (exact for both types).
+    fn to_f32(self) -> f32;
+    /// Rounds an f32 to this type (round to nearest even).
+    fn from_f32(x: f32) -> Self;
+}
+
+impl Elem for f32 {
+    const DTYPE: DType = DType::F32;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+    #[inline(always)]
+    fn from_f32(x: f32) -> Self {
+        x
+    }
+}
+
+impl Elem for bf16 {
+    const DTYPE: DType = DType::Bf16;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+    #[inline(always)]
+    fn from_f32(x: f32) -> Self {
+        bf16::from_f32(x)
+    }
+}
+
+/// A row-major tensor whose bytes are counted by the tracker that leased them.
+pub struct Tensor<E: Elem = f32> {
+    data: Vec<E>,
+    shape: Vec<usize>,
+    lease: Lease,
+}
+
+impl<E: Elem> Tensor<E> {
+    /// Wraps a buffer and the lease that accounts for it. The lease must cover the buffer.
+    pub(crate) fn from_parts(data: Vec<E>, shape: Vec<usize>, lease: Lease) -> Self {
+        debug_assert_eq!(data.len(), shape.iter().product::<usize>());
+        debug_assert_eq!(lease.bytes(), (data.len() * E::DTYPE.size()) as u64);
+        Tensor { data, shape, lease }
+    }
+
+    /// The dimensions, outermost first.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.data.len()
+    }
+
+    /// Bytes the tensor holds.
+    pub fn bytes(&self) -> u64 {
+        self.lease.bytes()
+    }
+
+    /// The category the bytes are counted under.
+    pub fn category(&self) -> Category {
+        self.lease.category()
+    }
+
+    /// The elements, row-major.
+    pub fn as_slice(&self) -> &[E] {
+        &self.data
+    }
+
+    /// The elements, row-major, for writing.
+    pub fn as_mut_slice(&mut self) -> &mut [E] {
+        &mut self.data
+    }
+
+    /// The elements widened to f32 (a host copy, for tests, digests and file output).
+    pub fn to_f32_vec(&self) -> Vec<f32> {
+        self.data.iter().map(|x| x.to_f32()).collect()
+    }
+
+    /// Overwrites every element with `value`.
+    pub fn fill(&mut self, value: f32) {
+        let v = E::from_f32(value);
+        self.data.iter_mut().for_each(|x| *x = v);
+    }
+
+    /// The raw bytes, little-endian as stored.
+    pub fn as_bytes(&self) -> &[u8] {
+        bytemuck::cast_slice(&self.data)
+    }
+}
+
+impl<E: Elem> fmt::Debug for Tensor<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Tensor<{}>{:?} ({})",
+            E::DTYPE,
+            self.shape,
+            self.category()
+        )
+    }
+}

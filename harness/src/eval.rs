@@ -1,0 +1,180 @@
+//! `ckpt-harness eval`: the loss and gradients of a Hugging Face Llama on one batch, and
+//! optionally the parameters after N AdamW steps on that batch, for comparison with PyTorch.
+
+use anyhow::{bail, Context, Result};
+use ckpt_engine::model::{param_specs, weights, LlamaConfig, Model};
+use ckpt_engine::optim::{AdamW, AdamWConfig};
+use ckpt_engine::trainer::{bf16_copy, Precision};
+use ckpt_engine::{Batch, Category, Checkpointing, CpuDevice, Params, Tensor};
+use safetensors::Dtype;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// What to evaluate.
+#[derive(Clone, Debug)]
+pub struct EvalRequest {
+    /// Hugging Face Llama directory.
+    pub model: PathBuf,
+    /// safetensors file with `input_ids` and `labels`.
+    pub batch: PathBuf,
+    /// Where to write `grad.<name>` (and `after_adamw.<name>`).
+    pub grads_out: Option<PathBuf>,
+    /// AdamW steps to take on the batch.
+    pub adamw_steps: usize,
+    /// AdamW settings of those steps (constant lr, no clipping).
+    pub adamw: AdamWConfig,
+    /// Step arithmetic.
+    pub precision: Precision,
+    /// Worker threads (0 = one per core).
+    pub threads: usize,
+}
+
+/// What `eval` prints.
+#[derive(Clone, Debug, Serialize)]
+pub struct EvalReport {
+    /// Loss of the initial weights.
+    pub loss: f32,
+    /// Loss before each AdamW step (present with `adamw_steps > 0`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub losses: Option<Vec<f32>>,
+}
+
+/// Reads `input_ids` and `labels` (`[B, T]` int64) from a safetensors file.
+pub fn read_batch(path: &Path) -> Result<Batch> {
+    let bytes = std::fs::read(path).with_context(|| format!("{}: cannot read", path.display()))?;
+    let st = weights::parse_safetensors(path, &bytes)?;
+    let get = |name: &str| -> Result<(Vec<usize>, Vec<i64>)> {
+        let view = st
+            .tensor(name)
+            .map_err(|_| anyhow::anyhow!("{}: tensor {name} is missing", path.display()))?;
+        if view.dtype() != Dtype::I64 || view.shape().len() != 2 {
+            bail!(
+                "{}: {name} is {:?} {:?}; expected a 2-D I64 tensor [batch, seq]",
+                path.display(),
+                view.dtype(),
+                view.shape()
+            );
+        }
+        let data = view
+            .data()
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes")))
+            .collect();
+        Ok((view.shape().to_vec(), data))
+    };
+    let (shape, ids) = get("input_ids")?;
+    let (label_shape, labels) = get("labels")?;
+    if shape != label_shape {
+        bail!(
+            "{}: input_ids is {shape:?} but labels is {label_shape:?}",
+            path.display()
+        );
+    }
+    let input_ids = ids
+        .iter()
+        .map(|&i| {
+            u32::try_from(i).map_err(|_| {
+                anyhow::anyhow!("{}: input id {i} is negative or too large", path.display())
+            })
+        })
+        .collect::<Result<_>>()?;
+    Ok(Batch {
+        batch: shape[0],
+        seq: shape[1],
+        input_ids,
+        labels,
+    })
+}
+
+fn zeros(dev: &CpuDevice, cfg: &LlamaConfig, category: Category) -> Result<Params<Tensor<f32>>> {
+    Ok(Params::try_new(cfg, |s| {
+        dev.zeros::<f32>(&s.shape, category)
+    })?)
+}
+
+fn pass(
+    dev: &CpuDevice,
+    model: &Model,
+    precision: Precision,
+    master: &Params<Tensor<f32>>,
+    grads: &mut Params<Tensor<f32>>,
+    batch: &Batch,
+) -> Result<f32> {
+    for g in grads.tensors_mut() {
+        g.fill(0.0);
+    }
+    let out = match precision {
+        Precision::Fp32 => model.forward_backward(
+            dev,
+            master,
+            grads,
+            batch,
+            Checkpointing::None,
+            ckpt_engine::loss::LossKind::Standard,
+        )?,
+        Precision::Bf16Mixed => {
+            let compute = bf16_copy(dev, model.config(), master)?;
+            model.forward_backward(
+                dev,
+                &compute,
+                grads,
+                batch,
+                Checkpointing::None,
+                ckpt_engine::loss::LossKind::Standard,
+            )?
+        }
+    };
+    Ok(out.loss)
+}
+
+fn named(
+    cfg: &LlamaConfig,
+    prefix: &str,
+    p: &Params<Tensor<f32>>,
+    out: &mut BTreeMap<String, (Vec<usize>, Vec<f32>)>,
+) {
+    for (spec, t) in param_specs(cfg).iter().zip(p.tensors()) {
+        out.insert(
+            format!("{prefix}{}", spec.name),
+            (spec.shape.clone(), t.to_f32_vec()),
+        );
+    }
+}
+
+/// Runs the evaluation.
+pub fn run(req: &EvalRequest) -> Result<EvalReport> {
+    let dev = CpuDevice::new(req.threads, u64::MAX)?;
+    let (cfg, mut master) = weights::load_hf_dir(&dev, &req.model, Category::Params)?;
+    let batch = read_batch(&req.batch)?;
+    let model = Model::new(&dev, cfg.clone())?;
+    model
+        .check_batch(&batch)
+        .with_context(|| format!("{}: batch does not fit the model", req.batch.display()))?;
+    let mut grads = zeros(&dev, &cfg, Category::Grads)?;
+    let loss = pass(&dev, &model, req.precision, &master, &mut grads, &batch)?;
+    let mut out = BTreeMap::new();
+    named(&cfg, "grad.", &grads, &mut out);
+    let mut losses = None;
+    if req.adamw_steps > 0 {
+        let mut opt = AdamW::new(req.adamw.clone());
+        let mut seen = Vec::with_capacity(req.adamw_steps);
+        for _ in 0..req.adamw_steps {
+            seen.push(pass(
+                &dev,
+                &model,
+                req.precision,
+                &master,
+                &mut grads,
+                &batch,
+            )?);
+            opt.update(&dev, &cfg, &mut master, &grads, req.adamw.lr)?;
+        }
+        named(&cfg, "after_adamw.", &master, &mut out);
+        losses = Some(seen);
+    }
+    if let Some(path) = &req.grads_out {
+        weights::save_f32_tensors(path, &out)?;
+    }
+    Ok(EvalReport { loss, losses })
+}

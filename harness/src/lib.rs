@@ -1,0 +1,4 @@
+//! ckpt-harness: drives the training engine through train → save → resume phases and checks that
+//! resuming changed nothing and memory behaved. This crate also holds the command-line tool.
+
+pub mod eval;

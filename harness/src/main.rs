@@ -1,0 +1,117 @@
+//! The `ckpt-harness` command-line tool.
+
+use ckpt_engine::optim::AdamWConfig;
+use ckpt_engine::trainer::Precision;
+use ckpt_harness::eval;
+use clap::{Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "ckpt-harness",
+    version,
+    about = "Checkpoint-robustness harness for LLM training"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum PrecisionArg {
+    Fp32,
+    Bf16Mixed,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Loss and gradients of a Hugging Face Llama on one batch; optionally N AdamW steps on it.
+    Eval {
+        /// Hugging Face Llama directory (config.json + model.safetensors).
+        #[arg(long)]
+        model: PathBuf,
+        /// safetensors file with `input_ids` and `labels` ([B, T] int64, -100 ignored).
+        #[arg(long)]
+        batch: PathBuf,
+        /// Write `grad.<name>` (and `after_adamw.<name>`) tensors to this safetensors file.
+        #[arg(long)]
+        grads_out: Option<PathBuf>,
+        /// AdamW steps to take on the batch; prints the loss before each.
+        #[arg(long, default_value_t = 0)]
+        adamw_steps: usize,
+        /// Learning rate of the AdamW steps (constant).
+        #[arg(long, default_value_t = 1e-3)]
+        lr: f64,
+        /// Decoupled weight decay, on every parameter.
+        #[arg(long, default_value_t = 0.01)]
+        weight_decay: f64,
+        /// β₁,β₂.
+        #[arg(long, value_parser = parse_betas, default_value = "0.9,0.999")]
+        betas: [f64; 2],
+        /// Denominator epsilon.
+        #[arg(long, default_value_t = 1e-8)]
+        eps: f64,
+        /// Step arithmetic.
+        #[arg(long, value_enum, default_value_t = PrecisionArg::Fp32)]
+        precision: PrecisionArg,
+        /// Worker threads (0 = one per core).
+        #[arg(long, default_value_t = 0)]
+        threads: usize,
+    },
+}
+
+fn parse_betas(text: &str) -> Result<[f64; 2], String> {
+    let parts: Vec<&str> = text.split(',').collect();
+    let [a, b] = parts.as_slice() else {
+        return Err(format!("expected two numbers like 0.9,0.95, got {text:?}"));
+    };
+    let num = |s: &str| s.trim().parse::<f64>().map_err(|e| format!("{s:?}: {e}"));
+    Ok([num(a)?, num(b)?])
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Eval {
+            model,
+            batch,
+            grads_out,
+            adamw_steps,
+            lr,
+            weight_decay,
+            betas,
+            eps,
+            precision,
+            threads,
+        } => {
+            let req = eval::EvalRequest {
+                model,
+                batch,
+                grads_out,
+                adamw_steps,
+                adamw: AdamWConfig {
+                    lr,
+                    betas,
+                    eps,
+                    weight_decay,
+                    grad_clip: None,
+                },
+                precision: match precision {
+                    PrecisionArg::Fp32 => Precision::Fp32,
+                    PrecisionArg::Bf16Mixed => Precision::Bf16Mixed,
+                },
+                threads,
+            };
+            eval::run(&req)
+                .map(|r| println!("{}", serde_json::to_string(&r).expect("plain numbers")))
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
