@@ -7,6 +7,7 @@
 //! leased from the device's [`memory::MemoryTracker`].
 
 pub mod backend;
+pub mod checkpoint;
 pub mod data;
 pub mod error;
 pub mod loss;

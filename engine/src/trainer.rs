@@ -2,6 +2,8 @@
 //! refresh the compute weights. Everything a trainer allocates is freed when it is dropped.
 
 use crate::backend::CpuDevice;
+use crate::checkpoint::state::{RngState, ScheduleState, TrainerState, FORMAT_VERSION};
+use crate::checkpoint::{self, Entry, LoadRequest, SaveRequest};
 use crate::data::{DataConfig, DataLoader};
 use crate::error::{EngineError, Result};
 use crate::loss::LossKind;
@@ -83,6 +85,31 @@ fn default_loss() -> LossKind {
     LossKind::Standard
 }
 
+impl TrainConfig {
+    /// What a checkpoint must share with a run to resume it: everything that changes the
+    /// numbers (model, precision, optimizer, schedule, data, batch shape), not how memory is
+    /// managed (checkpointing, loss chunking) nor where the initial weights came from.
+    pub fn identity(&self) -> serde_json::Value {
+        serde_json::json!({
+            "model": self.model,
+            "precision": self.precision,
+            "optimizer": self.optimizer,
+            "schedule": self.schedule,
+            "data": self.data,
+            "batch_size": self.batch_size,
+            "seq_len": self.seq_len,
+            "shuffle_seed": self.shuffle_seed,
+        })
+    }
+
+    fn master_category(&self) -> Category {
+        match self.precision {
+            Precision::Fp32 => Category::Params,
+            Precision::Bf16Mixed => Category::Optimizer,
+        }
+    }
+}
+
 /// What one step did.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StepStats {
@@ -142,10 +169,7 @@ pub struct Trainer {
 impl Trainer {
     /// Builds a fresh trainer: model buffers, initial weights, gradients and the data loader.
     pub fn new(cfg: TrainConfig, dev: CpuDevice) -> Result<Self> {
-        let master_category = match cfg.precision {
-            Precision::Fp32 => Category::Params,
-            Precision::Bf16Mixed => Category::Optimizer,
-        };
+        let master_category = cfg.master_category();
         let model = Model::new(&dev, cfg.model.clone())?;
         let master = match &cfg.init {
             Init::Random { seed, std } => {
@@ -196,6 +220,99 @@ impl Trainer {
             loader,
             step: 0,
         })
+    }
+
+    /// Continues the run saved in `checkpoint_dir` (a checkpoint, or a run directory whose
+    /// `latest` names one): weights, optimizer state, step, schedule and loader position. The
+    /// checkpoint must come from a run with the same [`TrainConfig::identity`].
+    pub fn resume(
+        cfg: TrainConfig,
+        dev: CpuDevice,
+        checkpoint_dir: &std::path::Path,
+    ) -> Result<Self> {
+        let model = Model::new(&dev, cfg.model.clone())?;
+        let loaded = checkpoint::load(
+            &dev,
+            checkpoint_dir,
+            &LoadRequest {
+                config: &cfg.model,
+                identity: cfg.identity(),
+                master_in_optimizer: cfg.precision == Precision::Bf16Mixed,
+                master_category: cfg.master_category(),
+            },
+        )?;
+        let mut trainer = Self::with_master(cfg, dev, model, loaded.master)?;
+        if let Some(moments) = loaded.moments {
+            trainer
+                .optimizer
+                .set_state(moments, loaded.state.optimizer_step);
+        }
+        trainer.loader.set_state(loaded.state.loader);
+        trainer.step = loaded.state.global_step;
+        Ok(trainer)
+    }
+
+    /// Saves a checkpoint of the current state under `run_dir` (see [`checkpoint::save`]),
+    /// keeping the newest `keep_last`; returns its directory.
+    pub fn save(
+        &self,
+        run_dir: &std::path::Path,
+        keep_last: Option<usize>,
+    ) -> Result<std::path::PathBuf> {
+        let specs = crate::model::param_specs(&self.cfg.model);
+        let mut model = Vec::new();
+        let mut optimizer = Vec::new();
+        match &self.weights {
+            Weights::Fp32(p) => {
+                for (s, t) in specs.iter().zip(p.tensors()) {
+                    model.push(Entry::tensor(s.name.clone(), t));
+                }
+            }
+            Weights::Bf16Mixed { master, compute } => {
+                for (s, t) in specs.iter().zip(compute.tensors()) {
+                    model.push(Entry::tensor(s.name.clone(), t));
+                }
+                for (s, t) in specs.iter().zip(master.tensors()) {
+                    optimizer.push(Entry::tensor(format!("{}.master", s.name), t));
+                }
+            }
+        }
+        if let Some(m) = self.optimizer.moments() {
+            for ((s, a), b) in specs
+                .iter()
+                .zip(m.exp_avg.tensors())
+                .zip(m.exp_avg_sq.tensors())
+            {
+                optimizer.push(Entry::tensor(format!("{}.exp_avg", s.name), a));
+                optimizer.push(Entry::tensor(format!("{}.exp_avg_sq", s.name), b));
+            }
+        }
+        let identity = self.cfg.identity();
+        let state = TrainerState {
+            format_version: FORMAT_VERSION,
+            global_step: self.step,
+            optimizer_step: self.optimizer.step_count(),
+            schedule: ScheduleState {
+                schedule: self.cfg.schedule.clone(),
+                peak_lr: self.cfg.optimizer.lr,
+                next_lr: self.cfg.schedule.lr(self.cfg.optimizer.lr, self.step),
+            },
+            loader: self.loader.state(),
+            rng: RngState {
+                seed: self.cfg.shuffle_seed,
+                offset: 0,
+            },
+            fingerprint: checkpoint::fingerprint(&identity),
+            identity,
+            files: Default::default(),
+        };
+        let req = SaveRequest {
+            config: &self.cfg.model,
+            model,
+            optimizer,
+            state,
+        };
+        checkpoint::save(run_dir, req, keep_last)
     }
 
     /// The run's configuration.

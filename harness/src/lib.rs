@@ -2,3 +2,5 @@
 //! resuming changed nothing and memory behaved. This crate also holds the command-line tool.
 
 pub mod eval;
+pub mod suite;
+pub mod train_cmd;

@@ -2,7 +2,8 @@
 
 use ckpt_engine::optim::AdamWConfig;
 use ckpt_engine::trainer::Precision;
-use ckpt_harness::eval;
+use ckpt_harness::suite::Suite;
+use ckpt_harness::{eval, train_cmd};
 use clap::{Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -59,6 +60,20 @@ enum Command {
         #[arg(long, default_value_t = 0)]
         threads: usize,
     },
+    /// Trains a suite's model, saving checkpoints as the suite says; one JSON line per step.
+    Train {
+        /// The suite file.
+        suite: PathBuf,
+        /// Run directory for checkpoints.
+        #[arg(long)]
+        out: PathBuf,
+        /// Continue from this checkpoint (or run directory, following its `latest`).
+        #[arg(long)]
+        resume: Option<PathBuf>,
+        /// Train until this many steps are done (default: the suite's max_steps).
+        #[arg(long)]
+        steps: Option<u64>,
+    },
 }
 
 fn parse_betas(text: &str) -> Result<[f64; 2], String> {
@@ -106,6 +121,12 @@ fn main() -> ExitCode {
             eval::run(&req)
                 .map(|r| println!("{}", serde_json::to_string(&r).expect("plain numbers")))
         }
+        Command::Train {
+            suite,
+            out,
+            resume,
+            steps,
+        } => Suite::load(&suite).and_then(|s| train_cmd::run(&s, &out, resume.as_deref(), steps)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -140,7 +140,7 @@ impl LlamaConfig {
 
     /// A Hugging Face `config.json` for this shape, which `LlamaForCausalLM` loads.
     pub fn to_hf_json(&self) -> serde_json::Value {
-        serde_json::json!({
+        let mut json = serde_json::json!({
             "architectures": ["LlamaForCausalLM"],
             "model_type": "llama",
             "vocab_size": self.vocab_size,
@@ -149,7 +149,6 @@ impl LlamaConfig {
             "num_hidden_layers": self.num_hidden_layers,
             "num_attention_heads": self.num_attention_heads,
             "num_key_value_heads": self.num_key_value_heads,
-            "head_dim": self.head_dim(),
             "rms_norm_eps": self.rms_norm_eps,
             "rope_theta": self.rope_theta,
             "rope_parameters": {"rope_theta": self.rope_theta, "rope_type": "default"},
@@ -159,7 +158,11 @@ impl LlamaConfig {
             "attention_bias": false,
             "mlp_bias": false,
             "torch_dtype": "float32",
-        })
+        });
+        if let Some(d) = self.head_dim {
+            json["head_dim"] = d.into();
+        }
+        json
     }
 
     /// Width of one attention head.
@@ -233,6 +236,8 @@ mod tests {
         .unwrap();
         assert_eq!(new.rope_theta, 42.0);
         assert_eq!(new.head_dim(), 4);
+        let round_trip = LlamaConfig::from_hf_json(&new.to_hf_json().to_string()).unwrap();
+        assert_eq!(round_trip, new);
     }
 
     #[test]

@@ -1,0 +1,390 @@
+//! Checkpoints: one directory per step holding `model.safetensors` + `config.json` (loadable by
+//! Hugging Face transformers), `optimizer.safetensors` (AdamW moments, fp32 master weights where
+//! the precision keeps them) and `trainer_state.json` (see [`state`]).
+//!
+//! Saving writes a temporary directory beside the final one, fsyncs every file and the directory,
+//! renames it into place, then replaces the `latest` pointer by rename: a crash at any instant
+//! leaves the previous checkpoint loadable. Loading checks presence, sizes, checksums, the run's
+//! configuration, dtypes and shapes, and names exactly what is wrong.
+
+pub mod files;
+pub mod state;
+
+use crate::backend::CpuDevice;
+use crate::error::{EngineError, Result};
+use crate::memory::Category;
+use crate::model::{param_specs, LlamaConfig, ParamSpec, Params};
+use crate::optim::Moments;
+use crate::tensor::{Elem, Tensor};
+use files::{rename_synced, sync_dir, write_synced, MappedFile};
+use safetensors::{Dtype, SafeTensors};
+use state::{first_difference, FileRecord, TrainerState, VersionProbe, FORMAT_VERSION};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// The weights file, in Hugging Face's layout.
+pub const MODEL_FILE: &str = "model.safetensors";
+/// The Hugging Face configuration.
+pub const CONFIG_FILE: &str = "config.json";
+/// AdamW state and master weights.
+pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
+/// Step, schedule, loader, RNG, fingerprint and checksums.
+pub const STATE_FILE: &str = "trainer_state.json";
+/// The file in a run directory naming its newest checkpoint.
+pub const LATEST_FILE: &str = "latest";
+
+/// The directory name of the checkpoint after `step` steps.
+pub fn step_dir_name(step: u64) -> String {
+    format!("step-{step:08}")
+}
+
+/// One tensor to write: name, dtype, shape and raw little-endian bytes.
+pub struct Entry<'a> {
+    /// Tensor name.
+    pub name: String,
+    /// Element type.
+    pub dtype: Dtype,
+    /// Dimensions.
+    pub shape: Vec<usize>,
+    /// Raw bytes.
+    pub data: &'a [u8],
+}
+
+impl<'a> Entry<'a> {
+    /// An entry for a tensor.
+    pub fn tensor<E: Elem>(name: String, t: &'a Tensor<E>) -> Self {
+        Entry {
+            name,
+            dtype: match E::DTYPE {
+                crate::tensor::DType::F32 => Dtype::F32,
+                crate::tensor::DType::Bf16 => Dtype::BF16,
+            },
+            shape: t.shape().to_vec(),
+            data: t.as_bytes(),
+        }
+    }
+}
+
+/// Writes a safetensors file straight from tensor buffers (no staging copy), fsynced.
+fn write_safetensors(path: &Path, entries: &[Entry<'_>]) -> Result<FileRecord> {
+    let mut header = serde_json::Map::new();
+    header.insert("__metadata__".into(), serde_json::json!({"format": "pt"}));
+    let mut offset = 0usize;
+    for e in entries {
+        let end = offset + e.data.len();
+        header.insert(
+            e.name.clone(),
+            serde_json::json!({"dtype": e.dtype.to_string(), "shape": e.shape, "data_offsets": [offset, end]}),
+        );
+        offset = end;
+    }
+    let mut header = serde_json::to_vec(&header).expect("plain JSON");
+    header.resize(header.len().next_multiple_of(8), b' ');
+    let len = (header.len() as u64).to_le_bytes();
+    let mut parts: Vec<&[u8]> = vec![&len, &header];
+    parts.extend(entries.iter().map(|e| e.data));
+    let (bytes, sha256) = write_synced(path, &parts)?;
+    Ok(FileRecord { bytes, sha256 })
+}
+
+/// What a checkpoint holds, borrowed from a trainer.
+pub struct SaveRequest<'a> {
+    /// Model shape.
+    pub config: &'a LlamaConfig,
+    /// `model.safetensors` tensors (the weights the passes use) in Hugging Face names.
+    pub model: Vec<Entry<'a>>,
+    /// `optimizer.safetensors` tensors.
+    pub optimizer: Vec<Entry<'a>>,
+    /// `trainer_state.json` without `files` (filled in here).
+    pub state: TrainerState,
+}
+
+/// Writes a checkpoint for `req.state.global_step` into `run_dir`, atomically, points `latest` at
+/// it and keeps only the newest `keep_last` checkpoints. Returns the checkpoint's directory.
+pub fn save(run_dir: &Path, req: SaveRequest<'_>, keep_last: Option<usize>) -> Result<PathBuf> {
+    std::fs::create_dir_all(run_dir).map_err(|e| EngineError::io(run_dir, e))?;
+    remove_stale_temporaries(run_dir)?;
+    let name = step_dir_name(req.state.global_step);
+    let tmp = run_dir.join(format!(".tmp-{name}-{}", std::process::id()));
+    std::fs::create_dir(&tmp).map_err(|e| EngineError::io(&tmp, e))?;
+
+    let mut state = req.state;
+    state.files.insert(
+        MODEL_FILE.into(),
+        write_safetensors(&tmp.join(MODEL_FILE), &req.model)?,
+    );
+    state.files.insert(
+        OPTIMIZER_FILE.into(),
+        write_safetensors(&tmp.join(OPTIMIZER_FILE), &req.optimizer)?,
+    );
+    let config = serde_json::to_vec_pretty(&req.config.to_hf_json()).expect("plain JSON");
+    let (bytes, sha256) = write_synced(&tmp.join(CONFIG_FILE), &[&config])?;
+    state
+        .files
+        .insert(CONFIG_FILE.into(), FileRecord { bytes, sha256 });
+    let state_json = serde_json::to_vec_pretty(&state).expect("plain JSON");
+    write_synced(&tmp.join(STATE_FILE), &[&state_json])?;
+    sync_dir(&tmp)?;
+
+    let dest = run_dir.join(&name);
+    if dest.exists() {
+        // Re-saving a step: move the old copy aside first so the rename below cannot fail on a
+        // non-empty directory, and `latest` never points at a half-replaced one.
+        let old = run_dir.join(format!(".old-{name}-{}", std::process::id()));
+        rename_synced(&dest, &old, run_dir)?;
+        rename_synced(&tmp, &dest, run_dir)?;
+        std::fs::remove_dir_all(&old).map_err(|e| EngineError::io(&old, e))?;
+    } else {
+        rename_synced(&tmp, &dest, run_dir)?;
+    }
+    let pointer = run_dir.join(format!(".{LATEST_FILE}.tmp"));
+    write_synced(&pointer, &[format!("{name}\n").as_bytes()])?;
+    rename_synced(&pointer, &run_dir.join(LATEST_FILE), run_dir)?;
+    if let Some(keep) = keep_last {
+        prune(run_dir, keep.max(1), &name)?;
+    }
+    Ok(dest)
+}
+
+/// Removes temporary directories a crashed save left behind.
+fn remove_stale_temporaries(run_dir: &Path) -> Result<()> {
+    let entries = std::fs::read_dir(run_dir).map_err(|e| EngineError::io(run_dir, e))?;
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with(".tmp-") || name.starts_with(".old-") {
+            let path = entry.path();
+            std::fs::remove_dir_all(&path).map_err(|e| EngineError::io(&path, e))?;
+        }
+    }
+    Ok(())
+}
+
+/// The checkpoint directories of a run, oldest first.
+pub fn list(run_dir: &Path) -> Result<Vec<PathBuf>> {
+    let entries = std::fs::read_dir(run_dir).map_err(|e| EngineError::io(run_dir, e))?;
+    let mut dirs: Vec<PathBuf> = entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("step-"))
+        })
+        .collect();
+    dirs.sort();
+    Ok(dirs)
+}
+
+fn prune(run_dir: &Path, keep: usize, latest: &str) -> Result<()> {
+    let dirs = list(run_dir)?;
+    let excess = dirs.len().saturating_sub(keep);
+    for dir in dirs.into_iter().take(excess) {
+        if dir.file_name().is_some_and(|n| n == latest) {
+            continue;
+        }
+        std::fs::remove_dir_all(&dir).map_err(|e| EngineError::io(&dir, e))?;
+    }
+    Ok(())
+}
+
+/// The checkpoint a path names: a checkpoint directory itself, or a run directory whose
+/// `latest` file names one.
+pub fn resolve(path: &Path) -> Result<PathBuf> {
+    let pointer = path.join(LATEST_FILE);
+    if path.join(STATE_FILE).exists() || !pointer.exists() {
+        return Ok(path.to_path_buf());
+    }
+    let name = std::fs::read_to_string(&pointer).map_err(|e| EngineError::io(&pointer, e))?;
+    let name = name.trim();
+    if name.is_empty() || name.contains('/') {
+        return Err(EngineError::bad_file(
+            &pointer,
+            format!("names {name:?}, not a checkpoint directory of this run"),
+        ));
+    }
+    Ok(path.join(name))
+}
+
+/// A verified checkpoint, tensors loaded onto a device.
+pub struct Loaded {
+    /// The trainer state.
+    pub state: TrainerState,
+    /// f32 master weights (from the optimizer file in bf16-mixed, else from the model file).
+    pub master: Params<Tensor<f32>>,
+    /// AdamW moments, if the optimizer had taken a step.
+    pub moments: Option<Moments>,
+}
+
+/// What the loading run expects of a checkpoint.
+pub struct LoadRequest<'a> {
+    /// Model shape.
+    pub config: &'a LlamaConfig,
+    /// The run's identity (see [`TrainerState::identity`]).
+    pub identity: serde_json::Value,
+    /// Whether master weights live in the optimizer file (bf16-mixed) rather than the model file.
+    pub master_in_optimizer: bool,
+    /// Category the master weights are counted under.
+    pub master_category: Category,
+}
+
+/// sha256 of a canonical JSON value.
+pub fn fingerprint(identity: &serde_json::Value) -> String {
+    files::sha256_hex(
+        serde_json::to_string(identity)
+            .expect("plain JSON")
+            .as_bytes(),
+    )
+}
+
+/// Reads and verifies the checkpoint at `dir` (a checkpoint or a run directory).
+pub fn load(dev: &CpuDevice, dir: &Path, req: &LoadRequest<'_>) -> Result<Loaded> {
+    let dir = resolve(dir)?;
+    let state = read_state(&dir)?;
+    if state.fingerprint != fingerprint(&req.identity) || state.identity != req.identity {
+        let diff = first_difference(&state.identity, &req.identity, "")
+            .unwrap_or_else(|| "the recorded fingerprint does not match its configuration".into());
+        return Err(EngineError::bad_file(
+            dir.join(STATE_FILE),
+            format!("checkpoint belongs to another run configuration ({diff}, checkpoint vs this run); resume with the configuration it was saved with"),
+        ));
+    }
+    for name in [MODEL_FILE, OPTIMIZER_FILE, CONFIG_FILE] {
+        if !state.files.contains_key(name) {
+            return Err(EngineError::bad_file(
+                dir.join(STATE_FILE),
+                format!("lists no record of {name}; the checkpoint is incomplete"),
+            ));
+        }
+    }
+    let mut mapped = BTreeMap::new();
+    for (name, record) in &state.files {
+        if name.contains('/') || name.starts_with('.') {
+            return Err(EngineError::bad_file(
+                dir.join(STATE_FILE),
+                format!("lists an invalid file name {name:?}"),
+            ));
+        }
+        let path = dir.join(name);
+        let file = MappedFile::open(&path)?;
+        let len = file.bytes().len() as u64;
+        if len != record.bytes {
+            return Err(EngineError::bad_file(
+                &path,
+                format!("is {len} bytes, {} were written (truncated or replaced); restore it or resume from an earlier checkpoint", record.bytes),
+            ));
+        }
+        if files::sha256_hex(file.bytes()) != record.sha256 {
+            return Err(EngineError::bad_file(
+                &path,
+                "checksum mismatch: the file changed after it was written (corruption?); restore it or resume from an earlier checkpoint",
+            ));
+        }
+        mapped.insert(name.clone(), (path, file));
+    }
+    let (config_path, config_file) = &mapped[CONFIG_FILE];
+    let saved_cfg = std::str::from_utf8(config_file.bytes())
+        .map_err(|e| e.to_string())
+        .and_then(LlamaConfig::from_hf_json)
+        .map_err(|m| EngineError::bad_file(config_path, m))?;
+    if &saved_cfg != req.config {
+        return Err(EngineError::bad_file(
+            config_path,
+            "describes another model shape than the run's; resume with the model it was saved with",
+        ));
+    }
+    let (model_path, model_file) = &mapped[MODEL_FILE];
+    let model = open_safetensors(model_path, model_file.bytes())?;
+    let (opt_path, opt_file) = &mapped[OPTIMIZER_FILE];
+    let opt = open_safetensors(opt_path, opt_file.bytes())?;
+    let specs = param_specs(req.config);
+    let load_all = |st: &SafeTensors<'_>, path: &Path, suffix: &str, category: Category| {
+        let mut specs = specs.iter();
+        Params::try_new(req.config, |_| {
+            let spec = specs.next().expect("one spec per parameter");
+            read_tensor(dev, st, path, spec, suffix, category)
+        })
+    };
+    let master = if req.master_in_optimizer {
+        load_all(&opt, opt_path, ".master", req.master_category)?
+    } else {
+        load_all(&model, model_path, "", req.master_category)?
+    };
+    let moments = if state.optimizer_step > 0 {
+        Some(Moments {
+            exp_avg: load_all(&opt, opt_path, ".exp_avg", Category::Optimizer)?,
+            exp_avg_sq: load_all(&opt, opt_path, ".exp_avg_sq", Category::Optimizer)?,
+        })
+    } else {
+        None
+    };
+    Ok(Loaded {
+        state,
+        master,
+        moments,
+    })
+}
+
+fn read_state(dir: &Path) -> Result<TrainerState> {
+    let path = dir.join(STATE_FILE);
+    if !dir.is_dir() {
+        return Err(EngineError::bad_file(dir, "is not a checkpoint directory"));
+    }
+    let text = std::fs::read_to_string(&path).map_err(|e| EngineError::io(&path, e))?;
+    let probe: VersionProbe = serde_json::from_str(&text).map_err(|e| {
+        EngineError::bad_file(
+            &path,
+            format!("not a trainer state ({e}); the file is damaged"),
+        )
+    })?;
+    if probe.format_version > FORMAT_VERSION {
+        return Err(EngineError::bad_file(
+            &path,
+            format!(
+                "format version {} was written by a newer ckpt-harness; this build reads up to version {FORMAT_VERSION}; upgrade to load it",
+                probe.format_version
+            ),
+        ));
+    }
+    serde_json::from_str(&text)
+        .map_err(|e| EngineError::bad_file(&path, format!("{e}; the file is damaged")))
+}
+
+fn open_safetensors<'a>(path: &Path, bytes: &'a [u8]) -> Result<SafeTensors<'a>> {
+    SafeTensors::deserialize(bytes)
+        .map_err(|e| EngineError::bad_file(path, format!("not a valid safetensors file: {e}")))
+}
+
+/// Reads `spec.name + suffix` as f32 onto the device, checking dtype and shape.
+fn read_tensor(
+    dev: &CpuDevice,
+    st: &SafeTensors<'_>,
+    path: &Path,
+    spec: &ParamSpec,
+    suffix: &str,
+    category: Category,
+) -> Result<Tensor<f32>> {
+    let name = format!("{}{suffix}", spec.name);
+    let view = st
+        .tensor(&name)
+        .map_err(|_| EngineError::bad_file(path, format!("tensor {name} is missing")))?;
+    if view.shape() != spec.shape.as_slice() {
+        return Err(EngineError::bad_file(
+            path,
+            format!(
+                "{name} has shape {:?}, the config needs {:?}",
+                view.shape(),
+                spec.shape
+            ),
+        ));
+    }
+    if view.dtype() != Dtype::F32 {
+        return Err(EngineError::bad_file(
+            path,
+            format!("{name} has dtype {}, expected F32", view.dtype()),
+        ));
+    }
+    let mut t = dev.zeros::<f32>(&spec.shape, category)?;
+    for (d, b) in t.as_mut_slice().iter_mut().zip(view.data().chunks_exact(4)) {
+        *d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    }
+    Ok(t)
+}

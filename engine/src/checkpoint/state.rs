@@ -1,0 +1,100 @@
+//! `trainer_state.json`: where training stood when a checkpoint was written, which run it belongs
+//! to, and the size and sha256 of every other file.
+
+use crate::data::LoaderState;
+use crate::optim::Schedule;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// The checkpoint layout this build writes; it reads this version and older.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// One file of a checkpoint, as written.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileRecord {
+    /// Size in bytes.
+    pub bytes: u64,
+    /// Hex sha256 of the content.
+    pub sha256: String,
+}
+
+/// The learning-rate schedule and where it stands.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ScheduleState {
+    /// The schedule (its horizon included).
+    pub schedule: Schedule,
+    /// The peak learning rate.
+    pub peak_lr: f64,
+    /// The rate the next step will use.
+    pub next_lr: f64,
+}
+
+/// The state of the trainer's random generator.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RngState {
+    /// Seed of the run's generator.
+    pub seed: u64,
+    /// Random draws consumed so far.
+    pub offset: u64,
+}
+
+/// Everything in `trainer_state.json`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TrainerState {
+    /// Layout version.
+    pub format_version: u32,
+    /// Steps completed.
+    pub global_step: u64,
+    /// AdamW updates applied (its bias-correction step).
+    pub optimizer_step: u64,
+    /// Learning-rate schedule.
+    pub schedule: ScheduleState,
+    /// Data-loader position.
+    pub loader: LoaderState,
+    /// Random generator.
+    pub rng: RngState,
+    /// sha256 of `identity`'s canonical JSON.
+    pub fingerprint: String,
+    /// The configuration that must match for a resume: model, precision, optimizer, schedule,
+    /// data and batch shape.
+    pub identity: serde_json::Value,
+    /// Every other file of the checkpoint.
+    pub files: BTreeMap<String, FileRecord>,
+}
+
+/// Only the version, read first so that a newer layout gets a version error, not a parse error.
+#[derive(Deserialize)]
+pub(crate) struct VersionProbe {
+    pub format_version: u32,
+}
+
+/// The first place two JSON values differ, as `path: a vs b`.
+pub fn first_difference(
+    a: &serde_json::Value,
+    b: &serde_json::Value,
+    path: &str,
+) -> Option<String> {
+    use serde_json::Value;
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            let keys: std::collections::BTreeSet<&String> = x.keys().chain(y.keys()).collect();
+            keys.into_iter().find_map(|k| {
+                let sub = if path.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{path}.{k}")
+                };
+                match (x.get(k), y.get(k)) {
+                    (Some(p), Some(q)) => first_difference(p, q, &sub),
+                    (p, q) => Some(format!("{sub}: {} vs {}", show(p), show(q))),
+                }
+            })
+        }
+        _ if a == b => None,
+        _ => Some(format!("{path}: {a} vs {b}")),
+    }
+}
+
+fn show(v: Option<&serde_json::Value>) -> String {
+    v.map_or_else(|| "absent".to_string(), |v| v.to_string())
+}
