@@ -272,13 +272,23 @@ pub fn load(dev: &CpuDevice, dir: &Path, req: &LoadRequest<'_>) -> Result<Loaded
                 format!("is {len} bytes, {} were written (truncated or replaced); restore it or resume from an earlier checkpoint", record.bytes),
             ));
         }
-        if files::sha256_hex(file.bytes()) != record.sha256 {
+        mapped.insert(name.clone(), (path, file));
+    }
+    // Hash the files concurrently; report the first mismatch in name order.
+    let digests: Vec<String> = dev.install(|| {
+        use rayon::prelude::*;
+        mapped
+            .par_iter()
+            .map(|(_, (_, file))| files::sha256_hex(file.bytes()))
+            .collect()
+    });
+    for ((name, (path, _)), digest) in mapped.iter().zip(digests) {
+        if digest != state.files[name].sha256 {
             return Err(EngineError::bad_file(
-                &path,
+                path,
                 "checksum mismatch: the file changed after it was written (corruption?); restore it or resume from an earlier checkpoint",
             ));
         }
-        mapped.insert(name.clone(), (path, file));
     }
     let (config_path, config_file) = &mapped[CONFIG_FILE];
     let saved_cfg = std::str::from_utf8(config_file.bytes())
@@ -383,8 +393,12 @@ fn read_tensor(
         ));
     }
     let mut t = dev.zeros::<f32>(&spec.shape, category)?;
-    for (d, b) in t.as_mut_slice().iter_mut().zip(view.data().chunks_exact(4)) {
-        *d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    let dst: &mut [u8] = bytemuck::cast_slice_mut(t.as_mut_slice());
+    dst.copy_from_slice(view.data());
+    if cfg!(target_endian = "big") {
+        t.as_mut_slice()
+            .iter_mut()
+            .for_each(|x| *x = f32::from_bits(x.to_bits().swap_bytes()));
     }
     Ok(t)
 }

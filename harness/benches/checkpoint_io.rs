@@ -1,0 +1,150 @@
+//! Checkpoint save and load throughput next to a plain sequential write (with fsync) and read of
+//! the same number of bytes, measured in the same run. Prints one JSON line.
+//!
+//! `CKPT_BENCH_HIDDEN`, `CKPT_BENCH_LAYERS`, `CKPT_BENCH_VOCAB` size the model (default ≈ 58M
+//! parameters, ≈ 700 MB per checkpoint with AdamW moments); `CKPT_BENCH_REPEATS` (default 3)
+//! sets how many times each is measured (best of).
+
+use ckpt_engine::data::DataConfig;
+use ckpt_engine::optim::{AdamWConfig, Schedule};
+use ckpt_engine::trainer::{Init, Precision, TrainConfig};
+use ckpt_engine::{Checkpointing, CpuDevice, LlamaConfig, Trainer};
+use std::io::{Read, Write};
+use std::path::Path;
+use std::time::Instant;
+
+fn env(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.metadata().unwrap().len())
+        .sum()
+}
+
+fn plain_write(path: &Path, bytes: u64) {
+    let block = vec![0x5au8; 8 << 20];
+    let mut f = std::fs::File::create(path).unwrap();
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(block.len() as u64) as usize;
+        f.write_all(&block[..n]).unwrap();
+        left -= n as u64;
+    }
+    f.sync_all().unwrap();
+}
+
+fn plain_read(path: &Path) -> u64 {
+    let mut f = std::fs::File::open(path).unwrap();
+    let mut block = vec![0u8; 8 << 20];
+    let (mut total, mut sum) = (0u64, 0u64);
+    loop {
+        let n = f.read(&mut block).unwrap();
+        if n == 0 {
+            break;
+        }
+        sum = sum.wrapping_add(block[n - 1] as u64);
+        total += n as u64;
+    }
+    std::hint::black_box(sum);
+    total
+}
+
+fn best(repeats: usize, mut f: impl FnMut() -> f64) -> f64 {
+    (0..repeats).map(|_| f()).fold(f64::INFINITY, f64::min)
+}
+
+fn main() {
+    // `cargo bench` passes --bench; `cargo test --benches` passes nothing: run small then.
+    let quick = !std::env::args().any(|a| a == "--bench");
+    let hidden = env("CKPT_BENCH_HIDDEN", if quick { 64 } else { 512 });
+    let cfg = TrainConfig {
+        model: LlamaConfig {
+            vocab_size: env("CKPT_BENCH_VOCAB", if quick { 256 } else { 32000 }),
+            hidden_size: hidden,
+            intermediate_size: hidden * 8 / 3,
+            num_hidden_layers: env("CKPT_BENCH_LAYERS", if quick { 2 } else { 8 }),
+            num_attention_heads: 8,
+            num_key_value_heads: 4,
+            head_dim: None,
+            rms_norm_eps: 1e-5,
+            rope_theta: 10000.0,
+            tie_word_embeddings: false,
+            max_position_embeddings: 64,
+        },
+        init: Init::Random { seed: 0, std: 0.02 },
+        precision: Precision::Fp32,
+        optimizer: AdamWConfig {
+            lr: 1e-3,
+            betas: [0.9, 0.95],
+            eps: 1e-8,
+            weight_decay: 0.1,
+            grad_clip: None,
+        },
+        schedule: Schedule::Constant,
+        data: DataConfig::Synthetic {
+            seed: 0,
+            samples: 16,
+            branching: 4,
+            min_len: None,
+        },
+        batch_size: 1,
+        seq_len: 16,
+        shuffle_seed: 0,
+        checkpointing: Checkpointing::None,
+        loss: ckpt_engine::loss::LossKind::Standard,
+    };
+    let repeats = env("CKPT_BENCH_REPEATS", if quick { 1 } else { 3 });
+    let tmp = tempfile::tempdir_in(std::env::var("CKPT_BENCH_DIR").unwrap_or_else(|_| ".".into()))
+        .unwrap();
+    let mut trainer = Trainer::new(cfg.clone(), CpuDevice::new(2, u64::MAX).unwrap()).unwrap();
+    trainer.step().unwrap();
+    let run = tmp.path().join("run");
+    let mut ckpt = std::path::PathBuf::new();
+    let save_s = best(repeats, || {
+        let t = Instant::now();
+        ckpt = trainer.save(&run, Some(1)).unwrap();
+        t.elapsed().as_secs_f64()
+    });
+    drop(trainer);
+    let bytes = dir_bytes(&ckpt);
+    let load_s = best(repeats, || {
+        let t = Instant::now();
+        let resumed =
+            Trainer::resume(cfg.clone(), CpuDevice::new(2, u64::MAX).unwrap(), &run).unwrap();
+        let s = t.elapsed().as_secs_f64();
+        drop(resumed);
+        s
+    });
+    let plain = tmp.path().join("plain.bin");
+    let write_s = best(repeats, || {
+        let t = Instant::now();
+        plain_write(&plain, bytes);
+        t.elapsed().as_secs_f64()
+    });
+    let read_s = best(repeats, || {
+        let t = Instant::now();
+        assert_eq!(plain_read(&plain), bytes);
+        t.elapsed().as_secs_f64()
+    });
+    let gbs = |s: f64| bytes as f64 / s / 1e9;
+    println!(
+        "{}",
+        serde_json::json!({
+            "bench": "checkpoint_io",
+            "bytes": bytes,
+            "save_gb_s": gbs(save_s),
+            "plain_write_gb_s": gbs(write_s),
+            "save_vs_plain": write_s / save_s,
+            "load_gb_s": gbs(load_s),
+            "plain_read_gb_s": gbs(read_s),
+            "load_vs_plain": read_s / load_s,
+        })
+    );
+}
