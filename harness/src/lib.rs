@@ -1,6 +1,9 @@
 //! ckpt-harness: drives the training engine through train → save → resume phases and checks that
 //! resuming changed nothing and memory behaved. This crate also holds the command-line tool.
 
+pub mod checks;
 pub mod eval;
+pub mod phases;
+pub mod run_cmd;
 pub mod suite;
 pub mod train_cmd;

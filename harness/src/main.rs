@@ -3,7 +3,7 @@
 use ckpt_engine::optim::AdamWConfig;
 use ckpt_engine::trainer::Precision;
 use ckpt_harness::suite::Suite;
-use ckpt_harness::{eval, train_cmd};
+use ckpt_harness::{eval, run_cmd, train_cmd};
 use clap::{Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -59,6 +59,14 @@ enum Command {
         /// Worker threads (0 = one per core).
         #[arg(long, default_value_t = 0)]
         threads: usize,
+    },
+    /// Runs suites through train -> save -> resume -> resume past the end, and checks them.
+    Run {
+        /// Suite files or directories (default: suites/).
+        paths: Vec<PathBuf>,
+        /// Where to write summary.json.
+        #[arg(long, default_value = "report")]
+        report: PathBuf,
     },
     /// Trains a suite's model, saving checkpoints as the suite says; one JSON line per step.
     Train {
@@ -120,6 +128,18 @@ fn main() -> ExitCode {
             };
             eval::run(&req)
                 .map(|r| println!("{}", serde_json::to_string(&r).expect("plain numbers")))
+        }
+        Command::Run { paths, report } => {
+            let paths = if paths.is_empty() {
+                vec![PathBuf::from("suites")]
+            } else {
+                paths
+            };
+            match run_cmd::run(&paths, &report) {
+                Ok(true) => Ok(()),
+                Ok(false) => return ExitCode::from(1),
+                Err(e) => Err(e),
+            }
         }
         Command::Train {
             suite,
