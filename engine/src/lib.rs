@@ -9,6 +9,7 @@
 pub mod backend;
 pub mod data;
 pub mod error;
+pub mod estimate;
 pub mod loss;
 pub mod memory;
 pub mod model;

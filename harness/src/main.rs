@@ -7,6 +7,8 @@ use clap::{Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+mod estimate_cmd;
+
 #[derive(Parser)]
 #[command(
     name = "ckpt-harness",
@@ -59,6 +61,8 @@ enum Command {
         #[arg(long, default_value_t = 0)]
         threads: usize,
     },
+    /// Predicted memory of a training step, part by part and phase by phase.
+    Estimate(estimate_cmd::EstimateArgs),
 }
 
 fn parse_betas(text: &str) -> Result<[f64; 2], String> {
@@ -106,6 +110,7 @@ fn main() -> ExitCode {
             eval::run(&req)
                 .map(|r| println!("{}", serde_json::to_string(&r).expect("plain numbers")))
         }
+        Command::Estimate(args) => estimate_cmd::table(&args).map(|t| print!("{t}")),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
