@@ -10,6 +10,7 @@ pub mod backend;
 pub mod checkpoint;
 pub mod data;
 pub mod error;
+pub mod estimate;
 pub mod loss;
 pub mod memory;
 pub mod model;

@@ -18,6 +18,9 @@ struct Fixture {
     _dir: tempfile::TempDir,
     ckpt: PathBuf,
     cfg: TrainConfig,
+    // One device for all runs: a rayon pool's threads outlive its drop, which LeakSanitizer
+    // would report on every input.
+    dev: CpuDevice,
 }
 
 fn fixture() -> &'static Fixture {
@@ -49,10 +52,11 @@ fn fixture() -> &'static Fixture {
             loss: ckpt_engine::loss::LossKind::Standard,
         };
         let dir = tempfile::tempdir().unwrap();
-        let mut t = Trainer::new(cfg.clone(), CpuDevice::new(1, u64::MAX).unwrap()).unwrap();
+        let dev = CpuDevice::new(1, u64::MAX).unwrap();
+        let mut t = Trainer::new(cfg.clone(), dev.clone()).unwrap();
         t.step().unwrap();
         let ckpt = t.save(&dir.path().join("run"), None).unwrap();
-        Fixture { _dir: dir, ckpt, cfg }
+        Fixture { _dir: dir, ckpt, cfg, dev }
     })
 }
 
@@ -72,12 +76,11 @@ fuzz_target!(|data: &[u8]| {
         state["files"][victim]["sha256"] = sha256_hex(content).into();
         std::fs::write(&path, serde_json::to_vec(&state).unwrap()).unwrap();
     }
-    let dev = CpuDevice::new(1, u64::MAX).unwrap();
     let req = LoadRequest {
         config: &f.cfg.model,
         identity: f.cfg.identity(),
         master_in_optimizer: true,
         master_category: Category::Optimizer,
     };
-    let _ = checkpoint::load(&dev, work.path(), &req);
+    let _ = checkpoint::load(&f.dev, work.path(), &req);
 });

@@ -8,6 +8,8 @@ use clap::{Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+mod estimate_cmd;
+
 #[derive(Parser)]
 #[command(
     name = "ckpt-harness",
@@ -82,6 +84,8 @@ enum Command {
         #[arg(long)]
         steps: Option<u64>,
     },
+    /// Predicted memory of a training step, part by part and phase by phase.
+    Estimate(estimate_cmd::EstimateArgs),
 }
 
 fn parse_betas(text: &str) -> Result<[f64; 2], String> {
@@ -147,6 +151,7 @@ fn main() -> ExitCode {
             resume,
             steps,
         } => Suite::load(&suite).and_then(|s| train_cmd::run(&s, &out, resume.as_deref(), steps)),
+        Command::Estimate(args) => estimate_cmd::table(&args).map(|t| print!("{t}")),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

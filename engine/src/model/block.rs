@@ -46,21 +46,45 @@ pub struct BlockCtx<'a> {
     pub rope: &'a RopeTable,
 }
 
+/// An RMSNorm's output and the per-row `1 / rms` its backward pass reads.
+struct Norm<E: Elem> {
+    rinv: Tensor<f32>,
+    out: Tensor<E>,
+}
+
 /// What a block's backward pass reads, besides the block's input.
+///
+/// The matrix-product outputs are always kept. The cheap tensors (both norms' outputs and the
+/// SwiGLU activation) are kept too unless [`BlockActivations::keep_products`] dropped them, in
+/// which case the backward pass recomputes each right before its use, with the same kernels on
+/// the same inputs, so the numbers are bitwise the same.
 pub struct BlockActivations<E: Elem> {
-    rinv1: Tensor<f32>,
-    n1: Tensor<E>,
     q: Tensor<E>,
     k: Tensor<E>,
     v: Tensor<E>,
     att: Tensor<E>,
     lse: Tensor<f32>,
     h_mid: Tensor<E>,
-    rinv2: Tensor<f32>,
-    n2: Tensor<E>,
     gate: Tensor<E>,
     up: Tensor<E>,
-    act: Tensor<E>,
+    norm1: Option<Norm<E>>,
+    norm2: Option<Norm<E>>,
+    act: Option<Tensor<E>>,
+}
+
+impl<E: Elem> BlockActivations<E> {
+    /// Drops the tensors that are cheap to recompute, keeping the matrix-product outputs.
+    pub fn keep_products(mut self) -> Self {
+        self.norm1 = None;
+        self.norm2 = None;
+        self.act = None;
+        self
+    }
+
+    /// Whether the backward pass will recompute something.
+    pub fn is_partial(&self) -> bool {
+        self.norm1.is_none() || self.norm2.is_none() || self.act.is_none()
+    }
 }
 
 /// `y[rows, out] = x[rows, in] · wᵀ` for a weight stored `[out, in]`.
@@ -115,30 +139,62 @@ fn linear_backward<E: Elem>(
     Ok(())
 }
 
-/// Runs the block on `x` (`[rows, hidden]`): returns its output and the saved activations.
+/// `rmsnorm(x) · w`, with the per-row `1 / rms`.
+fn norm<E: Elem>(ctx: BlockCtx<'_>, x: &Tensor<E>, w: &Tensor<E>) -> Result<Norm<E>> {
+    let (dev, d) = (ctx.dev, &ctx.dims);
+    let mut rinv = dev.zeros::<f32>(&[d.rows], Activations)?;
+    let mut out = dev.zeros::<E>(&[d.rows, d.hidden], Activations)?;
+    kernels::rmsnorm_forward(
+        dev,
+        x.as_slice(),
+        w.as_slice(),
+        d.eps,
+        out.as_mut_slice(),
+        rinv.as_mut_slice(),
+    );
+    Ok(Norm { rinv, out })
+}
+
+/// `silu(gate) · up`.
+fn swiglu<E: Elem>(ctx: BlockCtx<'_>, gate: &Tensor<E>, up: &Tensor<E>) -> Result<Tensor<E>> {
+    let d = &ctx.dims;
+    let mut act = ctx.dev.zeros::<E>(&[d.rows, d.ffn], Activations)?;
+    kernels::swiglu_forward(ctx.dev, gate.as_slice(), up.as_slice(), act.as_mut_slice());
+    Ok(act)
+}
+
+/// Runs the block on `x` (`[rows, hidden]`): returns its output and every activation.
 pub fn forward<E: Elem>(
     ctx: BlockCtx<'_>,
     w: &LayerParams<Tensor<E>>,
     x: &Tensor<E>,
 ) -> Result<(Tensor<E>, BlockActivations<E>)> {
+    let acts = activations(ctx, w, x)?;
+    let act = acts.act.as_ref().expect("activations keeps everything");
+    let mut out = ctx
+        .dev
+        .zeros::<E>(&[ctx.dims.rows, ctx.dims.hidden], Activations)?;
+    out.as_mut_slice().copy_from_slice(acts.h_mid.as_slice());
+    linear(ctx.dev, act, &w.down, &mut out, true)?;
+    Ok((out, acts))
+}
+
+/// The activations of the block on `x`, without its output: what a fully checkpointed block
+/// recomputes for its backward pass.
+pub fn activations<E: Elem>(
+    ctx: BlockCtx<'_>,
+    w: &LayerParams<Tensor<E>>,
+    x: &Tensor<E>,
+) -> Result<BlockActivations<E>> {
     let (dev, d, rope) = (ctx.dev, &ctx.dims, ctx.rope);
     let (rows, h) = (d.rows, d.hidden);
-    let mut rinv1 = dev.zeros::<f32>(&[rows], Activations)?;
-    let mut n1 = dev.zeros::<E>(&[rows, h], Activations)?;
-    kernels::rmsnorm_forward(
-        dev,
-        x.as_slice(),
-        w.input_norm.as_slice(),
-        d.eps,
-        n1.as_mut_slice(),
-        rinv1.as_mut_slice(),
-    );
+    let norm1 = norm(ctx, x, &w.input_norm)?;
     let mut q = dev.zeros::<E>(&[rows, d.q_width()], Activations)?;
     let mut k = dev.zeros::<E>(&[rows, d.kv_width()], Activations)?;
     let mut v = dev.zeros::<E>(&[rows, d.kv_width()], Activations)?;
-    linear(dev, &n1, &w.q, &mut q, false)?;
-    linear(dev, &n1, &w.k, &mut k, false)?;
-    linear(dev, &n1, &w.v, &mut v, false)?;
+    linear(dev, &norm1.out, &w.q, &mut q, false)?;
+    linear(dev, &norm1.out, &w.k, &mut k, false)?;
+    linear(dev, &norm1.out, &w.v, &mut v, false)?;
     kernels::rope(dev, q.as_mut_slice(), d.q_width(), d.attn.seq, rope, false);
     kernels::rope(dev, k.as_mut_slice(), d.kv_width(), d.attn.seq, rope, false);
     let mut att = dev.zeros::<E>(&[rows, d.q_width()], Activations)?;
@@ -155,45 +211,30 @@ pub fn forward<E: Elem>(
     let mut h_mid = dev.zeros::<E>(&[rows, h], Activations)?;
     h_mid.as_mut_slice().copy_from_slice(x.as_slice());
     linear(dev, &att, &w.o, &mut h_mid, true)?;
-    let mut rinv2 = dev.zeros::<f32>(&[rows], Activations)?;
-    let mut n2 = dev.zeros::<E>(&[rows, h], Activations)?;
-    kernels::rmsnorm_forward(
-        dev,
-        h_mid.as_slice(),
-        w.post_norm.as_slice(),
-        d.eps,
-        n2.as_mut_slice(),
-        rinv2.as_mut_slice(),
-    );
+    let norm2 = norm(ctx, &h_mid, &w.post_norm)?;
     let mut gate = dev.zeros::<E>(&[rows, d.ffn], Activations)?;
     let mut up = dev.zeros::<E>(&[rows, d.ffn], Activations)?;
-    linear(dev, &n2, &w.gate, &mut gate, false)?;
-    linear(dev, &n2, &w.up, &mut up, false)?;
-    let mut act = dev.zeros::<E>(&[rows, d.ffn], Activations)?;
-    kernels::swiglu_forward(dev, gate.as_slice(), up.as_slice(), act.as_mut_slice());
-    let mut out = dev.zeros::<E>(&[rows, h], Activations)?;
-    out.as_mut_slice().copy_from_slice(h_mid.as_slice());
-    linear(dev, &act, &w.down, &mut out, true)?;
-    let saved = BlockActivations {
-        rinv1,
-        n1,
+    linear(dev, &norm2.out, &w.gate, &mut gate, false)?;
+    linear(dev, &norm2.out, &w.up, &mut up, false)?;
+    let act = swiglu(ctx, &gate, &up)?;
+    Ok(BlockActivations {
         q,
         k,
         v,
         att,
         lse,
         h_mid,
-        rinv2,
-        n2,
         gate,
         up,
-        act,
-    };
-    Ok((out, saved))
+        norm1: Some(norm1),
+        norm2: Some(norm2),
+        act: Some(act),
+    })
 }
 
 /// Backward through the block. `dh` holds ∂L/∂output on entry and ∂L/∂x on return; weight
-/// gradients are added to `g`. Each saved activation is freed right after its last use.
+/// gradients are added to `g`. Each activation is freed right after its last use, and each
+/// dropped cheap one is recomputed right before its first.
 pub fn backward<E: Elem>(
     ctx: BlockCtx<'_>,
     w: &LayerParams<Tensor<E>>,
@@ -204,23 +245,25 @@ pub fn backward<E: Elem>(
 ) -> Result<()> {
     let (dev, d, rope) = (ctx.dev, &ctx.dims, ctx.rope);
     let BlockActivations {
-        rinv1,
-        n1,
         q,
         k,
         v,
         att,
         lse,
         h_mid,
-        rinv2,
-        n2,
         gate,
         up,
+        norm1,
+        norm2,
         act,
     } = saved;
     let (rows, h) = (d.rows, d.hidden);
 
     // MLP: out = h_mid + act·downᵀ
+    let act = match act {
+        Some(act) => act,
+        None => swiglu(ctx, &gate, &up)?,
+    };
     let mut dact = dev.zeros::<E>(&[rows, d.ffn], Activations)?;
     linear_backward(dev, dh, &act, &w.down, &mut dact, &mut g.down, false)?;
     drop(act);
@@ -235,6 +278,13 @@ pub fn backward<E: Elem>(
         dup.as_mut_slice(),
     );
     drop((dact, gate, up));
+    let Norm {
+        rinv: rinv2,
+        out: n2,
+    } = match norm2 {
+        Some(n) => n,
+        None => norm(ctx, &h_mid, &w.post_norm)?,
+    };
     let mut dn2 = dev.zeros::<E>(&[rows, h], Activations)?;
     linear_backward(dev, &dgate, &n2, &w.gate, &mut dn2, &mut g.gate, false)?;
     linear_backward(dev, &dup, &n2, &w.up, &mut dn2, &mut g.up, true)?;
@@ -272,6 +322,13 @@ pub fn backward<E: Elem>(
     drop((datt, att, lse, q, k, v));
     kernels::rope(dev, dq.as_mut_slice(), d.q_width(), d.attn.seq, rope, true);
     kernels::rope(dev, dk.as_mut_slice(), d.kv_width(), d.attn.seq, rope, true);
+    let Norm {
+        rinv: rinv1,
+        out: n1,
+    } = match norm1 {
+        Some(n) => n,
+        None => norm(ctx, x, &w.input_norm)?,
+    };
     let mut dn1 = dev.zeros::<E>(&[rows, h], Activations)?;
     linear_backward(dev, &dq, &n1, &w.q, &mut dn1, &mut g.q, false)?;
     linear_backward(dev, &dk, &n1, &w.k, &mut dn1, &mut g.k, true)?;

@@ -27,6 +27,20 @@ pub enum Checkpointing {
     None,
     /// Keep only each block's input; recompute the block in the backward pass.
     Full,
+    /// Keep each block's input and matrix-product outputs; recompute the norms' outputs and the
+    /// SwiGLU activation in the backward pass.
+    Selective,
+}
+
+impl Checkpointing {
+    /// What a block keeps of its activations `acts` until its backward pass.
+    fn keep<E: Elem>(self, acts: BlockActivations<E>) -> Option<BlockActivations<E>> {
+        match self {
+            Checkpointing::None => Some(acts),
+            Checkpointing::Full => None,
+            Checkpointing::Selective => Some(acts.keep_products()),
+        }
+    }
 }
 
 /// A batch of token rows: `input_ids` and next-token `labels` (−100 ignored), `[batch, seq]`.
@@ -49,7 +63,7 @@ pub struct PassOutput {
     pub loss: f32,
     /// Labels counted.
     pub tokens: usize,
-    /// Blocks whose forward pass ran again during backward.
+    /// Blocks that recomputed activations (all of them, or the cheap part) during backward.
     pub recomputed_blocks: usize,
 }
 
@@ -148,10 +162,7 @@ impl Model {
         let mut saved: Vec<Option<BlockActivations<E>>> = Vec::with_capacity(w.layers.len());
         for layer in &w.layers {
             let (out, acts) = block::forward(ctx, layer, &x)?;
-            saved.push(match checkpointing {
-                Checkpointing::None => Some(acts),
-                Checkpointing::Full => None,
-            });
+            saved.push(checkpointing.keep(acts));
             inputs.push(std::mem::replace(&mut x, out));
         }
 
@@ -192,13 +203,14 @@ impl Model {
         let mut recomputed_blocks = 0;
         for (l, layer) in w.layers.iter().enumerate().rev() {
             let input = inputs.pop().expect("one input per block");
-            let acts = match saved.pop().flatten() {
-                Some(acts) => acts,
-                None => {
-                    recomputed_blocks += 1;
-                    block::forward(ctx, layer, &input)?.1
+            let (acts, recomputes) = match saved.pop().flatten() {
+                Some(acts) => {
+                    let partial = acts.is_partial();
+                    (acts, partial)
                 }
+                None => (block::activations(ctx, layer, &input)?, true),
             };
+            recomputed_blocks += usize::from(recomputes);
             block::backward(ctx, layer, &mut grads.layers[l], &input, acts, &mut dh)?;
         }
         kernels::embedding_backward(dh.as_slice(), &batch.input_ids, grads.embed.as_mut_slice());

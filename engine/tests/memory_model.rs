@@ -1,0 +1,340 @@
+//! Activation checkpointing and the chunked loss change memory, not results; and the analytic
+//! memory model predicts the CPU device's measured step memory to the byte.
+
+use ckpt_engine::data::DataConfig;
+use ckpt_engine::estimate::{estimate, EstimateConfig};
+use ckpt_engine::loss::{LossKind, IGNORE_INDEX};
+use ckpt_engine::model::weights;
+use ckpt_engine::optim::{AdamWConfig, Schedule};
+use ckpt_engine::trainer::{bf16_copy, Init, Precision};
+use ckpt_engine::{
+    Batch, Category, Checkpointing, CpuDevice, Elem, LlamaConfig, Model, Params, Tensor,
+    TrainConfig, Trainer,
+};
+use proptest::prelude::*;
+
+const POLICIES: [Checkpointing; 3] = [
+    Checkpointing::None,
+    Checkpointing::Full,
+    Checkpointing::Selective,
+];
+
+fn tiny() -> LlamaConfig {
+    LlamaConfig {
+        vocab_size: 37,
+        hidden_size: 16,
+        intermediate_size: 24,
+        num_hidden_layers: 3,
+        num_attention_heads: 4,
+        num_key_value_heads: 2,
+        head_dim: None,
+        rms_norm_eps: 1e-5,
+        rope_theta: 10000.0,
+        tie_word_embeddings: false,
+        max_position_embeddings: 16,
+    }
+}
+
+/// A `[rows, seq]` batch with every fifth label ignored.
+fn batch(cfg: &LlamaConfig, rows: usize, seq: usize) -> Batch {
+    let n = rows * seq;
+    let v = cfg.vocab_size;
+    Batch {
+        batch: rows,
+        seq,
+        input_ids: (0..n).map(|i| ((i * 7 + 3) % v) as u32).collect(),
+        labels: (0..n)
+            .map(|i| {
+                if i % 5 == 4 {
+                    IGNORE_INDEX
+                } else {
+                    ((i * 11 + 1) % v) as i64
+                }
+            })
+            .collect(),
+    }
+}
+
+/// What one forward + backward pass gives: loss, blocks recomputed, every gradient.
+struct Pass {
+    loss: f32,
+    recomputed: usize,
+    grads: Vec<Vec<f32>>,
+}
+
+fn pass<E: Elem>(
+    dev: &CpuDevice,
+    cfg: &LlamaConfig,
+    w: &Params<Tensor<E>>,
+    b: &Batch,
+    ckpt: Checkpointing,
+    loss: LossKind,
+) -> Pass {
+    let model = Model::new(dev, cfg.clone()).unwrap();
+    let mut grads = Params::try_new(cfg, |s| dev.zeros::<f32>(&s.shape, Category::Grads)).unwrap();
+    let out = model
+        .forward_backward(dev, w, &mut grads, b, ckpt, loss)
+        .unwrap();
+    Pass {
+        loss: out.loss,
+        recomputed: out.recomputed_blocks,
+        grads: grads.tensors().iter().map(|t| t.to_f32_vec()).collect(),
+    }
+}
+
+/// Every policy gives bitwise the losses and gradients of keeping everything, for `loss`.
+fn assert_policies_bitwise<E: Elem>(
+    dev: &CpuDevice,
+    cfg: &LlamaConfig,
+    w: &Params<Tensor<E>>,
+    b: &Batch,
+    loss: LossKind,
+) {
+    let base = pass(dev, cfg, w, b, Checkpointing::None, loss);
+    assert_eq!(base.recomputed, 0);
+    for policy in [Checkpointing::Full, Checkpointing::Selective] {
+        let got = pass(dev, cfg, w, b, policy, loss);
+        assert_eq!(
+            got.loss.to_bits(),
+            base.loss.to_bits(),
+            "{policy:?} {loss:?}"
+        );
+        for (i, (g, want)) in got.grads.iter().zip(&base.grads).enumerate() {
+            let same = g.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{policy:?} {loss:?}: gradient {i} differs");
+        }
+        assert_eq!(got.recomputed, cfg.num_hidden_layers, "{policy:?}");
+    }
+}
+
+#[test]
+fn checkpointing_policies_give_bitwise_identical_losses_and_gradients() {
+    let cfg = tiny();
+    let dev = CpuDevice::new(2, u64::MAX).unwrap();
+    let master = weights::init_params(&dev, &cfg, 1, 0.1, Category::Params).unwrap();
+    let compute = bf16_copy(&dev, &cfg, &master).unwrap();
+    let b = batch(&cfg, 3, 7);
+    for loss in [LossKind::Standard, LossKind::Chunked { chunk_tokens: 4 }] {
+        assert_policies_bitwise(&dev, &cfg, &master, &b, loss);
+        assert_policies_bitwise(&dev, &cfg, &compute, &b, loss);
+    }
+}
+
+/// ‖a − b‖ / ‖b‖.
+fn relative_error(a: &[f32], b: &[f32]) -> f64 {
+    let diff: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (*x as f64 - *y as f64).powi(2))
+        .sum();
+    let norm: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+    (diff / norm.max(f64::MIN_POSITIVE)).sqrt()
+}
+
+/// The chunked loss sums the head's gradient chunk by chunk and runs smaller products, so its
+/// rounding differs from the standard loss's in the last bits, never more.
+fn assert_chunked_matches<E: Elem>(
+    dev: &CpuDevice,
+    cfg: &LlamaConfig,
+    w: &Params<Tensor<E>>,
+    b: &Batch,
+    tolerance: f64,
+) {
+    let base = pass(dev, cfg, w, b, Checkpointing::None, LossKind::Standard);
+    let rows = b.batch * b.seq;
+    for chunk_tokens in [1, 4, rows - 1, rows, rows + 5] {
+        let got = pass(
+            dev,
+            cfg,
+            w,
+            b,
+            Checkpointing::None,
+            LossKind::Chunked { chunk_tokens },
+        );
+        let loss_err = ((got.loss - base.loss) / base.loss).abs();
+        assert!(
+            loss_err <= 1e-6,
+            "chunk {chunk_tokens}: loss error {loss_err}"
+        );
+        for (i, (g, want)) in got.grads.iter().zip(&base.grads).enumerate() {
+            let err = relative_error(g, want);
+            assert!(
+                err <= tolerance,
+                "chunk {chunk_tokens}: gradient {i} relative error {err}"
+            );
+        }
+        if chunk_tokens >= rows {
+            assert_eq!(got.loss.to_bits(), base.loss.to_bits());
+            assert_eq!(got.grads, base.grads, "one chunk is the standard path");
+        }
+    }
+}
+
+#[test]
+fn chunked_loss_matches_the_standard_loss() {
+    let cfg = tiny();
+    let dev = CpuDevice::new(2, u64::MAX).unwrap();
+    let master = weights::init_params(&dev, &cfg, 2, 0.1, Category::Params).unwrap();
+    let compute = bf16_copy(&dev, &cfg, &master).unwrap();
+    let b = batch(&cfg, 3, 7);
+    assert_chunked_matches(&dev, &cfg, &master, &b, 1e-6);
+    assert_chunked_matches(&dev, &cfg, &compute, &b, 1e-5);
+}
+
+/// Peak bytes of one pass above what was held before it.
+fn pass_peak<E: Elem>(
+    dev: &CpuDevice,
+    cfg: &LlamaConfig,
+    w: &Params<Tensor<E>>,
+    b: &Batch,
+    loss: LossKind,
+) -> u64 {
+    let model = Model::new(dev, cfg.clone()).unwrap();
+    let mut grads = Params::try_new(cfg, |s| dev.zeros::<f32>(&s.shape, Category::Grads)).unwrap();
+    let before = dev.tracker().allocated();
+    dev.tracker().reset_peak();
+    model
+        .forward_backward(dev, w, &mut grads, b, Checkpointing::None, loss)
+        .unwrap();
+    dev.tracker().stats().allocated.peak - before
+}
+
+#[test]
+fn chunked_loss_never_holds_logits_of_every_token() {
+    // The vocabulary dwarfs everything else but the head, and tokens outnumber twice the
+    // hidden width (bf16 products widen the [vocab, hidden] head to f32), so any [tokens, vocab]
+    // buffer would show.
+    let cfg = LlamaConfig {
+        vocab_size: 3000,
+        num_hidden_layers: 1,
+        ..tiny()
+    };
+    let dev = CpuDevice::new(2, u64::MAX).unwrap();
+    let master = weights::init_params(&dev, &cfg, 3, 0.1, Category::Params).unwrap();
+    let compute = bf16_copy(&dev, &cfg, &master).unwrap();
+    let b = batch(&cfg, 4, 16);
+    let all_logits = |elem: u64| (b.batch * b.seq * cfg.vocab_size) as u64 * elem;
+    let chunked = LossKind::Chunked { chunk_tokens: 2 };
+    assert!(pass_peak(&dev, &cfg, &master, &b, chunked) < all_logits(4));
+    assert!(pass_peak(&dev, &cfg, &master, &b, LossKind::Standard) > all_logits(4));
+    assert!(pass_peak(&dev, &cfg, &compute, &b, chunked) < all_logits(2));
+    assert!(pass_peak(&dev, &cfg, &compute, &b, LossKind::Standard) > all_logits(2));
+}
+
+/// A tiny run with every memory-relevant choice drawn at random.
+#[derive(Clone, Debug)]
+struct Case {
+    train: TrainConfig,
+    threads: usize,
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    let shape = (
+        (1usize..=4, 1usize..=4, 1usize..=3), // kv heads, group, head_dim / 2
+        (3usize..=50, 1usize..=40, 1usize..=3), // vocab, ffn, layers
+        (1usize..=3, 1usize..=9, 0usize..=4), // batch, seq, extra positions
+        any::<bool>(),                        // tied embeddings
+    );
+    let run = (
+        prop_oneof![Just(Precision::Fp32), Just(Precision::Bf16Mixed)],
+        prop::sample::select(POLICIES.to_vec()),
+        prop_oneof![
+            Just(LossKind::Standard),
+            (1usize..=30).prop_map(|chunk_tokens| LossKind::Chunked { chunk_tokens })
+        ],
+        1usize..=2,
+        any::<u64>(),
+    );
+    (shape, run).prop_map(
+        |(((kv, group, half), (vocab, ffn, layers), (rows, seq, extra), tied), run)| {
+            let (precision, checkpointing, loss, threads, seed) = run;
+            let heads = kv * group;
+            let model = LlamaConfig {
+                vocab_size: vocab,
+                hidden_size: heads * 2 * half,
+                intermediate_size: ffn,
+                num_hidden_layers: layers,
+                num_attention_heads: heads,
+                num_key_value_heads: kv,
+                head_dim: None,
+                rms_norm_eps: 1e-5,
+                rope_theta: 10000.0,
+                tie_word_embeddings: tied,
+                max_position_embeddings: seq + extra,
+            };
+            let train = TrainConfig {
+                model,
+                init: Init::Random { seed, std: 0.05 },
+                precision,
+                optimizer: AdamWConfig {
+                    lr: 1e-2,
+                    betas: [0.9, 0.95],
+                    eps: 1e-8,
+                    weight_decay: 0.1,
+                    grad_clip: Some(1.0),
+                },
+                schedule: Schedule::Constant,
+                data: DataConfig::Synthetic {
+                    seed,
+                    samples: 16,
+                    branching: 2,
+                    min_len: Some(1),
+                },
+                batch_size: rows,
+                seq_len: seq,
+                shuffle_seed: seed,
+                checkpointing,
+                loss,
+            };
+            Case { train, threads }
+        },
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// Steps 0, 1 and 2 of a fresh trainer: the measured peak, the breakdown at the peak, each
+    /// category's peak, the bytes held at the step's start and end and the number of
+    /// allocations all equal the estimate's.
+    #[test]
+    fn estimate_equals_the_measured_step_memory(c in case()) {
+        let dev = CpuDevice::new(c.threads, u64::MAX).unwrap();
+        let est = estimate(&EstimateConfig::from_train(&c.train, dev.threads())).unwrap();
+        let mut trainer = Trainer::new(c.train.clone(), dev.clone()).unwrap();
+        let mut before = dev.tracker().stats();
+        for step in 0..3 {
+            let want = est.step(step > 0);
+            prop_assert_eq!(before.current, want.start, "step {} start", step);
+            let stats = trainer.step().unwrap();
+            let got = &stats.memory;
+            prop_assert_eq!(got.allocated.peak, want.peak, "step {} peak", step);
+            prop_assert_eq!(got.at_peak, want.at_peak, "step {} at peak", step);
+            prop_assert_eq!(got.peak_by_category, want.peak_by_category, "step {}", step);
+            prop_assert_eq!(got.current, want.end, "step {} end", step);
+            prop_assert_eq!(got.alloc_count - before.alloc_count, want.allocations, "step {}", step);
+            let p = want.phases;
+            prop_assert_eq!(p.forward.max(p.loss).max(p.backward).max(p.optimizer), want.peak);
+            let recomputing = c.train.checkpointing != Checkpointing::None;
+            let layers = c.train.model.num_hidden_layers;
+            prop_assert_eq!(stats.recomputed_blocks, if recomputing { layers } else { 0 });
+            before = stats.memory;
+        }
+    }
+
+    /// Random shapes: every policy is bitwise the same as keeping everything.
+    #[test]
+    fn checkpointing_is_bitwise_on_random_shapes(c in case()) {
+        let t = &c.train;
+        let dev = CpuDevice::new(c.threads, u64::MAX).unwrap();
+        let master = weights::init_params(&dev, &t.model, 7, 0.2, Category::Params).unwrap();
+        let b = batch(&t.model, t.batch_size, t.seq_len);
+        match t.precision {
+            Precision::Fp32 => assert_policies_bitwise(&dev, &t.model, &master, &b, t.loss),
+            Precision::Bf16Mixed => {
+                let compute = bf16_copy(&dev, &t.model, &master).unwrap();
+                assert_policies_bitwise(&dev, &t.model, &compute, &b, t.loss);
+            }
+        }
+    }
+}

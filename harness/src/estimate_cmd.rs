@@ -1,0 +1,494 @@
+//! `ckpt-harness estimate`: the memory model of a run as a table, with activation checkpointing
+//! and the chunked loss switched on one at a time and together; optionally next to the peaks
+//! measured on this machine's CPU.
+
+use anyhow::{bail, Context, Result};
+use ckpt_engine::data::DataConfig;
+use ckpt_engine::estimate::{estimate, Estimate, EstimateConfig};
+use ckpt_engine::loss::LossKind;
+use ckpt_engine::optim::{AdamWConfig, Schedule};
+use ckpt_engine::trainer::{Init, Precision};
+use ckpt_engine::{Checkpointing, CpuDevice, LlamaConfig, TrainConfig, Trainer};
+use clap::{Args, ValueEnum};
+use std::path::PathBuf;
+
+/// The `estimate` subcommand's flags. The run comes from `--config`, `--llama-1b` or the model
+/// flags; any flag given also overrides the run's value. The run's own checkpointing and loss are
+/// replaced by each column's.
+#[derive(Args, Debug)]
+pub struct EstimateArgs {
+    /// A suite file whose run to estimate.
+    #[arg(conflicts_with_all = ["config", "llama_1b"])]
+    suite: Option<PathBuf>,
+    /// A training configuration, as JSON in the engine's `TrainConfig` shape.
+    #[arg(long, conflicts_with = "llama_1b")]
+    config: Option<PathBuf>,
+    /// Llama-3.2-1B's shape at batch 8 × 2048 tokens, bf16-mixed.
+    #[arg(long)]
+    llama_1b: bool,
+    /// Vocabulary size.
+    #[arg(long)]
+    vocab: Option<usize>,
+    /// Hidden (residual) width.
+    #[arg(long)]
+    hidden: Option<usize>,
+    /// MLP width.
+    #[arg(long)]
+    ffn: Option<usize>,
+    /// Decoder blocks.
+    #[arg(long)]
+    layers: Option<usize>,
+    /// Query heads.
+    #[arg(long)]
+    heads: Option<usize>,
+    /// Key/value heads (default: as many as query heads).
+    #[arg(long)]
+    kv_heads: Option<usize>,
+    /// Rows per batch.
+    #[arg(long)]
+    batch: Option<usize>,
+    /// Tokens per row.
+    #[arg(long)]
+    seq: Option<usize>,
+    /// Step arithmetic.
+    #[arg(long, value_enum)]
+    precision: Option<PrecisionArg>,
+    /// The CPU device's worker threads (attention scratch is per thread); the suite's, else 1.
+    #[arg(long)]
+    threads: Option<usize>,
+    /// The policy of the checkpointing columns.
+    #[arg(long, value_enum, default_value_t = PolicyArg::Full)]
+    checkpointing: PolicyArg,
+    /// Tokens per chunk of the chunked-loss columns.
+    #[arg(long, default_value_t = 1024)]
+    chunk_tokens: usize,
+    /// Exact byte counts instead of KiB/MiB/GiB.
+    #[arg(long)]
+    bytes: bool,
+    /// Also train two steps of every column on this machine's CPU and print the measured peaks.
+    #[arg(long)]
+    measure: bool,
+}
+
+/// Step arithmetic, as a flag value.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum PrecisionArg {
+    /// Everything in f32.
+    Fp32,
+    /// bf16 weights and activations, f32 master weights, moments and gradients.
+    Bf16Mixed,
+}
+
+/// The checkpointing policy of the checkpointing columns, as a flag value.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum PolicyArg {
+    /// Keep block inputs only.
+    Full,
+    /// Keep block inputs and matrix-product outputs.
+    Selective,
+}
+
+/// Llama-3.2-1B's published shape (tied embeddings, 131072 positions).
+fn llama_1b() -> LlamaConfig {
+    LlamaConfig {
+        vocab_size: 128256,
+        hidden_size: 2048,
+        intermediate_size: 8192,
+        num_hidden_layers: 16,
+        num_attention_heads: 32,
+        num_key_value_heads: 8,
+        head_dim: Some(64),
+        rms_norm_eps: 1e-5,
+        rope_theta: 500000.0,
+        tie_word_embeddings: true,
+        max_position_embeddings: 131072,
+    }
+}
+
+/// A run of `model` with seeded random weights and synthetic data.
+fn synthetic_run(model: LlamaConfig, batch_size: usize, seq_len: usize) -> TrainConfig {
+    TrainConfig {
+        model,
+        init: Init::Random { seed: 0, std: 0.02 },
+        precision: Precision::Fp32,
+        optimizer: AdamWConfig {
+            lr: 1e-3,
+            betas: [0.9, 0.95],
+            eps: 1e-8,
+            weight_decay: 0.1,
+            grad_clip: Some(1.0),
+        },
+        schedule: Schedule::Constant,
+        data: DataConfig::Synthetic {
+            seed: 0,
+            samples: 4096,
+            branching: 4,
+            min_len: None,
+        },
+        batch_size,
+        seq_len,
+        shuffle_seed: 0,
+        checkpointing: Checkpointing::None,
+        loss: LossKind::Standard,
+    }
+}
+
+fn suite_run(path: &std::path::Path) -> Result<TrainConfig> {
+    Ok(ckpt_harness::suite::Suite::load(path)?.train)
+}
+
+/// The run the flags describe.
+fn run_config(a: &EstimateArgs) -> Result<TrainConfig> {
+    let mut run = if let Some(path) = &a.suite {
+        suite_run(path)?
+    } else if let Some(path) = &a.config {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("{}: cannot read", path.display()))?;
+        serde_json::from_str(&text)
+            .with_context(|| format!("{}: not a TrainConfig", path.display()))?
+    } else if a.llama_1b {
+        let mut run = synthetic_run(llama_1b(), 8, 2048);
+        run.precision = Precision::Bf16Mixed;
+        run
+    } else {
+        let need = |v: Option<usize>, flag: &str| {
+            v.with_context(|| format!("--{flag} is required without --config or --llama-1b"))
+        };
+        let vocab_size = need(a.vocab, "vocab")?;
+        let hidden_size = need(a.hidden, "hidden")?;
+        let intermediate_size = need(a.ffn, "ffn")?;
+        let num_hidden_layers = need(a.layers, "layers")?;
+        let heads = need(a.heads, "heads")?;
+        let model = LlamaConfig {
+            vocab_size,
+            hidden_size,
+            intermediate_size,
+            num_hidden_layers,
+            num_attention_heads: heads,
+            num_key_value_heads: heads,
+            head_dim: None,
+            rms_norm_eps: 1e-5,
+            rope_theta: 10000.0,
+            tie_word_embeddings: false,
+            max_position_embeddings: need(a.seq, "seq")?,
+        };
+        synthetic_run(model, need(a.batch, "batch")?, need(a.seq, "seq")?)
+    };
+    let m = &mut run.model;
+    let overrides = [
+        (a.vocab, &mut m.vocab_size),
+        (a.hidden, &mut m.hidden_size),
+        (a.ffn, &mut m.intermediate_size),
+        (a.layers, &mut m.num_hidden_layers),
+        (a.heads, &mut m.num_attention_heads),
+        (a.kv_heads, &mut m.num_key_value_heads),
+        (a.batch, &mut run.batch_size),
+        (a.seq, &mut run.seq_len),
+    ];
+    for (flag, slot) in overrides {
+        if let Some(v) = flag {
+            *slot = v;
+        }
+    }
+    if let Some(p) = a.precision {
+        run.precision = match p {
+            PrecisionArg::Fp32 => Precision::Fp32,
+            PrecisionArg::Bf16Mixed => Precision::Bf16Mixed,
+        };
+    }
+    Ok(run)
+}
+
+/// One column: a run with a checkpointing policy and a loss kind.
+struct Column {
+    title: String,
+    run: TrainConfig,
+}
+
+/// The four columns: baseline, +checkpointing, +chunked loss, both.
+fn columns(a: &EstimateArgs, run: &TrainConfig) -> Vec<Column> {
+    let (policy, name) = match a.checkpointing {
+        PolicyArg::Full => (Checkpointing::Full, "full"),
+        PolicyArg::Selective => (Checkpointing::Selective, "selective"),
+    };
+    let chunked = LossKind::Chunked {
+        chunk_tokens: a.chunk_tokens,
+    };
+    [
+        (
+            "baseline".to_string(),
+            Checkpointing::None,
+            LossKind::Standard,
+        ),
+        (
+            format!("+checkpointing ({name})"),
+            policy,
+            LossKind::Standard,
+        ),
+        (
+            format!("+chunked CE ({} tokens)", a.chunk_tokens),
+            Checkpointing::None,
+            chunked,
+        ),
+        ("both".to_string(), policy, chunked),
+    ]
+    .into_iter()
+    .map(|(title, checkpointing, loss)| Column {
+        title,
+        run: TrainConfig {
+            checkpointing,
+            loss,
+            ..run.clone()
+        },
+    })
+    .collect()
+}
+
+/// The table's rows: a label and the figure of each estimate.
+type Row = (&'static str, fn(&Estimate) -> u64);
+
+const ROWS: [Row; 16] = [
+    ("params (weights + rotary tables)", |e| e.anatomy.params),
+    ("master weights (f32)", |e| e.anatomy.master_weights),
+    ("gradients (f32)", |e| e.anatomy.grads),
+    ("AdamW moments (f32)", |e| e.anatomy.optimizer),
+    ("saved activations per block", |e| e.anatomy.saved_per_block),
+    ("saved activations, all blocks", |e| {
+        e.anatomy.saved_activations
+    }),
+    ("recompute working set per block", |e| {
+        e.anatomy.recompute_per_block
+    }),
+    ("logits (all tokens or one chunk)", |e| e.anatomy.logits),
+    ("attention scratch (all threads)", |e| {
+        e.anatomy.attention_scratch
+    }),
+    ("workspace peak", |e| {
+        e.later_step.peak_by_category.workspace
+    }),
+    ("peak of later steps: forward", |e| {
+        e.later_step.phases.forward
+    }),
+    ("peak of later steps: loss", |e| e.later_step.phases.loss),
+    ("peak of later steps: backward", |e| {
+        e.later_step.phases.backward
+    }),
+    ("peak of the first step: optimizer", |e| {
+        e.first_step.phases.optimizer
+    }),
+    ("**step peak, first step**", |e| e.first_step.peak),
+    ("**step peak, later steps**", |e| e.later_step.peak),
+];
+
+/// `bytes` in binary units with two decimals, or exact.
+fn show(bytes: u64, exact: bool) -> String {
+    if exact || bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let units = ["KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < units.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.2} {}", units[unit])
+}
+
+/// Step peaks of the first and a later step, measured on the CPU.
+fn measure(run: &TrainConfig, threads: usize) -> Result<[u64; 2]> {
+    let dev = CpuDevice::new(threads, u64::MAX)?;
+    let mut trainer = Trainer::new(run.clone(), dev)?;
+    let first = trainer.step()?.memory.allocated.peak;
+    let later = trainer.step()?.memory.allocated.peak;
+    Ok([first, later])
+}
+
+/// A markdown table, columns padded to their widest cell.
+fn markdown(rows: &[Vec<String>]) -> String {
+    let widths: Vec<usize> = (0..rows[0].len())
+        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+        .collect();
+    let line = |r: &[String]| {
+        let cells: Vec<String> = r
+            .iter()
+            .zip(&widths)
+            .enumerate()
+            .map(|(i, (cell, &w))| match i {
+                0 => format!("{cell:<w$}"),
+                _ => format!("{cell:>w$}"),
+            })
+            .collect();
+        format!("| {} |\n", cells.join(" | "))
+    };
+    let rule: Vec<String> = widths
+        .iter()
+        .enumerate()
+        .map(|(i, &w)| match i {
+            0 => "-".repeat(w + 2),
+            _ => format!("{}:", "-".repeat(w + 1)),
+        })
+        .collect();
+    let mut out = line(&rows[0]);
+    out.push_str(&format!("|{}|\n", rule.join("|")));
+    rows[1..].iter().for_each(|r| out.push_str(&line(r)));
+    out
+}
+
+/// Builds the table the subcommand prints.
+pub fn table(a: &EstimateArgs) -> Result<String> {
+    let threads = match (a.threads, &a.suite) {
+        (Some(t), _) => t,
+        (None, Some(path)) => ckpt_harness::suite::Suite::load(path)?.file.threads,
+        (None, None) => 1,
+    };
+    if threads == 0 {
+        bail!("--threads must be at least 1");
+    }
+    let run = run_config(a)?;
+    let cols = columns(a, &run);
+    let estimates = cols
+        .iter()
+        .map(|c| estimate(&EstimateConfig::from_train(&c.run, threads)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut rows = vec![std::iter::once(String::new())
+        .chain(cols.iter().map(|c| c.title.clone()))
+        .collect::<Vec<_>>()];
+    for (label, figure) in ROWS {
+        let cells = estimates.iter().map(|e| show(figure(e), a.bytes));
+        rows.push(std::iter::once(label.to_string()).chain(cells).collect());
+    }
+    rows.push(
+        std::iter::once("checkpoint save / load".to_string())
+            .chain(cols.iter().map(|_| "pending".to_string()))
+            .collect(),
+    );
+    if a.measure {
+        let measured = cols
+            .iter()
+            .map(|c| measure(&c.run, threads))
+            .collect::<Result<Vec<_>>>()?;
+        for (i, label) in [
+            "measured step peak, first step",
+            "measured step peak, later steps",
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let cells = measured.iter().map(|m| show(m[i], a.bytes));
+            rows.push(
+                std::iter::once(format!("**{label}**"))
+                    .chain(cells)
+                    .collect(),
+            );
+        }
+    }
+    let m = &run.model;
+    let header = format!(
+        "{} parameters (vocab {}, hidden {}, FFN {}, {} layers, {}/{} heads), batch {} × {} tokens, {}, {} thread(s)\n\n",
+        m.num_params(),
+        m.vocab_size,
+        m.hidden_size,
+        m.intermediate_size,
+        m.num_hidden_layers,
+        m.num_attention_heads,
+        m.num_key_value_heads,
+        run.batch_size,
+        run.seq_len,
+        match run.precision {
+            Precision::Fp32 => "fp32",
+            Precision::Bf16Mixed => "bf16-mixed",
+        },
+        threads
+    );
+    Ok(header + &markdown(&rows))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: EstimateArgs,
+    }
+
+    fn args(flags: &[&str]) -> EstimateArgs {
+        Cli::parse_from(std::iter::once("estimate").chain(flags.iter().copied())).args
+    }
+
+    #[test]
+    fn measured_peaks_equal_the_estimate_in_every_column() {
+        let a = args(&[
+            "--vocab",
+            "64",
+            "--hidden",
+            "16",
+            "--ffn",
+            "24",
+            "--layers",
+            "2",
+            "--heads",
+            "4",
+            "--kv-heads",
+            "2",
+            "--batch",
+            "2",
+            "--seq",
+            "8",
+            "--chunk-tokens",
+            "4",
+            "--bytes",
+            "--measure",
+            "--threads",
+            "2",
+        ]);
+        let text = table(&a).unwrap();
+        let row = |label: &str| -> Vec<String> {
+            let line = text.lines().find(|l| l.contains(label)).unwrap();
+            line.split('|')
+                .skip(2)
+                .map(|c| c.trim().to_string())
+                .filter(|c| !c.is_empty())
+                .collect()
+        };
+        assert_eq!(
+            row("| **step peak, first step**"),
+            row("measured step peak, first step")
+        );
+        assert_eq!(
+            row("| **step peak, later steps**"),
+            row("measured step peak, later steps")
+        );
+        let baseline = row("| **step peak, later steps**");
+        assert_eq!(baseline.len(), 4);
+        assert!(baseline.iter().all(|c| c.ends_with(" B")), "{text}");
+    }
+
+    #[test]
+    fn a_config_file_is_read_and_flags_override_it() {
+        let mut run = synthetic_run(llama_1b(), 2, 16);
+        run.model.num_hidden_layers = 1;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run.json");
+        std::fs::write(&path, serde_json::to_string(&run).unwrap()).unwrap();
+        let text = table(&args(&["--config", path.to_str().unwrap(), "--batch", "3"])).unwrap();
+        assert!(text.contains("1 layers"), "{text}");
+        assert!(text.contains("batch 3 × 16 tokens, fp32"), "{text}");
+    }
+
+    #[test]
+    fn model_flags_are_required_without_a_preset() {
+        let err = table(&args(&["--vocab", "64"])).unwrap_err().to_string();
+        assert!(err.contains("--hidden is required"), "{err}");
+    }
+
+    #[test]
+    fn the_preset_is_llama_3_2_1b() {
+        let text = table(&args(&["--llama-1b"])).unwrap();
+        assert!(text.starts_with("1235814400 parameters"), "{text}");
+        assert!(text.contains("batch 8 × 2048 tokens, bf16-mixed"), "{text}");
+    }
+}
