@@ -15,13 +15,19 @@ pub struct Failure {
 }
 
 /// Every check's name, in report order.
-pub const ALL: [&str; 3] = ["loss_continuity", "memory_reclaimed", "ac_coverage"];
+pub const ALL: [&str; 4] = [
+    "loss_continuity",
+    "memory_reclaimed",
+    "ac_coverage",
+    "memory_model",
+];
 
 /// Runs every check.
 pub fn run_all(r: &RunRecord) -> Vec<Failure> {
     let mut out = loss_continuity(r);
     out.extend(memory_reclaimed(r));
     out.extend(ac_coverage(r));
+    out.extend(memory_model(r));
     out
 }
 
@@ -124,10 +130,37 @@ pub fn ac_coverage(r: &RunRecord) -> Vec<Failure> {
         .collect()
 }
 
+/// Every step's measured peak equals the memory model's prediction to the byte (the CPU device
+/// allocates exactly what the model predicts; any difference is an allocation the model does
+/// not know of, or one that did not happen).
+pub fn memory_model(r: &RunRecord) -> Vec<Failure> {
+    r.phases
+        .iter()
+        .flat_map(|p| p.steps.iter().map(move |s| (p.phase, s)))
+        .filter_map(|(phase, s)| {
+            // Step 0 of a run is the only one that starts without AdamW's moments.
+            let want = &r.predicted[usize::from(s.step > 0)];
+            (s.memory.allocated.peak != want.peak).then(|| Failure {
+                check: "memory_model",
+                message: format!(
+                    "{}: step peak {} ({} bytes), the memory model predicts {} ({} bytes); measured at peak: {}; predicted: {}",
+                    at(r, phase, Some(s.step)),
+                    human_bytes(s.memory.allocated.peak),
+                    s.memory.allocated.peak,
+                    human_bytes(want.peak),
+                    want.peak,
+                    s.memory.at_peak,
+                    want.at_peak
+                ),
+            })
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::phases::{PhaseRecord, StepRecord};
+    use crate::phases::{PhaseRecord, PredictedStep, StepRecord};
 
     fn step(step: u64, loss: f32, recomputed: usize) -> StepRecord {
         StepRecord {
@@ -146,6 +179,10 @@ mod tests {
             device: "cpu".into(),
             layers: 2,
             checkpointing: true,
+            predicted: [0, 0].map(|peak| PredictedStep {
+                peak,
+                at_peak: Default::default(),
+            }),
             phases: vec![
                 PhaseRecord {
                     phase: Phase::Reference,
@@ -185,6 +222,20 @@ mod tests {
         assert_eq!(f.len(), 1);
         assert!(
             f[0].message.contains("1 B still allocated"),
+            "{}",
+            f[0].message
+        );
+    }
+
+    #[test]
+    fn one_byte_over_the_model_fails_memory_model() {
+        let mut r = record(2.5, 0, 2);
+        r.phases[1].steps[0].memory.allocated.peak = 1;
+        let f = memory_model(&r);
+        assert_eq!(f.len(), 1);
+        assert!(
+            f[0].message
+                .contains("resume-mid step 1: step peak 1 B (1 bytes)"),
             "{}",
             f[0].message
         );

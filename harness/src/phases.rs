@@ -7,6 +7,8 @@
 use crate::suite::Suite;
 use anyhow::Result;
 use ckpt_engine::checkpoint::step_dir_name;
+use ckpt_engine::estimate::{estimate, EstimateConfig};
+use ckpt_engine::memory::Breakdown;
 use ckpt_engine::{CpuDevice, MemoryStats, Trainer};
 use serde::Serialize;
 use std::path::Path;
@@ -63,6 +65,15 @@ pub struct PhaseRecord {
     pub steps: Vec<StepRecord>,
 }
 
+/// The memory model's prediction of one step.
+#[derive(Clone, Debug, Serialize)]
+pub struct PredictedStep {
+    /// Step peak in bytes.
+    pub peak: u64,
+    /// Bytes per category at the peak.
+    pub at_peak: Breakdown,
+}
+
 /// Everything a trial observed; checks read only this.
 #[derive(Clone, Debug, Serialize)]
 pub struct RunRecord {
@@ -74,6 +85,8 @@ pub struct RunRecord {
     pub layers: usize,
     /// Whether activation checkpointing was on.
     pub checkpointing: bool,
+    /// The memory model's prediction for a step without AdamW moments yet (the first) and with.
+    pub predicted: [PredictedStep; 2],
     /// The phases in order.
     pub phases: Vec<PhaseRecord>,
 }
@@ -89,6 +102,17 @@ pub fn run(
     let end = t.max_steps + t.extra_steps;
     let run_dir = work.join("checkpoints");
     let dev = CpuDevice::new(suite.file.threads, u64::MAX)?;
+    let model = estimate(&EstimateConfig::from_train(
+        &suite.train,
+        suite.file.threads,
+    ))?;
+    let predicted = [false, true].map(|moments| {
+        let s = model.step(moments);
+        PredictedStep {
+            peak: s.peak,
+            at_peak: s.at_peak,
+        }
+    });
     let plan = [
         (Phase::Reference, None),
         (Phase::ResumeMid, Some(suite.resume_from())),
@@ -135,6 +159,7 @@ pub fn run(
         device: "cpu".into(),
         layers: suite.train.model.num_hidden_layers,
         checkpointing: suite.train.checkpointing != ckpt_engine::Checkpointing::None,
+        predicted,
         phases,
     })
 }
