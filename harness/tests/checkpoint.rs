@@ -298,3 +298,16 @@ fn sigkill_during_saves_always_leaves_a_loadable_latest() {
         "steps reached: {steps_seen:?}"
     );
 }
+
+#[test]
+fn loading_adds_no_device_memory_over_the_steady_state() {
+    let s = saved();
+    let dev = CpuDevice::new(1, u64::MAX).unwrap();
+    let t = Trainer::resume(s.suite.train.clone(), dev.clone(), &s.ckpt).unwrap();
+    let stats = dev.tracker().stats();
+    // Every tensor is read straight into its final allocation: nothing is staged on the device.
+    assert_eq!(stats.allocated.peak, stats.allocated.current, "{stats:?}");
+    assert!(stats.current.optimizer > 0 && stats.current.params > 0);
+    drop(t);
+    assert_eq!(dev.tracker().allocated(), 0);
+}
