@@ -1,0 +1,67 @@
+//! Shared builders for the training-loop tests: a tiny Llama and a short run on synthetic data.
+
+use ckpt_engine::data::DataConfig;
+use ckpt_engine::loss::LossKind;
+use ckpt_engine::model::{Checkpointing, LlamaConfig};
+use ckpt_engine::optim::{AdamWConfig, Schedule};
+use ckpt_engine::trainer::{Init, Precision, TrainConfig};
+
+/// A Llama with grouped-query attention (4 query heads, 2 key/value heads), an MLP twice the
+/// residual width and untied embeddings.
+pub fn llama(vocab: usize, hidden: usize, layers: usize) -> LlamaConfig {
+    LlamaConfig {
+        vocab_size: vocab,
+        hidden_size: hidden,
+        intermediate_size: 2 * hidden,
+        num_hidden_layers: layers,
+        num_attention_heads: 4,
+        num_key_value_heads: 2,
+        head_dim: None,
+        rms_norm_eps: 1e-5,
+        rope_theta: 10000.0,
+        tie_word_embeddings: false,
+        max_position_embeddings: 128,
+    }
+}
+
+/// A run of `model` on the seeded synthetic Markov data, with rows of varying length (padded
+/// with ignored labels), AdamW with clipping and a warmup + cosine schedule over `horizon` steps.
+pub fn train_config(
+    model: LlamaConfig,
+    precision: Precision,
+    batch_size: usize,
+    seq_len: usize,
+    horizon: u64,
+) -> TrainConfig {
+    TrainConfig {
+        model,
+        init: Init::Random {
+            seed: 11,
+            std: 0.02,
+        },
+        precision,
+        optimizer: AdamWConfig {
+            lr: 1e-2,
+            betas: [0.9, 0.95],
+            eps: 1e-8,
+            weight_decay: 0.1,
+            grad_clip: Some(1.0),
+        },
+        schedule: Schedule::WarmupCosine {
+            warmup_steps: 2,
+            horizon,
+            min_lr_ratio: 0.1,
+        },
+        data: DataConfig::Synthetic {
+            seed: 5,
+            samples: 256,
+            branching: 2,
+            min_len: Some(seq_len / 4),
+        },
+        batch_size,
+        seq_len,
+        shuffle_seed: 3,
+        checkpointing: Checkpointing::None,
+        loss: LossKind::Standard,
+    }
+}
