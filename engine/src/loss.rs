@@ -2,6 +2,7 @@
 //! place, and consumed, either all at once (`standard`) or a chunk of tokens at a time
 //! (`chunked`) so the full `[tokens, vocab]` logits never exist.
 
+use crate::backend::cpu::math;
 use crate::backend::cpu::matmul::{matmul, n, t};
 use crate::backend::CpuDevice;
 use crate::error::Result;
@@ -98,14 +99,12 @@ fn softmax_xent_grad<E: Elem>(row: &mut [E], label: i64, scale: f32) -> f32 {
         return 0.0;
     }
     let label = label as usize;
-    let max = row.iter().fold(f32::NEG_INFINITY, |m, x| m.max(x.to_f32()));
-    let sum: f32 = row.iter().map(|x| (x.to_f32() - max).exp()).sum();
-    let lse = max + sum.ln();
-    let loss = lse - row[label].to_f32();
-    for (j, x) in row.iter_mut().enumerate() {
-        let p = (x.to_f32() - lse).exp();
-        let onehot = if j == label { 1.0 } else { 0.0 };
-        *x = E::from_f32(scale * (p - onehot));
+    let max = math::max(row);
+    let lse = max + math::sum_exp(row, max).ln();
+    let logit = row[label].to_f32();
+    for x in row.iter_mut() {
+        *x = E::from_f32(scale * math::exp(x.to_f32() - lse));
     }
-    loss
+    row[label] = E::from_f32(scale * (math::exp(logit - lse) - 1.0));
+    lse - logit
 }

@@ -2,7 +2,7 @@
 //! and computed in f32. Each output row is written by one thread; reductions across rows (weight
 //! gradients) run in a fixed sequential order.
 
-use super::CpuDevice;
+use super::{math, CpuDevice};
 use crate::tensor::Elem;
 use rayon::prelude::*;
 
@@ -177,10 +177,6 @@ pub fn rope<E: Elem>(
     });
 }
 
-fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
-}
-
 /// SwiGLU: `act = silu(gate) · up`.
 pub fn swiglu_forward<E: Elem>(dev: &CpuDevice, gate: &[E], up: &[E], act: &mut [E]) {
     dev.install(|| {
@@ -189,7 +185,7 @@ pub fn swiglu_forward<E: Elem>(dev: &CpuDevice, gate: &[E], up: &[E], act: &mut 
             .for_each(|(a, (g, u))| {
                 for ((a, g), u) in a.iter_mut().zip(g).zip(u) {
                     let g = g.to_f32();
-                    let silu = E::from_f32(g * sigmoid(g)).to_f32();
+                    let silu = E::from_f32(g * math::sigmoid(g)).to_f32();
                     *a = E::from_f32(silu * u.to_f32());
                 }
             })
@@ -214,7 +210,7 @@ pub fn swiglu_backward<E: Elem>(
             .for_each(|(((dg, du), da), (g, u))| {
                 for ((((dg, du), da), g), u) in dg.iter_mut().zip(du).zip(da).zip(g).zip(u) {
                     let (g, u, da) = (g.to_f32(), u.to_f32(), da.to_f32());
-                    let s = sigmoid(g);
+                    let s = math::sigmoid(g);
                     let silu = E::from_f32(g * s).to_f32();
                     *du = E::from_f32(da * silu);
                     *dg = E::from_f32(da * u * s * (1.0 + g * (1.0 - s)));

@@ -2,6 +2,7 @@
 
 pub mod attention;
 pub mod kernels;
+pub(crate) mod math;
 pub mod matmul;
 
 use crate::error::{EngineError, Result};

@@ -1,0 +1,235 @@
+//! Training throughput on the CPU: builds a [`Trainer`] for the benchmark model (vocab 4096,
+//! hidden 256, 4 layers, 8 heads, 4 KV heads, FFN 688, batch 8 × 256 tokens, AdamW), runs a few
+//! warmup steps, times the rest, and prints one JSON object: the median step time, tokens/s, the
+//! CPU time a step takes (Linux) and the peak of tracked bytes for each checkpointing policy
+//! asked for.
+//!
+//! ```text
+//! cargo bench -p ckpt-engine --bench train_step -- [--threads N] [--steps N] [--warmup N]
+//!     [--checkpointing none,full] [--precision fp32|bf16-mixed] [--loss standard|chunked:N]
+//! ```
+//! The same options can be given as environment variables (`BENCH_THREADS`, `BENCH_STEPS`,
+//! `BENCH_WARMUP`, `BENCH_CHECKPOINTING`, `BENCH_PRECISION`, `BENCH_LOSS`); arguments win. With
+//! more than one policy the output also holds each policy's step time over the first one's.
+
+use ckpt_engine::{CpuDevice, Trainer};
+use serde_json::{json, Value};
+use std::time::Instant;
+
+/// What to run, from arguments and environment.
+struct Options {
+    threads: usize,
+    steps: usize,
+    warmup: usize,
+    checkpointing: Vec<String>,
+    precision: String,
+    loss: String,
+}
+
+impl Options {
+    fn parse() -> Result<Self, String> {
+        let mut opts = Options {
+            threads: env_or("BENCH_THREADS", "2")
+                .parse()
+                .map_err(bad("threads"))?,
+            steps: env_or("BENCH_STEPS", "10").parse().map_err(bad("steps"))?,
+            warmup: env_or("BENCH_WARMUP", "2").parse().map_err(bad("warmup"))?,
+            checkpointing: split_list(&env_or("BENCH_CHECKPOINTING", "none")),
+            precision: env_or("BENCH_PRECISION", "fp32"),
+            loss: env_or("BENCH_LOSS", "standard"),
+        };
+        let mut args = std::env::args().skip(1);
+        while let Some(arg) = args.next() {
+            // `cargo bench` appends `--bench`; other harness flags are ignored the same way.
+            if arg == "--bench" {
+                continue;
+            }
+            let (key, inline) = match arg.split_once('=') {
+                Some((k, v)) => (k.to_string(), Some(v.to_string())),
+                None => (arg.clone(), None),
+            };
+            let mut value = || {
+                inline
+                    .clone()
+                    .or_else(|| args.next())
+                    .ok_or_else(|| format!("{key} needs a value"))
+            };
+            match key.as_str() {
+                "--threads" => opts.threads = value()?.parse().map_err(bad("threads"))?,
+                "--steps" => opts.steps = value()?.parse().map_err(bad("steps"))?,
+                "--warmup" => opts.warmup = value()?.parse().map_err(bad("warmup"))?,
+                "--checkpointing" => opts.checkpointing = split_list(&value()?),
+                "--precision" => opts.precision = value()?,
+                "--loss" => opts.loss = value()?,
+                other => return Err(format!("unknown argument {other}")),
+            }
+        }
+        if opts.steps == 0 || opts.checkpointing.is_empty() {
+            return Err("at least one step and one checkpointing policy are needed".into());
+        }
+        Ok(opts)
+    }
+
+    fn loss_json(&self) -> Result<Value, String> {
+        match self.loss.split_once(':') {
+            None if self.loss == "standard" => Ok(json!({"kind": "standard"})),
+            Some(("chunked", n)) => Ok(json!({
+                "kind": "chunked",
+                "chunk_tokens": n.parse::<usize>().map_err(bad("loss chunk"))?,
+            })),
+            _ => Err(format!(
+                "loss {} is neither standard nor chunked:N",
+                self.loss
+            )),
+        }
+    }
+}
+
+fn env_or(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.to_string())
+}
+
+fn split_list(s: &str) -> Vec<String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(String::from)
+        .collect()
+}
+
+fn bad<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> String {
+    move |e| format!("bad {what}: {e}")
+}
+
+/// The benchmark's training configuration, as the trainer reads it.
+fn train_config(opts: &Options, checkpointing: &str) -> Result<Value, String> {
+    Ok(json!({
+        "model": {
+            "vocab_size": 4096,
+            "hidden_size": 256,
+            "intermediate_size": 688,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 8,
+            "num_key_value_heads": 4,
+            "rms_norm_eps": 1e-5,
+            "rope_theta": 10000.0,
+            "tie_word_embeddings": false,
+            "max_position_embeddings": 256,
+        },
+        "init": {"kind": "random", "seed": 0, "std": 0.02},
+        "precision": opts.precision,
+        "optimizer": {
+            "lr": 1e-3,
+            "betas": [0.9, 0.95],
+            "eps": 1e-8,
+            "weight_decay": 0.1,
+            "grad_clip": 1.0,
+        },
+        "schedule": {"kind": "constant"},
+        "data": {"kind": "synthetic", "seed": 0, "samples": 4096},
+        "batch_size": 8,
+        "seq_len": 256,
+        "checkpointing": checkpointing,
+        "loss": opts.loss_json()?,
+    }))
+}
+
+/// CPU time all threads of this process have used, in seconds, where Linux reports it: on a
+/// shared machine it shows the work a step costs apart from time spent waiting for a core.
+fn process_cpu_s() -> Option<f64> {
+    let tasks = std::fs::read_dir("/proc/self/task").ok()?;
+    let mut ns = 0u64;
+    for task in tasks {
+        let stat = std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok()?;
+        ns += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(ns as f64 * 1e-9)
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
+/// Median step time, throughput and peak bytes of one policy.
+fn measure(opts: &Options, checkpointing: &str) -> Result<Value, String> {
+    let cfg = serde_json::from_value(train_config(opts, checkpointing)?)
+        .map_err(|e| format!("configuration for {checkpointing}: {e}"))?;
+    let dev = CpuDevice::new(opts.threads, u64::MAX).map_err(|e| e.to_string())?;
+    let mut trainer = Trainer::new(cfg, dev).map_err(|e| e.to_string())?;
+    let tokens = trainer.config().batch_size * trainer.config().seq_len;
+    for _ in 0..opts.warmup {
+        trainer.step().map_err(|e| e.to_string())?;
+    }
+    let (mut times, mut cpu) = (Vec::with_capacity(opts.steps), Vec::new());
+    let (mut peak, mut loss, mut recomputed) = (0u64, 0.0f32, 0usize);
+    for _ in 0..opts.steps {
+        let (start, cpu_start) = (Instant::now(), process_cpu_s());
+        let stats = trainer.step().map_err(|e| e.to_string())?;
+        times.push(start.elapsed().as_secs_f64());
+        if let (Some(a), Some(b)) = (cpu_start, process_cpu_s()) {
+            cpu.push(b - a);
+        }
+        peak = peak.max(stats.memory.allocated.peak);
+        loss = stats.loss;
+        recomputed = stats.recomputed_blocks;
+    }
+    let min = times.iter().cloned().fold(f64::INFINITY, f64::min);
+    let step = median(times);
+    let cpu_ms = (cpu.len() == opts.steps).then(|| median(cpu) * 1e3);
+    Ok(json!({
+        "checkpointing": checkpointing,
+        "median_step_ms": step * 1e3,
+        "min_step_ms": min * 1e3,
+        "median_cpu_ms_per_step": cpu_ms,
+        "tokens_per_s": tokens as f64 / step,
+        "peak_bytes": peak,
+        "recomputed_blocks": recomputed,
+        "last_loss": loss,
+    }))
+}
+
+fn run() -> Result<Value, String> {
+    let opts = Options::parse()?;
+    let results = opts
+        .checkpointing
+        .iter()
+        .map(|policy| measure(&opts, policy))
+        .collect::<Result<Vec<_>, _>>()?;
+    let base = results[0]["median_step_ms"].as_f64().unwrap_or(f64::NAN);
+    let ratios: serde_json::Map<String, Value> = results
+        .iter()
+        .skip(1)
+        .map(|r| {
+            let ms = r["median_step_ms"].as_f64().unwrap_or(f64::NAN);
+            let key = format!(
+                "{}_over_{}",
+                r["checkpointing"].as_str().unwrap_or("?"),
+                results[0]["checkpointing"].as_str().unwrap_or("?")
+            );
+            (key, json!(ms / base))
+        })
+        .collect();
+    Ok(json!({
+        "engine": "ckpt-engine",
+        "threads": opts.threads,
+        "steps": opts.steps,
+        "warmup": opts.warmup,
+        "precision": opts.precision,
+        "loss": opts.loss,
+        "tokens_per_step": 8 * 256,
+        "tokens_per_s": results[0]["tokens_per_s"],
+        "results": results,
+        "step_time_ratios": ratios,
+    }))
+}
+
+fn main() {
+    match run() {
+        Ok(report) => println!("{report}"),
+        Err(e) => {
+            eprintln!("train_step: {e}");
+            std::process::exit(2);
+        }
+    }
+}

@@ -1,0 +1,150 @@
+//! Branch-free f32 math that the compiler vectorises: `exp`, and sums, maxima and dot products
+//! over fixed lanes (any element type, computed in f32). Every function gives the same bits for the same inputs on every thread
+//! count: lanes are combined in one fixed order.
+
+use crate::tensor::Elem;
+
+/// Lanes of the partial sums and maxima.
+const LANES: usize = 8;
+
+/// `e^x` to within 2 ulp for normal results (Cephes' polynomial); 0 below −87.3, +∞ above
+/// 88.7, NaN for NaN. Written without branches so loops over it vectorise.
+#[inline(always)]
+pub fn exp(x: f32) -> f32 {
+    const HI: f32 = 88.722_84;
+    const LO: f32 = -87.336_55;
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    // ln 2 split so that n·LN2_HI is exact.
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    // 1.5·2²³: adding it rounds to the nearest integer n and leaves n in the low mantissa bits.
+    const ROUND: f32 = 12_582_912.0;
+    let xc = x.clamp(LO, HI);
+    let shifted = xc * LOG2E + ROUND;
+    let n = shifted - ROUND;
+    let r = xc - n * LN2_HI - n * LN2_LO;
+    let mut p = 1.987_569_1e-4f32;
+    p = p * r + 1.398_199_9e-3;
+    p = p * r + 8.333_452e-3;
+    p = p * r + 4.166_579_6e-2;
+    p = p * r + 1.666_666_5e-1;
+    p = p * r + 0.5;
+    let y = p * r * r + r + 1.0;
+    // 2ⁿ built from n's bits: no float-to-int conversion, so the compiler keeps it in vectors.
+    let biased = shifted
+        .to_bits()
+        .wrapping_sub(ROUND.to_bits())
+        .wrapping_add(127);
+    let scale = f32::from_bits(biased << 23);
+    let result = (y * scale).to_bits();
+    // Selects as bit masks: the compiler keeps masks in vectors where it may branch on `if`.
+    let keep = mask(x >= LO);
+    let nan = mask(x.is_nan());
+    f32::from_bits((nan & x.to_bits()) | (!nan & keep & result))
+}
+
+/// All ones when `b`, else zero.
+#[inline(always)]
+fn mask(b: bool) -> u32 {
+    (b as u32).wrapping_neg()
+}
+
+/// The logistic function `1 / (1 + e^−x)`.
+#[inline(always)]
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + exp(-x))
+}
+
+/// Folds `g(x)` into [`LANES`] lanes with `f` and combines the lanes in order.
+#[inline(always)]
+fn fold_lanes<E: Elem>(
+    x: &[E],
+    init: f32,
+    g: impl Fn(f32) -> f32,
+    f: impl Fn(f32, f32) -> f32,
+) -> f32 {
+    let mut acc = [init; LANES];
+    let chunks = x.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (a, v) in acc.iter_mut().zip(c) {
+            *a = f(*a, g(v.to_f32()));
+        }
+    }
+    for (a, v) in acc.iter_mut().zip(tail) {
+        *a = f(*a, g(v.to_f32()));
+    }
+    acc.into_iter().fold(init, f)
+}
+
+/// `Σ x`, in lanes.
+#[inline(always)]
+pub fn sum<E: Elem>(x: &[E]) -> f32 {
+    fold_lanes(x, 0.0, |v| v, |a, b| a + b)
+}
+
+/// `Σ e^(x − shift)`, in lanes.
+#[inline(always)]
+pub fn sum_exp<E: Elem>(x: &[E], shift: f32) -> f32 {
+    fold_lanes(x, 0.0, |v| exp(v - shift), |a, b| a + b)
+}
+
+/// `max x` (−∞ for an empty slice).
+#[inline(always)]
+pub fn max<E: Elem>(x: &[E]) -> f32 {
+    fold_lanes(x, f32::NEG_INFINITY, |v| v, f32::max)
+}
+
+/// `Σ a·b`, in lanes.
+#[inline(always)]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    let mut acc = [0.0f32; LANES];
+    let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let (ta, tb) = (ca.remainder(), cb.remainder());
+    for (ca, cb) in ca.zip(cb) {
+        for ((s, &x), &y) in acc.iter_mut().zip(ca).zip(cb) {
+            *s += x * y;
+        }
+    }
+    for ((s, &x), &y) in acc.iter_mut().zip(ta).zip(tb) {
+        *s += x * y;
+    }
+    acc.into_iter().fold(0.0, |s, v| s + v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exp_is_within_two_ulp_of_the_library() {
+        let mut x = -87.0f32;
+        while x < 88.0 {
+            let (got, want) = (exp(x), x.exp());
+            let ulp = (want.to_bits() as i64 - got.to_bits() as i64).abs();
+            assert!(ulp <= 2, "exp({x}) = {got}, library {want}");
+            x += 0.001_37;
+        }
+        assert_eq!(exp(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp(-100.0), 0.0);
+        assert_eq!(exp(0.0), 1.0);
+        assert_eq!(exp(100.0), f32::INFINITY);
+        assert!(exp(f32::NAN).is_nan());
+    }
+
+    #[test]
+    fn lane_reductions_match_plain_ones() {
+        let x: Vec<f32> = (0..37).map(|i| (i as f32 * 0.7).sin()).collect();
+        let y: Vec<f32> = (0..37).map(|i| (i as f32 * 0.3).cos()).collect();
+        let plain_sum: f32 = x.iter().sum();
+        let plain_dot: f32 = x.iter().zip(&y).map(|(a, b)| a * b).sum();
+        assert!((sum(&x) - plain_sum).abs() < 1e-5);
+        assert!((dot(&x, &y) - plain_dot).abs() < 1e-5);
+        let plain_sum_exp: f32 = x.iter().map(|v| (v - 0.5).exp()).sum();
+        assert!((sum_exp(&x, 0.5) - plain_sum_exp).abs() < 1e-5);
+        assert_eq!(max(&x), x.iter().cloned().fold(f32::NEG_INFINITY, f32::max));
+        assert_eq!(max::<f32>(&[]), f32::NEG_INFINITY);
+        assert_eq!(sum::<f32>(&[]), 0.0);
+    }
+}
