@@ -8,9 +8,11 @@
 
 pub mod backend;
 pub mod checkpoint;
+pub mod compute;
 pub mod data;
 pub mod error;
 pub mod estimate;
+pub mod fault;
 pub mod loss;
 pub mod memory;
 pub mod model;
@@ -19,8 +21,10 @@ pub mod tensor;
 pub mod trainer;
 
 pub use backend::CpuDevice;
+pub use compute::{Compute, CpuCompute};
 pub use error::{EngineError, Result};
+pub use fault::{Fault, Faults};
 pub use memory::{Category, MemoryStats, MemoryTracker, OutOfMemory};
 pub use model::{Batch, Checkpointing, LlamaConfig, Model, Params};
 pub use tensor::{DType, Elem, Tensor};
-pub use trainer::{Precision, StepStats, TrainConfig, Trainer};
+pub use trainer::{Device, Precision, StateDigest, StepStats, TrainConfig, Trainer};

@@ -3,13 +3,15 @@
 
 use crate::backend::CpuDevice;
 use crate::checkpoint::state::{RngState, ScheduleState, TrainerState, FORMAT_VERSION};
-use crate::checkpoint::{self, Entry, LoadRequest, SaveRequest};
-use crate::data::{DataConfig, DataLoader};
+use crate::checkpoint::{self, LoadRequest, SaveRequest};
+use crate::compute::{Compute, CpuCompute};
+use crate::data::{DataConfig, DataLoader, LoaderState};
 use crate::error::{EngineError, Result};
+use crate::fault::Faults;
 use crate::loss::LossKind;
-use crate::memory::{Category, MemoryStats};
-use crate::model::{weights, Checkpointing, LlamaConfig, Model, Params, PassOutput};
-use crate::optim::{clip_grad_norm, AdamW, AdamWConfig, Schedule};
+use crate::memory::{Category, MemoryStats, MemoryTracker};
+use crate::model::{weights, Checkpointing, LlamaConfig, Params};
+use crate::optim::{AdamWConfig, Moments, Schedule};
 use crate::tensor::Tensor;
 use half::bf16;
 use serde::{Deserialize, Serialize};
@@ -79,6 +81,9 @@ pub struct TrainConfig {
     /// How logits are held.
     #[serde(default = "default_loss")]
     pub loss: LossKind,
+    /// Deliberate bugs to inject (negative controls); none by default.
+    #[serde(default, skip_serializing_if = "Faults::is_empty")]
+    pub faults: Faults,
 }
 
 fn default_loss() -> LossKind {
@@ -102,7 +107,7 @@ impl TrainConfig {
         })
     }
 
-    fn master_category(&self) -> Category {
+    pub(crate) fn master_category(&self) -> Category {
         match self.precision {
             Precision::Fp32 => Category::Params,
             Precision::Bf16Mixed => Category::Optimizer,
@@ -123,60 +128,82 @@ pub struct StepStats {
     pub grad_norm: f64,
     /// Labels counted.
     pub tokens: usize,
+    /// sha256 of the batch's token ids and labels: which data the step saw.
+    pub batch_digest: String,
     /// Blocks recomputed in the backward pass.
     pub recomputed_blocks: usize,
     /// Memory figures, peaks covering this step only.
     pub memory: MemoryStats,
 }
 
-/// The weights a step reads and the optimizer writes.
-// One long-lived value per trainer: boxing the larger variant would save nothing.
-#[allow(clippy::large_enum_variant)]
-pub enum Weights {
-    /// f32 parameters, used directly.
-    Fp32(Params<Tensor<f32>>),
-    /// f32 master weights (optimizer state) and their bf16 copy used by the passes.
-    Bf16Mixed {
-        /// What AdamW updates.
-        master: Params<Tensor<f32>>,
-        /// What forward and backward read.
-        compute: Params<Tensor<bf16>>,
-    },
+/// Where a trainer computes.
+#[derive(Clone, Debug)]
+pub enum Device {
+    /// The CPU backend.
+    Cpu(CpuDevice),
 }
 
-impl Weights {
-    /// The f32 weights the optimizer owns.
-    pub fn master(&self) -> &Params<Tensor<f32>> {
+impl Device {
+    /// The tracker counting the device's bytes.
+    pub fn tracker(&self) -> &MemoryTracker {
         match self {
-            Weights::Fp32(p) => p,
-            Weights::Bf16Mixed { master, .. } => master,
+            Device::Cpu(d) => d.tracker(),
         }
     }
+
+    /// Where tensors read from files are staged before they reach the device: the device itself
+    /// on the CPU.
+    fn staging(&self) -> CpuDevice {
+        match self {
+            Device::Cpu(d) => d.clone(),
+        }
+    }
+}
+
+impl From<CpuDevice> for Device {
+    fn from(dev: CpuDevice) -> Self {
+        Device::Cpu(dev)
+    }
+}
+
+/// Digests of the training state, to compare a resumed run with the run it continues.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StateDigest {
+    /// Steps taken.
+    pub step: u64,
+    /// sha256 over every `model.safetensors` tensor (name, dtype, shape, bytes).
+    pub params: String,
+    /// sha256 over every `optimizer.safetensors` tensor (masters and moments).
+    pub optimizer: String,
+    /// AdamW updates taken.
+    pub optimizer_steps: u64,
+    /// The learning rate the next step will use.
+    pub next_lr: f64,
+    /// The data loader's position.
+    pub loader: LoaderState,
 }
 
 /// A model in training on one device.
 pub struct Trainer {
     cfg: TrainConfig,
-    dev: CpuDevice,
-    model: Model,
-    weights: Weights,
-    grads: Params<Tensor<f32>>,
-    optimizer: AdamW,
+    dev: Device,
+    compute: Box<dyn Compute>,
     loader: DataLoader,
     step: u64,
 }
 
 impl Trainer {
-    /// Builds a fresh trainer: model buffers, initial weights, gradients and the data loader.
-    pub fn new(cfg: TrainConfig, dev: CpuDevice) -> Result<Self> {
-        let master_category = cfg.master_category();
-        let model = Model::new(&dev, cfg.model.clone())?;
+    /// Builds a fresh trainer: initial weights, gradients and the data loader.
+    pub fn new(cfg: TrainConfig, dev: impl Into<Device>) -> Result<Self> {
+        let dev = dev.into();
+        let staging = dev.staging();
+        let category = cfg.master_category();
         let master = match &cfg.init {
             Init::Random { seed, std } => {
-                weights::init_params(&dev, &cfg.model, *seed, *std, master_category)?
+                weights::init_params(&staging, &cfg.model, *seed, *std, category)?
             }
             Init::HfDir { path } => {
-                let (hf_cfg, params) = weights::load_hf_dir(&dev, path, master_category)?;
+                let (hf_cfg, params) = weights::load_hf_dir(&staging, path, category)?;
                 if hf_cfg != cfg.model {
                     return Err(EngineError::Config(format!(
                         "{}: config.json does not match the run's model configuration",
@@ -186,23 +213,22 @@ impl Trainer {
                 params
             }
         };
-        Self::with_master(cfg, dev, model, master)
+        let compute = Self::compute(&cfg, &dev, master, None)?;
+        Self::assemble(cfg, dev, compute)
     }
 
-    fn with_master(
-        cfg: TrainConfig,
-        dev: CpuDevice,
-        model: Model,
+    fn compute(
+        cfg: &TrainConfig,
+        dev: &Device,
         master: Params<Tensor<f32>>,
-    ) -> Result<Self> {
-        let weights = match cfg.precision {
-            Precision::Fp32 => Weights::Fp32(master),
-            Precision::Bf16Mixed => {
-                let compute = bf16_copy(&dev, &cfg.model, &master)?;
-                Weights::Bf16Mixed { master, compute }
-            }
-        };
-        let grads = Params::try_new(&cfg.model, |s| dev.zeros::<f32>(&s.shape, Category::Grads))?;
+        moments: Option<(Moments, u64)>,
+    ) -> Result<Box<dyn Compute>> {
+        Ok(match dev {
+            Device::Cpu(d) => Box::new(CpuCompute::new(cfg, d.clone(), master, moments)?),
+        })
+    }
+
+    fn assemble(cfg: TrainConfig, dev: Device, compute: Box<dyn Compute>) -> Result<Self> {
         let loader = DataLoader::new(
             &cfg.data,
             cfg.model.vocab_size,
@@ -211,12 +237,9 @@ impl Trainer {
             cfg.shuffle_seed,
         )?;
         Ok(Trainer {
-            optimizer: AdamW::new(cfg.optimizer.clone()),
             cfg,
             dev,
-            model,
-            weights,
-            grads,
+            compute,
             loader,
             step: 0,
         })
@@ -227,12 +250,12 @@ impl Trainer {
     /// checkpoint must come from a run with the same [`TrainConfig::identity`].
     pub fn resume(
         cfg: TrainConfig,
-        dev: CpuDevice,
+        dev: impl Into<Device>,
         checkpoint_dir: &std::path::Path,
     ) -> Result<Self> {
-        let model = Model::new(&dev, cfg.model.clone())?;
+        let dev = dev.into();
         let loaded = checkpoint::load(
-            &dev,
+            &dev.staging(),
             checkpoint_dir,
             &LoadRequest {
                 config: &cfg.model,
@@ -241,12 +264,9 @@ impl Trainer {
                 master_category: cfg.master_category(),
             },
         )?;
-        let mut trainer = Self::with_master(cfg, dev, model, loaded.master)?;
-        if let Some(moments) = loaded.moments {
-            trainer
-                .optimizer
-                .set_state(moments, loaded.state.optimizer_step);
-        }
+        let moments = loaded.moments.map(|m| (m, loaded.state.optimizer_step));
+        let compute = Self::compute(&cfg, &dev, loaded.master, moments)?;
+        let mut trainer = Self::assemble(cfg, dev, compute)?;
         trainer.loader.set_state(loaded.state.loader);
         trainer.step = loaded.state.global_step;
         Ok(trainer)
@@ -259,43 +279,16 @@ impl Trainer {
         run_dir: &std::path::Path,
         keep_last: Option<usize>,
     ) -> Result<std::path::PathBuf> {
-        let specs = crate::model::param_specs(&self.cfg.model);
-        let mut model = Vec::new();
-        let mut optimizer = Vec::new();
-        match &self.weights {
-            Weights::Fp32(p) => {
-                for (s, t) in specs.iter().zip(p.tensors()) {
-                    model.push(Entry::tensor(s.name.clone(), t));
-                }
-            }
-            Weights::Bf16Mixed { master, compute } => {
-                for (s, t) in specs.iter().zip(compute.tensors()) {
-                    model.push(Entry::tensor(s.name.clone(), t));
-                }
-                for (s, t) in specs.iter().zip(master.tensors()) {
-                    optimizer.push(Entry::tensor(format!("{}.master", s.name), t));
-                }
-            }
-        }
-        if let Some(m) = self.optimizer.moments() {
-            for ((s, a), b) in specs
-                .iter()
-                .zip(m.exp_avg.tensors())
-                .zip(m.exp_avg_sq.tensors())
-            {
-                optimizer.push(Entry::tensor(format!("{}.exp_avg", s.name), a));
-                optimizer.push(Entry::tensor(format!("{}.exp_avg_sq", s.name), b));
-            }
-        }
+        let (model, optimizer) = self.compute.checkpoint_entries()?;
         let identity = self.cfg.identity();
         let state = TrainerState {
             format_version: FORMAT_VERSION,
             global_step: self.step,
-            optimizer_step: self.optimizer.step_count(),
+            optimizer_step: self.compute.optimizer_steps(),
             schedule: ScheduleState {
                 schedule: self.cfg.schedule.clone(),
                 peak_lr: self.cfg.optimizer.lr,
-                next_lr: self.cfg.schedule.lr(self.cfg.optimizer.lr, self.step),
+                next_lr: self.next_lr(),
             },
             loader: self.loader.state(),
             rng: RngState {
@@ -315,29 +308,47 @@ impl Trainer {
         checkpoint::save(run_dir, req, keep_last)
     }
 
+    /// Digests of the weights, the optimizer state, the step, the next learning rate and the
+    /// loader position.
+    pub fn state_digest(&self) -> Result<StateDigest> {
+        let (model, optimizer) = self.compute.checkpoint_entries()?;
+        Ok(StateDigest {
+            step: self.step,
+            params: checkpoint::entries_digest(&model),
+            optimizer: checkpoint::entries_digest(&optimizer),
+            optimizer_steps: self.compute.optimizer_steps(),
+            next_lr: self.next_lr(),
+            loader: self.loader.state(),
+        })
+    }
+
+    fn next_lr(&self) -> f64 {
+        self.cfg.schedule.lr(self.cfg.optimizer.lr, self.step)
+    }
+
     /// The run's configuration.
     pub fn config(&self) -> &TrainConfig {
         &self.cfg
     }
 
-    /// The device the trainer allocates on.
-    pub fn device(&self) -> &CpuDevice {
+    /// The device the trainer computes on.
+    pub fn device(&self) -> &Device {
         &self.dev
+    }
+
+    /// The tracker counting the device's bytes.
+    pub fn tracker(&self) -> &MemoryTracker {
+        self.compute.tracker()
+    }
+
+    /// The CPU state, when the trainer runs on the CPU (tests read its tensors directly).
+    pub fn cpu(&self) -> Option<&CpuCompute> {
+        self.compute.as_any().downcast_ref::<CpuCompute>()
     }
 
     /// Steps taken so far (the index of the next step).
     pub fn step_index(&self) -> u64 {
         self.step
-    }
-
-    /// The weights.
-    pub fn weights(&self) -> &Weights {
-        &self.weights
-    }
-
-    /// The optimizer and its state.
-    pub fn optimizer(&self) -> &AdamW {
-        &self.optimizer
     }
 
     /// The data loader.
@@ -347,57 +358,27 @@ impl Trainer {
 
     /// One training step on the next batch.
     pub fn step(&mut self) -> Result<StepStats> {
-        let tracker = self.dev.tracker().clone();
+        let tracker = self.compute.tracker().clone();
         tracker.reset_peak();
         let batch = self.loader.next_batch();
-        for g in self.grads.tensors_mut() {
-            g.fill(0.0);
-        }
-        let pass = self.forward_backward(&batch)?;
-        let grad_norm = clip_grad_norm(&self.dev, &mut self.grads, self.cfg.optimizer.grad_clip);
-        let lr = self.cfg.schedule.lr(self.cfg.optimizer.lr, self.step);
-        match &mut self.weights {
-            Weights::Fp32(p) => {
-                self.optimizer
-                    .update(&self.dev, &self.cfg.model, p, &self.grads, lr)?
-            }
-            Weights::Bf16Mixed { master, compute } => {
-                self.optimizer
-                    .update(&self.dev, &self.cfg.model, master, &self.grads, lr)?;
-                for (c, m) in compute.tensors_mut().into_iter().zip(master.tensors()) {
-                    crate::backend::cpu::kernels::convert(
-                        &self.dev,
-                        m.as_slice(),
-                        c.as_mut_slice(),
-                    );
-                }
-            }
-        }
+        let pass = self
+            .compute
+            .forward_backward(&batch, self.cfg.checkpointing, self.cfg.loss)?;
+        let grad_norm = self.compute.clip_grad_norm(self.cfg.optimizer.grad_clip)?;
+        let lr = self.next_lr();
+        self.compute.adamw_step(lr)?;
         let stats = StepStats {
             step: self.step,
             loss: pass.loss,
             lr,
             grad_norm,
             tokens: pass.tokens,
+            batch_digest: batch.digest(),
             recomputed_blocks: pass.recomputed_blocks,
             memory: tracker.stats(),
         };
         self.step += 1;
         Ok(stats)
-    }
-
-    fn forward_backward(&mut self, batch: &crate::model::Batch) -> Result<PassOutput> {
-        let (ckpt, loss) = (self.cfg.checkpointing, self.cfg.loss);
-        match &self.weights {
-            Weights::Fp32(p) => {
-                self.model
-                    .forward_backward(&self.dev, p, &mut self.grads, batch, ckpt, loss)
-            }
-            Weights::Bf16Mixed { compute, .. } => {
-                self.model
-                    .forward_backward(&self.dev, compute, &mut self.grads, batch, ckpt, loss)
-            }
-        }
     }
 }
 

@@ -34,12 +34,13 @@ fn run(precision: Precision, threads: usize) -> Run {
     let names = ckpt_engine::model::param_specs(&cfg.model);
     let mut trainer = Trainer::new(cfg, dev).unwrap();
     let stats = (0..STEPS).map(|_| trainer.step().unwrap()).collect();
+    let cpu = trainer.cpu().expect("a CPU trainer");
     let params = names
         .into_iter()
-        .zip(trainer.weights().master().tensors())
+        .zip(cpu.weights().master().tensors())
         .map(|(spec, t)| (spec.name, bits(t.as_slice())))
         .collect();
-    let m = trainer.optimizer().moments().expect("moments after a step");
+    let m = cpu.optimizer().moments().expect("moments after a step");
     let moments = m
         .exp_avg
         .tensors()

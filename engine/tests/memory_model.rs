@@ -285,6 +285,7 @@ fn case() -> impl Strategy<Value = Case> {
                 shuffle_seed: seed,
                 checkpointing,
                 loss,
+                faults: Default::default(),
             };
             Case { train, threads }
         },

@@ -50,6 +50,7 @@ fn fixture() -> &'static Fixture {
             shuffle_seed: 0,
             checkpointing: Checkpointing::None,
             loss: ckpt_engine::loss::LossKind::Standard,
+            faults: Default::default(),
         };
         let dir = tempfile::tempdir().unwrap();
         let dev = CpuDevice::new(1, u64::MAX).unwrap();

@@ -99,6 +99,7 @@ fn main() {
         shuffle_seed: 0,
         checkpointing: Checkpointing::None,
         loss: ckpt_engine::loss::LossKind::Standard,
+        faults: Default::default(),
     };
     let repeats = env("CKPT_BENCH_REPEATS", if quick { 1 } else { 3 });
     let tmp = tempfile::tempdir_in(std::env::var("CKPT_BENCH_DIR").unwrap_or_else(|_| ".".into()))

@@ -130,6 +130,7 @@ fn synthetic_run(model: LlamaConfig, batch_size: usize, seq_len: usize) -> Train
         shuffle_seed: 0,
         checkpointing: Checkpointing::None,
         loss: LossKind::Standard,
+        faults: Default::default(),
     }
 }
 

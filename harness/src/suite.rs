@@ -190,6 +190,7 @@ impl Suite {
             shuffle_seed: file.shuffle_seed,
             checkpointing: file.checkpointing,
             loss: file.loss.unwrap_or(LossKind::Standard),
+            faults: Default::default(),
         };
         Ok(Suite {
             path: path.to_path_buf(),

@@ -19,6 +19,7 @@ use crate::tensor::{Elem, Tensor};
 use files::{rename_synced, sync_dir, write_synced, MappedFile};
 use safetensors::{Dtype, SafeTensors};
 use state::{first_difference, FileRecord, TrainerState, VersionProbe, FORMAT_VERSION};
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -46,8 +47,8 @@ pub struct Entry<'a> {
     pub dtype: Dtype,
     /// Dimensions.
     pub shape: Vec<usize>,
-    /// Raw bytes.
-    pub data: &'a [u8],
+    /// Raw bytes: borrowed from a host tensor, or a copy fetched from a device.
+    pub data: Cow<'a, [u8]>,
 }
 
 impl<'a> Entry<'a> {
@@ -60,9 +61,20 @@ impl<'a> Entry<'a> {
                 crate::tensor::DType::Bf16 => Dtype::BF16,
             },
             shape: t.shape().to_vec(),
-            data: t.as_bytes(),
+            data: Cow::Borrowed(t.as_bytes()),
         }
     }
+}
+
+/// sha256 over entries' names, dtypes, shapes and bytes, in order.
+pub fn entries_digest(entries: &[Entry<'_>]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for e in entries {
+        h.update(format!("{}:{}:{:?}:", e.name, e.dtype, e.shape).as_bytes());
+        h.update(&e.data);
+    }
+    format!("{:x}", h.finalize())
 }
 
 /// Writes a safetensors file straight from tensor buffers (no staging copy), fsynced.
@@ -82,7 +94,7 @@ fn write_safetensors(path: &Path, entries: &[Entry<'_>]) -> Result<FileRecord> {
     header.resize(header.len().next_multiple_of(8), b' ');
     let len = (header.len() as u64).to_le_bytes();
     let mut parts: Vec<&[u8]> = vec![&len, &header];
-    parts.extend(entries.iter().map(|e| e.data));
+    parts.extend(entries.iter().map(|e| &*e.data));
     let (bytes, sha256) = write_synced(path, &parts)?;
     Ok(FileRecord { bytes, sha256 })
 }

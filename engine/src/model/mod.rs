@@ -56,6 +56,23 @@ pub struct Batch {
     pub labels: Vec<i64>,
 }
 
+impl Batch {
+    /// sha256 of the token ids and labels (little-endian u32 and i64), naming the data a step saw.
+    pub fn digest(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        h.update((self.batch as u64).to_le_bytes());
+        h.update((self.seq as u64).to_le_bytes());
+        for id in &self.input_ids {
+            h.update(id.to_le_bytes());
+        }
+        for label in &self.labels {
+            h.update(label.to_le_bytes());
+        }
+        format!("{:x}", h.finalize())
+    }
+}
+
 /// What one forward + backward pass produced.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct PassOutput {

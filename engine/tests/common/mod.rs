@@ -63,5 +63,6 @@ pub fn train_config(
         shuffle_seed: 3,
         checkpointing: Checkpointing::None,
         loss: LossKind::Standard,
+        faults: Default::default(),
     }
 }

@@ -1,0 +1,55 @@
+//! Deliberate engine faults. Each one reproduces a bug that real training stacks have shipped;
+//! the harness's negative controls switch one on and prove that the check aimed at it fails.
+//! With no fault set (the default) the engine is correct.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+
+/// One deliberate bug.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Fault {
+    /// Activation checkpointing is configured but blocks inside a nested container (every
+    /// layer after the first) silently keep all their activations.
+    CheckpointingSkippedNested,
+    /// The inputs a checkpointed block recomputed from are kept alive after the backward pass.
+    RecomputeInputsKept,
+    /// The optimizer state outlives the trainer that owned it.
+    OptimizerStateRetained,
+    /// The dropout generator restarts from its seed on resume instead of its saved offset.
+    RngNotRestored,
+    /// The data loader restarts from the beginning on resume.
+    LoaderPositionNotRestored,
+    /// The learning-rate schedule restarts from step 0 on resume.
+    ScheduleReset,
+    /// Checkpoints are written without the AdamW moments.
+    MomentsNotSaved,
+}
+
+/// The set of faults a run injects.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Faults(BTreeSet<Fault>);
+
+impl Faults {
+    /// Whether `fault` is injected.
+    pub fn has(&self, fault: Fault) -> bool {
+        self.0.contains(&fault)
+    }
+
+    /// Whether no fault is injected.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The injected faults, in order.
+    pub fn iter(&self) -> impl Iterator<Item = Fault> + '_ {
+        self.0.iter().copied()
+    }
+}
+
+impl FromIterator<Fault> for Faults {
+    fn from_iter<I: IntoIterator<Item = Fault>>(iter: I) -> Self {
+        Faults(iter.into_iter().collect())
+    }
+}
