@@ -96,6 +96,14 @@ fn resume_with_dropout_and_long_rows_is_bitwise_and_dropout_zero_changes_nothing
     let t = trial(&cfg);
     assert_faithful(&t, "dropout 0.1, long rows from step 2");
     assert_eq!(t.saved.rng.offset, RESUME_AT);
+    let bf16 = TrainConfig {
+        precision: Precision::Bf16Mixed,
+        ..cfg.clone()
+    };
+    assert_faithful(
+        &trial(&bf16),
+        "bf16-mixed, dropout 0.1, long rows from step 2",
+    );
     let plain = trial(&config(&[]));
     assert_faithful(&plain, "no dropout");
     assert!(
