@@ -6,9 +6,12 @@ use crate::backend::cpu::kernels;
 use crate::backend::CpuDevice;
 use crate::checkpoint::Entry;
 use crate::error::Result;
+use crate::fault::Fault;
 use crate::loss::LossKind;
 use crate::memory::{Category, MemoryTracker};
-use crate::model::{param_specs, Batch, Checkpointing, Model, Params, PassOutput};
+use crate::model::{
+    param_specs, Batch, Checkpointing, Dropout, Model, Params, PassConfig, PassOutput,
+};
 use crate::optim::{clip_grad_norm, AdamW, Moments};
 use crate::tensor::Tensor;
 use crate::trainer::{bf16_copy, Precision, TrainConfig};
@@ -16,13 +19,14 @@ use half::bf16;
 
 /// What a device does for a trainer.
 pub trait Compute: Send {
-    /// Zeroes the gradients, then runs one forward and backward pass over `batch`, adding every
-    /// parameter's gradient.
+    /// Zeroes the gradients, then runs one forward and backward pass over `batch` with
+    /// `dropout` (if any), adding every parameter's gradient.
     fn forward_backward(
         &mut self,
         batch: &Batch,
         checkpointing: Checkpointing,
         loss: LossKind,
+        dropout: Option<Dropout>,
     ) -> Result<PassOutput>;
 
     /// The global L2 norm of the gradients before clipping; scales them down to `max_norm` as
@@ -81,6 +85,8 @@ pub struct CpuCompute {
     weights: Weights,
     grads: Params<Tensor<f32>>,
     optimizer: AdamW,
+    /// Tensors a fault keeps past their pass ([`Fault::RecomputeInputsKept`]), freed on drop.
+    kept: Vec<Box<dyn std::any::Any + Send>>,
 }
 
 impl CpuCompute {
@@ -112,6 +118,7 @@ impl CpuCompute {
             weights,
             grads,
             optimizer,
+            kept: Vec::new(),
         })
     }
 
@@ -137,25 +144,31 @@ impl Compute for CpuCompute {
         batch: &Batch,
         checkpointing: Checkpointing,
         loss: LossKind,
+        dropout: Option<Dropout>,
     ) -> Result<PassOutput> {
         for g in self.grads.tensors_mut() {
             g.fill(0.0);
         }
-        let dev = &self.dev;
-        match &self.weights {
+        let (dev, model, grads) = (&self.dev, &self.model, &mut self.grads);
+        let pass = PassConfig {
+            checkpointing,
+            loss,
+            dropout,
+            faults: &self.cfg.faults,
+        };
+        let out = match &self.weights {
             Weights::Fp32(p) => {
-                self.model
-                    .forward_backward(dev, p, &mut self.grads, batch, checkpointing, loss)
+                let (out, kept) = model.forward_backward_with(dev, p, grads, batch, &pass)?;
+                self.kept.extend(kept.into_iter().map(|t| Box::new(t) as _));
+                out
             }
-            Weights::Bf16Mixed { compute, .. } => self.model.forward_backward(
-                dev,
-                compute,
-                &mut self.grads,
-                batch,
-                checkpointing,
-                loss,
-            ),
-        }
+            Weights::Bf16Mixed { compute, .. } => {
+                let (out, kept) = model.forward_backward_with(dev, compute, grads, batch, &pass)?;
+                self.kept.extend(kept.into_iter().map(|t| Box::new(t) as _));
+                out
+            }
+        };
+        Ok(out)
     }
 
     fn clip_grad_norm(&mut self, max_norm: Option<f64>) -> Result<f64> {
@@ -218,5 +231,17 @@ impl Compute for CpuCompute {
 
     fn as_any(&self) -> &dyn std::any::Any {
         self
+    }
+}
+
+impl Drop for CpuCompute {
+    /// Frees everything, except that [`Fault::OptimizerStateRetained`] leaks the AdamW moments:
+    /// their bytes stay counted on the tracker after the trainer is gone.
+    fn drop(&mut self) {
+        if self.cfg.faults.has(Fault::OptimizerStateRetained) {
+            if let Some(moments) = self.optimizer.take_moments() {
+                std::mem::forget(moments);
+            }
+        }
     }
 }

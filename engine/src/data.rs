@@ -59,6 +59,17 @@ fn default_token_dtype() -> TokenDtype {
     TokenDtype::U16
 }
 
+/// Longer rows from one step on: the batches of step `from_step` and every later step hold
+/// `seq_len` tokens per row instead of the run's `seq_len` (a memory spike on purpose).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LongBatch {
+    /// The first step with long rows.
+    pub from_step: u64,
+    /// Tokens per row from then on.
+    pub seq_len: usize,
+}
+
 /// Where the loader stands: everything needed to continue with the same batches.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LoaderState {
@@ -208,9 +219,17 @@ impl DataLoader {
 
     /// The next `[batch, seq]` batch; moves the position on.
     pub fn next_batch(&mut self) -> Batch {
+        self.next_batch_of(self.seq)
+    }
+
+    /// The next batch with `seq` tokens per row instead of the loader's own length; moves the
+    /// position on as [`DataLoader::next_batch`] does. Synthetic samples are drawn up to `seq`
+    /// tokens long; token-file samples are read from the same window starts, `seq + 1` tokens
+    /// long, padded with ignored labels where the file ends first.
+    pub fn next_batch_of(&mut self, seq: usize) -> Batch {
         let rows = self.batch;
-        let mut input_ids = Vec::with_capacity(rows * self.seq);
-        let mut labels = Vec::with_capacity(rows * self.seq);
+        let mut input_ids = Vec::with_capacity(rows * seq);
+        let mut labels = Vec::with_capacity(rows * seq);
         for _ in 0..rows {
             if self.state.position >= self.samples() {
                 self.state.epoch += 1;
@@ -218,16 +237,16 @@ impl DataLoader {
             }
             let index = self.shuffled(self.state.position);
             self.state.position += 1;
-            let tokens = self.sample(index);
+            let tokens = self.sample(index, seq);
             let len = tokens.len() - 1;
             input_ids.extend_from_slice(&tokens[..len]);
             labels.extend(tokens[1..].iter().map(|&t| t as i64));
-            input_ids.extend(std::iter::repeat_n(PAD, self.seq - len));
-            labels.extend(std::iter::repeat_n(IGNORE_INDEX, self.seq - len));
+            input_ids.extend(std::iter::repeat_n(PAD, seq - len));
+            labels.extend(std::iter::repeat_n(IGNORE_INDEX, seq - len));
         }
         Batch {
             batch: rows,
-            seq: self.seq,
+            seq,
             input_ids,
             labels,
         }
@@ -250,8 +269,8 @@ impl DataLoader {
         self.order[position as usize]
     }
 
-    /// Sample `index`: between `min_len + 1` and `seq + 1` tokens.
-    fn sample(&self, index: u64) -> Vec<u32> {
+    /// Sample `index` for rows of `seq` tokens: between `min_len + 1` and `seq + 1` tokens.
+    fn sample(&self, index: u64, seq: usize) -> Vec<u32> {
         match &self.source {
             Source::Synthetic {
                 seed,
@@ -262,7 +281,7 @@ impl DataLoader {
             } => {
                 let mut rng = ChaCha8Rng::seed_from_u64(*seed);
                 rng.set_stream(index);
-                let len = rng.random_range(*min_len..=self.seq);
+                let len = rng.random_range((*min_len).min(seq)..=seq);
                 let mut tok = rng.random_range(0..self.vocab as u32);
                 let mut out = Vec::with_capacity(len + 1);
                 out.push(tok);
@@ -279,7 +298,7 @@ impl DataLoader {
             }
             Source::Tokens { tokens } => {
                 let start = index as usize * self.seq;
-                tokens[start..start + self.seq + 1].to_vec()
+                tokens[start..(start + seq + 1).min(tokens.len())].to_vec()
             }
         }
     }
@@ -323,6 +342,42 @@ mod tests {
             let first_pad = row.iter().position(|&x| x == IGNORE_INDEX).unwrap_or(16);
             assert!(first_pad >= 2);
             assert!(row[first_pad..].iter().all(|&x| x == IGNORE_INDEX));
+        }
+    }
+
+    #[test]
+    fn long_batches_follow_the_same_order_and_resume() {
+        let mut a = DataLoader::new(&synthetic(Some(3)), 50, 2, 8, 1).unwrap();
+        let mut b = DataLoader::new(&synthetic(Some(3)), 50, 2, 8, 1).unwrap();
+        a.next_batch();
+        b.next_batch();
+        let long = a.next_batch_of(12);
+        assert_eq!((long.batch, long.seq, long.input_ids.len()), (2, 12, 24));
+        assert_eq!(long, b.next_batch_of(12));
+        let mut c = DataLoader::new(&synthetic(Some(3)), 50, 2, 8, 1).unwrap();
+        c.set_state(a.state());
+        assert_eq!(a.next_batch_of(12), c.next_batch_of(12));
+        assert_eq!(a.state().position, 6);
+    }
+
+    #[test]
+    fn long_token_file_windows_are_padded_at_the_end_of_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokens.bin");
+        let tokens: Vec<u8> = (0u16..41).flat_map(|t| t.to_le_bytes()).collect();
+        std::fs::write(&path, tokens).unwrap();
+        let cfg = DataConfig::TokenFile {
+            path,
+            dtype: TokenDtype::U16,
+        };
+        let mut l = DataLoader::new(&cfg, 64, 5, 8, 3).unwrap();
+        let b = l.next_batch_of(12);
+        for row in 0..5 {
+            let ids = &b.input_ids[row * 12..(row + 1) * 12];
+            let labels = &b.labels[row * 12..(row + 1) * 12];
+            let counted = labels.iter().filter(|&&x| x != IGNORE_INDEX).count();
+            let expected = if ids[0] == 32 { 8 } else { 12 };
+            assert_eq!(counted, expected, "row starting at {}", ids[0]);
         }
     }
 

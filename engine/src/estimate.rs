@@ -10,6 +10,7 @@ mod replay;
 mod timeline;
 
 use crate::backend::cpu::attention::AttnShape;
+use crate::data::LongBatch;
 use crate::error::{EngineError, Result};
 use crate::loss::LossKind;
 use crate::memory::{Breakdown, Category};
@@ -36,6 +37,13 @@ pub struct EstimateConfig {
     pub loss: LossKind,
     /// The CPU device's worker threads (at least 1): attention scratch is per thread.
     pub threads: usize,
+    /// Residual dropout probability: above 0, each residual projection gets a buffer of its own
+    /// and its gradient a masked copy.
+    #[serde(default)]
+    pub dropout: f32,
+    /// Longer rows from a given step on.
+    #[serde(default)]
+    pub long_batch: Option<LongBatch>,
 }
 
 impl EstimateConfig {
@@ -49,6 +57,8 @@ impl EstimateConfig {
             checkpointing: cfg.checkpointing,
             loss: cfg.loss,
             threads,
+            dropout: cfg.dropout,
+            long_batch: cfg.long_batch,
         }
     }
 
@@ -59,11 +69,13 @@ impl EstimateConfig {
                 "batch_size, seq_len and threads must be at least 1".into(),
             ));
         }
-        if self.seq_len > self.model.max_position_embeddings {
-            return Err(EngineError::Config(format!(
-                "sequence length {} exceeds max_position_embeddings {}",
-                self.seq_len, self.model.max_position_embeddings
-            )));
+        for seq in std::iter::once(self.seq_len).chain(self.long_batch.map(|l| l.seq_len)) {
+            if seq == 0 || seq > self.model.max_position_embeddings {
+                return Err(EngineError::Config(format!(
+                    "sequence length {seq} is 0 or exceeds max_position_embeddings {}",
+                    self.model.max_position_embeddings
+                )));
+            }
         }
         Ok(())
     }
@@ -118,6 +130,7 @@ impl EstimateConfig {
                 LossKind::Chunked { .. } => Category::Workspace,
             },
             checkpointing: self.checkpointing,
+            dropout: self.dropout > 0.0,
             param_numels: param_specs(m).iter().map(|s| s.numel() as u64).collect(),
         }
     }
@@ -193,10 +206,26 @@ pub struct Estimate {
     pub first_step: StepEstimate,
     /// Every step once the moments exist (after the first, or after resuming).
     pub later_step: StepEstimate,
+    /// The steps with long rows, when the run has them.
+    pub long_batch: Option<LongBatchEstimate>,
+}
+
+/// The memory model of the steps with long rows ([`EstimateConfig::long_batch`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LongBatchEstimate {
+    /// The first step with long rows.
+    pub from_step: u64,
+    /// The parts at the long length.
+    pub anatomy: Anatomy,
+    /// A long step that allocates AdamW's moments (when the long rows start at step 0).
+    pub first_step: StepEstimate,
+    /// A long step once the moments exist.
+    pub later_step: StepEstimate,
 }
 
 impl Estimate {
-    /// The estimate of a step run with (`true`) or without AdamW's moments already allocated.
+    /// The estimate of a step at the run's own row length with (`true`) or without AdamW's
+    /// moments already allocated.
     pub fn step(&self, moments_exist: bool) -> &StepEstimate {
         if moments_exist {
             &self.later_step
@@ -204,11 +233,53 @@ impl Estimate {
             &self.first_step
         }
     }
+
+    /// The estimate of step `step` (0-based) of a run, fresh or resumed: at the row length that
+    /// step uses, allocating AdamW's moments only at step 0 (a resumed run from step `k > 0`
+    /// finds them loaded).
+    pub fn at_step(&self, step: u64) -> &StepEstimate {
+        let moments_exist = step > 0;
+        match &self.long_batch {
+            Some(long) if step >= long.from_step => {
+                if moments_exist {
+                    &long.later_step
+                } else {
+                    &long.first_step
+                }
+            }
+            _ => self.step(moments_exist),
+        }
+    }
 }
 
 /// The memory model of `cfg`.
 pub fn estimate(cfg: &EstimateConfig) -> Result<Estimate> {
     cfg.validate()?;
+    let (anatomy, first_step, later_step) = steps(cfg);
+    let long_batch = cfg.long_batch.map(|long| {
+        let at_long = EstimateConfig {
+            seq_len: long.seq_len,
+            ..cfg.clone()
+        };
+        let (anatomy, first_step, later_step) = steps(&at_long);
+        LongBatchEstimate {
+            from_step: long.from_step,
+            anatomy,
+            first_step,
+            later_step,
+        }
+    });
+    Ok(Estimate {
+        config: cfg.clone(),
+        anatomy,
+        first_step,
+        later_step,
+        long_batch,
+    })
+}
+
+/// The parts, and a step without and with AdamW's moments, at `cfg.seq_len`.
+fn steps(cfg: &EstimateConfig) -> (Anatomy, StepEstimate, StepEstimate) {
     let anatomy = anatomy(cfg);
     let shape = cfg.shape();
     let held = |moments: bool| Breakdown {
@@ -237,12 +308,7 @@ pub fn estimate(cfg: &EstimateConfig) -> Result<Estimate> {
             },
         }
     };
-    Ok(Estimate {
-        config: cfg.clone(),
-        anatomy,
-        first_step: step(false),
-        later_step: step(true),
-    })
+    (anatomy, step(false), step(true))
 }
 
 /// The parts, from the shapes of the tensors that hold them.
@@ -304,6 +370,8 @@ mod tests {
             checkpointing,
             loss: LossKind::Chunked { chunk_tokens: 3 },
             threads: 2,
+            dropout: 0.0,
+            long_batch: None,
         }
     }
 
@@ -357,6 +425,13 @@ mod tests {
         let err = estimate(&cfg).unwrap_err().to_string();
         assert!(err.contains("exceeds max_position_embeddings"), "{err}");
         cfg.seq_len = 5;
+        cfg.long_batch = Some(LongBatch {
+            from_step: 2,
+            seq_len: 9,
+        });
+        let err = estimate(&cfg).unwrap_err().to_string();
+        assert!(err.contains("sequence length 9"), "{err}");
+        cfg.long_batch = None;
         cfg.threads = 0;
         assert!(estimate(&cfg).is_err());
     }

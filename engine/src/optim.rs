@@ -124,6 +124,11 @@ impl AdamW {
         self.moments.as_ref()
     }
 
+    /// Takes the moments out, leaving none.
+    pub(crate) fn take_moments(&mut self) -> Option<Moments> {
+        self.moments.take()
+    }
+
     /// Installs saved moments and step count (when resuming).
     pub fn set_state(&mut self, moments: Moments, step: u64) {
         self.moments = Some(moments);

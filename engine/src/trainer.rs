@@ -5,12 +5,12 @@ use crate::backend::CpuDevice;
 use crate::checkpoint::state::{RngState, ScheduleState, TrainerState, FORMAT_VERSION};
 use crate::checkpoint::{self, LoadRequest, SaveRequest};
 use crate::compute::{Compute, CpuCompute};
-use crate::data::{DataConfig, DataLoader, LoaderState};
+use crate::data::{DataConfig, DataLoader, LoaderState, LongBatch};
 use crate::error::{EngineError, Result};
-use crate::fault::Faults;
+use crate::fault::{Fault, Faults};
 use crate::loss::LossKind;
 use crate::memory::{Category, MemoryStats, MemoryTracker};
-use crate::model::{weights, Checkpointing, LlamaConfig, Params};
+use crate::model::{weights, Checkpointing, Dropout, LlamaConfig, Params};
 use crate::optim::{AdamWConfig, Moments, Schedule};
 use crate::tensor::Tensor;
 use half::bf16;
@@ -81,6 +81,13 @@ pub struct TrainConfig {
     /// How logits are held.
     #[serde(default = "default_loss")]
     pub loss: LossKind,
+    /// Residual dropout probability on each block's attention and MLP output projections
+    /// (training only, kept elements scaled by `1 / (1 − p)`); 0 applies none.
+    #[serde(default)]
+    pub dropout: f32,
+    /// Longer rows from a given step on; none by default.
+    #[serde(default)]
+    pub long_batch: Option<LongBatch>,
     /// Deliberate bugs to inject (negative controls); none by default.
     #[serde(default, skip_serializing_if = "Faults::is_empty")]
     pub faults: Faults,
@@ -92,10 +99,12 @@ fn default_loss() -> LossKind {
 
 impl TrainConfig {
     /// What a checkpoint must share with a run to resume it: everything that changes the
-    /// numbers (model, precision, optimizer, schedule, data, batch shape), not how memory is
-    /// managed (checkpointing, loss chunking) nor where the initial weights came from.
+    /// numbers (model, precision, optimizer, schedule, data, batch shape, dropout, long
+    /// batches), not how memory is managed (checkpointing, loss chunking) nor where the initial
+    /// weights came from. Dropout and long batches appear only when set, so runs without them
+    /// keep the identity they had before these options existed.
     pub fn identity(&self) -> serde_json::Value {
-        serde_json::json!({
+        let mut identity = serde_json::json!({
             "model": self.model,
             "precision": self.precision,
             "optimizer": self.optimizer,
@@ -104,7 +113,42 @@ impl TrainConfig {
             "batch_size": self.batch_size,
             "seq_len": self.seq_len,
             "shuffle_seed": self.shuffle_seed,
-        })
+        });
+        if self.dropout != 0.0 {
+            identity["dropout"] = serde_json::json!(self.dropout);
+        }
+        if let Some(long) = self.long_batch {
+            identity["long_batch"] = serde_json::json!(long);
+        }
+        identity
+    }
+
+    /// Tokens per row of step `step` (0-based): [`TrainConfig::seq_len`], or the long-batch
+    /// length from its first step on.
+    pub fn seq_len_at(&self, step: u64) -> usize {
+        match self.long_batch {
+            Some(long) if step >= long.from_step => long.seq_len,
+            _ => self.seq_len,
+        }
+    }
+
+    fn validate(&self) -> Result<()> {
+        if !(0.0..1.0).contains(&self.dropout) {
+            return Err(EngineError::Config(format!(
+                "dropout is {}; it must be at least 0 and below 1",
+                self.dropout
+            )));
+        }
+        if let Some(long) = self.long_batch {
+            let max = self.model.max_position_embeddings;
+            if long.seq_len == 0 || long.seq_len > max {
+                return Err(EngineError::Config(format!(
+                    "long_batch.seq_len is {}; it must be between 1 and max_position_embeddings ({max})",
+                    long.seq_len
+                )));
+            }
+        }
+        Ok(())
     }
 
     pub(crate) fn master_category(&self) -> Category {
@@ -181,6 +225,8 @@ pub struct StateDigest {
     pub next_lr: f64,
     /// The data loader's position.
     pub loader: LoaderState,
+    /// The dropout generator's state.
+    pub rng: RngState,
 }
 
 /// A model in training on one device.
@@ -190,11 +236,14 @@ pub struct Trainer {
     compute: Box<dyn Compute>,
     loader: DataLoader,
     step: u64,
+    rng: RngState,
+    resumed_at: u64,
 }
 
 impl Trainer {
     /// Builds a fresh trainer: initial weights, gradients and the data loader.
     pub fn new(cfg: TrainConfig, dev: impl Into<Device>) -> Result<Self> {
+        cfg.validate()?;
         let dev = dev.into();
         let staging = dev.staging();
         let category = cfg.master_category();
@@ -236,23 +285,31 @@ impl Trainer {
             cfg.seq_len,
             cfg.shuffle_seed,
         )?;
+        let rng = RngState {
+            seed: cfg.shuffle_seed,
+            offset: 0,
+        };
         Ok(Trainer {
             cfg,
             dev,
             compute,
             loader,
             step: 0,
+            rng,
+            resumed_at: 0,
         })
     }
 
     /// Continues the run saved in `checkpoint_dir` (a checkpoint, or a run directory whose
-    /// `latest` names one): weights, optimizer state, step, schedule and loader position. The
-    /// checkpoint must come from a run with the same [`TrainConfig::identity`].
+    /// `latest` names one): weights, optimizer state, step, schedule, loader position and
+    /// dropout generator. The checkpoint must come from a run with the same
+    /// [`TrainConfig::identity`].
     pub fn resume(
         cfg: TrainConfig,
         dev: impl Into<Device>,
         checkpoint_dir: &std::path::Path,
     ) -> Result<Self> {
+        cfg.validate()?;
         let dev = dev.into();
         let loaded = checkpoint::load(
             &dev.staging(),
@@ -262,13 +319,26 @@ impl Trainer {
                 identity: cfg.identity(),
                 master_in_optimizer: cfg.precision == Precision::Bf16Mixed,
                 master_category: cfg.master_category(),
+                fresh_moments_if_missing: cfg.faults.has(Fault::MomentsNotSaved),
             },
         )?;
         let moments = loaded.moments.map(|m| (m, loaded.state.optimizer_step));
         let compute = Self::compute(&cfg, &dev, loaded.master, moments)?;
         let mut trainer = Self::assemble(cfg, dev, compute)?;
-        trainer.loader.set_state(loaded.state.loader);
+        let faults = &trainer.cfg.faults;
+        if !faults.has(Fault::LoaderPositionNotRestored) {
+            trainer.loader.set_state(loaded.state.loader);
+        }
+        trainer.rng = RngState {
+            offset: if faults.has(Fault::RngNotRestored) {
+                0
+            } else {
+                loaded.state.rng.offset
+            },
+            ..loaded.state.rng
+        };
         trainer.step = loaded.state.global_step;
+        trainer.resumed_at = loaded.state.global_step;
         Ok(trainer)
     }
 
@@ -279,7 +349,10 @@ impl Trainer {
         run_dir: &std::path::Path,
         keep_last: Option<usize>,
     ) -> Result<std::path::PathBuf> {
-        let (model, optimizer) = self.compute.checkpoint_entries()?;
+        let (model, mut optimizer) = self.compute.checkpoint_entries()?;
+        if self.cfg.faults.has(Fault::MomentsNotSaved) {
+            optimizer.retain(|e| !e.name.ends_with(".exp_avg") && !e.name.ends_with(".exp_avg_sq"));
+        }
         let identity = self.cfg.identity();
         let state = TrainerState {
             format_version: FORMAT_VERSION,
@@ -291,10 +364,7 @@ impl Trainer {
                 next_lr: self.next_lr(),
             },
             loader: self.loader.state(),
-            rng: RngState {
-                seed: self.cfg.shuffle_seed,
-                offset: 0,
-            },
+            rng: self.rng,
             fingerprint: checkpoint::fingerprint(&identity),
             identity,
             files: Default::default(),
@@ -308,8 +378,8 @@ impl Trainer {
         checkpoint::save(run_dir, req, keep_last)
     }
 
-    /// Digests of the weights, the optimizer state, the step, the next learning rate and the
-    /// loader position.
+    /// Digests of the weights, the optimizer state, the step, the next learning rate, the
+    /// loader position and the dropout generator's state.
     pub fn state_digest(&self) -> Result<StateDigest> {
         let (model, optimizer) = self.compute.checkpoint_entries()?;
         Ok(StateDigest {
@@ -319,11 +389,17 @@ impl Trainer {
             optimizer_steps: self.compute.optimizer_steps(),
             next_lr: self.next_lr(),
             loader: self.loader.state(),
+            rng: self.rng,
         })
     }
 
     fn next_lr(&self) -> f64 {
-        self.cfg.schedule.lr(self.cfg.optimizer.lr, self.step)
+        let step = if self.cfg.faults.has(Fault::ScheduleReset) {
+            self.step - self.resumed_at
+        } else {
+            self.step
+        };
+        self.cfg.schedule.lr(self.cfg.optimizer.lr, step)
     }
 
     /// The run's configuration.
@@ -360,10 +436,18 @@ impl Trainer {
     pub fn step(&mut self) -> Result<StepStats> {
         let tracker = self.compute.tracker().clone();
         tracker.reset_peak();
-        let batch = self.loader.next_batch();
-        let pass = self
-            .compute
-            .forward_backward(&batch, self.cfg.checkpointing, self.cfg.loss)?;
+        let batch = self.loader.next_batch_of(self.cfg.seq_len_at(self.step));
+        let dropout = (self.cfg.dropout > 0.0).then_some(Dropout {
+            p: self.cfg.dropout,
+            seed: self.rng.seed,
+            offset: self.rng.offset,
+        });
+        let pass = self.compute.forward_backward(
+            &batch,
+            self.cfg.checkpointing,
+            self.cfg.loss,
+            dropout,
+        )?;
         let grad_norm = self.compute.clip_grad_norm(self.cfg.optimizer.grad_clip)?;
         let lr = self.next_lr();
         self.compute.adamw_step(lr)?;
@@ -378,6 +462,7 @@ impl Trainer {
             memory: tracker.stats(),
         };
         self.step += 1;
+        self.rng.offset += 1;
         Ok(stats)
     }
 }

@@ -1,5 +1,5 @@
 //! Training is a function of its configuration: two runs give the same bits, whatever the number
-//! of threads, in fp32 and in bf16-mixed precision.
+//! of threads, in fp32 and in bf16-mixed precision, with and without dropout.
 
 mod common;
 
@@ -20,17 +20,19 @@ struct Run {
 
 /// A model big enough that the LM head and MLP products pass the threshold above which the
 /// matrix-product library splits work across threads (4 rows of 32 tokens, vocab 256, hidden 64).
-fn config(precision: Precision) -> TrainConfig {
-    common::train_config(common::llama(256, 64, 2), precision, 4, 32, STEPS as u64)
+fn config(precision: Precision, dropout: f32) -> TrainConfig {
+    let mut cfg = common::train_config(common::llama(256, 64, 2), precision, 4, 32, STEPS as u64);
+    cfg.dropout = dropout;
+    cfg
 }
 
 fn bits(values: &[f32]) -> Vec<u32> {
     values.iter().map(|x| x.to_bits()).collect()
 }
 
-fn run(precision: Precision, threads: usize) -> Run {
+fn run(precision: Precision, dropout: f32, threads: usize) -> Run {
     let dev = CpuDevice::new(threads, u64::MAX).unwrap();
-    let cfg = config(precision);
+    let cfg = config(precision, dropout);
     let names = ckpt_engine::model::param_specs(&cfg.model);
     let mut trainer = Trainer::new(cfg, dev).unwrap();
     let stats = (0..STEPS).map(|_| trainer.step().unwrap()).collect();
@@ -86,8 +88,8 @@ fn assert_same_run(what: &str, a: &Run, b: &Run) {
 }
 
 fn check(precision: Precision) {
-    let one = [run(precision, 1), run(precision, 1)];
-    let two = [run(precision, 2), run(precision, 2)];
+    let one = [run(precision, 0.0, 1), run(precision, 0.0, 1)];
+    let two = [run(precision, 0.0, 2), run(precision, 0.0, 2)];
     // Same thread count: identical in every figure, memory accounting included.
     assert_eq!(one[0].stats, one[1].stats, "{precision:?}, 1 thread");
     assert_eq!(two[0].stats, two[1].stats, "{precision:?}, 2 threads");
@@ -95,7 +97,7 @@ fn check(precision: Precision) {
     assert_same_run(&format!("{precision:?}, 2 threads"), &two[0], &two[1]);
     assert_same_run(&format!("{precision:?}, 1 vs 2 threads"), &one[0], &two[0]);
     // Three threads split the 16 attention units and the products' blocks unevenly.
-    let three = run(precision, 3);
+    let three = run(precision, 0.0, 3);
     assert_same_run(&format!("{precision:?}, 1 vs 3 threads"), &one[0], &three);
     // The run did what it was configured to: varied lengths, clipping, a changing rate.
     let s = &one[0].stats;
@@ -113,4 +115,20 @@ fn fp32_training_is_bitwise_reproducible_across_runs_and_thread_counts() {
 #[test]
 fn bf16_mixed_training_is_bitwise_reproducible_across_runs_and_thread_counts() {
     check(Precision::Bf16Mixed);
+}
+
+/// Dropout masks are a function of the step, not of how threads split the elements.
+#[test]
+fn dropout_masks_do_not_depend_on_the_thread_count() {
+    for precision in [Precision::Fp32, Precision::Bf16Mixed] {
+        let one = run(precision, 0.1, 1);
+        let three = run(precision, 0.1, 3);
+        assert_same_run(
+            &format!("{precision:?} with dropout, 1 vs 3 threads"),
+            &one,
+            &three,
+        );
+        let plain = run(precision, 0.0, 1);
+        assert_ne!(trajectory(&one), trajectory(&plain), "dropout acts");
+    }
 }

@@ -1,11 +1,14 @@
 //! The explicit backward pass against finite differences of the loss, on random tiny Llamas:
 //! every parameter tensor, grouped-query and plain attention, tied and untied embeddings, ignored
-//! labels. Activation checkpointing and the chunked loss must not change the gradients.
+//! labels, with and without residual dropout (a fixed mask per step). Activation checkpointing
+//! and the chunked loss must not change the gradients.
 
 use ckpt_engine::loss::{LossKind, IGNORE_INDEX};
 use ckpt_engine::memory::Category;
-use ckpt_engine::model::{param_specs, weights, Batch, Checkpointing, LlamaConfig, Model, Params};
-use ckpt_engine::{CpuDevice, Tensor};
+use ckpt_engine::model::{
+    param_specs, weights, Batch, Checkpointing, Dropout, LlamaConfig, Model, Params, PassConfig,
+};
+use ckpt_engine::{CpuDevice, Faults, Tensor};
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -120,10 +123,31 @@ fn pass(
     ckpt: Checkpointing,
     loss: LossKind,
 ) -> (f32, Vec<Vec<f32>>, usize) {
+    pass_with(dev, model, w, batch, ckpt, loss, None)
+}
+
+/// [`pass`] with residual dropout.
+fn pass_with(
+    dev: &CpuDevice,
+    model: &Model,
+    w: &Params<Tensor<f32>>,
+    batch: &Batch,
+    checkpointing: Checkpointing,
+    loss: LossKind,
+    dropout: Option<Dropout>,
+) -> (f32, Vec<Vec<f32>>, usize) {
     let mut g = zero_grads(dev, model.config());
-    let out = model
-        .forward_backward(dev, w, &mut g, batch, ckpt, loss)
+    let faults = Faults::default();
+    let cfg = PassConfig {
+        checkpointing,
+        loss,
+        dropout,
+        faults: &faults,
+    };
+    let (out, kept) = model
+        .forward_backward_with(dev, w, &mut g, batch, &cfg)
         .unwrap();
+    assert!(kept.is_empty());
     let grads = g.tensors().iter().map(|t| t.to_f32_vec()).collect();
     (out.loss, grads, out.recomputed_blocks)
 }
@@ -166,13 +190,14 @@ fn derivative(x: f32, mut f: impl FnMut(f32) -> f64) -> (f64, f64) {
     (extrapolated, (extrapolated - near).abs())
 }
 
-/// Checks a sample of coordinates of every parameter tensor against finite differences.
-fn check_gradients(case: &Case) -> Result<(), TestCaseError> {
+/// Checks a sample of coordinates of every parameter tensor against finite differences, with
+/// `dropout`'s mask held fixed.
+fn check_gradients(case: &Case, dropout: Option<Dropout>) -> Result<(), TestCaseError> {
     let dev = CpuDevice::new(1, u64::MAX).unwrap();
     let model = Model::new(&dev, case.cfg.clone()).unwrap();
     let mut w = init(&dev, case);
     let (ckpt, kind) = (Checkpointing::None, LossKind::Standard);
-    let (_, analytic, _) = pass(&dev, &model, &w, &case.batch, ckpt, kind);
+    let (_, analytic, _) = pass_with(&dev, &model, &w, &case.batch, ckpt, kind, dropout);
     let specs = param_specs(&case.cfg);
     let mut rng = ChaCha8Rng::seed_from_u64(case.seed ^ 0x5eed);
     for (ti, spec) in specs.iter().enumerate() {
@@ -180,7 +205,7 @@ fn check_gradients(case: &Case) -> Result<(), TestCaseError> {
             let orig = w.tensors()[ti].as_slice()[i];
             let (numeric, correction) = derivative(orig, |x| {
                 w.tensors_mut()[ti].as_mut_slice()[i] = x;
-                pass(&dev, &model, &w, &case.batch, ckpt, kind).0 as f64
+                pass_with(&dev, &model, &w, &case.batch, ckpt, kind, dropout).0 as f64
             });
             w.tensors_mut()[ti].as_mut_slice()[i] = orig;
             let a = analytic[ti][i] as f64;
@@ -271,13 +296,42 @@ fn check_policies(case: &Case, chunk_tokens: usize) -> Result<(), TestCaseError>
     Ok(())
 }
 
+/// Every checkpointing policy gives the bits of keeping everything under `dropout`, and the
+/// masks change the gradients.
+fn check_dropout_policies(case: &Case, dropout: Option<Dropout>) -> Result<(), TestCaseError> {
+    let dev = CpuDevice::new(2, u64::MAX).unwrap();
+    let model = Model::new(&dev, case.cfg.clone()).unwrap();
+    let w = init(&dev, case);
+    let names: Vec<String> = param_specs(&case.cfg).into_iter().map(|s| s.name).collect();
+    let (b, kind) = (&case.batch, LossKind::Standard);
+    let (loss, grads, _) = pass_with(&dev, &model, &w, b, Checkpointing::None, kind, dropout);
+    for policy in [Checkpointing::Full, Checkpointing::Selective] {
+        let (l, g, recomputed) = pass_with(&dev, &model, &w, b, policy, kind, dropout);
+        prop_assert_eq!(recomputed, case.cfg.num_hidden_layers);
+        prop_assert_eq!(l.to_bits(), loss.to_bits());
+        same_bits(&format!("{policy:?} with dropout"), &g, &grads, &names)?;
+    }
+    let (_, plain, _) = pass(&dev, &model, &w, b, Checkpointing::None, kind);
+    prop_assert!(plain != grads, "dropout changed no gradient");
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(12))]
 
     /// Every parameter tensor's analytic gradient matches finite differences of the loss.
     #[test]
     fn gradients_match_finite_differences(case in cases()) {
-        check_gradients(&case)?;
+        check_gradients(&case, None)?;
+    }
+
+    /// With residual dropout too; and checkpointed blocks regenerate the same masks, so every
+    /// policy gives the same bits.
+    #[test]
+    fn gradients_with_dropout_match_finite_differences(case in cases(), p in 0.1f32..0.5) {
+        let dropout = Some(Dropout { p, seed: case.seed, offset: 3 });
+        check_gradients(&case, dropout)?;
+        check_dropout_policies(&case, dropout)?;
     }
 
     /// Full checkpointing recomputes every block and changes no bit of the loss or gradients; a

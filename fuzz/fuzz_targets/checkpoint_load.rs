@@ -50,6 +50,8 @@ fn fixture() -> &'static Fixture {
             shuffle_seed: 0,
             checkpointing: Checkpointing::None,
             loss: ckpt_engine::loss::LossKind::Standard,
+            dropout: 0.0,
+            long_batch: None,
             faults: Default::default(),
         };
         let dir = tempfile::tempdir().unwrap();
@@ -82,6 +84,7 @@ fuzz_target!(|data: &[u8]| {
         identity: f.cfg.identity(),
         master_in_optimizer: true,
         master_category: Category::Optimizer,
+        fresh_moments_if_missing: false,
     };
     let _ = checkpoint::load(&f.dev, work.path(), &req);
 });

@@ -99,6 +99,8 @@ fn main() {
         shuffle_seed: 0,
         checkpointing: Checkpointing::None,
         loss: ckpt_engine::loss::LossKind::Standard,
+        dropout: 0.0,
+        long_batch: None,
         faults: Default::default(),
     };
     let repeats = env("CKPT_BENCH_REPEATS", if quick { 1 } else { 3 });

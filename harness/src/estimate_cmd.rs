@@ -130,6 +130,8 @@ fn synthetic_run(model: LlamaConfig, batch_size: usize, seq_len: usize) -> Train
         shuffle_seed: 0,
         checkpointing: Checkpointing::None,
         loss: LossKind::Standard,
+        dropout: 0.0,
+        long_batch: None,
         faults: Default::default(),
     }
 }

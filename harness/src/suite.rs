@@ -190,6 +190,8 @@ impl Suite {
             shuffle_seed: file.shuffle_seed,
             checkpointing: file.checkpointing,
             loss: file.loss.unwrap_or(LossKind::Standard),
+            dropout: 0.0,
+            long_batch: None,
             faults: Default::default(),
         };
         Ok(Suite {

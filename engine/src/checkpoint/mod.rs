@@ -236,6 +236,9 @@ pub struct LoadRequest<'a> {
     pub master_in_optimizer: bool,
     /// Category the master weights are counted under.
     pub master_category: Category,
+    /// Whether a checkpoint without AdamW moments is accepted, resuming with zeroed moments
+    /// (what [`crate::Fault::MomentsNotSaved`] does); otherwise it is refused as incomplete.
+    pub fresh_moments_if_missing: bool,
 }
 
 /// sha256 of a canonical JSON value.
@@ -330,13 +333,30 @@ pub fn load(dev: &CpuDevice, dir: &Path, req: &LoadRequest<'_>) -> Result<Loaded
     } else {
         load_all(&model, model_path, "", req.master_category)?
     };
-    let moments = if state.optimizer_step > 0 {
+    let has_moments = specs
+        .first()
+        .is_some_and(|s| opt.tensor(&format!("{}.exp_avg", s.name)).is_ok());
+    let moments = if state.optimizer_step == 0 {
+        None
+    } else if has_moments {
         Some(Moments {
             exp_avg: load_all(&opt, opt_path, ".exp_avg", Category::Optimizer)?,
             exp_avg_sq: load_all(&opt, opt_path, ".exp_avg_sq", Category::Optimizer)?,
         })
+    } else if req.fresh_moments_if_missing {
+        let zeros = |s: &ParamSpec| dev.zeros::<f32>(&s.shape, Category::Optimizer);
+        Some(Moments {
+            exp_avg: Params::try_new(req.config, zeros)?,
+            exp_avg_sq: Params::try_new(req.config, zeros)?,
+        })
     } else {
-        None
+        return Err(EngineError::bad_file(
+            opt_path,
+            format!(
+                "holds no AdamW moments although the optimizer took {} steps; the checkpoint is incomplete; resume from a checkpoint saved with its moments",
+                state.optimizer_step
+            ),
+        ));
     };
     Ok(Loaded {
         state,

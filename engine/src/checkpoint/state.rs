@@ -29,12 +29,12 @@ pub struct ScheduleState {
     pub next_lr: f64,
 }
 
-/// The state of the trainer's random generator.
+/// The state of the trainer's random generator (it draws the dropout masks).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RngState {
     /// Seed of the run's generator.
     pub seed: u64,
-    /// Random draws consumed so far.
+    /// Where the generator stands: one per step taken; a step's masks are keyed by it.
     pub offset: u64,
 }
 

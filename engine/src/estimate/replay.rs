@@ -35,6 +35,8 @@ pub(super) struct Shape {
     pub(super) logits_category: Category,
     /// What blocks keep for their backward pass.
     pub(super) checkpointing: Checkpointing,
+    /// Whether residual dropout is on.
+    pub(super) dropout: bool,
     /// Elements of every parameter, in `param_specs` order.
     pub(super) param_numels: Vec<u64>,
 }
@@ -144,6 +146,26 @@ impl<'a> Replay<'a> {
         Norm { rinv, out }
     }
 
+    /// `block::residual_linear` with an input of width `inp`: the output, and with dropout the
+    /// projection's own buffer for the product's duration.
+    fn residual_linear(&mut self, inp: u64) -> Buf {
+        let h = self.s.hidden;
+        let out = self.act(h);
+        if self.s.dropout {
+            let proj = self.act(h);
+            self.linear(h, inp);
+            self.t.free(proj);
+        } else {
+            self.linear(h, inp);
+        }
+        out
+    }
+
+    /// `block::residual_grad`: a masked copy of the gradient with dropout, nothing without.
+    fn residual_grad(&mut self) -> Option<Buf> {
+        self.s.dropout.then(|| self.act(self.s.hidden))
+    }
+
     /// `block::swiglu`.
     fn swiglu(&mut self) -> Buf {
         self.act(self.s.ffn)
@@ -163,8 +185,7 @@ impl<'a> Replay<'a> {
         let att = self.act(qw);
         let lse = self.alloc(Activations, (a.batch * a.heads * a.seq * 4) as u64);
         self.attention_scratch(a.batch * a.heads, a.forward_scratch());
-        let h_mid = self.act(h);
-        self.linear(h, qw);
+        let h_mid = self.residual_linear(qw);
         let norm2 = self.norm();
         let gate = self.act(ffn);
         let up = self.act(ffn);
@@ -189,8 +210,7 @@ impl<'a> Replay<'a> {
     /// `block::forward`: the activations, then the output.
     fn block_forward(&mut self) -> (Buf, Acts) {
         let acts = self.block_activations();
-        let out = self.act(self.s.hidden);
-        self.linear(self.s.hidden, self.s.ffn);
+        let out = self.residual_linear(self.s.ffn);
         (out, acts)
     }
 
@@ -259,9 +279,11 @@ impl<'a> Replay<'a> {
             act,
         } = acts;
         let act = act.unwrap_or_else(|| self.swiglu());
+        let dmlp = self.residual_grad();
         let dact = self.act(ffn);
         self.linear_backward(h, ffn);
         self.free([act]);
+        self.free(dmlp);
         let dgate = self.act(ffn);
         let dup = self.act(ffn);
         self.free([dact, gate, up]);
@@ -271,8 +293,10 @@ impl<'a> Replay<'a> {
         self.linear_backward(ffn, h);
         self.free([dgate, dup, norm2.out]);
         self.free([dn2, h_mid, norm2.rinv]);
+        let dattn = self.residual_grad();
         let datt = self.act(qw);
         self.linear_backward(h, qw);
+        self.free(dattn);
         let dq = self.act(qw);
         let dk = self.act(kvw);
         let dv = self.act(kvw);

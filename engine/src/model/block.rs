@@ -8,6 +8,7 @@ use crate::backend::cpu::matmul::{matmul, n, t};
 use crate::backend::CpuDevice;
 use crate::error::Result;
 use crate::memory::Category::Activations;
+use crate::model::dropout::{Dropout, DropoutMask, Site};
 use crate::model::params::LayerParams;
 use crate::tensor::{Elem, Tensor};
 
@@ -35,7 +36,8 @@ impl BlockDims {
     }
 }
 
-/// What every block call shares: the device, the sizes and the rotary tables.
+/// What a block call needs besides weights and tensors: the device, the sizes, the rotary
+/// tables, and the block's index and dropout.
 #[derive(Clone, Copy)]
 pub struct BlockCtx<'a> {
     /// Where tensors are allocated and kernels run.
@@ -44,6 +46,16 @@ pub struct BlockCtx<'a> {
     pub dims: BlockDims,
     /// Rotary tables.
     pub rope: &'a RopeTable,
+    /// The block's index in the model (it keys the dropout masks).
+    pub layer: usize,
+    /// Residual dropout of a training pass; `None` applies none.
+    pub dropout: Option<Dropout>,
+}
+
+impl BlockCtx<'_> {
+    fn mask(&self, site: Site) -> Option<DropoutMask> {
+        self.dropout.map(|d| d.mask(self.layer, site))
+    }
 }
 
 /// An RMSNorm's output and the per-row `1 / rms` its backward pass reads.
@@ -139,6 +151,54 @@ fn linear_backward<E: Elem>(
     Ok(())
 }
 
+/// `res + dropout(input · wᵀ)` (`[rows, hidden]`): a projection joining the residual stream at
+/// `site`. Without dropout the product accumulates straight into the copy of `res`; with it the
+/// product gets a buffer of its own, freed once the masked sum is formed.
+fn residual_linear<E: Elem>(
+    ctx: BlockCtx<'_>,
+    site: Site,
+    res: &Tensor<E>,
+    input: &Tensor<E>,
+    w: &Tensor<E>,
+) -> Result<Tensor<E>> {
+    let (dev, d) = (ctx.dev, &ctx.dims);
+    let mut out = dev.zeros::<E>(&[d.rows, d.hidden], Activations)?;
+    match ctx.mask(site) {
+        None => {
+            out.as_mut_slice().copy_from_slice(res.as_slice());
+            linear(dev, input, w, &mut out, true)?;
+        }
+        Some(mask) => {
+            let mut proj = dev.zeros::<E>(&[d.rows, d.hidden], Activations)?;
+            linear(dev, input, w, &mut proj, false)?;
+            kernels::dropout_add(
+                dev,
+                &mask,
+                res.as_slice(),
+                proj.as_slice(),
+                out.as_mut_slice(),
+            );
+        }
+    }
+    Ok(out)
+}
+
+/// ∂L/∂(projection) of the residual site `site` from `dh` = ∂L/∂(its sum): `None` without
+/// dropout (the gradient is `dh` itself), else `dh` masked and scaled.
+fn residual_grad<E: Elem>(
+    ctx: BlockCtx<'_>,
+    site: Site,
+    dh: &Tensor<E>,
+) -> Result<Option<Tensor<E>>> {
+    let Some(mask) = ctx.mask(site) else {
+        return Ok(None);
+    };
+    let d = &ctx.dims;
+    let mut dproj = ctx.dev.zeros::<E>(&[d.rows, d.hidden], Activations)?;
+    kernels::dropout_backward(ctx.dev, &mask, dh.as_slice(), dproj.as_mut_slice());
+    Ok(Some(dproj))
+}
+
 /// `rmsnorm(x) · w`, with the per-row `1 / rms`.
 fn norm<E: Elem>(ctx: BlockCtx<'_>, x: &Tensor<E>, w: &Tensor<E>) -> Result<Norm<E>> {
     let (dev, d) = (ctx.dev, &ctx.dims);
@@ -171,11 +231,7 @@ pub fn forward<E: Elem>(
 ) -> Result<(Tensor<E>, BlockActivations<E>)> {
     let acts = activations(ctx, w, x)?;
     let act = acts.act.as_ref().expect("activations keeps everything");
-    let mut out = ctx
-        .dev
-        .zeros::<E>(&[ctx.dims.rows, ctx.dims.hidden], Activations)?;
-    out.as_mut_slice().copy_from_slice(acts.h_mid.as_slice());
-    linear(ctx.dev, act, &w.down, &mut out, true)?;
+    let out = residual_linear(ctx, Site::Mlp, &acts.h_mid, act, &w.down)?;
     Ok((out, acts))
 }
 
@@ -187,7 +243,7 @@ pub fn activations<E: Elem>(
     x: &Tensor<E>,
 ) -> Result<BlockActivations<E>> {
     let (dev, d, rope) = (ctx.dev, &ctx.dims, ctx.rope);
-    let (rows, h) = (d.rows, d.hidden);
+    let rows = d.rows;
     let norm1 = norm(ctx, x, &w.input_norm)?;
     let mut q = dev.zeros::<E>(&[rows, d.q_width()], Activations)?;
     let mut k = dev.zeros::<E>(&[rows, d.kv_width()], Activations)?;
@@ -208,9 +264,7 @@ pub fn activations<E: Elem>(
         att.as_mut_slice(),
         lse.as_mut_slice(),
     )?;
-    let mut h_mid = dev.zeros::<E>(&[rows, h], Activations)?;
-    h_mid.as_mut_slice().copy_from_slice(x.as_slice());
-    linear(dev, &att, &w.o, &mut h_mid, true)?;
+    let h_mid = residual_linear(ctx, Site::Attention, x, &att, &w.o)?;
     let norm2 = norm(ctx, &h_mid, &w.post_norm)?;
     let mut gate = dev.zeros::<E>(&[rows, d.ffn], Activations)?;
     let mut up = dev.zeros::<E>(&[rows, d.ffn], Activations)?;
@@ -259,14 +313,16 @@ pub fn backward<E: Elem>(
     } = saved;
     let (rows, h) = (d.rows, d.hidden);
 
-    // MLP: out = h_mid + act·downᵀ
+    // MLP: out = h_mid + dropout(act·downᵀ)
     let act = match act {
         Some(act) => act,
         None => swiglu(ctx, &gate, &up)?,
     };
+    let dmlp = residual_grad(ctx, Site::Mlp, dh)?;
     let mut dact = dev.zeros::<E>(&[rows, d.ffn], Activations)?;
-    linear_backward(dev, dh, &act, &w.down, &mut dact, &mut g.down, false)?;
-    drop(act);
+    let dy = dmlp.as_ref().unwrap_or(dh);
+    linear_backward(dev, dy, &act, &w.down, &mut dact, &mut g.down, false)?;
+    drop((act, dmlp));
     let mut dgate = dev.zeros::<E>(&[rows, d.ffn], Activations)?;
     let mut dup = dev.zeros::<E>(&[rows, d.ffn], Activations)?;
     kernels::swiglu_backward(
@@ -300,9 +356,12 @@ pub fn backward<E: Elem>(
     );
     drop((dn2, h_mid, rinv2));
 
-    // Attention: h_mid = x + att·oᵀ
+    // Attention: h_mid = x + dropout(att·oᵀ)
+    let dattn = residual_grad(ctx, Site::Attention, dh)?;
     let mut datt = dev.zeros::<E>(&[rows, d.q_width()], Activations)?;
-    linear_backward(dev, dh, &att, &w.o, &mut datt, &mut g.o, false)?;
+    let dy = dattn.as_ref().unwrap_or(dh);
+    linear_backward(dev, dy, &att, &w.o, &mut datt, &mut g.o, false)?;
+    drop(dattn);
     let mut dq = dev.zeros::<E>(&[rows, d.q_width()], Activations)?;
     let mut dk = dev.zeros::<E>(&[rows, d.kv_width()], Activations)?;
     let mut dv = dev.zeros::<E>(&[rows, d.kv_width()], Activations)?;

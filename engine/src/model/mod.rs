@@ -3,6 +3,7 @@
 
 pub mod block;
 pub mod config;
+pub mod dropout;
 pub mod params;
 pub mod weights;
 
@@ -10,11 +11,13 @@ use crate::backend::cpu::attention::AttnShape;
 use crate::backend::cpu::kernels::{self, RopeTable};
 use crate::backend::CpuDevice;
 use crate::error::{EngineError, Result};
+use crate::fault::{Fault, Faults};
 use crate::loss::{linear_cross_entropy, LossKind};
 use crate::memory::{Category, Lease};
 use crate::tensor::{Elem, Tensor};
 use block::{BlockActivations, BlockCtx, BlockDims};
 pub use config::LlamaConfig;
+pub use dropout::Dropout;
 pub use params::{param_specs, LayerParams, ParamSpec, Params};
 use serde::{Deserialize, Serialize};
 
@@ -82,6 +85,20 @@ pub struct PassOutput {
     pub tokens: usize,
     /// Blocks that recomputed activations (all of them, or the cheap part) during backward.
     pub recomputed_blocks: usize,
+}
+
+/// How a training pass runs.
+#[derive(Clone, Copy, Debug)]
+pub struct PassConfig<'a> {
+    /// Which activations blocks keep for their backward pass.
+    pub checkpointing: Checkpointing,
+    /// How logits are held.
+    pub loss: LossKind,
+    /// Residual dropout; `None` applies none.
+    pub dropout: Option<Dropout>,
+    /// Deliberate bugs: [`Fault::CheckpointingSkippedNested`] and
+    /// [`Fault::RecomputeInputsKept`] act here.
+    pub faults: &'a Faults,
 }
 
 /// The model's fixed state besides parameters: its shape and rotary tables.
@@ -153,8 +170,9 @@ impl Model {
         Ok(())
     }
 
-    /// One forward and backward pass: returns the loss and adds every parameter's gradient to
-    /// `grads`. Activations are allocated and freed inside; nothing outlives the call.
+    /// One forward and backward pass without dropout: returns the loss and adds every
+    /// parameter's gradient to `grads`. Activations are allocated and freed inside; nothing
+    /// outlives the call.
     pub fn forward_backward<E: Elem>(
         &self,
         dev: &CpuDevice,
@@ -162,14 +180,40 @@ impl Model {
         grads: &mut Params<Tensor<f32>>,
         batch: &Batch,
         checkpointing: Checkpointing,
-        loss_kind: LossKind,
+        loss: LossKind,
     ) -> Result<PassOutput> {
+        let faults = Faults::default();
+        let pass = PassConfig {
+            checkpointing,
+            loss,
+            dropout: None,
+            faults: &faults,
+        };
+        let (out, kept) = self.forward_backward_with(dev, w, grads, batch, &pass)?;
+        debug_assert!(kept.is_empty(), "no fault keeps inputs here");
+        Ok(out)
+    }
+
+    /// One forward and backward pass as `pass` describes it: returns the loss and adds every
+    /// parameter's gradient to `grads`. Activations are allocated and freed inside; the second
+    /// value holds what outlives the call, which is nothing unless
+    /// [`Fault::RecomputeInputsKept`] keeps the inputs of the recomputed blocks.
+    pub fn forward_backward_with<E: Elem>(
+        &self,
+        dev: &CpuDevice,
+        w: &Params<Tensor<E>>,
+        grads: &mut Params<Tensor<f32>>,
+        batch: &Batch,
+        pass: &PassConfig<'_>,
+    ) -> Result<(PassOutput, Vec<Tensor<E>>)> {
         self.check_batch(batch)?;
         let d = self.dims(batch);
         let ctx = BlockCtx {
             dev,
             dims: d,
             rope: &self.rope,
+            layer: 0,
+            dropout: pass.dropout,
         };
         let (rows, h) = (d.rows, d.hidden);
         let mut x = dev.zeros::<E>(&[rows, h], Category::Activations)?;
@@ -177,9 +221,15 @@ impl Model {
 
         let mut inputs: Vec<Tensor<E>> = Vec::with_capacity(w.layers.len());
         let mut saved: Vec<Option<BlockActivations<E>>> = Vec::with_capacity(w.layers.len());
-        for layer in &w.layers {
-            let (out, acts) = block::forward(ctx, layer, &x)?;
-            saved.push(checkpointing.keep(acts));
+        let skip_nested = pass.faults.has(Fault::CheckpointingSkippedNested);
+        for (l, layer) in w.layers.iter().enumerate() {
+            let (out, acts) = block::forward(BlockCtx { layer: l, ..ctx }, layer, &x)?;
+            let policy = if skip_nested && l > 0 {
+                Checkpointing::None
+            } else {
+                pass.checkpointing
+            };
+            saved.push(policy.keep(acts));
             inputs.push(std::mem::replace(&mut x, out));
         }
 
@@ -200,7 +250,7 @@ impl Model {
             &hn,
             w.head(),
             &batch.labels,
-            loss_kind,
+            pass.loss,
             &mut dhn,
             head_grad,
         )?;
@@ -217,8 +267,11 @@ impl Model {
         );
         drop((dhn, x, rinv));
 
+        let keep_inputs = pass.faults.has(Fault::RecomputeInputsKept);
+        let mut kept = Vec::new();
         let mut recomputed_blocks = 0;
         for (l, layer) in w.layers.iter().enumerate().rev() {
+            let ctx = BlockCtx { layer: l, ..ctx };
             let input = inputs.pop().expect("one input per block");
             let (acts, recomputes) = match saved.pop().flatten() {
                 Some(acts) => {
@@ -229,12 +282,16 @@ impl Model {
             };
             recomputed_blocks += usize::from(recomputes);
             block::backward(ctx, layer, &mut grads.layers[l], &input, acts, &mut dh)?;
+            if recomputes && keep_inputs {
+                kept.push(input);
+            }
         }
         kernels::embedding_backward(dh.as_slice(), &batch.input_ids, grads.embed.as_mut_slice());
-        Ok(PassOutput {
+        let out = PassOutput {
             loss: loss.loss,
             tokens: loss.tokens,
             recomputed_blocks,
-        })
+        };
+        Ok((out, kept))
     }
 }

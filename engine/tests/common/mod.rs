@@ -63,6 +63,8 @@ pub fn train_config(
         shuffle_seed: 3,
         checkpointing: Checkpointing::None,
         loss: LossKind::Standard,
+        dropout: 0.0,
+        long_batch: None,
         faults: Default::default(),
     }
 }

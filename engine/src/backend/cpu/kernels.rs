@@ -3,6 +3,7 @@
 //! gradients) run in a fixed sequential order.
 
 use super::{math, CpuDevice};
+use crate::model::dropout::DropoutMask;
 use crate::tensor::Elem;
 use rayon::prelude::*;
 
@@ -241,6 +242,50 @@ pub fn embedding_backward<E: Elem>(dout: &[E], ids: &[u32], dtable: &mut [f32]) 
             *d += g.to_f32();
         }
     }
+}
+
+/// Residual dropout: `out[i] = x[i] + y[i] · scale` where `mask` keeps element `i`, else `x[i]`.
+pub fn dropout_add<E: Elem>(dev: &CpuDevice, mask: &DropoutMask, x: &[E], y: &[E], out: &mut [E]) {
+    debug_assert_eq!(x.len(), y.len());
+    debug_assert_eq!(x.len(), out.len());
+    let scale = mask.scale();
+    dev.install(|| {
+        out.par_chunks_mut(4096)
+            .zip(x.par_chunks(4096).zip(y.par_chunks(4096)))
+            .enumerate()
+            .for_each(|(c, (o, (x, y)))| {
+                let base = (c * 4096) as u64;
+                for (i, (o, (x, y))) in o.iter_mut().zip(x.iter().zip(y)).enumerate() {
+                    *o = if mask.keeps(base + i as u64) {
+                        E::from_f32(x.to_f32() + y.to_f32() * scale)
+                    } else {
+                        *x
+                    };
+                }
+            })
+    });
+}
+
+/// Backward of [`dropout_add`] for `y`: `dy[i] = dout[i] · scale` where `mask` keeps element
+/// `i`, else 0.
+pub fn dropout_backward<E: Elem>(dev: &CpuDevice, mask: &DropoutMask, dout: &[E], dy: &mut [E]) {
+    debug_assert_eq!(dout.len(), dy.len());
+    let scale = mask.scale();
+    dev.install(|| {
+        dy.par_chunks_mut(4096)
+            .zip(dout.par_chunks(4096))
+            .enumerate()
+            .for_each(|(c, (d, g))| {
+                let base = (c * 4096) as u64;
+                for (i, (d, g)) in d.iter_mut().zip(g).enumerate() {
+                    *d = if mask.keeps(base + i as u64) {
+                        E::from_f32(g.to_f32() * scale)
+                    } else {
+                        E::default()
+                    };
+                }
+            })
+    });
 }
 
 #[cfg(test)]
