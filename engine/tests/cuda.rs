@@ -42,8 +42,9 @@ fn main() {
     let trials = vec![
         Trial::test("nvrtc_compiles_the_kernels", nvrtc_compiles_the_kernels)
             .with_ignored_flag(nvrtc::available().is_err()),
-        Trial::test("without_a_gpu_opening_one_is_an_error_value", no_gpu_error)
-            .with_ignored_flag(!no_gpu),
+        Trial::test("opening_a_device_agrees_with_probe", move || {
+            opening_agrees_with_probe(no_gpu)
+        }),
         on_gpu("oracle_fp32", || oracle(Precision::Fp32)),
         on_gpu("oracle_bf16_mixed", || oracle(Precision::Bf16Mixed)),
         on_gpu("cpu_and_gpu_agree_fp32", || {
@@ -64,6 +65,7 @@ fn main() {
             "cpu_and_gpu_agree_bf16_mixed_selective_checkpointing_chunked_loss",
             || cpu_vs_gpu(Precision::Bf16Mixed, Checkpointing::Selective, CHUNKED),
         ),
+        on_gpu("cpu_and_gpu_agree_on_rows_longer_than_a_block", long_rows),
         on_gpu("two_gpu_runs_are_bitwise_equal", deterministic),
         on_gpu("gpu_resume_is_bitwise_equal_fp32", || {
             resume(Precision::Fp32)
@@ -88,11 +90,14 @@ fn nvrtc_compiles_the_kernels() -> Outcome {
     Ok(())
 }
 
-fn no_gpu_error() -> Outcome {
-    match CudaDevice::new(0, None) {
-        Err(EngineError::NoGpu(why)) if !why.is_empty() => Ok(()),
-        Err(e) => Err(format!("expected a NoGpu error, got {e}").into()),
-        Ok(dev) => Err(format!("probe failed but {dev:?} opened").into()),
+/// Without a GPU, opening one is a `NoGpu` error value (never a panic); with one, it opens.
+fn opening_agrees_with_probe(no_gpu: bool) -> Outcome {
+    let _one = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    match (CudaDevice::new(0, None), no_gpu) {
+        (Err(EngineError::NoGpu(why)), true) if !why.is_empty() => Ok(()),
+        (Ok(_), false) => Ok(()),
+        (Err(e), _) => Err(format!("opening GPU 0 failed: {e}").into()),
+        (Ok(dev), true) => Err(format!("probe failed but {dev:?} opened").into()),
     }
 }
 
@@ -145,12 +150,34 @@ fn oracle_config(model: LlamaConfig, precision: Precision, adamw: AdamWConfig) -
     cfg
 }
 
-/// Tolerances (loss, gradients, parameters after AdamW): fp32 as the CPU's oracle test,
-/// bf16-mixed as docs/PRECISION.md.
-fn tolerances(precision: Precision) -> (f64, f64, f64) {
+/// Relative tolerances against the oracle.
+struct Tolerances {
+    /// Loss of the initial weights.
+    loss: f64,
+    /// Each gradient (relative L2).
+    grad: f64,
+    /// Loss before each AdamW step.
+    adamw_loss: f64,
+    /// Each parameter after the AdamW steps (relative L2).
+    param: f64,
+}
+
+/// fp32 as the CPU's oracle test; bf16-mixed as docs/PRECISION.md, and the AdamW-step losses as
+/// measured in docs/CUDA.md (9.8e-3 at worst).
+fn tolerances(precision: Precision) -> Tolerances {
     match precision {
-        Precision::Fp32 => (1e-5, 1e-4, 1e-4),
-        Precision::Bf16Mixed => (2e-3, 1e-1, 5e-2),
+        Precision::Fp32 => Tolerances {
+            loss: 1e-5,
+            grad: 1e-4,
+            adamw_loss: 1e-5,
+            param: 1e-4,
+        },
+        Precision::Bf16Mixed => Tolerances {
+            loss: 2e-3,
+            grad: 1e-1,
+            adamw_loss: 2e-2,
+            param: 5e-2,
+        },
     }
 }
 
@@ -176,7 +203,7 @@ fn oracle(precision: Precision) -> Outcome {
     let batch = read_batch(&dir.join("batch.safetensors"))?;
     let cfg = oracle_config(model.clone(), precision, adamw.clone());
     let mut gpu = CudaCompute::new(&cfg, dev, master, None)?;
-    let (loss_tol, grad_tol, param_tol) = tolerances(precision);
+    let tol = tolerances(precision);
 
     let pass = gpu.forward_backward(&batch, Checkpointing::None, LossKind::Standard)?;
     let loss64 = f(&expected["loss_f64"]);
@@ -191,8 +218,11 @@ fn oracle(precision: Precision) -> Outcome {
     };
     let specs = param_specs(&model);
     let mut failures = Vec::new();
-    if loss_err > loss_tol {
-        failures.push(format!("loss relative error {loss_err:.2e} > {loss_tol:e}"));
+    if loss_err > tol.loss {
+        failures.push(format!(
+            "loss relative error {loss_err:.2e} > {:e}",
+            tol.loss
+        ));
     }
     let mut worst = (0.0f64, String::new());
     for (spec, got) in specs.iter().zip(gpu.gradients()?) {
@@ -200,10 +230,10 @@ fn oracle(precision: Precision) -> Outcome {
         if err > worst.0 {
             worst = (err, spec.name.clone());
         }
-        if err > grad_tol {
+        if err > tol.grad {
             failures.push(format!(
-                "grad.{}: relative L2 {err:.2e} > {grad_tol:e}",
-                spec.name
+                "grad.{}: relative L2 {err:.2e} > {:e}",
+                spec.name, tol.grad
             ));
         }
     }
@@ -222,7 +252,7 @@ fn oracle(precision: Precision) -> Outcome {
         let pass = gpu.forward_backward(&batch, Checkpointing::None, LossKind::Standard)?;
         let err = ((pass.loss as f64 - want_loss) / want_loss).abs();
         eprintln!("{precision:?} oracle: AdamW-step loss relative error {err:.2e}");
-        if err > loss_tol.max(1e-5) * 10.0 {
+        if err > tol.adamw_loss {
             failures.push(format!(
                 "AdamW loss {} vs {want_loss}: {err:.2e}",
                 pass.loss
@@ -236,10 +266,10 @@ fn oracle(precision: Precision) -> Outcome {
         if err > worst.0 {
             worst = (err, spec.name.clone());
         }
-        if err > param_tol {
+        if err > tol.param {
             failures.push(format!(
-                "after_adamw.{}: relative L2 {err:.2e} > {param_tol:e}",
-                spec.name
+                "after_adamw.{}: relative L2 {err:.2e} > {:e}",
+                spec.name, tol.param
             ));
         }
     }
@@ -272,12 +302,12 @@ fn train(trainer: &mut Trainer, steps: usize) -> Result<Vec<StepStats>, Failed> 
 }
 
 /// Largest relative loss difference over 20 steps the GPU may show against the CPU: the two
-/// sum in different orders, and training amplifies the differences step by step. Set from the
-/// measured figures in docs/CUDA.md.
+/// sum in different orders, and training amplifies the differences step by step. About 2.5
+/// times the figures measured on an H100 (docs/CUDA.md): 1.3e-4 in fp32, 8.0e-3 in bf16-mixed.
 fn agreement(precision: Precision) -> f64 {
     match precision {
-        Precision::Fp32 => 1e-3,
-        Precision::Bf16Mixed => 5e-2,
+        Precision::Fp32 => 5e-4,
+        Precision::Bf16Mixed => 2e-2,
     }
 }
 
@@ -310,6 +340,33 @@ fn cpu_vs_gpu(precision: Precision, checkpointing: Checkpointing, loss: LossKind
     let tol = agreement(precision);
     if worst > tol {
         return Err(format!("losses differ by {worst:.2e} relative, more than {tol:e}").into());
+    }
+    Ok(())
+}
+
+/// Rows of 300 tokens with 64-wide heads: every kernel loop that strides by a block of 256
+/// threads (attention keys and queries, RMSNorm, cross-entropy rows) runs more than once.
+fn long_rows() -> Outcome {
+    let mut model = common::llama(256, 256, 2);
+    model.max_position_embeddings = 512;
+    let cfg = common::train_config(model, Precision::Fp32, 2, 300, 3);
+    let mut cpu = Trainer::new(cfg.clone(), CpuDevice::new(0, u64::MAX)?)?;
+    let mut gpu = Trainer::new(cfg, CudaDevice::new(0, None)?)?;
+    let (c, g) = (train(&mut cpu, 3)?, train(&mut gpu, 3)?);
+    for (c, g) in c.iter().zip(&g) {
+        let loss = ((g.loss - c.loss) / c.loss).abs() as f64;
+        let norm = ((g.grad_norm - c.grad_norm) / c.grad_norm).abs();
+        eprintln!(
+            "long rows, step {}: loss {loss:.2e}, grad norm {norm:.2e}",
+            c.step
+        );
+        if loss > 1e-4 || norm > 1e-3 {
+            return Err(format!(
+                "step {}: loss {} vs CPU {}, grad norm {} vs CPU {}",
+                c.step, g.loss, c.loss, g.grad_norm, c.grad_norm
+            )
+            .into());
+        }
     }
     Ok(())
 }

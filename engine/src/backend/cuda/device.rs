@@ -34,7 +34,7 @@ pub struct PoolStats {
 }
 
 /// Why the CUDA backend cannot run here, if it cannot: a library that does not load.
-pub fn libraries_missing() -> Option<String> {
+pub(crate) fn libraries_missing() -> Option<String> {
     // SAFETY: each call only tries to open a shared library.
     if !unsafe { drv_sys::is_culib_present() } {
         return Some("libcuda could not be loaded; install the NVIDIA driver".into());

@@ -16,5 +16,5 @@ pub mod nvrtc;
 mod tensor;
 
 pub use compute::CudaCompute;
-pub use device::{libraries_missing, CudaDevice, PoolStats};
+pub use device::{CudaDevice, PoolStats};
 pub use tensor::CudaTensor;
