@@ -3,9 +3,9 @@
 // stored as its 16 bits and converted here with the `half` crate's rounding.
 //
 // Storage types are float and bf16; arithmetic is f32. Each kernel of the model exists as
-// `<name>_f32` and `<name>_bf16` (see DEFINE_KERNELS); the optimizer's kernels are f32 only. Sums never use atomics: a value is reduced by
-// one thread in a fixed order, or by a fixed tree over one block's threads, so every run gives
-// the same bits.
+// `<name>_f32` and `<name>_bf16` (see DEFINE_KERNELS); the optimizer's kernels are f32 only.
+// Sums never use atomics: a value is reduced by one thread in a fixed order, or by a fixed tree
+// over one block's threads, so every run gives the same bits.
 
 typedef unsigned short bf16;
 typedef unsigned int u32;
