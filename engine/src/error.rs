@@ -28,6 +28,12 @@ pub enum EngineError {
     /// A configuration value is impossible.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// The CUDA backend cannot run here: a library or the device is missing.
+    #[error("no GPU: {0}")]
+    NoGpu(String),
+    /// A CUDA driver, cuBLAS or NVRTC call failed.
+    #[error("CUDA: {0}")]
+    Cuda(String),
     /// The thread pool could not be started.
     #[error("could not start {threads} worker threads: {message}")]
     Threads {

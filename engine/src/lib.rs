@@ -20,7 +20,7 @@ pub mod optim;
 pub mod tensor;
 pub mod trainer;
 
-pub use backend::CpuDevice;
+pub use backend::{CpuDevice, CudaDevice};
 pub use compute::{Compute, CpuCompute};
 pub use error::{EngineError, Result};
 pub use fault::{Fault, Faults};

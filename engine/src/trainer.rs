@@ -1,7 +1,8 @@
 //! The training loop: one [`Trainer::step`] is load batch → forward/backward → clip → AdamW →
 //! refresh the compute weights. Everything a trainer allocates is freed when it is dropped.
 
-use crate::backend::CpuDevice;
+use crate::backend::cuda::CudaCompute;
+use crate::backend::{CpuDevice, CudaDevice};
 use crate::checkpoint::state::{RngState, ScheduleState, TrainerState, FORMAT_VERSION};
 use crate::checkpoint::{self, LoadRequest, SaveRequest};
 use crate::compute::{Compute, CpuCompute};
@@ -185,6 +186,8 @@ pub struct StepStats {
 pub enum Device {
     /// The CPU backend.
     Cpu(CpuDevice),
+    /// The CUDA backend.
+    Cuda(CudaDevice),
 }
 
 impl Device {
@@ -192,14 +195,16 @@ impl Device {
     pub fn tracker(&self) -> &MemoryTracker {
         match self {
             Device::Cpu(d) => d.tracker(),
+            Device::Cuda(d) => d.tracker(),
         }
     }
 
     /// Where tensors read from files are staged before they reach the device: the device itself
-    /// on the CPU.
+    /// on the CPU, a host device of the GPU's on CUDA.
     fn staging(&self) -> CpuDevice {
         match self {
             Device::Cpu(d) => d.clone(),
+            Device::Cuda(d) => d.staging().clone(),
         }
     }
 }
@@ -207,6 +212,12 @@ impl Device {
 impl From<CpuDevice> for Device {
     fn from(dev: CpuDevice) -> Self {
         Device::Cpu(dev)
+    }
+}
+
+impl From<CudaDevice> for Device {
+    fn from(dev: CudaDevice) -> Self {
+        Device::Cuda(dev)
     }
 }
 
@@ -274,6 +285,7 @@ impl Trainer {
     ) -> Result<Box<dyn Compute>> {
         Ok(match dev {
             Device::Cpu(d) => Box::new(CpuCompute::new(cfg, d.clone(), master, moments)?),
+            Device::Cuda(d) => Box::new(CudaCompute::new(cfg, d.clone(), master, moments)?),
         })
     }
 

@@ -1,0 +1,413 @@
+//! The CUDA device: a context and one stream, the device's default memory pool, a cuBLAS handle,
+//! the compiled kernels, and the tracker that counts every byte handed out.
+
+use super::nvrtc;
+use super::tensor::{Buffer, CudaTensor};
+use crate::backend::CpuDevice;
+use crate::error::{EngineError, Result};
+use crate::memory::{Category, MemoryTracker, OutOfMemory};
+use crate::tensor::{Elem, Tensor};
+use cudarc::cublas::{result as blas, sys as blas_sys};
+use cudarc::driver::{
+    result as drv, sys as drv_sys, CudaContext, CudaFunction, CudaModule, CudaStream,
+};
+use serde::Serialize;
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex};
+
+/// The memory pool's and the driver's figures, in bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct PoolStats {
+    /// Bytes the pool holds from the driver now.
+    pub reserved_current: u64,
+    /// Most bytes the pool has held.
+    pub reserved_high: u64,
+    /// Bytes of the pool in live allocations now.
+    pub used_current: u64,
+    /// Most bytes of the pool in live allocations at once.
+    pub used_high: u64,
+    /// Free device memory the driver reports.
+    pub driver_free: u64,
+    /// Total device memory the driver reports.
+    pub driver_total: u64,
+}
+
+/// Why the CUDA backend cannot run here, if it cannot: a library that does not load.
+pub(crate) fn libraries_missing() -> Option<String> {
+    // SAFETY: each call only tries to open a shared library.
+    if !unsafe { drv_sys::is_culib_present() } {
+        return Some("libcuda could not be loaded; install the NVIDIA driver".into());
+    }
+    // SAFETY: as above.
+    if !unsafe { blas_sys::is_culib_present() } {
+        return Some("libcublas could not be loaded; install cuBLAS (libcublas.so.13) and put its directory on LD_LIBRARY_PATH".into());
+    }
+    nvrtc::available().err()
+}
+
+fn cuda_err(what: &str) -> impl FnOnce(drv::DriverError) -> EngineError + '_ {
+    move |e| EngineError::Cuda(format!("{what}: {e}"))
+}
+
+fn blas_err(what: &str) -> impl FnOnce(blas::CublasError) -> EngineError + '_ {
+    move |e| EngineError::Cuda(format!("{what}: {e}"))
+}
+
+/// A cuBLAS handle bound to the device's stream, destroyed with the device.
+struct Blas(blas_sys::cublasHandle_t);
+
+impl Drop for Blas {
+    fn drop(&mut self) {
+        // SAFETY: the handle was created by `CudaDevice::new` and is destroyed once. A failure
+        // here cannot be reported and leaks nothing the process keeps.
+        let _ = unsafe { blas::destroy_handle(self.0) };
+    }
+}
+
+struct Inner {
+    blas: Mutex<Blas>,
+    functions: Mutex<HashMap<String, CudaFunction>>,
+    module: Arc<CudaModule>,
+    pool: drv_sys::CUmemoryPool,
+    stream: Arc<CudaStream>,
+    ctx: Arc<CudaContext>,
+    tracker: MemoryTracker,
+    staging: CpuDevice,
+    name: String,
+}
+
+// SAFETY: the pool is a driver handle usable from any thread once the context is current (every
+// entry point binds it); the cuBLAS handle is only used under its mutex.
+unsafe impl Send for Inner {}
+// SAFETY: as above.
+unsafe impl Sync for Inner {}
+
+/// One GPU. Cloning shares it. Every tensor it hands out is leased from its tracker and
+/// allocated stream-ordered from the device's default memory pool, which keeps freed memory
+/// cached (its release threshold is unlimited) until [`CudaDevice::empty_pool`].
+#[derive(Clone)]
+pub struct CudaDevice {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for CudaDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "CudaDevice({}, {})",
+            self.inner.ctx.ordinal(),
+            self.inner.name
+        )
+    }
+}
+
+impl CudaDevice {
+    /// The name of GPU 0 when the CUDA backend can run here, else why not.
+    pub fn probe() -> Result<String, String> {
+        if let Some(why) = libraries_missing() {
+            return Err(why);
+        }
+        drv::init().map_err(|e| format!("cuInit failed ({e}); is an NVIDIA GPU present?"))?;
+        let count = drv::device::get_count().map_err(|e| format!("cuDeviceGetCount: {e}"))?;
+        if count < 1 {
+            return Err("the driver reports no CUDA device".into());
+        }
+        let dev = drv::device::get(0).map_err(|e| format!("cuDeviceGet(0): {e}"))?;
+        drv::device::get_name(dev).map_err(|e| format!("cuDeviceGetName: {e}"))
+    }
+
+    /// Opens GPU `ordinal` with a tracker of `capacity` bytes (the card's total when `None`),
+    /// compiling or loading the kernels.
+    pub fn new(ordinal: usize, capacity: Option<u64>) -> Result<Self> {
+        if let Some(why) = libraries_missing() {
+            return Err(EngineError::NoGpu(why));
+        }
+        let ctx = CudaContext::new(ordinal)
+            .map_err(|e| EngineError::NoGpu(format!("cannot open CUDA device {ordinal}: {e}")))?;
+        let name = ctx.name().map_err(cuda_err("cuDeviceGetName"))?;
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(cuda_err("compute capability"))?;
+        let total = ctx.total_mem().map_err(cuda_err("cuDeviceTotalMem"))? as u64;
+        let stream = ctx.new_stream().map_err(cuda_err("cuStreamCreate"))?;
+        // SAFETY: the device handle comes from a live context.
+        let pool = unsafe { drv::device::get_default_mem_pool(ctx.cu_device()) }
+            .map_err(cuda_err("cuDeviceGetDefaultMemPool"))?;
+        let mut threshold = u64::MAX;
+        // SAFETY: the release threshold attribute is a u64.
+        unsafe {
+            drv::mem_pool::set_attribute(
+                pool,
+                drv_sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                (&mut threshold as *mut u64).cast(),
+            )
+        }
+        .map_err(cuda_err("setting the pool's release threshold"))?;
+        let cubin =
+            nvrtc::cubin(&name, &format!("sm_{major}{minor}")).map_err(EngineError::Cuda)?;
+        let module = ctx
+            .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
+            .map_err(cuda_err("loading the kernels"))?;
+        let handle = blas::create_handle().map_err(blas_err("cublasCreate"))?;
+        let blas_handle = Blas(handle);
+        // SAFETY: the handle and the stream are live; a null workspace of 0 bytes makes cuBLAS
+        // allocate nothing outside the tracker.
+        unsafe {
+            blas::set_stream(handle, stream.cu_stream() as _)
+                .map_err(blas_err("cublasSetStream"))?;
+            blas_sys::cublasSetWorkspace_v2(handle, std::ptr::null_mut(), 0)
+                .result()
+                .map_err(blas_err("cublasSetWorkspace"))?;
+            blas_sys::cublasSetMathMode(handle, blas_sys::cublasMath_t::CUBLAS_DEFAULT_MATH)
+                .result()
+                .map_err(blas_err("cublasSetMathMode"))?;
+        }
+        Ok(CudaDevice {
+            inner: Arc::new(Inner {
+                blas: Mutex::new(blas_handle),
+                functions: Mutex::new(HashMap::new()),
+                module,
+                pool,
+                stream,
+                ctx,
+                tracker: MemoryTracker::new(capacity.unwrap_or(total)),
+                staging: CpuDevice::new(0, u64::MAX)?,
+                name,
+            }),
+        })
+    }
+
+    /// The tracker counting this device's bytes.
+    pub fn tracker(&self) -> &MemoryTracker {
+        &self.inner.tracker
+    }
+
+    /// The GPU's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The host device tensors are read into before they are uploaded.
+    pub fn staging(&self) -> &CpuDevice {
+        &self.inner.staging
+    }
+
+    /// The pool's reserved and used bytes (current and high-water) and the driver's free and
+    /// total memory.
+    pub fn pool_stats(&self) -> Result<PoolStats> {
+        self.bind()?;
+        let attr = |a: drv_sys::CUmemPool_attribute| -> Result<u64> {
+            let mut v = 0u64;
+            // SAFETY: these pool attributes are u64s.
+            unsafe {
+                drv::mem_pool::get_attribute(self.inner.pool, a, (&mut v as *mut u64).cast())
+            }
+            .map_err(cuda_err("cuMemPoolGetAttribute"))?;
+            Ok(v)
+        };
+        use drv_sys::CUmemPool_attribute as A;
+        let (free, total) = drv::mem_get_info().map_err(cuda_err("cuMemGetInfo"))?;
+        Ok(PoolStats {
+            reserved_current: attr(A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
+            reserved_high: attr(A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?,
+            used_current: attr(A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
+            used_high: attr(A::CU_MEMPOOL_ATTR_USED_MEM_HIGH)?,
+            driver_free: free as u64,
+            driver_total: total as u64,
+        })
+    }
+
+    /// Waits for the stream, then gives every cached byte of the pool back to the driver.
+    pub fn empty_pool(&self) -> Result<()> {
+        self.sync()?;
+        // SAFETY: the pool is the device's default pool.
+        unsafe { drv::mem_pool::trim_to(self.inner.pool, 0) }.map_err(cuda_err("cuMemPoolTrimTo"))
+    }
+
+    /// Waits until every queued operation has finished.
+    pub fn sync(&self) -> Result<()> {
+        self.bind()?;
+        self.inner
+            .stream
+            .synchronize()
+            .map_err(cuda_err("cuStreamSynchronize"))
+    }
+
+    /// Makes the device's context current on the calling thread.
+    pub(crate) fn bind(&self) -> Result<()> {
+        self.inner
+            .ctx
+            .bind_to_thread()
+            .map_err(cuda_err("binding the CUDA context"))
+    }
+
+    pub(crate) fn stream(&self) -> drv_sys::CUstream {
+        self.inner.stream.cu_stream()
+    }
+
+    /// `bytes` of device memory counted under `category`: a tracker lease first (so the
+    /// configured capacity is enforced), then a stream-ordered allocation from the pool.
+    pub(crate) fn alloc(&self, bytes: usize, category: Category) -> Result<Buffer> {
+        let lease = self.inner.tracker.allocate(bytes as u64, category)?;
+        if bytes == 0 {
+            return Ok(Buffer::new(0, lease, self.clone()));
+        }
+        self.bind()?;
+        // SAFETY: the pool and the stream belong to this device's context, which is current.
+        match unsafe { drv::mem_pool::alloc_async(self.inner.pool, bytes, self.stream()) } {
+            Ok(ptr) => Ok(Buffer::new(ptr, lease, self.clone())),
+            Err(e) if e.0 == drv_sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+                let s = self.inner.tracker.stats();
+                drop(lease);
+                Err(OutOfMemory {
+                    requested: bytes as u64,
+                    category,
+                    capacity: s.capacity,
+                    allocated: s.allocated.current,
+                    reserved: self.pool_stats().map_or(0, |p| p.reserved_current),
+                    by_category: s.current,
+                }
+                .into())
+            }
+            Err(e) => Err(EngineError::Cuda(format!(
+                "cuMemAllocFromPoolAsync({bytes} bytes): {e}"
+            ))),
+        }
+    }
+
+    /// Returns a buffer to the pool, after the work queued so far.
+    pub(crate) fn free(&self, ptr: drv_sys::CUdeviceptr) {
+        if self.bind().is_ok() {
+            // SAFETY: `ptr` came from `alloc` and is freed once, stream-ordered after its uses.
+            // A failure cannot be reported from a destructor; the pool is trimmed later anyway.
+            let _ = unsafe { drv::free_async(ptr, self.stream()) };
+        }
+    }
+
+    /// A zero-filled tensor of `shape`, counted under `category`.
+    pub fn zeros<E: Elem>(&self, shape: &[usize], category: Category) -> Result<CudaTensor<E>> {
+        let numel: usize = shape.iter().product();
+        let buf = self.alloc(numel * E::DTYPE.size(), category)?;
+        self.memset_zero(buf.ptr(), buf.bytes())?;
+        Ok(CudaTensor::from_parts(buf, shape.to_vec()))
+    }
+
+    /// A device copy of the host tensor `t`, counted under `category`.
+    pub fn upload<E: Elem>(&self, t: &Tensor<E>, category: Category) -> Result<CudaTensor<E>> {
+        let buf = self.upload_slice(t.as_slice(), category)?;
+        Ok(CudaTensor::from_parts(buf, t.shape().to_vec()))
+    }
+
+    /// A device copy of `data`, counted under `category`.
+    pub(crate) fn upload_slice<T: bytemuck::Pod>(
+        &self,
+        data: &[T],
+        category: Category,
+    ) -> Result<Buffer> {
+        let buf = self.alloc(std::mem::size_of_val(data), category)?;
+        if !data.is_empty() {
+            // SAFETY: the buffer holds exactly `data`'s bytes; a copy from pageable memory has
+            // taken them before it returns.
+            unsafe { drv::memcpy_htod_async(buf.ptr(), data, self.stream()) }
+                .map_err(cuda_err("cuMemcpyHtoDAsync"))?;
+        }
+        Ok(buf)
+    }
+
+    /// The bytes of a device buffer, after every queued operation.
+    pub(crate) fn download_bytes(&self, buf: &Buffer) -> Result<Vec<u8>> {
+        let mut out = vec![0u8; buf.bytes()];
+        self.bind()?;
+        if !out.is_empty() {
+            // SAFETY: `out` holds the buffer's bytes; the stream is synchronised before reading.
+            unsafe { drv::memcpy_dtoh_async(&mut out, buf.ptr(), self.stream()) }
+                .map_err(cuda_err("cuMemcpyDtoHAsync"))?;
+        }
+        self.sync()?;
+        Ok(out)
+    }
+
+    /// The elements of a device tensor on the host.
+    pub fn download<E: Elem>(&self, t: &CudaTensor<E>) -> Result<Vec<E>> {
+        let bytes = self.download_bytes(t.buffer())?;
+        Ok(super::tensor::from_bytes(&bytes))
+    }
+
+    /// `dst = src` for two buffers of the same size.
+    pub(crate) fn copy(
+        &self,
+        src: drv_sys::CUdeviceptr,
+        dst: drv_sys::CUdeviceptr,
+        bytes: usize,
+    ) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: both buffers hold `bytes` bytes (checked by callers).
+        unsafe { drv::memcpy_dtod_async(dst, src, bytes, self.stream()) }
+            .map_err(cuda_err("cuMemcpyDtoDAsync"))
+    }
+
+    /// Zeroes `bytes` bytes at `ptr`.
+    pub(crate) fn memset_zero(&self, ptr: drv_sys::CUdeviceptr, bytes: usize) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: `ptr` holds `bytes` bytes.
+        unsafe { drv::memset_d8_async(ptr, 0, bytes, self.stream()) }
+            .map_err(cuda_err("cuMemsetD8Async"))
+    }
+
+    /// Queues kernel `name` on the stream. `args` point at values of exactly the kernel's
+    /// parameter types.
+    pub(crate) fn launch(
+        &self,
+        name: &str,
+        grid: (u32, u32, u32),
+        block: u32,
+        shared_bytes: u32,
+        args: &mut [*mut c_void],
+    ) -> Result<()> {
+        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        let f = {
+            let mut fns = self
+                .inner
+                .functions
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            match fns.get(name) {
+                Some(f) => f.cu_function(),
+                None => {
+                    let f = self
+                        .inner
+                        .module
+                        .load_function(name)
+                        .map_err(|e| EngineError::Cuda(format!("kernel {name}: {e}")))?;
+                    let raw = f.cu_function();
+                    fns.insert(name.to_string(), f);
+                    raw
+                }
+            }
+        };
+        // SAFETY: `f` is a kernel of the loaded module; `args` match its parameters (each
+        // wrapper in `kernels.rs` is written against its signature in kernels.cu).
+        unsafe { drv::launch_kernel(f, grid, (block, 1, 1), shared_bytes, self.stream(), args) }
+            .map_err(|e| EngineError::Cuda(format!("launching {name}: {e}")))
+    }
+
+    /// Runs `f` with the cuBLAS handle, held exclusively.
+    pub(crate) fn with_blas<R>(
+        &self,
+        f: impl FnOnce(blas_sys::cublasHandle_t) -> Result<R>,
+    ) -> Result<R> {
+        self.bind()?;
+        let guard = self.inner.blas.lock().unwrap_or_else(|e| e.into_inner());
+        f(guard.0)
+    }
+}
