@@ -2,8 +2,13 @@
 //! resuming changed nothing and memory behaved. This crate also holds the command-line tool.
 
 pub mod checks;
+pub mod devices;
 pub mod eval;
+pub mod host_memory;
 pub mod phases;
+pub mod plan;
+pub mod report;
 pub mod run_cmd;
 pub mod suite;
 pub mod train_cmd;
+pub mod trial;

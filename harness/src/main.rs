@@ -2,6 +2,7 @@
 
 use ckpt_engine::optim::AdamWConfig;
 use ckpt_engine::trainer::Precision;
+use ckpt_harness::plan::{self, DeviceChoice, TierFilter};
 use ckpt_harness::suite::Suite;
 use ckpt_harness::{eval, run_cmd, train_cmd};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -64,11 +65,44 @@ enum Command {
     },
     /// Runs suites through train -> save -> resume -> resume past the end, and checks them.
     Run {
-        /// Suite files or directories (default: suites/).
+        /// Suite files or directories; a directory's faults/ holds negative controls (default:
+        /// suites/).
         paths: Vec<PathBuf>,
+        /// Devices: each suite's that are present (auto), or one.
+        #[arg(long, value_enum, default_value_t = DeviceChoice::Auto)]
+        device: DeviceChoice,
+        /// Tiers to run.
+        #[arg(long, value_enum, default_value_t = TierFilter::Ci)]
+        tier: TierFilter,
         /// Where to write summary.json.
         #[arg(long, default_value = "report")]
         report: PathBuf,
+        /// Also write JUnit XML to this file.
+        #[arg(long)]
+        junit: Option<PathBuf>,
+        /// The golden snapshot directory.
+        #[arg(long, default_value = "golden")]
+        golden: PathBuf,
+        /// Rewrite the golden snapshots from this run.
+        #[arg(long)]
+        bless: bool,
+    },
+    /// Lists the trials the suites hold, and which cannot run here.
+    List {
+        /// Suite files or directories (default: suites/).
+        paths: Vec<PathBuf>,
+        /// Devices to list.
+        #[arg(long, value_enum, default_value_t = DeviceChoice::Auto)]
+        device: DeviceChoice,
+        /// Tiers to list.
+        #[arg(long, value_enum, default_value_t = TierFilter::All)]
+        tier: TierFilter,
+    },
+    /// Checks suite files without running them.
+    Validate {
+        /// Suite files or directories.
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
     },
     /// Trains a suite's model, saving checkpoints as the suite says; one JSON line per step.
     Train {
@@ -95,6 +129,57 @@ fn parse_betas(text: &str) -> Result<[f64; 2], String> {
     };
     let num = |s: &str| s.trim().parse::<f64>().map_err(|e| format!("{s:?}: {e}"));
     Ok([num(a)?, num(b)?])
+}
+
+fn default_paths(paths: Vec<PathBuf>) -> Vec<PathBuf> {
+    if paths.is_empty() {
+        vec![PathBuf::from("suites")]
+    } else {
+        paths
+    }
+}
+
+fn list(paths: &[PathBuf], tier: TierFilter, device: DeviceChoice) -> anyhow::Result<()> {
+    let suites = plan::load(&plan::files(paths)?)?;
+    for p in plan::plan(&suites, tier, device)? {
+        let s = &suites[p.suite];
+        let state = p
+            .skip
+            .map_or("runs".to_string(), |why| format!("skipped: {why}"));
+        println!(
+            "{:<40} {:<8} {}  {state}",
+            p.name,
+            format!("{:?}", s.file.tier).to_lowercase(),
+            s.path.display()
+        );
+    }
+    Ok(())
+}
+
+fn validate(paths: &[PathBuf]) -> ExitCode {
+    let files = match plan::files(paths) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut bad = 0;
+    for f in &files {
+        match Suite::load(f) {
+            Ok(_) => println!("ok {}", f.display()),
+            Err(e) => {
+                bad += 1;
+                eprintln!("error: {e:#}");
+            }
+        }
+    }
+    println!("{} valid, {bad} invalid", files.len() - bad);
+    if bad == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(2)
+    }
 }
 
 fn main() -> ExitCode {
@@ -133,18 +218,36 @@ fn main() -> ExitCode {
             eval::run(&req)
                 .map(|r| println!("{}", serde_json::to_string(&r).expect("plain numbers")))
         }
-        Command::Run { paths, report } => {
-            let paths = if paths.is_empty() {
-                vec![PathBuf::from("suites")]
-            } else {
-                paths
+        Command::Run {
+            paths,
+            device,
+            tier,
+            report,
+            junit,
+            golden,
+            bless,
+        } => {
+            let opts = run_cmd::RunOptions {
+                paths: default_paths(paths),
+                device,
+                tier,
+                report,
+                junit,
+                golden,
+                bless,
             };
-            match run_cmd::run(&paths, &report) {
-                Ok(true) => Ok(()),
-                Ok(false) => return ExitCode::from(1),
+            match run_cmd::run(&opts) {
+                Ok(summary) if summary.failed == 0 => Ok(()),
+                Ok(_) => return ExitCode::from(1),
                 Err(e) => Err(e),
             }
         }
+        Command::List {
+            paths,
+            device,
+            tier,
+        } => list(&default_paths(paths), tier, device),
+        Command::Validate { paths } => return validate(&paths),
         Command::Train {
             suite,
             out,

@@ -2,22 +2,26 @@
 //! `max_steps + extra_steps` with the schedule's horizon pinned at `max_steps`, saving at
 //! `resume_from` and `max_steps`; `resume-mid` and `resume-end` resume from those checkpoints
 //! and train to the same end. Every step is recorded; the trainer is dropped between phases and
-//! the device's allocated bytes read before and after.
+//! the device's bytes read before and after.
 
+use crate::devices::{self, DeviceKind};
+use crate::host_memory;
 use crate::suite::Suite;
 use anyhow::Result;
 use ckpt_engine::checkpoint::step_dir_name;
 use ckpt_engine::estimate::{estimate, EstimateConfig};
 use ckpt_engine::memory::Breakdown;
-use ckpt_engine::{CpuDevice, MemoryStats, Trainer};
+use ckpt_engine::{EngineError, MemoryStats, StateDigest, Trainer};
 use serde::Serialize;
+use std::collections::BTreeMap;
 use std::path::Path;
 
 /// Which phase a record belongs to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Phase {
     /// The uninterrupted run.
+    #[default]
     Reference,
     /// Resumed from the mid-run checkpoint.
     ResumeMid,
@@ -36,7 +40,7 @@ impl std::fmt::Display for Phase {
 }
 
 /// One training step as observed.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct StepRecord {
     /// 0-based step index.
     pub step: u64,
@@ -46,28 +50,65 @@ pub struct StepRecord {
     pub lr: f64,
     /// Gradient norm before clipping.
     pub grad_norm: f64,
+    /// sha256 of the batch's token ids and labels.
+    pub batch_digest: String,
     /// Blocks recomputed in backward.
     pub recomputed_blocks: usize,
-    /// Memory figures of the step.
+    /// Bytes held per category when the step began.
+    pub start: Breakdown,
+    /// The step's memory figures: `allocated.peak` is the step peak, `current` the bytes held
+    /// at its end, `at_peak` the categories at the peak.
     pub memory: MemoryStats,
 }
 
+/// The device's peak over one call, such as loading a checkpoint.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Window {
+    /// Peak allocated bytes over the call.
+    pub peak: u64,
+    /// Bytes per category at that peak.
+    pub at_peak: Breakdown,
+    /// Allocations refused during the call.
+    pub oom_count: u64,
+}
+
+/// The process's resident host memory over one phase.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct HostMemory {
+    /// Peak resident bytes (`VmHWM`), when the platform reports it.
+    pub peak_rss: Option<u64>,
+    /// Whether the peak was reset at the phase's start; if not, it covers the process so far.
+    pub reset: bool,
+}
+
 /// One phase as observed.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct PhaseRecord {
     /// Which phase.
     pub phase: Phase,
-    /// Allocated bytes before the phase's trainer was built.
-    pub allocated_before: u64,
-    /// Allocated bytes after it was dropped.
-    pub allocated_after: u64,
+    /// Bytes held per category before the phase's trainer was built.
+    pub before: Breakdown,
+    /// Bytes held per category after it was dropped.
+    pub after: Breakdown,
+    /// Building the trainer: fresh weights, or loading the checkpoint.
+    pub setup: Window,
+    /// The resumed trainer's state before its first step.
+    pub resumed_digest: Option<StateDigest>,
+    /// The reference trainer's state before the same step.
+    pub reference_digest: Option<StateDigest>,
+    /// Host memory over the phase.
+    pub host: HostMemory,
     /// Its steps.
     pub steps: Vec<StepRecord>,
+    /// The out-of-memory error that ended the phase early, if one did.
+    pub oom: Option<String>,
 }
 
 /// The memory model's prediction of one step.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct PredictedStep {
+    /// Bytes held per category when the step starts.
+    pub start: Breakdown,
     /// Step peak in bytes.
     pub peak: u64,
     /// Bytes per category at the peak.
@@ -75,91 +116,166 @@ pub struct PredictedStep {
 }
 
 /// Everything a trial observed; checks read only this.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct RunRecord {
     /// Suite name.
     pub suite: String,
-    /// Device name (`cpu`).
+    /// Device name (`cpu`, `cuda`).
     pub device: String,
     /// Decoder blocks in the model.
     pub layers: usize,
     /// Whether activation checkpointing was on.
     pub checkpointing: bool,
-    /// The memory model's prediction for a step without AdamW moments yet (the first) and with.
+    /// The memory model's prediction for a step without AdamW moments yet and one with them.
     pub predicted: [PredictedStep; 2],
+    /// The same for the long rows of a suite's `long_batch`, and the step they start at.
+    pub predicted_long: Option<(u64, [PredictedStep; 2])>,
+    /// The device's capacity in bytes.
+    pub capacity: u64,
+    /// The per-step budget in bytes, if the suite sets one.
+    pub budget: Option<u64>,
+    /// The per-phase host memory budget in bytes, if the suite sets one.
+    pub rss_budget: Option<u64>,
     /// The phases in order.
     pub phases: Vec<PhaseRecord>,
 }
 
-/// Runs the three phases of `suite` on the CPU, checkpoints under `work`; `progress` is told
-/// when each phase ends.
+impl RunRecord {
+    /// The reference phase, if it was recorded.
+    pub fn reference(&self) -> Option<&PhaseRecord> {
+        self.phases.iter().find(|p| p.phase == Phase::Reference)
+    }
+
+    /// `device::suite`, as trial names write it.
+    pub fn trial(&self) -> String {
+        format!("{}::{}", self.device, self.suite)
+    }
+}
+
+fn window(stats: &MemoryStats, oom_before: u64) -> Window {
+    Window {
+        peak: stats.allocated.peak,
+        at_peak: stats.at_peak,
+        oom_count: stats.oom_count - oom_before,
+    }
+}
+
+/// Runs the three phases of `suite` on a device of `kind`, checkpoints under `work`; `progress`
+/// is told when each phase ends. An allocation the device refuses ends the run early and is
+/// recorded, not returned as an error.
 pub fn run(
     suite: &Suite,
+    kind: DeviceKind,
     work: &Path,
     mut progress: impl FnMut(&PhaseRecord),
 ) -> Result<RunRecord> {
-    let t = &suite.file.training;
-    let end = t.max_steps + t.extra_steps;
+    let end = suite.max_steps() + suite.file.training.extra_steps;
     let run_dir = work.join("checkpoints");
-    let dev = CpuDevice::new(suite.file.threads, u64::MAX)?;
+    let dev = devices::open(kind, suite.file.threads, suite.capacity())?;
+    let tracker = dev.tracker().clone();
     let model = estimate(&EstimateConfig::from_train(
         &suite.train,
         suite.file.threads,
     ))?;
-    let predicted = [false, true].map(|moments| {
-        let s = model.step(moments);
-        PredictedStep {
-            peak: s.peak,
-            at_peak: s.at_peak,
-        }
+    let predict = |s: &ckpt_engine::estimate::StepEstimate| PredictedStep {
+        start: s.start,
+        peak: s.peak,
+        at_peak: s.at_peak,
+    };
+    let predicted = [false, true].map(|moments| predict(model.step(moments)));
+    let predicted_long = model.long_batch.as_ref().map(|long| {
+        (
+            long.from_step,
+            [predict(&long.first_step), predict(&long.later_step)],
+        )
     });
     let plan = [
         (Phase::Reference, None),
         (Phase::ResumeMid, Some(suite.resume_from())),
-        (Phase::ResumeEnd, Some(t.max_steps)),
+        (Phase::ResumeEnd, Some(suite.max_steps())),
     ];
+    let mut reference_digests: BTreeMap<u64, StateDigest> = BTreeMap::new();
     let mut phases = Vec::new();
     for (phase, from) in plan {
-        let allocated_before = dev.tracker().allocated();
-        let mut trainer = match from {
-            None => Trainer::new(suite.train.clone(), dev.clone())?,
+        let mut record = PhaseRecord {
+            phase,
+            before: tracker.stats().current,
+            ..PhaseRecord::default()
+        };
+        let host_reset = host_memory::reset_peak();
+        let oom_before = tracker.stats().oom_count;
+        tracker.reset_peak();
+        let built = match from {
+            None => Trainer::new(suite.train.clone(), dev.clone()),
             Some(step) => Trainer::resume(
                 suite.train.clone(),
                 dev.clone(),
                 &run_dir.join(step_dir_name(step)),
-            )?,
+            ),
         };
-        let mut steps = Vec::new();
-        while trainer.step_index() < end {
-            let s = trainer.step()?;
-            steps.push(StepRecord {
-                step: s.step,
-                loss: s.loss,
-                lr: s.lr,
-                grad_norm: s.grad_norm,
-                recomputed_blocks: s.recomputed_blocks,
-                memory: s.memory,
-            });
-            if phase == Phase::Reference && suite.saves_at(trainer.step_index()) {
-                trainer.save(&run_dir, None)?;
+        record.setup = window(&tracker.stats(), oom_before);
+        match built {
+            Ok(mut trainer) => {
+                if let Some(step) = from {
+                    record.resumed_digest = Some(trainer.state_digest()?);
+                    record.reference_digest = reference_digests.get(&step).cloned();
+                }
+                while trainer.step_index() < end {
+                    if phase == Phase::Reference
+                        && [suite.resume_from(), suite.max_steps()].contains(&trainer.step_index())
+                    {
+                        reference_digests.insert(trainer.step_index(), trainer.state_digest()?);
+                    }
+                    let start = tracker.stats().current;
+                    match trainer.step() {
+                        Ok(s) => record.steps.push(StepRecord {
+                            step: s.step,
+                            loss: s.loss,
+                            lr: s.lr,
+                            grad_norm: s.grad_norm,
+                            batch_digest: s.batch_digest,
+                            recomputed_blocks: s.recomputed_blocks,
+                            start,
+                            memory: s.memory,
+                        }),
+                        Err(EngineError::OutOfMemory(e)) => {
+                            record.oom = Some(format!("step {}: {e}", trainer.step_index()));
+                            break;
+                        }
+                        Err(e) => return Err(e.into()),
+                    }
+                    if phase == Phase::Reference && suite.saves_at(trainer.step_index()) {
+                        trainer.save(&run_dir, None)?;
+                    }
+                }
             }
+            Err(EngineError::OutOfMemory(e)) => {
+                record.oom = Some(format!("building the trainer: {e}"));
+            }
+            Err(e) => return Err(e.into()),
         }
-        drop(trainer);
-        let record = PhaseRecord {
-            phase,
-            allocated_before,
-            allocated_after: dev.tracker().allocated(),
-            steps,
+        record.after = tracker.stats().current;
+        record.host = HostMemory {
+            peak_rss: host_memory::peak(),
+            reset: host_reset,
         };
         progress(&record);
+        let stop = record.oom.is_some();
         phases.push(record);
+        if stop {
+            break;
+        }
     }
     Ok(RunRecord {
         suite: suite.file.name.clone(),
-        device: "cpu".into(),
+        device: kind.name().into(),
         layers: suite.train.model.num_hidden_layers,
         checkpointing: suite.train.checkpointing != ckpt_engine::Checkpointing::None,
         predicted,
+        predicted_long,
+        capacity: tracker.capacity(),
+        budget: suite.budget().map(|b| b.bytes(tracker.capacity())),
+        rss_budget: suite.file.memory.rss_budget,
         phases,
     })
 }

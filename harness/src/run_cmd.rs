@@ -1,103 +1,89 @@
-//! `ckpt-harness run`: every suite through the phases and checks, a line per phase, a summary,
-//! `summary.json` in the report directory, and a non-zero exit on any failure.
+//! `ckpt-harness run`: every planned trial through the phases and checks, a line per phase, a
+//! summary table, `summary.json` in the report directory, optionally JUnit XML; the caller exits
+//! non-zero on any failure.
 
-use crate::checks::{self, Failure};
-use crate::phases;
-use crate::suite::Suite;
+use crate::checks::bytes;
+use crate::plan::{self, DeviceChoice, TierFilter};
+use crate::report::{Skipped, Summary};
+use crate::trial::{self, GoldenMode};
 use anyhow::{Context, Result};
-use serde::Serialize;
 use std::path::{Path, PathBuf};
 
-/// The suite files under `paths` (files as given, directories searched for `*.yaml`, not
-/// descending into `faults/`), sorted.
-pub fn suite_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
-    let mut out = Vec::new();
-    for p in paths {
-        if p.is_dir() {
-            let entries =
-                std::fs::read_dir(p).with_context(|| format!("{}: cannot list", p.display()))?;
-            let mut found: Vec<PathBuf> = entries
-                .flatten()
-                .map(|e| e.path())
-                .filter(|f| f.extension().is_some_and(|x| x == "yaml" || x == "yml"))
-                .collect();
-            found.sort();
-            out.extend(found);
-        } else {
-            out.push(p.clone());
+/// What `run` was asked to do.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// Suite files or directories.
+    pub paths: Vec<PathBuf>,
+    /// Devices to run on.
+    pub device: DeviceChoice,
+    /// Tiers to run.
+    pub tier: TierFilter,
+    /// Where `summary.json` goes.
+    pub report: PathBuf,
+    /// Where JUnit XML goes, if anywhere.
+    pub junit: Option<PathBuf>,
+    /// Where the golden snapshots live.
+    pub golden: PathBuf,
+    /// Rewrite the golden snapshots from this run.
+    pub bless: bool,
+}
+
+/// Runs the trials; returns the summary (the caller decides the exit status).
+pub fn run(opts: &RunOptions) -> Result<Summary> {
+    let suites = plan::load(&plan::files(&opts.paths)?)?;
+    let planned = plan::plan(&suites, opts.tier, opts.device)?;
+    let mode = if opts.bless {
+        GoldenMode::Bless
+    } else {
+        GoldenMode::Check
+    };
+    let mut trials = Vec::new();
+    let mut skipped = Vec::new();
+    for p in planned {
+        if let Some(reason) = p.skip {
+            skipped.push(Skipped {
+                name: p.name,
+                reason,
+            });
+            continue;
         }
-    }
-    Ok(out)
-}
-
-/// One suite's verdict.
-#[derive(Serialize)]
-struct Verdict {
-    suite: String,
-    device: String,
-    passed: bool,
-    failures: Vec<Failure>,
-}
-
-/// Runs the suites; returns whether all passed.
-pub fn run(paths: &[PathBuf], report: &Path) -> Result<bool> {
-    let files = suite_files(paths)?;
-    let suites: Vec<Suite> = files
-        .iter()
-        .map(|f| Suite::load(f))
-        .collect::<Result<_>>()?;
-    std::fs::create_dir_all(report)
-        .with_context(|| format!("{}: cannot create", report.display()))?;
-    let mut verdicts = Vec::new();
-    for suite in &suites {
-        let work = tempfile::tempdir().context("cannot create a temporary directory")?;
-        let record = phases::run(suite, work.path(), |p| {
-            let last = p.steps.last();
+        let suite = &suites[p.suite];
+        let name = p.name.clone();
+        let result = trial::run(suite, p.device, &opts.golden, mode, |ph| {
+            let last = ph.steps.last();
             println!(
-                "cpu::{:<24} {:<10} {:>3} steps  last loss {:>9}  peak {}",
-                suite.file.name,
-                p.phase.to_string(),
-                p.steps.len(),
+                "{name:<40} {:<10} {:>3} steps  last loss {:>9}  peak {}{}",
+                ph.phase.to_string(),
+                ph.steps.len(),
                 last.map_or("-".into(), |s| format!("{:.5}", s.loss)),
-                ckpt_engine::memory::human_bytes(
-                    p.steps
+                bytes(
+                    ph.steps
                         .iter()
                         .map(|s| s.memory.allocated.peak)
-                        .max()
-                        .unwrap_or(0)
+                        .fold(ph.setup.peak, u64::max)
                 ),
+                ph.oom
+                    .as_ref()
+                    .map_or(String::new(), |e| format!("  OOM: {e}")),
             )
-        })?;
-        let failures = checks::run_all(&record);
-        verdicts.push(Verdict {
-            suite: suite.file.name.clone(),
-            device: record.device.clone(),
-            passed: failures.is_empty(),
-            failures,
-        });
+        })
+        .with_context(|| format!("{}: {}", p.name, suite.path.display()))?;
+        trials.push(result);
     }
+    let summary = Summary::new(trials, skipped);
     println!();
-    println!("{:<32} {:<6} failed checks", "trial", "result");
-    for v in &verdicts {
-        let names: Vec<&str> = checks::ALL
-            .iter()
-            .copied()
-            .filter(|c| v.failures.iter().any(|f| f.check == *c))
-            .collect();
-        println!(
-            "{:<32} {:<6} {}",
-            format!("{}::{}", v.device, v.suite),
-            if v.passed { "PASS" } else { "FAIL" },
-            names.join(", ")
-        );
-        for f in &v.failures {
-            println!("    {}: {}", f.check, f.message);
-        }
+    print!("{}", summary.table());
+    summary.write_json(&opts.report)?;
+    if let Some(file) = &opts.junit {
+        write_file(file, &summary.junit())?;
     }
-    let summary = report.join("summary.json");
-    std::fs::write(&summary, serde_json::to_vec_pretty(&verdicts)?)
-        .with_context(|| format!("{}: cannot write", summary.display()))?;
-    let passed = verdicts.iter().filter(|v| v.passed).count();
-    println!("\n{passed} passed, {} failed", verdicts.len() - passed);
-    Ok(passed == verdicts.len())
+    Ok(summary)
+}
+
+fn write_file(file: &Path, text: &str) -> Result<()> {
+    if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("{}: cannot create", dir.display()))?;
+    }
+    std::fs::write(file, text).with_context(|| format!("{}: cannot write", file.display()))
 }

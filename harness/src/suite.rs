@@ -1,13 +1,20 @@
 //! Suites: one YAML file per model configuration, describing a training run and how the
-//! harness exercises it. Parsing reports file:line:column and what to write instead.
+//! harness exercises it. Every error names `file:line:column` and what to write instead.
 
+use crate::checks::Check;
+use crate::devices::DeviceKind;
 use anyhow::{bail, Context, Result};
-use ckpt_engine::data::DataConfig;
+use ckpt_engine::data::{DataConfig, LongBatch};
+use ckpt_engine::fault::Fault;
 use ckpt_engine::loss::LossKind;
 use ckpt_engine::optim::{AdamWConfig, Schedule};
 use ckpt_engine::trainer::{Init, Precision, TrainConfig};
 use ckpt_engine::{Checkpointing, LlamaConfig};
-use serde::Deserialize;
+use serde::de::{self, IgnoredAny, MapAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_saphyr::{Location, Spanned};
+use std::collections::BTreeMap;
+use std::fmt;
 use std::path::{Path, PathBuf};
 
 /// The model: written inline, or a Hugging Face `config.json` path relative to the suite.
@@ -37,13 +44,13 @@ pub struct ScheduleSpec {
 #[serde(deny_unknown_fields)]
 pub struct Training {
     /// Steps of the nominal run (the schedule's horizon).
-    pub max_steps: u64,
+    pub max_steps: Spanned<u64>,
     /// Steps trained past `max_steps` after resuming from its checkpoint.
     #[serde(default = "default_extra")]
     pub extra_steps: u64,
     /// The mid-run checkpoint to resume from; `max_steps / 2` when absent.
     #[serde(default)]
-    pub resume_from: Option<u64>,
+    pub resume_from: Option<Spanned<u64>>,
     /// Also save every this many steps.
     #[serde(default)]
     pub save_every: Option<u64>,
@@ -58,6 +65,270 @@ fn default_extra() -> u64 {
 fn default_threads() -> usize {
     2
 }
+fn default_devices() -> Spanned<Vec<DeviceKind>> {
+    Spanned::new(
+        DeviceKind::ALL.to_vec(),
+        Location::UNKNOWN,
+        Location::UNKNOWN,
+    )
+}
+fn on() -> bool {
+    true
+}
+
+/// Which runs a suite belongs to.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Tier {
+    /// Every test run (`cargo test`, CI).
+    #[default]
+    Ci,
+    /// The nightly run only.
+    Nightly,
+}
+
+/// A per-step memory budget: bytes, or a fraction of the device's capacity.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Budget {
+    /// Bytes.
+    Bytes(u64),
+    /// A fraction in (0, 1] of the device's capacity.
+    Fraction(f64),
+}
+
+impl Budget {
+    /// The budget in bytes on a device of `capacity` bytes.
+    pub fn bytes(self, capacity: u64) -> u64 {
+        match self {
+            Budget::Bytes(b) => b,
+            Budget::Fraction(f) => (capacity as f64 * f).floor() as u64,
+        }
+    }
+}
+
+const BUDGET_HINT: &str = "bytes (an integer such as 67108864) or a fraction of the device capacity in quotes such as \"0.5\"";
+
+fn fraction<E: de::Error>(f: f64) -> Result<Budget, E> {
+    if f.is_finite() && f > 0.0 && f <= 1.0 {
+        Ok(Budget::Fraction(f))
+    } else {
+        Err(E::custom(format!(
+            "budget fraction {f} is outside (0, 1]; write {BUDGET_HINT}"
+        )))
+    }
+}
+
+impl<'de> Deserialize<'de> for Budget {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Budget;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str(BUDGET_HINT)
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Budget, E> {
+                Ok(Budget::Bytes(v))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Budget, E> {
+                u64::try_from(v)
+                    .map(Budget::Bytes)
+                    .map_err(|_| E::custom(format!("budget {v} is negative; write {BUDGET_HINT}")))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Budget, E> {
+                fraction(v)
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Budget, E> {
+                match v.trim().parse::<f64>() {
+                    Ok(f) => fraction(f),
+                    Err(_) => Err(E::custom(format!(
+                        "budget {v:?} is not a number; write {BUDGET_HINT}"
+                    ))),
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// Memory settings of a suite.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemorySpec {
+    /// Capacity of the device in bytes: simulated on the CPU (unlimited when absent), a cap
+    /// under the card's own on CUDA.
+    #[serde(default)]
+    pub capacity: Option<Spanned<u64>>,
+    /// Every step's peak, and checkpoint loading's, must stay at or under this.
+    #[serde(default)]
+    pub budget: Option<Spanned<Budget>>,
+    /// The process's peak resident host memory in each phase must stay at or under this many
+    /// bytes.
+    #[serde(default)]
+    pub rss_budget: Option<u64>,
+}
+
+/// How closely resumed steps must follow the reference.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Continuity {
+    /// Bit for bit (the default).
+    Bitwise,
+    /// `|resumed - reference| <= atol + rtol * |reference|`.
+    Within(Tolerance),
+}
+
+/// An absolute and a relative tolerance.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tolerance {
+    /// Absolute tolerance.
+    #[serde(default)]
+    pub atol: f64,
+    /// Relative tolerance, a fraction of the reference value.
+    #[serde(default)]
+    pub rtol: f64,
+}
+
+impl Tolerance {
+    /// The `tight` profile: a few float32 ulps of a loss.
+    pub const TIGHT: Tolerance = Tolerance {
+        atol: 1e-7,
+        rtol: 1e-6,
+    };
+    /// The `loose` profile: agreement to about three significant digits.
+    pub const LOOSE: Tolerance = Tolerance {
+        atol: 1e-5,
+        rtol: 1e-3,
+    };
+
+    /// Whether `got` is within the tolerance of `want`: a difference exactly at the limit passes.
+    pub fn accepts(&self, want: f64, got: f64) -> bool {
+        (got - want).abs() <= self.limit(want)
+    }
+
+    /// The largest difference accepted around `want`.
+    pub fn limit(&self, want: f64) -> f64 {
+        self.atol + self.rtol * want.abs()
+    }
+}
+
+/// The `loss_continuity` setting: `true`/`false`, a profile name, or `{atol, rtol}`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ContinuitySetting(pub Option<Continuity>);
+
+const CONTINUITY_HINT: &str =
+    "true, false, bitwise, tight, loose, or explicit tolerances such as {atol: 1e-6, rtol: 1e-5}";
+
+impl<'de> Deserialize<'de> for ContinuitySetting {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = ContinuitySetting;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str(CONTINUITY_HINT)
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<Self::Value, E> {
+                Ok(ContinuitySetting(v.then_some(Continuity::Bitwise)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(ContinuitySetting(Some(match v {
+                    "bitwise" => Continuity::Bitwise,
+                    "tight" => Continuity::Within(Tolerance::TIGHT),
+                    "loose" => Continuity::Within(Tolerance::LOOSE),
+                    other => {
+                        return Err(E::custom(format!(
+                            "unknown tolerance profile {other:?}; write {CONTINUITY_HINT}"
+                        )))
+                    }
+                })))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+                let t = Tolerance::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                let ok = |x: f64| x.is_finite() && x >= 0.0;
+                if !ok(t.atol) || !ok(t.rtol) {
+                    return Err(de::Error::custom(format!(
+                        "tolerances must be finite and not negative, got atol {} rtol {}; write {CONTINUITY_HINT}",
+                        t.atol, t.rtol
+                    )));
+                }
+                Ok(ContinuitySetting(Some(Continuity::Within(t))))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl Default for ContinuitySetting {
+    fn default() -> Self {
+        ContinuitySetting(Some(Continuity::Bitwise))
+    }
+}
+
+/// Which checks run, and their settings; every check is on by default.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChecksSpec {
+    /// Resumed steps against the reference.
+    #[serde(default)]
+    pub loss_continuity: ContinuitySetting,
+    /// State digests at the first resumed step.
+    #[serde(default = "on")]
+    pub state_digest: bool,
+    /// Bytes returned when a trainer is dropped.
+    #[serde(default = "on")]
+    pub memory_reclaimed: bool,
+    /// Peaks under `memory.budget` and `memory.rss_budget`.
+    #[serde(default = "on")]
+    pub peak_budget: bool,
+    /// Allocated bytes flat at step boundaries.
+    #[serde(default = "on")]
+    pub no_leak: bool,
+    /// Every block recomputed under activation checkpointing.
+    #[serde(default = "on")]
+    pub ac_coverage: bool,
+    /// Measured peaks equal to the memory model's.
+    #[serde(default = "on")]
+    pub memory_model: bool,
+    /// No refused allocation.
+    #[serde(default = "on")]
+    pub oom_free: bool,
+    /// The reference trajectory equal to its snapshot in `golden/`.
+    #[serde(default = "on")]
+    pub golden: bool,
+}
+
+impl Default for ChecksSpec {
+    fn default() -> Self {
+        ChecksSpec {
+            loss_continuity: ContinuitySetting::default(),
+            state_digest: true,
+            memory_reclaimed: true,
+            peak_budget: true,
+            no_leak: true,
+            ac_coverage: true,
+            memory_model: true,
+            oom_free: true,
+            golden: true,
+        }
+    }
+}
+
+impl ChecksSpec {
+    /// Whether `check` runs.
+    pub fn enabled(&self, check: Check) -> bool {
+        match check {
+            Check::LossContinuity => self.loss_continuity.0.is_some(),
+            Check::StateDigest => self.state_digest,
+            Check::MemoryReclaimed => self.memory_reclaimed,
+            Check::PeakBudget => self.peak_budget,
+            Check::NoLeak => self.no_leak,
+            Check::AcCoverage => self.ac_coverage,
+            Check::MemoryModel => self.memory_model,
+            Check::OomFree => self.oom_free,
+            Check::Golden => self.golden,
+        }
+    }
+}
 
 /// A suite file as written.
 #[derive(Clone, Debug, Deserialize)]
@@ -65,6 +336,12 @@ fn default_threads() -> usize {
 pub struct SuiteFile {
     /// The suite's name, used in trial names (`cpu::<name>`).
     pub name: String,
+    /// `ci` (every test run, the default) or `nightly`.
+    #[serde(default)]
+    pub tier: Tier,
+    /// Devices to run on; both `cpu` and `cuda` by default.
+    #[serde(default = "default_devices")]
+    pub devices: Spanned<Vec<DeviceKind>>,
     /// Model shape.
     pub model: ModelSpec,
     /// Initial weights; seeded random (seed 0) when absent.
@@ -93,11 +370,29 @@ pub struct SuiteFile {
     /// How logits are held.
     #[serde(default)]
     pub loss: Option<LossKind>,
+    /// Residual dropout probability (0 turns it off).
+    #[serde(default)]
+    pub dropout: f32,
+    /// Longer rows from a given step on: `{from_step, seq_len}`.
+    #[serde(default)]
+    pub long_batch: Option<LongBatch>,
     /// Run length and saves.
     pub training: Training,
     /// CPU worker threads.
     #[serde(default = "default_threads")]
     pub threads: usize,
+    /// Capacity and budgets.
+    #[serde(default)]
+    pub memory: MemorySpec,
+    /// Which checks run and how.
+    #[serde(default)]
+    pub checks: ChecksSpec,
+    /// Engine faults to inject (negative controls).
+    #[serde(default)]
+    pub faults: Vec<Fault>,
+    /// The checks that must fail: the trial passes only when exactly these fail.
+    #[serde(default)]
+    pub expect_fail: Option<Spanned<Vec<Check>>>,
 }
 
 /// A parsed, validated suite.
@@ -111,6 +406,44 @@ pub struct Suite {
     pub train: TrainConfig,
 }
 
+/// `file:line:column`, or the file alone when the place is unknown.
+fn place(path: &Path, loc: Location) -> String {
+    if loc == Location::UNKNOWN {
+        path.display().to_string()
+    } else {
+        format!("{}:{}:{}", path.display(), loc.line(), loc.column())
+    }
+}
+
+/// Where the inline model's keys are, to point model errors at the key they name.
+#[derive(Deserialize)]
+struct ModelKeys {
+    model: BTreeMap<String, Spanned<IgnoredAny>>,
+}
+
+/// Where the model is.
+#[derive(Deserialize)]
+struct ModelPlace {
+    model: Spanned<IgnoredAny>,
+}
+
+fn model_error_place(path: &Path, text: &str, message: &str) -> String {
+    if let Ok(keys) = serde_saphyr::from_str::<ModelKeys>(text) {
+        let named = keys
+            .model
+            .iter()
+            .filter_map(|(k, v)| message.find(k.as_str()).map(|at| (at, v.referenced)))
+            .min_by_key(|(at, _)| *at);
+        if let Some((_, loc)) = named {
+            return place(path, loc);
+        }
+    }
+    match serde_saphyr::from_str::<ModelPlace>(text) {
+        Ok(m) => place(path, m.model.referenced),
+        Err(_) => path.display().to_string(),
+    }
+}
+
 impl Suite {
     /// Reads and validates a suite file.
     pub fn load(path: &Path) -> Result<Self> {
@@ -122,11 +455,11 @@ impl Suite {
     /// Parses suite text read from `path` (used in messages and to resolve relative paths).
     pub fn parse(path: &Path, text: &str) -> Result<Self> {
         let file: SuiteFile = serde_saphyr::from_str(text).map_err(|e| {
-            let place = e
+            let at = e
                 .location()
-                .map(|l| format!("{}:{}:{}", path.display(), l.line(), l.column()))
+                .map(|l| place(path, l))
                 .unwrap_or_else(|| path.display().to_string());
-            anyhow::anyhow!("{place}: {e}")
+            anyhow::anyhow!("{at}: {}", e.without_snippet())
         })?;
         let base = path.parent().unwrap_or(Path::new("."));
         let model = match &file.model {
@@ -135,36 +468,14 @@ impl Suite {
         };
         model
             .validate()
-            .map_err(|m| anyhow::anyhow!("{}: model: {m}", path.display()))?;
+            .map_err(|m| anyhow::anyhow!("{}: model: {m}", model_error_place(path, text, &m)))?;
+        Self::validate(path, &file, &model)?;
         let t = &file.training;
-        if t.max_steps == 0 {
-            bail!(
-                "{}: training.max_steps is 0; write at least 2",
-                path.display()
-            );
-        }
-        let resume_from = t.resume_from.unwrap_or(t.max_steps / 2);
-        if resume_from >= t.max_steps {
-            bail!(
-                "{}: training.resume_from ({resume_from}) must be below max_steps ({}); write e.g. resume_from: {}",
-                path.display(),
-                t.max_steps,
-                t.max_steps / 2
-            );
-        }
-        if file.seq_len > model.max_position_embeddings {
-            bail!(
-                "{}: seq_len ({}) exceeds the model's max_position_embeddings ({})",
-                path.display(),
-                file.seq_len,
-                model.max_position_embeddings
-            );
-        }
         let schedule = match &file.schedule {
             None => Schedule::Constant,
             Some(s) => Schedule::WarmupCosine {
                 warmup_steps: s.warmup_steps,
-                horizon: t.max_steps,
+                horizon: t.max_steps.value,
                 min_lr_ratio: s.min_lr_ratio,
             },
         };
@@ -190,9 +501,9 @@ impl Suite {
             shuffle_seed: file.shuffle_seed,
             checkpointing: file.checkpointing,
             loss: file.loss.unwrap_or(LossKind::Standard),
-            dropout: 0.0,
-            long_batch: None,
-            faults: Default::default(),
+            dropout: file.dropout,
+            long_batch: file.long_batch,
+            faults: file.faults.iter().copied().collect(),
         };
         Ok(Suite {
             path: path.to_path_buf(),
@@ -201,17 +512,275 @@ impl Suite {
         })
     }
 
+    fn validate(path: &Path, file: &SuiteFile, model: &LlamaConfig) -> Result<()> {
+        let t = &file.training;
+        let max_steps = t.max_steps.value;
+        if max_steps < 2 {
+            bail!(
+                "{}: training.max_steps is {max_steps}; write at least 2",
+                place(path, t.max_steps.referenced)
+            );
+        }
+        if let Some(r) = &t.resume_from {
+            if r.value == 0 || r.value >= max_steps {
+                bail!(
+                    "{}: training.resume_from ({}) must be between 1 and max_steps - 1 ({}); write e.g. resume_from: {}",
+                    place(path, r.referenced),
+                    r.value,
+                    max_steps - 1,
+                    max_steps / 2
+                );
+            }
+        }
+        if !(0.0..1.0).contains(&file.dropout) {
+            bail!(
+                "{}: dropout ({}) must be at least 0 and below 1; write e.g. dropout: 0.1",
+                path.display(),
+                file.dropout
+            );
+        }
+        if let Some(long) = &file.long_batch {
+            if long.seq_len > model.max_position_embeddings {
+                bail!(
+                    "{}: long_batch.seq_len ({}) exceeds the model's max_position_embeddings ({}); write seq_len: {} or less",
+                    path.display(),
+                    long.seq_len,
+                    model.max_position_embeddings,
+                    model.max_position_embeddings
+                );
+            }
+        }
+        if file.seq_len > model.max_position_embeddings {
+            bail!(
+                "{}: seq_len ({}) exceeds the model's max_position_embeddings ({}); write seq_len: {} or less",
+                path.display(),
+                file.seq_len,
+                model.max_position_embeddings,
+                model.max_position_embeddings
+            );
+        }
+        let devices = &file.devices;
+        if devices.value.is_empty() {
+            bail!(
+                "{}: devices is empty; write e.g. devices: [cpu, cuda]",
+                place(path, devices.referenced)
+            );
+        }
+        for (i, d) in devices.value.iter().enumerate() {
+            if devices.value[..i].contains(d) {
+                bail!(
+                    "{}: devices lists {d} twice; list each device once",
+                    place(path, devices.referenced)
+                );
+            }
+        }
+        let m = &file.memory;
+        if let Some(b) = &m.budget {
+            match (b.value, &m.capacity) {
+                (Budget::Bytes(bytes), Some(cap)) if bytes > cap.value => bail!(
+                    "{}: memory.budget ({bytes} bytes) exceeds memory.capacity ({} bytes); write a budget of at most {} bytes, or a fraction such as \"0.5\"",
+                    place(path, b.referenced),
+                    cap.value,
+                    cap.value
+                ),
+                (Budget::Fraction(f), None) if devices.value.contains(&DeviceKind::Cpu) => bail!(
+                    "{}: memory.budget \"{f}\" is a fraction of the capacity, but the CPU device has no memory.capacity; add capacity: <bytes> under memory, or write the budget in bytes",
+                    place(path, b.referenced)
+                ),
+                _ => {}
+            }
+        }
+        let expect = file.expect_fail.as_ref();
+        if !file.faults.is_empty() && expect.is_none_or(|e| e.value.is_empty()) {
+            bail!(
+                "{}: faults are injected but expect_fail is empty; list the checks the faults must fail, e.g. expect_fail: [loss_continuity]",
+                path.display()
+            );
+        }
+        if let Some(e) = expect {
+            for c in &e.value {
+                if !file.checks.enabled(*c) {
+                    bail!(
+                        "{}: expect_fail names {c}, which checks: turns off; enable it or remove it from expect_fail",
+                        place(path, e.referenced)
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The mid-run checkpoint step.
     pub fn resume_from(&self) -> u64 {
         let t = &self.file.training;
-        t.resume_from.unwrap_or(t.max_steps / 2)
+        t.resume_from
+            .as_ref()
+            .map_or(t.max_steps.value / 2, |r| r.value)
+    }
+
+    /// Steps of the nominal run.
+    pub fn max_steps(&self) -> u64 {
+        self.file.training.max_steps.value
     }
 
     /// Whether the run saves after `steps` completed steps.
     pub fn saves_at(&self, steps: u64) -> bool {
         let t = &self.file.training;
         steps == self.resume_from()
-            || steps == t.max_steps
+            || steps == self.max_steps()
             || t.save_every.is_some_and(|n| n > 0 && steps % n == 0)
+    }
+
+    /// The devices the suite runs on.
+    pub fn devices(&self) -> &[DeviceKind] {
+        &self.file.devices.value
+    }
+
+    /// The checks that must fail, in report order (empty for an ordinary suite).
+    pub fn expect_fail(&self) -> Vec<Check> {
+        let listed = self
+            .file
+            .expect_fail
+            .as_ref()
+            .map_or(&[][..], |e| &e.value[..]);
+        Check::ALL
+            .into_iter()
+            .filter(|c| listed.contains(c))
+            .collect()
+    }
+
+    /// The simulated capacity, if the suite sets one.
+    pub fn capacity(&self) -> Option<u64> {
+        self.file.memory.capacity.as_ref().map(|c| c.value)
+    }
+
+    /// The per-step budget, if the suite sets one.
+    pub fn budget(&self) -> Option<Budget> {
+        self.file.memory.budget.as_ref().map(|b| b.value)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = "name: t
+model: {vocab_size: 64, hidden_size: 32, intermediate_size: 64, num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 4, max_position_embeddings: 64}
+data: {kind: synthetic, seed: 1, samples: 64}
+batch_size: 2
+seq_len: 16
+optimizer: {lr: 0.001}
+training:
+  max_steps: 8
+";
+
+    fn parse(extra: &str) -> Result<Suite> {
+        Suite::parse(Path::new("s.yaml"), &format!("{BASE}{extra}"))
+    }
+
+    fn error(extra: &str) -> String {
+        format!("{:#}", parse(extra).unwrap_err())
+    }
+
+    #[test]
+    fn defaults() {
+        let s = parse("").unwrap();
+        assert_eq!(s.file.tier, Tier::Ci);
+        assert_eq!(s.devices(), &DeviceKind::ALL);
+        assert_eq!(s.resume_from(), 4);
+        assert!(Check::ALL.iter().all(|c| s.file.checks.enabled(*c)));
+        assert_eq!(s.file.checks.loss_continuity.0, Some(Continuity::Bitwise));
+        assert!(s.expect_fail().is_empty());
+    }
+
+    #[test]
+    fn new_keys_parse() {
+        let s = parse(
+            "tier: nightly
+devices: [cpu]
+memory: {capacity: 1000000, budget: \"0.5\", rss_budget: 4000000000}
+checks: {loss_continuity: {atol: 1e-6}, golden: false}
+faults: [schedule_reset]
+expect_fail: [state_digest, loss_continuity]
+",
+        )
+        .unwrap();
+        assert_eq!(s.file.tier, Tier::Nightly);
+        assert_eq!(s.budget().unwrap().bytes(s.capacity().unwrap()), 500_000);
+        assert_eq!(
+            s.file.checks.loss_continuity.0,
+            Some(Continuity::Within(Tolerance {
+                atol: 1e-6,
+                rtol: 0.0
+            }))
+        );
+        assert!(!s.file.checks.enabled(Check::Golden));
+        assert!(s.train.faults.has(Fault::ScheduleReset));
+        assert_eq!(
+            s.expect_fail(),
+            vec![Check::LossContinuity, Check::StateDigest]
+        );
+    }
+
+    #[test]
+    fn resume_from_at_max_steps_is_located() {
+        let e = error("  resume_from: 8\n");
+        assert!(
+            e.starts_with("s.yaml:9:16: training.resume_from (8)"),
+            "{e}"
+        );
+        assert!(e.contains("resume_from: 4"), "{e}");
+    }
+
+    #[test]
+    fn budget_above_capacity_is_located() {
+        let e = error("memory:\n  capacity: 1000\n  budget: 2000\n");
+        assert!(e.starts_with("s.yaml:11:11: memory.budget"), "{e}");
+        assert!(e.contains("at most 1000 bytes"), "{e}");
+    }
+
+    #[test]
+    fn heads_not_dividing_hidden_point_at_the_heads() {
+        let text = BASE.replace(
+            "num_attention_heads: 4, num_key_value_heads: 4",
+            "num_attention_heads: 6, num_key_value_heads: 2",
+        );
+        let e = format!(
+            "{:#}",
+            Suite::parse(Path::new("s.yaml"), &text).unwrap_err()
+        );
+        assert!(e.starts_with("s.yaml:2:"), "{e}");
+        assert!(e.contains("does not divide hidden_size"), "{e}");
+    }
+
+    #[test]
+    fn unknown_keys_wrong_types_and_names_are_located() {
+        let e = error("memory: {capacity: 10, budjet: 5}\n");
+        assert!(e.starts_with("s.yaml:9:24:"), "{e}");
+        assert!(e.contains("budjet"), "{e}");
+        let e = error("tier: weekly\n");
+        assert!(e.starts_with("s.yaml:9:"), "{e}");
+        assert!(e.contains("ci") && e.contains("nightly"), "{e}");
+        let e = error("faults: [moments_lost]\n");
+        assert!(e.contains("moments_not_saved"), "{e}");
+        let e = error("expect_fail: [loss]\n");
+        assert!(e.contains("loss_continuity"), "{e}");
+        let e = error("checks: {loss_continuity: snug}\n");
+        assert!(e.contains("tight") && e.starts_with("s.yaml:9:"), "{e}");
+        let e = error("memory: {capacity: 10, budget: \"1.5\"}\n");
+        assert!(e.contains("outside (0, 1]"), "{e}");
+        let e = error("memory: {budget: \"0.5\"}\n");
+        assert!(e.contains("add capacity"), "{e}");
+        let e = error("devices: [cpu, tpu]\n");
+        assert!(e.contains("cuda"), "{e}");
+    }
+
+    #[test]
+    fn faults_need_expectations_that_are_enabled() {
+        let e = error("faults: [schedule_reset]\n");
+        assert!(e.contains("expect_fail is empty"), "{e}");
+        let e = error("checks: {golden: false}\nexpect_fail: [golden]\n");
+        assert!(e.starts_with("s.yaml:10:14:"), "{e}");
+        assert!(e.contains("turns off"), "{e}");
     }
 }

@@ -1,9 +1,10 @@
 //! `ckpt-harness train`: trains a suite's model, saving checkpoints as the suite says, and prints
 //! one JSON line per step.
 
+use crate::devices::{self, DeviceKind};
 use crate::suite::Suite;
 use anyhow::Result;
-use ckpt_engine::{CpuDevice, Trainer};
+use ckpt_engine::Trainer;
 use serde::Serialize;
 use std::io::Write;
 use std::path::Path;
@@ -21,12 +22,12 @@ struct StepLine {
 /// Trains `suite` until `steps` steps are done (default `max_steps`), from scratch or from
 /// `resume`, saving under `out`.
 pub fn run(suite: &Suite, out: &Path, resume: Option<&Path>, steps: Option<u64>) -> Result<()> {
-    let dev = CpuDevice::new(suite.file.threads, u64::MAX)?;
+    let dev = devices::open(DeviceKind::Cpu, suite.file.threads, suite.capacity())?;
     let mut trainer = match resume {
         Some(dir) => Trainer::resume(suite.train.clone(), dev, dir)?,
         None => Trainer::new(suite.train.clone(), dev)?,
     };
-    let target = steps.unwrap_or(suite.file.training.max_steps);
+    let target = steps.unwrap_or(suite.max_steps());
     let keep = suite.file.training.keep_last;
     let mut stdout = std::io::stdout().lock();
     while trainer.step_index() < target {

@@ -1,0 +1,188 @@
+//! `golden`: the reference trajectory (losses to 6 significant digits, learning rates, and the
+//! bytes of every category at each step's peak and end) equals its snapshot in `golden/`.
+//!
+//! Snapshots are insta `.snap` files, `golden/<device>/<suite>.snap`. Checking never writes
+//! them, as insta does with `INSTA_UPDATE=no`; `ckpt-harness run --bless` rewrites them.
+
+use super::{Check, Failure, GoldenInput, Outcome};
+use crate::phases::{Phase, RunRecord};
+use anyhow::{Context, Result};
+use ckpt_engine::memory::{Breakdown, Category};
+use insta::internals::TextSnapshotContents;
+use insta::{Snapshot, TextSnapshotKind};
+use std::fmt::Write;
+use std::path::{Path, PathBuf};
+
+/// `x` to 6 significant digits.
+fn sig6(x: f64) -> String {
+    format!("{x:.5e}")
+}
+
+fn categories(b: &Breakdown) -> String {
+    Category::ALL
+        .iter()
+        .map(|&c| b.get(c).to_string())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The snapshot text of a run's reference trajectory.
+pub fn render(r: &RunRecord) -> String {
+    let mut out = String::new();
+    let names: Vec<&str> = Category::ALL.iter().map(|c| c.name()).collect();
+    let _ = writeln!(out, "reference trajectory of {}", r.trial());
+    let _ = writeln!(
+        out,
+        "step | loss | lr | peak bytes | at peak: {} | at end: {}",
+        names.join(" "),
+        names.join(" ")
+    );
+    for s in r.reference().map_or(&[][..], |p| &p.steps[..]) {
+        let _ = writeln!(
+            out,
+            "{} | {} | {} | {} | {} | {}",
+            s.step,
+            sig6(s.loss as f64),
+            sig6(s.lr),
+            s.memory.allocated.peak,
+            categories(&s.memory.at_peak),
+            categories(&s.memory.current)
+        );
+    }
+    normalise(out)
+}
+
+fn normalise(text: String) -> String {
+    TextSnapshotContents::new(text, TextSnapshotKind::File).to_string()
+}
+
+/// Where the snapshot of `device`/`suite` lives under `dir`.
+pub fn path(dir: &Path, device: &str, suite: &str) -> PathBuf {
+    dir.join(device).join(format!("{suite}.snap"))
+}
+
+/// Reads the snapshot of `device`/`suite` under `dir`, if there is one.
+pub fn load(dir: &Path, device: &str, suite: &str) -> Result<GoldenInput> {
+    let file = path(dir, device, suite);
+    let stored = if file.exists() {
+        let snap = Snapshot::from_file(&file)
+            .map_err(|e| anyhow::anyhow!("{}: not an insta snapshot: {e}", file.display()))?;
+        let text = snap
+            .as_text()
+            .with_context(|| format!("{}: a binary snapshot, expected text", file.display()))?;
+        Some(text.to_string())
+    } else {
+        None
+    };
+    Ok(GoldenInput {
+        file: file.display().to_string(),
+        stored,
+    })
+}
+
+/// Writes the run's snapshot under `dir` in insta's file format; returns its path.
+pub fn bless(dir: &Path, r: &RunRecord) -> Result<PathBuf> {
+    let file = path(dir, &r.device, &r.suite);
+    if let Some(parent) = file.parent() {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("{}: cannot create", parent.display()))?;
+    }
+    let text = format!(
+        "---\nsource: harness/src/checks/golden.rs\nexpression: reference trajectory of {}\n---\n{}\n",
+        r.trial(),
+        render(r)
+    );
+    std::fs::write(&file, text).with_context(|| format!("{}: cannot write", file.display()))?;
+    Ok(file)
+}
+
+/// Compares the run's reference trajectory with the stored snapshot.
+pub fn check(r: &RunRecord, golden: &GoldenInput) -> Outcome {
+    let fresh = render(r);
+    let fail = |what: &str| Failure::new(Check::Golden, r, what).phase(Phase::Reference);
+    let failures = match &golden.stored {
+        None => vec![fail("snapshot")
+            .saw(&golden.file, "no such file")
+            .detail("write it with `ckpt-harness run --bless` and commit it")],
+        Some(stored) if *stored == fresh => Vec::new(),
+        Some(stored) => {
+            let mut stored_lines = stored.lines();
+            let mut fresh_lines = fresh.lines();
+            let mut line = 1;
+            loop {
+                match (stored_lines.next(), fresh_lines.next()) {
+                    (Some(a), Some(b)) if a == b => line += 1,
+                    (a, b) => {
+                        let step = b
+                            .or(a)
+                            .and_then(|l| l.split(" | ").next())
+                            .and_then(|s| s.parse().ok());
+                        let mut f = fail(&format!("line {line} of {}", golden.file))
+                            .saw(a.unwrap_or("(end)"), b.unwrap_or("(end)"))
+                            .detail(
+                                "the trajectory changed; if intended, rewrite the snapshot with `ckpt-harness run --bless`",
+                            );
+                        f.step = step;
+                        break vec![f];
+                    }
+                }
+            }
+        }
+    };
+    Outcome::new(Check::Golden, failures).with("snapshot", golden.file.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checks::fixtures;
+
+    #[test]
+    fn rendering_rounds_losses_to_six_digits() {
+        let mut r = fixtures::run();
+        r.phases[0].steps[1].loss = 3.8751234;
+        let text = render(&r);
+        assert!(
+            text.contains("\n1 | 3.87512e0 | 2.00000e-3 | 7500 | 1000 1000 2000 3000 500 0 | 1000 1000 2000 0 0 0\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn blessed_snapshots_load_and_match() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = fixtures::run();
+        let file = bless(dir.path(), &r).unwrap();
+        assert!(file.ends_with("cpu/s.snap"));
+        let g = load(dir.path(), "cpu", "s").unwrap();
+        assert!(!check(&r, &g).failed(), "{:?}", check(&r, &g).failures);
+    }
+
+    #[test]
+    fn a_changed_loss_fails_at_its_step() {
+        let r = fixtures::run();
+        let g = GoldenInput {
+            file: "g.snap".into(),
+            stored: Some(render(&r)),
+        };
+        let mut changed = r.clone();
+        changed.phases[0].steps[4].loss += 1e-3;
+        let o = check(&changed, &g);
+        assert_eq!(o.failures.len(), 1);
+        let m = o.failures[0].to_string();
+        assert!(
+            m.starts_with(
+                "golden: cpu::s reference step 4: line 7 of g.snap: expected 4 | 3.50000e0"
+            ),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn a_missing_snapshot_fails() {
+        let dir = tempfile::tempdir().unwrap();
+        let g = load(dir.path(), "cpu", "s").unwrap();
+        let o = check(&fixtures::run(), &g);
+        assert!(o.failures[0].to_string().contains("--bless"));
+    }
+}

@@ -1,0 +1,120 @@
+//! `memory_model`: every step's own peak (above what the device held before the phase's
+//! trainer was built) equals the memory model's prediction to the byte. The CPU device allocates
+//! exactly what the model predicts; any difference is an allocation the model does not know of,
+//! or one that did not happen.
+
+use super::{bytes, excess, Check, Failure, Outcome};
+use crate::phases::RunRecord;
+
+/// Compares each step with the prediction for a step starting as it did (with or without
+/// AdamW's moments).
+pub fn check(r: &RunRecord) -> Outcome {
+    let mut out = Vec::new();
+    let mut compared = 0u64;
+    let mut max_diff = 0u64;
+    for p in &r.phases {
+        let base = p.before.total();
+        for s in &p.steps {
+            let start = excess(&s.start, &p.before);
+            let fail = |what: &str| {
+                Failure::new(Check::MemoryModel, r, what)
+                    .phase(p.phase)
+                    .step(s.step)
+            };
+            let table = match &r.predicted_long {
+                Some((from, long)) if s.step >= *from => long,
+                _ => &r.predicted,
+            };
+            let Some(want) = table.iter().find(|w| w.start == start) else {
+                out.push(
+                    fail("bytes held when the step began")
+                        .saw(
+                            format!(
+                                "{} or {}",
+                                bytes(table[1].start.total()),
+                                bytes(table[0].start.total())
+                            ),
+                            bytes(start.total()),
+                        )
+                        .detail(format!(
+                            "held: {start}; predicted: {}; something outlived an earlier step",
+                            table[1].start
+                        )),
+                );
+                continue;
+            };
+            compared += 1;
+            let own = s.memory.allocated.peak.saturating_sub(base);
+            max_diff = max_diff.max(own.abs_diff(want.peak));
+            if own != want.peak {
+                out.push(
+                    fail("step peak")
+                        .saw(bytes(want.peak), bytes(own))
+                        .detail(format!(
+                            "measured at peak: {}; predicted: {}",
+                            excess(&s.memory.at_peak, &p.before),
+                            want.at_peak
+                        )),
+                );
+            }
+        }
+    }
+    Outcome::new(Check::MemoryModel, out)
+        .with("steps_compared", compared)
+        .with("max_diff_bytes", max_diff)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checks::fixtures;
+    use proptest::prelude::*;
+
+    #[test]
+    fn activations_kept_by_skipped_checkpointing_fail() {
+        let mut r = fixtures::run();
+        let s = &mut r.phases[0].steps[3];
+        s.memory.allocated.peak += 1024;
+        s.memory.at_peak.activations += 1024;
+        let o = check(&r);
+        assert_eq!(o.failures.len(), 1);
+        let m = o.failures[0].to_string();
+        assert!(
+            m.starts_with("memory_model: cpu::s reference step 3: step peak: expected 7.3 KiB (7500 bytes), got 8.3 KiB (8524 bytes); measured at peak: params"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn inputs_kept_past_the_step_fail() {
+        let mut r = fixtures::run();
+        r.phases[1].steps[1].start.activations = 512;
+        let o = check(&r);
+        assert_eq!(o.failures.len(), 1);
+        assert_eq!(o.failures[0].what, "bytes held when the step began");
+    }
+
+    #[test]
+    fn bytes_left_by_an_earlier_phase_are_not_the_model_s() {
+        let mut r = fixtures::run();
+        let p = &mut r.phases[1];
+        p.before.optimizer = 2000;
+        for s in &mut p.steps {
+            s.start.optimizer += 2000;
+            s.memory.allocated.peak += 2000;
+            s.memory.at_peak.optimizer += 2000;
+        }
+        assert!(!check(&r).failed());
+    }
+
+    proptest! {
+        /// A peak one byte off the prediction, either way, fails.
+        #[test]
+        fn one_byte_off_fails(phase in 0usize..3, step in 0usize..2, up in any::<bool>()) {
+            let mut r = fixtures::run();
+            let s = &mut r.phases[phase].steps[step];
+            s.memory.allocated.peak = if up { s.memory.allocated.peak + 1 } else { s.memory.allocated.peak - 1 };
+            prop_assert_eq!(check(&r).failures.len(), 1);
+        }
+    }
+}

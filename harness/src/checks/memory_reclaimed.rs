@@ -1,0 +1,56 @@
+//! `memory_reclaimed`: after each phase's trainer is dropped, the device holds exactly what it
+//! held before the trainer was built.
+
+use super::{bytes, excess, Check, Failure, Outcome};
+use crate::phases::RunRecord;
+
+/// Compares the bytes held before each phase with the bytes held after its trainer was dropped.
+pub fn check(r: &RunRecord) -> Outcome {
+    let mut worst = 0u64;
+    let out = r
+        .phases
+        .iter()
+        .filter(|p| p.after.total() != p.before.total())
+        .map(|p| {
+            let left = excess(&p.after, &p.before);
+            worst = worst.max(left.total());
+            Failure::new(Check::MemoryReclaimed, r, "allocated after the trainer was dropped")
+                .phase(p.phase)
+                .saw(bytes(p.before.total()), bytes(p.after.total()))
+                .detail(format!(
+                    "left behind by category: {left}; {} outlives the trainer: something still holds its tensors",
+                    left.largest()
+                ))
+        })
+        .collect();
+    Outcome::new(Check::MemoryReclaimed, out).with("max_bytes_left", worst)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checks::fixtures;
+
+    #[test]
+    fn retained_optimizer_state_fails() {
+        let mut r = fixtures::run();
+        r.phases[0].after.optimizer = 2000;
+        r.phases[1].before.optimizer = 2000;
+        r.phases[1].after.optimizer = 4000;
+        let o = check(&r);
+        assert_eq!(o.failures.len(), 2);
+        let m = o.failures[0].to_string();
+        assert!(
+            m.starts_with("memory_reclaimed: cpu::s reference: allocated after the trainer was dropped: expected 0 B, got 2.0 KiB (2000 bytes)"),
+            "{m}"
+        );
+        assert!(m.contains("optimizer outlives the trainer"), "{m}");
+    }
+
+    #[test]
+    fn one_byte_fails() {
+        let mut r = fixtures::run();
+        r.phases[2].after.io = 1;
+        assert_eq!(check(&r).failures.len(), 1);
+    }
+}

@@ -1,0 +1,476 @@
+//! Checks: pure functions over a [`RunRecord`]. Each returns an [`Outcome`] holding its figures
+//! and the failures it found; every failure names the check, suite, device, phase and step, and
+//! what was expected against what was seen.
+
+use crate::phases::{Phase, RunRecord};
+use crate::suite::{ChecksSpec, Continuity};
+use ckpt_engine::memory::{human_bytes, Breakdown, Category};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+
+pub mod ac_coverage;
+pub mod golden;
+pub mod loss_continuity;
+pub mod memory_model;
+pub mod memory_reclaimed;
+pub mod no_leak;
+pub mod oom_free;
+pub mod peak_budget;
+pub mod state_digest;
+
+/// A check's name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Check {
+    /// Resumed steps equal the reference's (bitwise, or within a tolerance).
+    LossContinuity,
+    /// Weights, optimizer state, step, learning rate and batch equal at the first resumed step.
+    StateDigest,
+    /// Every byte comes back when a trainer is dropped.
+    MemoryReclaimed,
+    /// Every step's peak, and checkpoint loading's, under the budget.
+    PeakBudget,
+    /// Allocated bytes flat at step boundaries.
+    NoLeak,
+    /// Every block recomputed under activation checkpointing.
+    AcCoverage,
+    /// Measured step peaks equal the memory model's.
+    MemoryModel,
+    /// No allocation refused.
+    OomFree,
+    /// The reference trajectory equals its snapshot.
+    Golden,
+}
+
+impl Check {
+    /// Every check, in report order.
+    pub const ALL: [Check; 9] = [
+        Check::LossContinuity,
+        Check::StateDigest,
+        Check::MemoryReclaimed,
+        Check::PeakBudget,
+        Check::NoLeak,
+        Check::AcCoverage,
+        Check::MemoryModel,
+        Check::OomFree,
+        Check::Golden,
+    ];
+
+    /// The name used in suites and reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Check::LossContinuity => "loss_continuity",
+            Check::StateDigest => "state_digest",
+            Check::MemoryReclaimed => "memory_reclaimed",
+            Check::PeakBudget => "peak_budget",
+            Check::NoLeak => "no_leak",
+            Check::AcCoverage => "ac_coverage",
+            Check::MemoryModel => "memory_model",
+            Check::OomFree => "oom_free",
+            Check::Golden => "golden",
+        }
+    }
+}
+
+impl fmt::Display for Check {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One failed expectation.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Failure {
+    /// The check that failed.
+    pub check: Check,
+    /// `device::suite`.
+    pub trial: String,
+    /// The phase, when the failure belongs to one.
+    pub phase: Option<Phase>,
+    /// The step, when the failure belongs to one.
+    pub step: Option<u64>,
+    /// What was compared.
+    pub what: String,
+    /// What should have been seen.
+    pub expected: String,
+    /// What was seen.
+    pub actual: String,
+    /// Detail: a per-category breakdown, the likely fix.
+    pub detail: Option<String>,
+}
+
+impl Failure {
+    /// A failure of `check` in the trial `r` records.
+    pub fn new(check: Check, r: &RunRecord, what: impl Into<String>) -> Self {
+        Failure {
+            check,
+            trial: r.trial(),
+            phase: None,
+            step: None,
+            what: what.into(),
+            expected: String::new(),
+            actual: String::new(),
+            detail: None,
+        }
+    }
+
+    /// Places the failure in a phase.
+    pub fn phase(mut self, phase: Phase) -> Self {
+        self.phase = Some(phase);
+        self
+    }
+
+    /// Places the failure at a step.
+    pub fn step(mut self, step: u64) -> Self {
+        self.step = Some(step);
+        self
+    }
+
+    /// The expected and the actual value.
+    pub fn saw(mut self, expected: impl fmt::Display, actual: impl fmt::Display) -> Self {
+        self.expected = expected.to_string();
+        self.actual = actual.to_string();
+        self
+    }
+
+    /// Detail after the comparison.
+    pub fn detail(mut self, detail: impl Into<String>) -> Self {
+        self.detail = Some(detail.into());
+        self
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.check, self.trial)?;
+        if let Some(p) = self.phase {
+            write!(f, " {p}")?;
+        }
+        if let Some(s) = self.step {
+            write!(f, " step {s}")?;
+        }
+        write!(
+            f,
+            ": {}: expected {}, got {}",
+            self.what, self.expected, self.actual
+        )?;
+        if let Some(d) = &self.detail {
+            write!(f, "; {d}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Whether a check ran and how it went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// It ran and found nothing wrong.
+    Passed,
+    /// It ran and found failures.
+    Failed,
+    /// The suite turned it off.
+    Off,
+}
+
+/// A check's verdict, figures and failures.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Outcome {
+    /// The check.
+    pub check: Check,
+    /// The verdict.
+    pub status: Status,
+    /// What it measured, by name.
+    pub figures: BTreeMap<&'static str, serde_json::Value>,
+    /// What it found wrong.
+    pub failures: Vec<Failure>,
+}
+
+impl Outcome {
+    /// The verdict of `check` given its failures.
+    pub fn new(check: Check, failures: Vec<Failure>) -> Self {
+        Outcome {
+            check,
+            status: if failures.is_empty() {
+                Status::Passed
+            } else {
+                Status::Failed
+            },
+            figures: BTreeMap::new(),
+            failures,
+        }
+    }
+
+    /// A check the suite turned off.
+    pub fn off(check: Check) -> Self {
+        Outcome {
+            check,
+            status: Status::Off,
+            figures: BTreeMap::new(),
+            failures: Vec::new(),
+        }
+    }
+
+    /// Adds a figure.
+    pub fn with(mut self, name: &'static str, value: impl Into<serde_json::Value>) -> Self {
+        self.figures.insert(name, value.into());
+        self
+    }
+
+    /// Whether the check ran and failed.
+    pub fn failed(&self) -> bool {
+        self.status == Status::Failed
+    }
+}
+
+/// The stored golden snapshot a run is compared with.
+#[derive(Clone, Debug)]
+pub struct GoldenInput {
+    /// The snapshot file, as named in messages.
+    pub file: String,
+    /// Its content, normalised; `None` when there is none.
+    pub stored: Option<String>,
+}
+
+/// Runs every check `spec` enables over `r`, in report order.
+pub fn run_all(r: &RunRecord, spec: &ChecksSpec, golden: &GoldenInput) -> Vec<Outcome> {
+    Check::ALL
+        .into_iter()
+        .map(|check| {
+            if !spec.enabled(check) {
+                return Outcome::off(check);
+            }
+            match check {
+                Check::LossContinuity => {
+                    loss_continuity::check(r, spec.loss_continuity.0.unwrap_or(Continuity::Bitwise))
+                }
+                Check::StateDigest => state_digest::check(r),
+                Check::MemoryReclaimed => memory_reclaimed::check(r),
+                Check::PeakBudget => peak_budget::check(r),
+                Check::NoLeak => no_leak::check(r),
+                Check::AcCoverage => ac_coverage::check(r),
+                Check::MemoryModel => memory_model::check(r),
+                Check::OomFree => oom_free::check(r),
+                Check::Golden => golden::check(r, golden),
+            }
+        })
+        .collect()
+}
+
+/// `a - b` per category, clamped at zero.
+pub fn excess(a: &Breakdown, b: &Breakdown) -> Breakdown {
+    Breakdown {
+        params: a.params.saturating_sub(b.params),
+        grads: a.grads.saturating_sub(b.grads),
+        optimizer: a.optimizer.saturating_sub(b.optimizer),
+        activations: a.activations.saturating_sub(b.activations),
+        workspace: a.workspace.saturating_sub(b.workspace),
+        io: a.io.saturating_sub(b.io),
+    }
+}
+
+/// The per-category breakdown of `b` and the likely fix for the category that dominates it.
+pub fn memory_detail(b: &Breakdown) -> String {
+    let fix = match b.largest() {
+        Category::Activations => {
+            "activations dominate: enable activation checkpointing (checkpointing: full or selective), or shorten seq_len or batch_size"
+        }
+        Category::Params => {
+            "params dominate: use bf16-mixed precision or a smaller model, or raise the budget"
+        }
+        Category::Grads => {
+            "grads dominate: gradients are held in f32 for every parameter; use a smaller model or raise the budget"
+        }
+        Category::Optimizer => {
+            "optimizer state dominates: AdamW holds two f32 moments (and f32 masters in bf16-mixed) per parameter; use a smaller model or raise the budget"
+        }
+        Category::Workspace => {
+            "workspace dominates: use the chunked loss (loss: {kind: chunked, chunk_tokens: N}) or fewer threads"
+        }
+        Category::Io => {
+            "io dominates: checkpoint or data staging buffers are large; load checkpoints tensor by tensor"
+        }
+    };
+    format!("by category: {b}; {fix}")
+}
+
+/// Bytes for people, with the exact count.
+pub fn bytes(n: u64) -> String {
+    if n < 1024 {
+        human_bytes(n)
+    } else {
+        format!("{} ({n} bytes)", human_bytes(n))
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod fixtures {
+    //! Hand-made records: a faithful run that every check passes.
+
+    use crate::phases::{Phase, PhaseRecord, PredictedStep, RunRecord, StepRecord};
+    use ckpt_engine::checkpoint::state::RngState;
+    use ckpt_engine::data::LoaderState;
+    use ckpt_engine::memory::{Breakdown, MemoryStats, Usage};
+    use ckpt_engine::StateDigest;
+
+    /// Held between steps.
+    pub const HELD: Breakdown = Breakdown {
+        params: 1000,
+        grads: 1000,
+        optimizer: 2000,
+        activations: 0,
+        workspace: 0,
+        io: 0,
+    };
+    /// The step peak's breakdown.
+    pub const AT_PEAK: Breakdown = Breakdown {
+        params: 1000,
+        grads: 1000,
+        optimizer: 2000,
+        activations: 3000,
+        workspace: 500,
+        io: 0,
+    };
+
+    /// A step of the faithful run.
+    pub fn step(step: u64) -> StepRecord {
+        StepRecord {
+            step,
+            loss: 4.0 - step as f32 * 0.125,
+            lr: 0.001 * (step + 1) as f64,
+            grad_norm: 1.5,
+            batch_digest: format!("batch{step}"),
+            recomputed_blocks: 2,
+            start: HELD,
+            memory: MemoryStats {
+                allocated: Usage {
+                    current: HELD.total(),
+                    peak: AT_PEAK.total(),
+                },
+                reserved: Usage {
+                    current: HELD.total(),
+                    peak: AT_PEAK.total(),
+                },
+                current: HELD,
+                peak_by_category: AT_PEAK,
+                at_peak: AT_PEAK,
+                capacity: u64::MAX,
+                alloc_count: 10,
+                oom_count: 0,
+            },
+        }
+    }
+
+    /// The state before `step`.
+    pub fn digest(step: u64) -> StateDigest {
+        StateDigest {
+            step,
+            params: format!("params{step}"),
+            optimizer: format!("opt{step}"),
+            optimizer_steps: step,
+            next_lr: 0.001 * (step + 1) as f64,
+            loader: LoaderState {
+                epoch: 0,
+                position: step * 4,
+                shuffle_seed: 0,
+            },
+            rng: RngState {
+                seed: 0,
+                offset: step,
+            },
+        }
+    }
+
+    fn phase(phase: Phase, from: u64, end: u64) -> PhaseRecord {
+        PhaseRecord {
+            phase,
+            steps: (from..end).map(step).collect(),
+            resumed_digest: (from > 0).then(|| digest(from)),
+            reference_digest: (from > 0).then(|| digest(from)),
+            ..PhaseRecord::default()
+        }
+    }
+
+    /// A faithful run: 6 steps, resumed at 2 and at 4, two checkpointed blocks.
+    pub fn run() -> RunRecord {
+        let mut first = PredictedStep {
+            start: HELD,
+            peak: AT_PEAK.total(),
+            at_peak: AT_PEAK,
+        };
+        let later = first.clone();
+        first.start.optimizer = 0;
+        let mut r = RunRecord {
+            suite: "s".into(),
+            device: "cpu".into(),
+            layers: 2,
+            checkpointing: true,
+            predicted: [first, later],
+            predicted_long: None,
+            capacity: u64::MAX,
+            budget: None,
+            rss_budget: None,
+            phases: vec![
+                phase(Phase::Reference, 0, 6),
+                phase(Phase::ResumeMid, 2, 6),
+                phase(Phase::ResumeEnd, 4, 6),
+            ],
+        };
+        r.phases[0].steps[0].start.optimizer = 0;
+        r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::suite::ChecksSpec;
+
+    #[test]
+    fn a_faithful_run_passes_every_check() {
+        let r = fixtures::run();
+        let golden = GoldenInput {
+            file: "g.snap".into(),
+            stored: Some(golden::render(&r)),
+        };
+        for o in run_all(&r, &ChecksSpec::default(), &golden) {
+            assert_eq!(o.status, Status::Passed, "{:?}", o.failures);
+        }
+    }
+
+    #[test]
+    fn turned_off_checks_do_not_run() {
+        let spec: ChecksSpec = serde_saphyr::from_str("golden: false").unwrap();
+        let golden = GoldenInput {
+            file: "g.snap".into(),
+            stored: None,
+        };
+        let out = run_all(&fixtures::run(), &spec, &golden);
+        assert_eq!(out[8].status, Status::Off);
+    }
+
+    #[test]
+    fn memory_details_name_the_fix() {
+        let d = memory_detail(&fixtures::AT_PEAK);
+        assert!(
+            d.contains("activations dominate: enable activation checkpointing"),
+            "{d}"
+        );
+        assert!(d.contains("activations 2.9 KiB"), "{d}");
+    }
+
+    #[test]
+    fn failures_say_where_and_what() {
+        let r = fixtures::run();
+        let f = Failure::new(Check::NoLeak, &r, "allocated at the step's end")
+            .phase(Phase::ResumeMid)
+            .step(3)
+            .saw(1, 2)
+            .detail("why");
+        assert_eq!(
+            f.to_string(),
+            "no_leak: cpu::s resume-mid step 3: allocated at the step's end: expected 1, got 2; why"
+        );
+    }
+}

@@ -1,0 +1,62 @@
+//! `oom_free`: the device refused no allocation in any phase, checkpoint loading included.
+
+use super::{Check, Failure, Outcome};
+use crate::phases::RunRecord;
+
+/// Reads the refusals recorded in every phase.
+pub fn check(r: &RunRecord) -> Outcome {
+    let mut out = Vec::new();
+    let mut refused = 0u64;
+    for p in &r.phases {
+        let fail = || Failure::new(Check::OomFree, r, "allocations refused").phase(p.phase);
+        if p.setup.oom_count > 0 {
+            refused = refused.max(p.setup.oom_count);
+            out.push(
+                fail()
+                    .saw(0, p.setup.oom_count)
+                    .detail("while building the trainer"),
+            );
+        } else if let Some(s) = p.steps.iter().find(|s| s.memory.oom_count > 0) {
+            refused = refused.max(s.memory.oom_count);
+            out.push(fail().step(s.step).saw(0, s.memory.oom_count));
+        }
+        if let Some(e) = &p.oom {
+            refused = refused.max(1);
+            out.push(
+                Failure::new(Check::OomFree, r, "the phase ran to its end")
+                    .phase(p.phase)
+                    .saw("no out-of-memory error", e),
+            );
+        }
+    }
+    Outcome::new(Check::OomFree, out).with("oom_count", refused)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checks::fixtures;
+
+    #[test]
+    fn a_refused_allocation_fails() {
+        let mut r = fixtures::run();
+        r.phases[1].steps[1].memory.oom_count = 1;
+        let o = check(&r);
+        assert_eq!(o.failures.len(), 1);
+        assert!(
+            o.failures[0].to_string().starts_with(
+                "oom_free: cpu::s resume-mid step 3: allocations refused: expected 0, got 1"
+            ),
+            "{}",
+            o.failures[0]
+        );
+    }
+
+    #[test]
+    fn an_out_of_memory_error_fails() {
+        let mut r = fixtures::run();
+        r.phases[2].setup.oom_count = 1;
+        r.phases[2].oom = Some("building the trainer: out of memory".into());
+        assert_eq!(check(&r).failures.len(), 2);
+    }
+}

@@ -1,0 +1,136 @@
+//! `peak_budget`: every step's peak in every phase, and the peak of building each trainer
+//! (checkpoint loading included), at or under `memory.budget`; each phase's peak resident host
+//! memory at or under `memory.rss_budget`.
+
+use super::{bytes, memory_detail, Check, Failure, Outcome};
+use crate::phases::{Phase, RunRecord};
+
+/// Compares every peak with the suite's budgets; passes when the suite sets none.
+pub fn check(r: &RunRecord) -> Outcome {
+    let mut out = Vec::new();
+    let mut max_peak = 0u64;
+    let mut max_rss = 0u64;
+    for p in &r.phases {
+        max_peak = max_peak.max(p.setup.peak);
+        max_rss = max_rss.max(p.host.peak_rss.unwrap_or(0));
+        if let Some(budget) = r.budget {
+            if p.setup.peak > budget {
+                let what = if p.phase == Phase::Reference {
+                    "peak while building the trainer"
+                } else {
+                    "peak while loading the checkpoint"
+                };
+                out.push(
+                    Failure::new(Check::PeakBudget, r, what)
+                        .phase(p.phase)
+                        .saw(format!("at most {}", bytes(budget)), bytes(p.setup.peak))
+                        .detail(memory_detail(&p.setup.at_peak)),
+                );
+            }
+            for s in &p.steps {
+                let peak = s.memory.allocated.peak;
+                max_peak = max_peak.max(peak);
+                if peak > budget {
+                    out.push(
+                        Failure::new(Check::PeakBudget, r, "step peak")
+                            .phase(p.phase)
+                            .step(s.step)
+                            .saw(format!("at most {}", bytes(budget)), bytes(peak))
+                            .detail(memory_detail(&s.memory.at_peak)),
+                    );
+                }
+            }
+        } else {
+            max_peak = p
+                .steps
+                .iter()
+                .map(|s| s.memory.allocated.peak)
+                .fold(max_peak, u64::max);
+        }
+        if let (Some(limit), Some(rss)) = (r.rss_budget, p.host.peak_rss) {
+            if rss > limit {
+                let scope = if p.host.reset {
+                    "over the phase"
+                } else {
+                    "over the process so far (the peak could not be reset)"
+                };
+                out.push(
+                    Failure::new(Check::PeakBudget, r, "peak resident host memory")
+                        .phase(p.phase)
+                        .saw(format!("at most {}", bytes(limit)), bytes(rss))
+                        .detail(format!(
+                            "measured {scope}; host copies of checkpoints and batches count here"
+                        )),
+                );
+            }
+        }
+    }
+    Outcome::new(Check::PeakBudget, out)
+        .with("budget", r.budget)
+        .with("max_peak", max_peak)
+        .with("rss_budget", r.rss_budget)
+        .with("max_rss", max_rss)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checks::fixtures;
+    use proptest::prelude::*;
+
+    #[test]
+    fn a_long_batch_spike_fails_with_the_fix() {
+        let mut r = fixtures::run();
+        let peak = fixtures::AT_PEAK.total();
+        r.budget = Some(peak);
+        r.phases[1].steps[1].memory.allocated.peak = peak + 4096;
+        let o = check(&r);
+        assert_eq!(o.failures.len(), 1);
+        let m = o.failures[0].to_string();
+        assert!(
+            m.starts_with("peak_budget: cpu::s resume-mid step 3: step peak: expected at most 7.3 KiB (7500 bytes), got 11.3 KiB (11596 bytes); by category: params"),
+            "{m}"
+        );
+        assert!(
+            m.contains("activations dominate: enable activation checkpointing"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn checkpoint_loading_counts() {
+        let mut r = fixtures::run();
+        r.budget = Some(fixtures::AT_PEAK.total());
+        r.phases[2].setup.peak = fixtures::AT_PEAK.total() + 1;
+        let o = check(&r);
+        assert_eq!(o.failures[0].what, "peak while loading the checkpoint");
+    }
+
+    #[test]
+    fn host_memory_counts() {
+        let mut r = fixtures::run();
+        r.rss_budget = Some(1 << 20);
+        r.phases[0].host.peak_rss = Some(2 << 20);
+        r.phases[0].host.reset = true;
+        let o = check(&r);
+        assert_eq!(o.failures.len(), 1);
+        assert_eq!(o.failures[0].what, "peak resident host memory");
+    }
+
+    proptest! {
+        /// A peak exactly at the budget passes; one byte above fails.
+        #[test]
+        fn the_budget_is_inclusive(budget in 1u64..u64::MAX / 2) {
+            let mut r = fixtures::run();
+            r.budget = Some(budget);
+            for p in &mut r.phases {
+                for s in &mut p.steps {
+                    s.memory.allocated.peak = budget;
+                }
+            }
+            prop_assert!(!check(&r).failed());
+            r.phases[2].steps[1].memory.allocated.peak = budget + 1;
+            prop_assert_eq!(check(&r).failures.len(), 1);
+        }
+    }
+}

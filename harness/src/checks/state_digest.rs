@@ -1,0 +1,130 @@
+//! `state_digest`: at the first step of each resumed phase, the resumed trainer's weights,
+//! optimizer state, step, next learning rate and loader position equal the reference trainer's
+//! before the same step, and the first resumed batch is the reference's.
+
+use super::{Check, Failure, Outcome};
+use crate::phases::{Phase, RunRecord};
+
+/// Compares the resumed state with the reference's at every resume point.
+pub fn check(r: &RunRecord) -> Outcome {
+    let mut out = Vec::new();
+    let mut compared = 0u64;
+    let reference = r.reference();
+    for phase in r.phases.iter().filter(|p| p.phase != Phase::Reference) {
+        let fail = |what: &str| Failure::new(Check::StateDigest, r, what).phase(phase.phase);
+        let (Some(got), Some(want)) = (&phase.resumed_digest, &phase.reference_digest) else {
+            out.push(fail("state digests").saw("both recorded", "missing"));
+            continue;
+        };
+        compared += 1;
+        let at = want.step;
+        let fields = [
+            ("step", want.step.to_string(), got.step.to_string()),
+            ("params digest", want.params.clone(), got.params.clone()),
+            (
+                "optimizer digest (masters and moments)",
+                want.optimizer.clone(),
+                got.optimizer.clone(),
+            ),
+            (
+                "optimizer steps",
+                want.optimizer_steps.to_string(),
+                got.optimizer_steps.to_string(),
+            ),
+            (
+                "next lr",
+                format!("{:e}", want.next_lr),
+                format!("{:e}", got.next_lr),
+            ),
+            (
+                "loader position",
+                format!("{:?}", want.loader),
+                format!("{:?}", got.loader),
+            ),
+            (
+                "dropout generator state",
+                format!("{:?}", want.rng),
+                format!("{:?}", got.rng),
+            ),
+        ];
+        for (what, w, g) in fields {
+            if w != g {
+                out.push(fail(what).step(at).saw(w, g));
+            }
+        }
+        let first = phase.steps.first();
+        let reference_batch = reference.and_then(|p| {
+            p.steps
+                .iter()
+                .find(|s| Some(s.step) == first.map(|f| f.step))
+        });
+        if let (Some(f), Some(w)) = (first, reference_batch) {
+            if f.batch_digest != w.batch_digest {
+                out.push(
+                    fail("batch digest")
+                        .step(f.step)
+                        .saw(&w.batch_digest, &f.batch_digest)
+                        .detail("the resumed loader hands out a different batch"),
+                );
+            }
+        }
+    }
+    Outcome::new(Check::StateDigest, out).with("resume_points_compared", compared)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checks::fixtures;
+
+    #[test]
+    fn an_unrestored_dropout_generator_fails() {
+        let mut r = fixtures::run();
+        r.phases[1].resumed_digest.as_mut().unwrap().rng.offset = 0;
+        let o = check(&r);
+        assert_eq!(o.failures.len(), 1);
+        assert!(o.failures[0]
+            .to_string()
+            .contains("dropout generator state"));
+    }
+
+    #[test]
+    fn unsaved_moments_fail() {
+        let mut r = fixtures::run();
+        r.phases[1].resumed_digest.as_mut().unwrap().optimizer = "zeros".into();
+        let o = check(&r);
+        assert_eq!(o.failures.len(), 1);
+        let m = o.failures[0].to_string();
+        assert!(
+            m.starts_with("state_digest: cpu::s resume-mid step 2: optimizer digest (masters and moments): expected opt2, got zeros"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn a_restarted_loader_fails_on_position_and_batch() {
+        let mut r = fixtures::run();
+        r.phases[2].resumed_digest.as_mut().unwrap().loader.position = 0;
+        r.phases[2].steps[0].batch_digest = "batch0".into();
+        let o = check(&r);
+        let what: Vec<&str> = o.failures.iter().map(|f| f.what.as_str()).collect();
+        assert_eq!(what, ["loader position", "batch digest"]);
+    }
+
+    #[test]
+    fn a_reset_schedule_fails_on_the_next_lr() {
+        let mut r = fixtures::run();
+        r.phases[1].resumed_digest.as_mut().unwrap().next_lr = 0.001;
+        let o = check(&r);
+        assert_eq!(o.failures.len(), 1);
+        assert_eq!(o.failures[0].what, "next lr");
+        assert_eq!(o.failures[0].expected, "3e-3");
+    }
+
+    #[test]
+    fn a_missing_digest_fails() {
+        let mut r = fixtures::run();
+        r.phases[1].reference_digest = None;
+        assert!(check(&r).failed());
+    }
+}

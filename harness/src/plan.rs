@@ -1,0 +1,123 @@
+//! Which trials a run holds: suite files found under the paths given, crossed with their devices,
+//! filtered by tier and device; trials that cannot run here are kept with the reason.
+
+use crate::devices::DeviceKind;
+use crate::suite::{Suite, Tier};
+use anyhow::{bail, Context, Result};
+use std::path::{Path, PathBuf};
+
+/// Which tiers run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum TierFilter {
+    /// Suites of the `ci` tier.
+    Ci,
+    /// Suites of the `nightly` tier.
+    Nightly,
+    /// Every suite.
+    All,
+}
+
+impl TierFilter {
+    /// Whether suites of `tier` run.
+    pub fn admits(self, tier: Tier) -> bool {
+        match self {
+            TierFilter::All => true,
+            TierFilter::Ci => tier == Tier::Ci,
+            TierFilter::Nightly => tier == Tier::Nightly,
+        }
+    }
+}
+
+/// Which devices run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum DeviceChoice {
+    /// Each suite's devices that are present; the others are skipped.
+    Auto,
+    /// The CPU only.
+    Cpu,
+    /// CUDA only; an error when no CUDA device is present.
+    Cuda,
+}
+
+/// One trial of the plan.
+#[derive(Clone, Debug)]
+pub struct Planned {
+    /// Index of its suite.
+    pub suite: usize,
+    /// The device.
+    pub device: DeviceKind,
+    /// `device::suite`.
+    pub name: String,
+    /// Why it does not run here, if it does not.
+    pub skip: Option<String>,
+}
+
+/// Suite files under `paths`: files as given; directories searched for `*.yaml`, then their
+/// `faults/` directory (the negative controls); sorted within each directory.
+pub fn files(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    fn yaml_in(dir: &Path) -> Result<Vec<PathBuf>> {
+        let entries =
+            std::fs::read_dir(dir).with_context(|| format!("{}: cannot list", dir.display()))?;
+        let mut found: Vec<PathBuf> = entries
+            .flatten()
+            .map(|e| e.path())
+            .filter(|f| f.is_file() && f.extension().is_some_and(|x| x == "yaml" || x == "yml"))
+            .collect();
+        found.sort();
+        Ok(found)
+    }
+    let mut out = Vec::new();
+    for p in paths {
+        if p.is_dir() {
+            out.extend(yaml_in(p)?);
+            let faults = p.join("faults");
+            if faults.is_dir() {
+                out.extend(yaml_in(&faults)?);
+            }
+        } else if p.exists() {
+            out.push(p.clone());
+        } else {
+            bail!("{}: no such file or directory", p.display());
+        }
+    }
+    Ok(out)
+}
+
+/// Loads every suite file, failing on the first invalid one.
+pub fn load(files: &[PathBuf]) -> Result<Vec<Suite>> {
+    files.iter().map(|f| Suite::load(f)).collect()
+}
+
+/// The trials of `suites` for `tier` and `device`.
+pub fn plan(suites: &[Suite], tier: TierFilter, device: DeviceChoice) -> Result<Vec<Planned>> {
+    if device == DeviceChoice::Cuda {
+        if let Err(why) = DeviceKind::Cuda.probe() {
+            bail!("--device cuda: no CUDA device: {why}");
+        }
+    }
+    let mut out = Vec::new();
+    for (i, s) in suites.iter().enumerate() {
+        for &d in s.devices() {
+            let wanted = match device {
+                DeviceChoice::Auto => true,
+                DeviceChoice::Cpu => d == DeviceKind::Cpu,
+                DeviceChoice::Cuda => d == DeviceKind::Cuda,
+            };
+            if !wanted {
+                continue;
+            }
+            let skip = if !tier.admits(s.file.tier) {
+                Some(format!("tier {:?} not selected", s.file.tier).to_lowercase())
+            } else {
+                d.probe().err().map(|why| format!("no {d} device: {why}"))
+            };
+            out.push(Planned {
+                suite: i,
+                device: d,
+                name: crate::trial::name(s, d),
+                skip,
+            });
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,218 @@
+//! Reports of a run: the summary table, `summary.json` and JUnit XML.
+
+use crate::checks::Status;
+use crate::trial::TrialResult;
+use anyhow::{Context, Result};
+use serde::Serialize;
+use std::fmt::Write;
+use std::path::Path;
+
+/// A trial that did not run, and why.
+#[derive(Clone, Debug, Serialize)]
+pub struct Skipped {
+    /// The trial's name.
+    pub name: String,
+    /// Why it did not run.
+    pub reason: String,
+}
+
+/// Everything a run produced.
+#[derive(Clone, Debug, Serialize)]
+pub struct Summary {
+    /// Trials that passed.
+    pub passed: usize,
+    /// Trials that failed.
+    pub failed: usize,
+    /// Every trial that ran, with every check's verdict and figures.
+    pub trials: Vec<TrialResult>,
+    /// Trials that did not run.
+    pub skipped: Vec<Skipped>,
+}
+
+impl Summary {
+    /// The summary of these trials.
+    pub fn new(trials: Vec<TrialResult>, skipped: Vec<Skipped>) -> Self {
+        let passed = trials.iter().filter(|t| t.passed).count();
+        Summary {
+            passed,
+            failed: trials.len() - passed,
+            trials,
+            skipped,
+        }
+    }
+
+    /// The table printed at the end of a run: one row per trial, its failed checks, then each
+    /// failure.
+    pub fn table(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "{:<40} {:<6} {:>7}  failed checks",
+            "trial", "result", "seconds"
+        );
+        for t in &self.trials {
+            let failed: Vec<&str> = t.failed_checks().iter().map(|c| c.name()).collect();
+            let result = if t.passed { "PASS" } else { "FAIL" };
+            let note = if t.expect_fail.is_empty() {
+                String::new()
+            } else {
+                " (negative control)".to_string()
+            };
+            let _ = writeln!(
+                out,
+                "{:<40} {result:<6} {:>7.2}  {}{note}",
+                t.name,
+                t.seconds,
+                failed.join(", ")
+            );
+            if !t.passed {
+                let _ = writeln!(out, "    {}", t.verdict);
+                for o in &t.checks {
+                    for f in &o.failures {
+                        let _ = writeln!(out, "    {f}");
+                    }
+                }
+            }
+        }
+        for s in &self.skipped {
+            let _ = writeln!(out, "{:<40} {:<6} {:>7}  {}", s.name, "SKIP", "-", s.reason);
+        }
+        let _ = writeln!(
+            out,
+            "\n{} passed, {} failed, {} skipped",
+            self.passed,
+            self.failed,
+            self.skipped.len()
+        );
+        out
+    }
+
+    /// Writes `summary.json` under `dir`.
+    pub fn write_json(&self, dir: &Path) -> Result<()> {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("{}: cannot create", dir.display()))?;
+        let file = dir.join("summary.json");
+        std::fs::write(&file, serde_json::to_vec_pretty(self)?)
+            .with_context(|| format!("{}: cannot write", file.display()))
+    }
+
+    /// The run as JUnit XML: one test case per trial.
+    pub fn junit(&self) -> String {
+        let mut out = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
+        let seconds: f64 = self.trials.iter().map(|t| t.seconds).sum();
+        let _ = writeln!(
+            out,
+            "<testsuites name=\"ckpt-harness\" tests=\"{}\" failures=\"{}\" skipped=\"{}\" time=\"{seconds:.3}\">",
+            self.trials.len() + self.skipped.len(),
+            self.failed,
+            self.skipped.len()
+        );
+        let _ = writeln!(
+            out,
+            "  <testsuite name=\"suites\" tests=\"{}\" failures=\"{}\" skipped=\"{}\" time=\"{seconds:.3}\">",
+            self.trials.len() + self.skipped.len(),
+            self.failed,
+            self.skipped.len()
+        );
+        for t in &self.trials {
+            let _ = write!(
+                out,
+                "    <testcase classname=\"{}\" name=\"{}\" time=\"{:.3}\"",
+                xml_escape(t.device.name()),
+                xml_escape(&t.name),
+                t.seconds
+            );
+            if t.passed {
+                out.push_str("/>\n");
+                continue;
+            }
+            out.push_str(">\n");
+            let body: Vec<String> = t
+                .checks
+                .iter()
+                .filter(|o| o.status == Status::Failed)
+                .flat_map(|o| o.failures.iter().map(|f| f.to_string()))
+                .collect();
+            let _ = writeln!(
+                out,
+                "      <failure message=\"{}\">{}</failure>",
+                xml_escape(&t.verdict),
+                xml_escape(&body.join("\n"))
+            );
+            out.push_str("    </testcase>\n");
+        }
+        for s in &self.skipped {
+            let _ = writeln!(
+                out,
+                "    <testcase classname=\"{}\" name=\"{}\"><skipped message=\"{}\"/></testcase>",
+                xml_escape(s.name.split("::").next().unwrap_or("")),
+                xml_escape(&s.name),
+                xml_escape(&s.reason)
+            );
+        }
+        out.push_str("  </testsuite>\n</testsuites>\n");
+        out
+    }
+}
+
+/// Escapes text for XML content and attribute values; drops characters XML 1.0 forbids.
+pub fn xml_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&apos;"),
+            '\n' => out.push_str("&#10;"),
+            '\t' | '\r' => {
+                let _ = write!(out, "&#{};", c as u32);
+            }
+            c if (c as u32) < 0x20 || c == '\u{FFFE}' || c == '\u{FFFF}' => {}
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn escapes_markup_and_drops_forbidden_characters() {
+        assert_eq!(
+            xml_escape("a<b>&\"c\" 'd'\u{1}\n"),
+            "a&lt;b&gt;&amp;&quot;c&quot; &apos;d&apos;&#10;"
+        );
+    }
+
+    #[test]
+    fn skipped_trials_are_junit_skips() {
+        let s = Summary::new(
+            Vec::new(),
+            vec![Skipped {
+                name: "cuda::t".into(),
+                reason: "no <device>".into(),
+            }],
+        );
+        let x = s.junit();
+        assert!(x.contains("<testcase classname=\"cuda\" name=\"cuda::t\"><skipped message=\"no &lt;device&gt;\"/></testcase>"), "{x}");
+        assert!(
+            x.contains("tests=\"1\" failures=\"0\" skipped=\"1\""),
+            "{x}"
+        );
+    }
+
+    proptest! {
+        /// Escaped text holds no markup character and no control character.
+        #[test]
+        fn escaped_text_is_inert(text in ".*") {
+            let e = xml_escape(&text);
+            prop_assert!(!e.contains(['<', '>', '"', '\'']));
+            prop_assert!(e.chars().all(|c| c as u32 >= 0x20));
+        }
+    }
+}

@@ -1,0 +1,177 @@
+//! One trial: a suite on one device through the phases and the checks, and its verdict. A suite
+//! with `expect_fail` passes only when exactly those checks fail.
+
+use crate::checks::{self, golden, Check, Outcome};
+use crate::devices::DeviceKind;
+use crate::phases::{self, PhaseRecord, RunRecord};
+use crate::suite::Suite;
+use anyhow::{Context, Result};
+use serde::Serialize;
+use std::path::Path;
+use std::time::Instant;
+
+/// How a trial handles its golden snapshot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GoldenMode {
+    /// Compare with the stored snapshot, never write it.
+    Check,
+    /// Rewrite the snapshot from this run, then compare.
+    Bless,
+}
+
+/// A trial's verdict and everything behind it.
+#[derive(Clone, Debug, Serialize)]
+pub struct TrialResult {
+    /// `device::suite`, or `device::faults::suite` for a negative control.
+    pub name: String,
+    /// The suite's name.
+    pub suite: String,
+    /// The device.
+    pub device: DeviceKind,
+    /// Whether the trial passed.
+    pub passed: bool,
+    /// The checks that had to fail (empty for an ordinary suite).
+    pub expect_fail: Vec<Check>,
+    /// Why the trial failed, in one line; empty when it passed.
+    pub verdict: String,
+    /// Every check's outcome.
+    pub checks: Vec<Outcome>,
+    /// Wall-clock seconds.
+    pub seconds: f64,
+    /// What was recorded.
+    #[serde(skip)]
+    pub record: RunRecord,
+}
+
+impl TrialResult {
+    /// The checks that failed, in report order.
+    pub fn failed_checks(&self) -> Vec<Check> {
+        self.checks
+            .iter()
+            .filter(|o| o.failed())
+            .map(|o| o.check)
+            .collect()
+    }
+}
+
+/// The trial name of `suite` on `device`: `cpu::tiny-fp32`; suites in a `faults` directory are
+/// `cpu::faults::<name>`.
+pub fn name(suite: &Suite, device: DeviceKind) -> String {
+    let in_faults = suite
+        .path
+        .parent()
+        .and_then(|p| p.file_name())
+        .is_some_and(|n| n == "faults");
+    if in_faults {
+        format!("{device}::faults::{}", suite.file.name)
+    } else {
+        format!("{device}::{}", suite.file.name)
+    }
+}
+
+/// The verdict given the checks that had to fail and those that did: `Ok` or why not.
+pub fn verdict(expect_fail: &[Check], failed: &[Check]) -> Result<(), String> {
+    let list = |c: &[Check]| c.iter().map(|c| c.name()).collect::<Vec<_>>().join(", ");
+    if expect_fail == failed {
+        return Ok(());
+    }
+    if expect_fail.is_empty() {
+        return Err(format!("failed: {}", list(failed)));
+    }
+    let missed: Vec<Check> = expect_fail
+        .iter()
+        .copied()
+        .filter(|c| !failed.contains(c))
+        .collect();
+    let extra: Vec<Check> = failed
+        .iter()
+        .copied()
+        .filter(|c| !expect_fail.contains(c))
+        .collect();
+    let mut why = format!(
+        "negative control: expected exactly [{}] to fail, got [{}]",
+        list(expect_fail),
+        list(failed)
+    );
+    if !missed.is_empty() {
+        why.push_str(&format!(
+            "; passed though they should fail: {}",
+            list(&missed)
+        ));
+    }
+    if !extra.is_empty() {
+        why.push_str(&format!("; also failed: {}", list(&extra)));
+    }
+    Err(why)
+}
+
+/// Runs `suite` on `device` with checkpoints in a temporary directory; `golden_dir` holds the
+/// snapshots; `progress` is told when each phase ends.
+pub fn run(
+    suite: &Suite,
+    device: DeviceKind,
+    golden_dir: &Path,
+    mode: GoldenMode,
+    progress: impl FnMut(&PhaseRecord),
+) -> Result<TrialResult> {
+    let started = Instant::now();
+    let work = tempfile::tempdir().context("cannot create a temporary directory")?;
+    let record = phases::run(suite, device, work.path(), progress)?;
+    if mode == GoldenMode::Bless && suite.file.checks.golden {
+        golden::bless(golden_dir, &record)?;
+    }
+    let stored = golden::load(golden_dir, &record.device, &record.suite)?;
+    let checks = checks::run_all(&record, &suite.file.checks, &stored);
+    let expect_fail = suite.expect_fail();
+    let failed: Vec<Check> = checks
+        .iter()
+        .filter(|o| o.failed())
+        .map(|o| o.check)
+        .collect();
+    let v = verdict(&expect_fail, &failed);
+    Ok(TrialResult {
+        name: name(suite, device),
+        suite: suite.file.name.clone(),
+        device,
+        passed: v.is_ok(),
+        expect_fail,
+        verdict: v.err().unwrap_or_default(),
+        checks,
+        seconds: started.elapsed().as_secs_f64(),
+        record,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use Check::*;
+
+    #[test]
+    fn ordinary_suites_pass_only_without_failures() {
+        assert_eq!(verdict(&[], &[]), Ok(()));
+        assert_eq!(
+            verdict(&[], &[NoLeak, Golden]),
+            Err("failed: no_leak, golden".into())
+        );
+    }
+
+    #[test]
+    fn negative_controls_pass_only_on_exactly_their_checks() {
+        assert_eq!(
+            verdict(
+                &[LossContinuity, StateDigest],
+                &[LossContinuity, StateDigest]
+            ),
+            Ok(())
+        );
+        let e = verdict(&[LossContinuity, StateDigest], &[LossContinuity]).unwrap_err();
+        assert!(
+            e.contains("passed though they should fail: state_digest"),
+            "{e}"
+        );
+        let e = verdict(&[MemoryReclaimed], &[MemoryReclaimed, MemoryModel]).unwrap_err();
+        assert!(e.contains("also failed: memory_model"), "{e}");
+        assert!(verdict(&[PeakBudget], &[]).is_err());
+    }
+}
