@@ -23,8 +23,9 @@ pack() {
     cargo build --release --locked -p ckpt-harness
     mkdir -p "$dir/bin"
     cp target/release/ckpt-harness "$dir/bin/"
-    # Every test binary of the release profile, named after its target.
-    cargo test --release --locked --workspace --no-run --message-format=json 2>/dev/null |
+    # The test binaries with GPU trials, named after their targets.
+    cargo test --release --locked -p ckpt-engine --test cuda -p ckpt-harness --test suites \
+        --no-run --message-format=json 2>/dev/null |
         python3 -c '
 import json, sys
 for line in sys.stdin:
@@ -49,7 +50,7 @@ run() {
     if [[ -d "$cuda/lib64" ]]; then
         export LD_LIBRARY_PATH="$cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     fi
-    export CKPT_REPO_ROOT="$root"
+    export CKPT_REPO_ROOT="$root" CKPT_GOLDEN_DIR="$root/golden"
     cd "$root"
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 
@@ -66,7 +67,7 @@ run() {
         echo "== Hugging Face transformers loads a checkpoint"
         local run_dir="$out/hf-check"
         rm -rf "$run_dir"
-        bin/ckpt-harness train suites/tiny-fp32.yaml --out "$run_dir" --steps 2 >/dev/null
+        bin/ckpt-harness train suites/tiny-fp32.yaml --out "$run_dir" >/dev/null
         local ckpt
         ckpt="$(ls -d "$run_dir"/step-* | tail -1)"
         python3 scripts/make_batch.py "$ckpt/config.json" "$run_dir/batch.safetensors"
