@@ -208,6 +208,10 @@ pub struct Estimate {
     pub later_step: StepEstimate,
     /// The steps with long rows, when the run has them.
     pub long_batch: Option<LongBatchEstimate>,
+    /// The device's peak while a checkpoint is saved or loaded. A save writes straight from
+    /// the tensors and a load reads each tensor into its final place, so neither stages a copy
+    /// on the device: this is what a trainer holds between steps once AdamW's moments exist.
+    pub checkpoint_io: u64,
 }
 
 /// The memory model of the steps with long rows ([`EstimateConfig::long_batch`]).
@@ -269,12 +273,14 @@ pub fn estimate(cfg: &EstimateConfig) -> Result<Estimate> {
             later_step,
         }
     });
+    let checkpoint_io = later_step.start.total();
     Ok(Estimate {
         config: cfg.clone(),
         anatomy,
         first_step,
         later_step,
         long_batch,
+        checkpoint_io,
     })
 }
 

@@ -363,7 +363,7 @@ pub fn table(a: &EstimateArgs) -> Result<String> {
     }
     rows.push(
         std::iter::once("checkpoint save / load".to_string())
-            .chain(cols.iter().map(|_| "pending".to_string()))
+            .chain(estimates.iter().map(|e| show(e.checkpoint_io, a.bytes)))
             .collect(),
     );
     if a.measure {

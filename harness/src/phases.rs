@@ -130,6 +130,8 @@ pub struct RunRecord {
     pub predicted: [PredictedStep; 2],
     /// The same for the long rows of a suite's `long_batch`, and the step they start at.
     pub predicted_long: Option<(u64, [PredictedStep; 2])>,
+    /// The memory model's peak while a checkpoint is loaded (a resumed trainer is built).
+    pub predicted_load: u64,
     /// The device's capacity in bytes.
     pub capacity: u64,
     /// The per-step budget in bytes, if the suite sets one.
@@ -273,6 +275,7 @@ pub fn run(
         checkpointing: suite.train.checkpointing != ckpt_engine::Checkpointing::None,
         predicted,
         predicted_long,
+        predicted_load: model.checkpoint_io,
         capacity: tracker.capacity(),
         budget: suite.budget().map(|b| b.bytes(tracker.capacity())),
         rss_budget: suite.file.memory.rss_budget,

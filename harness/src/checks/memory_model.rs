@@ -4,7 +4,7 @@
 //! or one that did not happen.
 
 use super::{bytes, excess, Check, Failure, Outcome};
-use crate::phases::RunRecord;
+use crate::phases::{Phase, RunRecord};
 
 /// Compares each step with the prediction for a step starting as it did (with or without
 /// AdamW's moments).
@@ -14,6 +14,22 @@ pub fn check(r: &RunRecord) -> Outcome {
     let mut max_diff = 0u64;
     for p in &r.phases {
         let base = p.before.total();
+        if p.phase != Phase::Reference && p.oom.is_none() {
+            compared += 1;
+            let own = p.setup.peak.saturating_sub(base);
+            max_diff = max_diff.max(own.abs_diff(r.predicted_load));
+            if own != r.predicted_load {
+                out.push(
+                    Failure::new(Check::MemoryModel, r, "checkpoint load peak")
+                        .phase(p.phase)
+                        .saw(bytes(r.predicted_load), bytes(own))
+                        .detail(format!(
+                            "measured at peak: {}; a load should read each tensor into its final place, staging no copy on the device",
+                            excess(&p.setup.at_peak, &p.before)
+                        )),
+                );
+            }
+        }
         for s in &p.steps {
             let start = excess(&s.start, &p.before);
             let fail = |what: &str| {
@@ -86,6 +102,22 @@ mod tests {
     }
 
     #[test]
+    fn a_load_that_stages_a_copy_on_the_device_fails() {
+        let mut r = fixtures::run();
+        let setup = &mut r.phases[2].setup;
+        setup.peak += 4096;
+        setup.at_peak.io += 4096;
+        let o = check(&r);
+        assert_eq!(o.failures.len(), 1);
+        assert_eq!(o.failures[0].what, "checkpoint load peak");
+        assert!(
+            o.failures[0].to_string().contains("resume-end"),
+            "{}",
+            o.failures[0]
+        );
+    }
+
+    #[test]
     fn inputs_kept_past_the_step_fail() {
         let mut r = fixtures::run();
         r.phases[1].steps[1].start.activations = 512;
@@ -99,6 +131,8 @@ mod tests {
         let mut r = fixtures::run();
         let p = &mut r.phases[1];
         p.before.optimizer = 2000;
+        p.setup.peak += 2000;
+        p.setup.at_peak.optimizer += 2000;
         for s in &mut p.steps {
             s.start.optimizer += 2000;
             s.memory.allocated.peak += 2000;

@@ -308,7 +308,7 @@ pub fn bytes(n: u64) -> String {
 pub(crate) mod fixtures {
     //! Hand-made records: a faithful run that every check passes.
 
-    use crate::phases::{Phase, PhaseRecord, PredictedStep, RunRecord, StepRecord};
+    use crate::phases::{Phase, PhaseRecord, PredictedStep, RunRecord, StepRecord, Window};
     use ckpt_engine::checkpoint::state::RngState;
     use ckpt_engine::data::LoaderState;
     use ckpt_engine::memory::{Breakdown, MemoryStats, Usage};
@@ -388,6 +388,11 @@ pub(crate) mod fixtures {
             steps: (from..end).map(step).collect(),
             resumed_digest: (from > 0).then(|| digest(from)),
             reference_digest: (from > 0).then(|| digest(from)),
+            setup: Window {
+                peak: if from > 0 { HELD.total() } else { 0 },
+                at_peak: if from > 0 { HELD } else { Breakdown::default() },
+                oom_count: 0,
+            },
             ..PhaseRecord::default()
         }
     }
@@ -408,6 +413,7 @@ pub(crate) mod fixtures {
             checkpointing: true,
             predicted: [first, later],
             predicted_long: None,
+            predicted_load: HELD.total(),
             capacity: u64::MAX,
             budget: None,
             rss_budget: None,
