@@ -1,10 +1,12 @@
 //! The analytic memory model: from a run's configuration alone, the bytes of every part of the
 //! memory and the peak of every phase of a training step, without running a kernel.
 //!
-//! The step's allocations are replayed on a simulated tracker in the order the code makes them
-//! (see `replay`), so on the CPU device the predicted step peak equals the measured one
-//! (`StepStats::memory.allocated.peak`) to the byte. Checkpoint saving and loading are not
-//! modelled yet: they will be once the checkpoint module allocates through the tracker.
+//! The step's allocations are replayed on a simulated tracker in the order the code of the
+//! chosen [`Backend`] makes them (see `replay`), so the predicted step peak equals the measured
+//! one (`StepStats::memory.allocated.peak`) to the byte: on the CPU for every CI suite and
+//! random configurations (tests), on CUDA for the golden trajectories measured on an H100.
+//! Checkpoint saving and loading stage nothing on the device, so their peak is what a trainer
+//! holds between steps.
 
 mod replay;
 mod timeline;
@@ -35,8 +37,8 @@ pub struct EstimateConfig {
     pub checkpointing: Checkpointing,
     /// How logits are held.
     pub loss: LossKind,
-    /// The CPU device's worker threads (at least 1): attention scratch is per thread.
-    pub threads: usize,
+    /// The backend whose allocations are replayed.
+    pub backend: Backend,
     /// Residual dropout probability: above 0, each residual projection gets a buffer of its own
     /// and its gradient a masked copy.
     #[serde(default)]
@@ -47,8 +49,8 @@ pub struct EstimateConfig {
 }
 
 impl EstimateConfig {
-    /// The configuration of `cfg` trained on a device with `threads` worker threads.
-    pub fn from_train(cfg: &TrainConfig, threads: usize) -> Self {
+    /// The configuration of `cfg` trained on `backend`.
+    pub fn from_train(cfg: &TrainConfig, backend: Backend) -> Self {
         EstimateConfig {
             model: cfg.model.clone(),
             batch_size: cfg.batch_size,
@@ -56,7 +58,7 @@ impl EstimateConfig {
             precision: cfg.precision,
             checkpointing: cfg.checkpointing,
             loss: cfg.loss,
-            threads,
+            backend,
             dropout: cfg.dropout,
             long_batch: cfg.long_batch,
         }
@@ -64,10 +66,19 @@ impl EstimateConfig {
 
     fn validate(&self) -> Result<()> {
         self.model.validate().map_err(EngineError::Config)?;
-        if self.batch_size == 0 || self.seq_len == 0 || self.threads == 0 {
+        if self.batch_size == 0
+            || self.seq_len == 0
+            || self.backend == (Backend::Cpu { threads: 0 })
+        {
             return Err(EngineError::Config(
                 "batch_size, seq_len and threads must be at least 1".into(),
             ));
+        }
+        if self.backend == Backend::Cuda && self.dropout > 0.0 {
+            return Err(EngineError::Config(format!(
+                "dropout {} is not implemented on the CUDA backend, so it has no CUDA memory model; set dropout: 0 or estimate for the CPU",
+                self.dropout
+            )));
         }
         for seq in std::iter::once(self.seq_len).chain(self.long_batch.map(|l| l.seq_len)) {
             if seq == 0 || seq > self.model.max_position_embeddings {
@@ -123,7 +134,7 @@ impl EstimateConfig {
             layers: m.num_hidden_layers,
             elem: self.elem(),
             attn: self.attn(),
-            threads: self.threads,
+            backend: self.backend,
             chunk: self.chunk(),
             logits_category: match self.loss {
                 LossKind::Standard => Category::Activations,
@@ -134,6 +145,22 @@ impl EstimateConfig {
             param_numels: param_specs(m).iter().map(|s| s.numel() as u64).collect(),
         }
     }
+}
+
+/// The backend whose allocations an estimate replays: the CPU's bf16 products widen their
+/// operands into workspace and its attention keeps scratch per worker thread; the GPU's
+/// products (cuBLAS) and attention (shared memory) need neither, but it uploads the batch's
+/// token ids and labels, and its attention backward keeps a per-row `delta`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// The CPU device with its worker threads (at least 1).
+    Cpu {
+        /// Worker threads; attention scratch is per thread.
+        threads: usize,
+    },
+    /// A CUDA device.
+    Cuda,
 }
 
 /// Bytes of each part of a step's memory.
@@ -156,7 +183,8 @@ pub struct Anatomy {
     pub recompute_per_block: u64,
     /// The logits buffer: all tokens', or one chunk's.
     pub logits: u64,
-    /// The larger of the forward and backward attention scratch (all threads).
+    /// The larger of the forward and backward attention scratch (all CPU threads; the
+    /// backward pass's per-row `delta` on CUDA).
     pub attention_scratch: u64,
 }
 
@@ -335,8 +363,16 @@ fn anatomy(cfg: &EstimateConfig) -> Anatomy {
         Checkpointing::Selective => (input + products, norm.max(act)),
     };
     let a = cfg.attn();
-    let scratch =
-        |units: usize, per_thread: usize| (cfg.threads.min(units).max(1) * per_thread * 4) as u64;
+    let attention_scratch = match cfg.backend {
+        Backend::Cpu { threads } => {
+            let scratch = |units: usize, per_thread: usize| {
+                (threads.min(units).max(1) * per_thread * 4) as u64
+            };
+            scratch(a.batch * a.heads, a.forward_scratch())
+                .max(scratch(a.batch * a.kv_heads, a.backward_scratch()))
+        }
+        Backend::Cuda => lse,
+    };
     Anatomy {
         params: n * e + rope,
         master_weights: if e == 2 { n * 4 } else { 0 },
@@ -346,8 +382,7 @@ fn anatomy(cfg: &EstimateConfig) -> Anatomy {
         saved_activations: saved_per_block * m.num_hidden_layers as u64,
         recompute_per_block,
         logits: cfg.chunk() * s.vocab * e,
-        attention_scratch: scratch(a.batch * a.heads, a.forward_scratch())
-            .max(scratch(a.batch * a.kv_heads, a.backward_scratch())),
+        attention_scratch,
     }
 }
 
@@ -375,7 +410,7 @@ mod tests {
             precision,
             checkpointing,
             loss: LossKind::Chunked { chunk_tokens: 3 },
-            threads: 2,
+            backend: Backend::Cpu { threads: 2 },
             dropout: 0.0,
             long_batch: None,
         }
@@ -438,7 +473,11 @@ mod tests {
         let err = estimate(&cfg).unwrap_err().to_string();
         assert!(err.contains("sequence length 9"), "{err}");
         cfg.long_batch = None;
-        cfg.threads = 0;
+        cfg.backend = Backend::Cpu { threads: 0 };
         assert!(estimate(&cfg).is_err());
+        cfg.backend = Backend::Cuda;
+        cfg.dropout = 0.1;
+        let err = estimate(&cfg).unwrap_err().to_string();
+        assert!(err.contains("not implemented on the CUDA backend"), "{err}");
     }
 }

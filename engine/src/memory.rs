@@ -94,6 +94,20 @@ pub struct Breakdown {
     pub io: u64,
 }
 
+impl From<[u64; 6]> for Breakdown {
+    /// Bytes per category in [`Category::ALL`] order.
+    fn from([params, grads, optimizer, activations, workspace, io]: [u64; 6]) -> Self {
+        Breakdown {
+            params,
+            grads,
+            optimizer,
+            activations,
+            workspace,
+            io,
+        }
+    }
+}
+
 impl Breakdown {
     /// The bytes of one category.
     pub fn get(&self, category: Category) -> u64 {

@@ -95,9 +95,9 @@ pub struct AdamW {
     step: u64,
 }
 
-/// Elements per task in element-wise updates and partial sums. Fixed, so that sums do not depend
-/// on the thread count.
-const CHUNK: usize = 4096;
+/// Elements per task in element-wise updates and per partial sum of the gradient norm (on
+/// every backend). Fixed, so that sums do not depend on the thread count.
+pub(crate) const CHUNK: usize = 4096;
 
 impl AdamW {
     /// A fresh optimizer with no state yet.

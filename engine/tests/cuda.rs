@@ -10,11 +10,12 @@ mod common;
 
 use ckpt_engine::backend::cuda::{nvrtc, CudaCompute};
 use ckpt_engine::compute::Compute;
+use ckpt_engine::estimate::{estimate, Backend, EstimateConfig};
 use ckpt_engine::loss::LossKind;
 use ckpt_engine::model::{param_specs, weights, Batch, Checkpointing, LlamaConfig};
 use ckpt_engine::optim::{AdamWConfig, Schedule};
 use ckpt_engine::trainer::{Init, Precision, StepStats, TrainConfig};
-use ckpt_engine::{CpuDevice, CudaDevice, EngineError, Trainer};
+use ckpt_engine::{CpuDevice, CudaDevice, EngineError, Fault, Trainer};
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -74,6 +75,11 @@ fn main() {
             resume(Precision::Bf16Mixed)
         }),
         on_gpu("dropping_a_trainer_returns_its_memory", memory_reclaimed),
+        on_gpu(
+            "step_peaks_equal_the_cuda_memory_model",
+            step_peaks_match_the_model,
+        ),
+        on_gpu("model_level_faults_act_on_the_gpu", model_level_faults),
     ];
     libtest_mimic::run(&args, trials).exit();
 }
@@ -464,5 +470,106 @@ fn memory_reclaimed() -> Outcome {
     if delta.abs() > 8 << 20 {
         return Err(format!("driver free memory is {delta} bytes lower than before").into());
     }
+    Ok(())
+}
+
+/// Every step's tracker peak, and the bytes of every category at it, equal the CUDA memory
+/// model's, for both precisions, every checkpointing policy and both loss kinds.
+fn step_peaks_match_the_model() -> Outcome {
+    for precision in [Precision::Fp32, Precision::Bf16Mixed] {
+        for checkpointing in [
+            Checkpointing::None,
+            Checkpointing::Full,
+            Checkpointing::Selective,
+        ] {
+            for loss in [LossKind::Standard, CHUNKED] {
+                let cfg = run_config(precision, checkpointing, loss);
+                let model = estimate(&EstimateConfig::from_train(&cfg, Backend::Cuda))?;
+                let dev = CudaDevice::new(0, None)?;
+                let mut t = Trainer::new(cfg, dev)?;
+                for s in train(&mut t, 3)? {
+                    let want = model.at_step(s.step);
+                    let got = (s.memory.allocated.peak, s.memory.at_peak);
+                    if got != (want.peak, want.at_peak) {
+                        return Err(format!(
+                            "{precision:?} {checkpointing:?} {loss:?} step {}: measured peak {} ({:?}), the model says {} ({:?})",
+                            s.step, got.0, got.1, want.peak, want.at_peak
+                        )
+                        .into());
+                    }
+                }
+            }
+        }
+    }
+    eprintln!("12 configurations × 3 steps: every step peak equals the CUDA memory model");
+    Ok(())
+}
+
+/// One step of a fault run: allocated bytes after it, recomputed blocks, and whether its peak
+/// exceeded the CUDA memory model's.
+#[derive(Debug)]
+struct FaultStep {
+    held: u64,
+    recomputed: usize,
+    over_model: bool,
+}
+
+/// `steps` steps of `cfg` on a fresh device, and the bytes still counted once the trainer is
+/// dropped.
+fn fault_run(cfg: &TrainConfig, steps: usize) -> Result<(Vec<FaultStep>, u64), Failed> {
+    let model = estimate(&EstimateConfig::from_train(cfg, Backend::Cuda))?;
+    let dev = CudaDevice::new(0, None)?;
+    let mut t = Trainer::new(cfg.clone(), dev.clone())?;
+    let mut rows = Vec::new();
+    for _ in 0..steps {
+        let s = t.step()?;
+        rows.push(FaultStep {
+            held: dev.tracker().allocated(),
+            recomputed: s.recomputed_blocks,
+            over_model: s.memory.allocated.peak > model.at_step(s.step).peak,
+        });
+    }
+    drop(t);
+    Ok((rows, dev.tracker().allocated()))
+}
+
+/// The faults that act inside the model and the optimizer do on the GPU what they do on the
+/// CPU (engine/tests/faults.rs): nested blocks keep their activations, recomputed inputs pile
+/// up step after step, and AdamW's moments outlive the trainer.
+fn model_level_faults() -> Outcome {
+    let clean = run_config(Precision::Fp32, Checkpointing::Full, LossKind::Standard);
+    let layers = clean.model.num_hidden_layers;
+    let (rows, after_drop) = fault_run(&clean, 3)?;
+    if rows.iter().any(|r| r.recomputed != layers || r.over_model) || after_drop != 0 {
+        return Err(
+            format!("the clean run misbehaves: {rows:?}, {after_drop} B after drop").into(),
+        );
+    }
+    let with = |fault: Fault| {
+        let mut cfg = clean.clone();
+        cfg.faults = [fault].into_iter().collect();
+        cfg
+    };
+    let (rows, _) = fault_run(&with(Fault::CheckpointingSkippedNested), 3)?;
+    if rows.iter().any(|r| r.recomputed != 1 || !r.over_model) {
+        return Err(format!("checkpointing_skipped_nested: {rows:?}").into());
+    }
+    let (rows, after_drop) = fault_run(&with(Fault::RecomputeInputsKept), 3)?;
+    let input = (clean.batch_size * clean.seq_len * clean.model.hidden_size * 4) as u64;
+    let grows = rows
+        .windows(2)
+        .all(|w| w[1].held - w[0].held == input * layers as u64);
+    if !grows || after_drop != 0 {
+        return Err(format!("recompute_inputs_kept: {rows:?}, {after_drop} B after drop").into());
+    }
+    let (_, after_drop) = fault_run(&with(Fault::OptimizerStateRetained), 2)?;
+    let moments = 2 * 4 * clean.model.num_params() as u64;
+    if after_drop != moments {
+        return Err(format!(
+            "optimizer_state_retained: {after_drop} B after drop, the moments are {moments} B"
+        )
+        .into());
+    }
+    eprintln!("checkpointing_skipped_nested, recompute_inputs_kept and optimizer_state_retained act on the GPU");
     Ok(())
 }

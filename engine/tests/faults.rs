@@ -6,7 +6,7 @@ mod common;
 
 use ckpt_engine::checkpoint::{step_dir_name, OPTIMIZER_FILE};
 use ckpt_engine::data::LongBatch;
-use ckpt_engine::estimate::{estimate, Estimate, EstimateConfig};
+use ckpt_engine::estimate::{estimate, Backend, Estimate, EstimateConfig};
 use ckpt_engine::trainer::{Precision, StateDigest, StepStats, TrainConfig};
 use ckpt_engine::{Checkpointing, CpuDevice, Fault, Trainer};
 
@@ -202,7 +202,13 @@ fn moments_not_saved_loads_but_diverges_after_the_first_resumed_update() {
 }
 
 fn model(cfg: &TrainConfig, dev: &CpuDevice) -> Estimate {
-    estimate(&EstimateConfig::from_train(cfg, dev.threads())).unwrap()
+    estimate(&EstimateConfig::from_train(
+        cfg,
+        Backend::Cpu {
+            threads: dev.threads(),
+        },
+    ))
+    .unwrap()
 }
 
 /// Per step: recomputed blocks, measured peak, predicted peak, allocated bytes after it.

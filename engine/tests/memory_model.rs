@@ -2,7 +2,7 @@
 //! memory model predicts the CPU device's measured step memory to the byte.
 
 use ckpt_engine::data::{DataConfig, LongBatch};
-use ckpt_engine::estimate::{estimate, EstimateConfig};
+use ckpt_engine::estimate::{estimate, Backend, EstimateConfig};
 use ckpt_engine::loss::{LossKind, IGNORE_INDEX};
 use ckpt_engine::model::weights;
 use ckpt_engine::optim::{AdamWConfig, Schedule};
@@ -311,7 +311,7 @@ proptest! {
     #[test]
     fn estimate_equals_the_measured_step_memory(c in case()) {
         let dev = CpuDevice::new(c.threads, u64::MAX).unwrap();
-        let est = estimate(&EstimateConfig::from_train(&c.train, dev.threads())).unwrap();
+        let est = estimate(&EstimateConfig::from_train(&c.train, Backend::Cpu { threads: dev.threads() })).unwrap();
         let mut trainer = Trainer::new(c.train.clone(), dev.clone()).unwrap();
         let mut before = dev.tracker().stats();
         for step in 0..3 {

@@ -1,10 +1,10 @@
 //! `ckpt-harness estimate`: the memory model of a run as a table, with activation checkpointing
-//! and the chunked loss switched on one at a time and together; optionally next to the peaks
-//! measured on this machine's CPU.
+//! and the chunked loss switched on one at a time and together, for the CPU or the CUDA backend;
+//! optionally next to the peaks measured on this machine's CPU.
 
 use anyhow::{bail, Context, Result};
 use ckpt_engine::data::DataConfig;
-use ckpt_engine::estimate::{estimate, Estimate, EstimateConfig};
+use ckpt_engine::estimate::{estimate, Backend, Estimate, EstimateConfig};
 use ckpt_engine::loss::LossKind;
 use ckpt_engine::optim::{AdamWConfig, Schedule};
 use ckpt_engine::trainer::{Init, Precision};
@@ -53,6 +53,9 @@ pub struct EstimateArgs {
     /// Step arithmetic.
     #[arg(long, value_enum)]
     precision: Option<PrecisionArg>,
+    /// The backend whose allocations to model.
+    #[arg(long, value_enum, default_value_t = BackendArg::Cpu)]
+    device: BackendArg,
     /// The CPU device's worker threads (attention scratch is per thread); the suite's, else 1.
     #[arg(long)]
     threads: Option<usize>,
@@ -66,7 +69,7 @@ pub struct EstimateArgs {
     #[arg(long)]
     bytes: bool,
     /// Also train two steps of every column on this machine's CPU and print the measured peaks.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "device")]
     measure: bool,
 }
 
@@ -77,6 +80,15 @@ enum PrecisionArg {
     Fp32,
     /// bf16 weights and activations, f32 master weights, moments and gradients.
     Bf16Mixed,
+}
+
+/// The backend of the estimate, as a flag value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum BackendArg {
+    /// The CPU backend (bf16 products widen into workspace; attention scratch per thread).
+    Cpu,
+    /// The CUDA backend (cuBLAS products, attention in shared memory, batch uploaded).
+    Cuda,
 }
 
 /// The checkpointing policy of the checkpointing columns, as a flag value.
@@ -263,9 +275,7 @@ const ROWS: [Row; 16] = [
         e.anatomy.recompute_per_block
     }),
     ("logits (all tokens or one chunk)", |e| e.anatomy.logits),
-    ("attention scratch (all threads)", |e| {
-        e.anatomy.attention_scratch
-    }),
+    ("attention scratch", |e| e.anatomy.attention_scratch),
     ("workspace peak", |e| {
         e.later_step.peak_by_category.workspace
     }),
@@ -348,11 +358,15 @@ pub fn table(a: &EstimateArgs) -> Result<String> {
     if threads == 0 {
         bail!("--threads must be at least 1");
     }
+    let backend = match a.device {
+        BackendArg::Cpu => Backend::Cpu { threads },
+        BackendArg::Cuda => Backend::Cuda,
+    };
     let run = run_config(a)?;
     let cols = columns(a, &run);
     let estimates = cols
         .iter()
-        .map(|c| estimate(&EstimateConfig::from_train(&c.run, threads)))
+        .map(|c| estimate(&EstimateConfig::from_train(&c.run, backend)))
         .collect::<Result<Vec<_>, _>>()?;
     let mut rows = vec![std::iter::once(String::new())
         .chain(cols.iter().map(|c| c.title.clone()))
@@ -388,7 +402,7 @@ pub fn table(a: &EstimateArgs) -> Result<String> {
     }
     let m = &run.model;
     let header = format!(
-        "{} parameters (vocab {}, hidden {}, FFN {}, {} layers, {}/{} heads), batch {} × {} tokens, {}, {} thread(s)\n\n",
+        "{} parameters (vocab {}, hidden {}, FFN {}, {} layers, {}/{} heads), batch {} × {} tokens, {}, {}\n\n",
         m.num_params(),
         m.vocab_size,
         m.hidden_size,
@@ -402,7 +416,10 @@ pub fn table(a: &EstimateArgs) -> Result<String> {
             Precision::Fp32 => "fp32",
             Precision::Bf16Mixed => "bf16-mixed",
         },
-        threads
+        match backend {
+            Backend::Cpu { threads } => format!("CPU, {threads} thread(s)"),
+            Backend::Cuda => "CUDA".to_string(),
+        }
     );
     Ok(header + &markdown(&rows))
 }
@@ -486,6 +503,27 @@ mod tests {
     fn model_flags_are_required_without_a_preset() {
         let err = table(&args(&["--vocab", "64"])).unwrap_err().to_string();
         assert!(err.contains("--hidden is required"), "{err}");
+    }
+
+    #[test]
+    fn the_cuda_backend_has_no_product_workspace() {
+        let peak = |device: &str| {
+            let text = table(&args(&["--llama-1b", "--bytes", "--device", device])).unwrap();
+            let line = text
+                .lines()
+                .find(|l| l.starts_with("| **step peak, later steps**"))
+                .unwrap()
+                .to_string();
+            (text, line)
+        };
+        let (cpu_text, cpu) = peak("cpu");
+        let (cuda_text, cuda) = peak("cuda");
+        assert!(
+            cpu_text.contains("bf16-mixed, CPU, 1 thread(s)"),
+            "{cpu_text}"
+        );
+        assert!(cuda_text.contains("bf16-mixed, CUDA"), "{cuda_text}");
+        assert_ne!(cpu, cuda);
     }
 
     #[test]

@@ -9,7 +9,7 @@ use crate::host_memory;
 use crate::suite::Suite;
 use anyhow::Result;
 use ckpt_engine::checkpoint::step_dir_name;
-use ckpt_engine::estimate::{estimate, EstimateConfig};
+use ckpt_engine::estimate::{estimate, Backend, EstimateConfig};
 use ckpt_engine::memory::Breakdown;
 use ckpt_engine::{EngineError, MemoryStats, StateDigest, Trainer};
 use serde::Serialize;
@@ -175,10 +175,13 @@ pub fn run(
     let run_dir = work.join("checkpoints");
     let dev = devices::open(kind, suite.file.threads, suite.capacity())?;
     let tracker = dev.tracker().clone();
-    let model = estimate(&EstimateConfig::from_train(
-        &suite.train,
-        suite.file.threads,
-    ))?;
+    let backend = match kind {
+        DeviceKind::Cpu => Backend::Cpu {
+            threads: suite.file.threads,
+        },
+        DeviceKind::Cuda => Backend::Cuda,
+    };
+    let model = estimate(&EstimateConfig::from_train(&suite.train, backend))?;
     let predict = |s: &ckpt_engine::estimate::StepEstimate| PredictedStep {
         start: s.start,
         peak: s.peak,

@@ -3,9 +3,11 @@
 //! allocation there must be made here too (the `memory_model` tests fail until it is).
 
 use super::timeline::{Buf, Phase, Timeline};
+use super::Backend;
 use crate::backend::cpu::attention::AttnShape;
-use crate::memory::Category::{self, Activations, Optimizer, Workspace};
+use crate::memory::Category::{self, Activations, Io, Optimizer, Workspace};
 use crate::model::Checkpointing;
+use crate::optim::CHUNK;
 
 /// The sizes a step's allocations depend on.
 pub(super) struct Shape {
@@ -27,8 +29,8 @@ pub(super) struct Shape {
     pub(super) elem: u64,
     /// The attention call's shape.
     pub(super) attn: AttnShape,
-    /// The device's worker threads.
-    pub(super) threads: usize,
+    /// The backend whose allocations are replayed.
+    pub(super) backend: Backend,
     /// Tokens per loss chunk (all of them for the standard loss).
     pub(super) chunk: u64,
     /// The category the logits are counted under.
@@ -44,6 +46,10 @@ pub(super) struct Shape {
 impl Shape {
     fn bf16(&self) -> bool {
         self.elem == 2
+    }
+
+    fn cuda(&self) -> bool {
+        self.backend == Backend::Cuda
     }
 }
 
@@ -106,9 +112,10 @@ impl<'a> Replay<'a> {
     }
 
     /// `backend::cpu::matmul::matmul`: bf16 operands are widened to f32 workspace, and a bf16
-    /// output is produced in an f32 workspace buffer; f32 needs nothing.
+    /// output is produced in an f32 workspace buffer; f32 needs nothing, and neither does
+    /// cuBLAS (`backend::cuda::gemm::matmul`).
     fn matmul(&mut self, (m, n, k): (u64, u64, u64), out: Out) {
-        if !self.s.bf16() {
+        if !self.s.bf16() || self.s.cuda() {
             return;
         }
         let a = self.alloc(Workspace, m * k * 4);
@@ -132,11 +139,52 @@ impl<'a> Replay<'a> {
         self.matmul((out, inp, rows), Out::F32);
     }
 
-    /// `attention::for_each_unit_range`: one f32 scratch slice per thread used.
+    /// `attention::for_each_unit_range`: one f32 scratch slice per thread used. The GPU's
+    /// attention kernels work in shared memory.
     fn attention_scratch(&mut self, units: usize, per_thread: usize) {
-        let threads = self.s.threads.min(units).max(1) as u64;
+        let Backend::Cpu { threads } = self.s.backend else {
+            return;
+        };
+        let threads = threads.min(units).max(1) as u64;
         let scratch = self.alloc(Workspace, threads * per_thread as u64 * 4);
         self.t.free(scratch);
+    }
+
+    /// `backend::cuda::kernels::attention_backward`: the per-row `delta = rowsum(dout ∘ out)`.
+    fn attention_delta(&mut self) {
+        if self.s.cuda() {
+            let a = self.s.attn;
+            let delta = self.alloc(Workspace, (a.batch * a.heads * a.seq * 4) as u64);
+            self.t.free(delta);
+        }
+    }
+
+    /// `backend::cuda::kernels::embedding_backward`: the token positions grouped by id, and
+    /// the group starts and ids, padded to the batch's length so that their size does not
+    /// depend on the data.
+    fn embedding_backward(&mut self) {
+        if self.s.cuda() {
+            let rows = self.s.rows;
+            let positions = self.alloc(Io, rows * 4);
+            let starts = self.alloc(Io, (rows + 1) * 4);
+            let ids = self.alloc(Io, rows * 4);
+            self.free([positions, starts, ids]);
+        }
+    }
+
+    /// `backend::cuda::compute::clip_grad_norm`: one f64 partial sum per `optim::CHUNK`
+    /// elements of every gradient.
+    fn grad_norm_partials(&mut self) {
+        if self.s.cuda() {
+            let chunks: u64 = self
+                .s
+                .param_numels
+                .iter()
+                .map(|&n| n.div_ceil(CHUNK as u64))
+                .sum();
+            let partial = self.alloc(Workspace, chunks * 8);
+            self.t.free(partial);
+        }
     }
 
     /// `block::norm`.
@@ -301,6 +349,7 @@ impl<'a> Replay<'a> {
         let dk = self.act(kvw);
         let dv = self.act(kvw);
         self.attention_scratch(a.batch * a.kv_heads, a.backward_scratch());
+        self.attention_delta();
         self.free([datt, att, lse, q, k, v]);
         let norm1 = norm1.unwrap_or_else(|| self.norm());
         let dn1 = self.act(h);
@@ -311,10 +360,12 @@ impl<'a> Replay<'a> {
         self.free([dn1, norm1.rinv]);
     }
 
-    /// `loss::linear_cross_entropy`.
+    /// `loss::linear_cross_entropy`; on CUDA the labels are uploaded (i64) after the row
+    /// losses.
     fn loss(&mut self) {
         let (rows, h, vocab, chunk) = (self.s.rows, self.s.hidden, self.s.vocab, self.s.chunk);
         let row_loss = self.alloc(Workspace, rows * 4);
+        let labels = self.s.cuda().then(|| self.alloc(Io, rows * 8));
         let logits = self.alloc(self.s.logits_category, chunk * vocab * self.s.elem);
         let mut start = 0;
         while start < rows {
@@ -324,13 +375,17 @@ impl<'a> Replay<'a> {
             self.matmul((vocab, h, len), Out::F32);
             start += chunk;
         }
-        self.free([logits, row_loss]);
+        self.free([logits]);
+        self.free(labels);
+        self.free([row_loss]);
     }
 
-    /// `Model::forward_backward`.
+    /// `Model::forward_backward`; on CUDA (`CudaModel::forward_backward`) the token ids are
+    /// uploaded (u32) first and held for the embedding's backward pass.
     fn pass(&mut self) {
         let h = self.s.hidden;
         self.t.enter(Phase::Forward);
+        let ids = self.s.cuda().then(|| self.alloc(Io, self.s.rows * 4));
         let mut x = self.act(h);
         let mut inputs = Vec::with_capacity(self.s.layers);
         let mut saved = Vec::with_capacity(self.s.layers);
@@ -356,7 +411,9 @@ impl<'a> Replay<'a> {
             self.block_backward(acts);
             self.free([input]);
         }
+        self.embedding_backward();
         self.free([dh]);
+        self.free(ids);
     }
 
     /// `Trainer::step` after `reset_peak`: the pass, then the optimizer, which allocates both
@@ -364,6 +421,7 @@ impl<'a> Replay<'a> {
     pub(super) fn step(&mut self, moments_exist: bool) {
         self.pass();
         self.t.enter(Phase::Optimizer);
+        self.grad_norm_partials();
         if !moments_exist {
             for _ in 0..2 {
                 for i in 0..self.s.param_numels.len() {

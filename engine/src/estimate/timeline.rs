@@ -64,7 +64,7 @@ impl Timeline {
     pub(super) fn enter(&mut self, phase: Phase) {
         self.phase = phase;
         self.phase_peak[phase as usize] = self.total();
-        self.phase_start[phase as usize] = breakdown(self.current);
+        self.phase_start[phase as usize] = Breakdown::from(self.current);
     }
 
     /// Takes `bytes` under `category`, updating the peaks as the tracker does.
@@ -94,10 +94,10 @@ impl Timeline {
     /// The peak window's figures.
     pub(super) fn finish(self) -> Replayed {
         Replayed {
-            end: breakdown(self.current),
+            end: Breakdown::from(self.current),
             peak: self.peak,
-            at_peak: breakdown(self.at_peak),
-            peak_by_category: breakdown(self.category_peak),
+            at_peak: Breakdown::from(self.at_peak),
+            peak_by_category: Breakdown::from(self.category_peak),
             allocations: self.allocations,
             phase_peak: self.phase_peak,
             phase_start: self.phase_start,
@@ -125,18 +125,5 @@ impl Replayed {
     /// What was held when `phase` started.
     pub(super) fn start_of(&self, phase: Phase) -> Breakdown {
         self.phase_start[phase as usize]
-    }
-}
-
-/// Per-category bytes in [`Category::ALL`] order, as a [`Breakdown`].
-pub(super) fn breakdown(bytes: [u64; 6]) -> Breakdown {
-    let [params, grads, optimizer, activations, workspace, io] = bytes;
-    Breakdown {
-        params,
-        grads,
-        optimizer,
-        activations,
-        workspace,
-        io,
     }
 }

@@ -1,10 +1,21 @@
 //! `memory_model`: every step's own peak (above what the device held before the phase's
-//! trainer was built) equals the memory model's prediction to the byte. The CPU device allocates
-//! exactly what the model predicts; any difference is an allocation the model does not know of,
-//! or one that did not happen.
+//! trainer was built) equals the memory model's prediction: to the byte on the CPU, within 2% on
+//! CUDA. The CPU device allocates exactly what the model predicts; any difference is an
+//! allocation the model does not know of, or one that did not happen. The CUDA backend's tracker
+//! counts the bytes it asks the pool for (the pool's own rounding is not in them), and the model
+//! replays its allocations too; the 2% leaves room for an allocation cuBLAS or the driver makes
+//! on the tracker's behalf in a later version.
 
 use super::{bytes, excess, Check, Failure, Outcome};
 use crate::phases::{Phase, RunRecord};
+
+/// How far a measured peak may be from the predicted `want` bytes on the run's device.
+fn tolerance(r: &RunRecord, want: u64) -> u64 {
+    match r.device.as_str() {
+        "cuda" => want / 50,
+        _ => 0,
+    }
+}
 
 /// Compares each step with the prediction for a step starting as it did (with or without
 /// AdamW's moments).
@@ -18,7 +29,7 @@ pub fn check(r: &RunRecord) -> Outcome {
             compared += 1;
             let own = p.setup.peak.saturating_sub(base);
             max_diff = max_diff.max(own.abs_diff(r.predicted_load));
-            if own != r.predicted_load {
+            if own.abs_diff(r.predicted_load) > tolerance(r, r.predicted_load) {
                 out.push(
                     Failure::new(Check::MemoryModel, r, "checkpoint load peak")
                         .phase(p.phase)
@@ -62,7 +73,7 @@ pub fn check(r: &RunRecord) -> Outcome {
             compared += 1;
             let own = s.memory.allocated.peak.saturating_sub(base);
             max_diff = max_diff.max(own.abs_diff(want.peak));
-            if own != want.peak {
+            if own.abs_diff(want.peak) > tolerance(r, want.peak) {
                 out.push(
                     fail("step peak")
                         .saw(bytes(want.peak), bytes(own))
@@ -139,6 +150,29 @@ mod tests {
             s.memory.at_peak.optimizer += 2000;
         }
         assert!(!check(&r).failed());
+    }
+
+    /// Shifts every step peak of the first phase by `fraction` of its prediction.
+    fn cuda_run_off_by(fraction: f64) -> RunRecord {
+        let mut r = fixtures::run();
+        r.device = "cuda".into();
+        let want = r.predicted[1].peak;
+        let delta = (want as f64 * fraction) as u64;
+        for s in &mut r.phases[0].steps[1..] {
+            s.memory.allocated.peak += delta;
+        }
+        r
+    }
+
+    #[test]
+    fn cuda_peaks_within_two_percent_pass_and_beyond_fail() {
+        let within = check(&cuda_run_off_by(0.019));
+        assert!(!within.failed(), "{:?}", within.failures);
+        let beyond = check(&cuda_run_off_by(0.021));
+        assert_eq!(beyond.failures.len(), 5);
+        assert!(beyond.failures[0]
+            .to_string()
+            .starts_with("memory_model: cuda::s"));
     }
 
     proptest! {

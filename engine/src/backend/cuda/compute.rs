@@ -12,15 +12,12 @@ use crate::fault::Fault;
 use crate::loss::LossKind;
 use crate::memory::{Category, MemoryTracker};
 use crate::model::dropout::Dropout;
-use crate::model::{param_specs, Batch, Checkpointing, Params, PassOutput};
-use crate::optim::Moments;
+use crate::model::{param_specs, Batch, Checkpointing, Params, PassConfig, PassOutput};
+use crate::optim::{Moments, CHUNK};
 use crate::tensor::{Elem, Tensor};
 use crate::trainer::{Precision, TrainConfig};
 use half::bf16;
 use std::borrow::Cow;
-
-/// Elements per partial sum of the gradient norm: the CPU's chunk, so both sum the same way.
-const NORM_CHUNK: usize = 4096;
 
 /// The weights a step reads and the optimizer writes.
 // One long-lived value per trainer: boxing the larger variant would save nothing.
@@ -59,6 +56,8 @@ pub struct CudaCompute {
     grads: Params<CudaTensor<f32>>,
     moments: Option<DeviceMoments>,
     step: u64,
+    /// Tensors a fault keeps past their pass ([`Fault::RecomputeInputsKept`]), freed on drop.
+    kept: Vec<Box<dyn std::any::Any + Send>>,
 }
 
 impl CudaCompute {
@@ -70,16 +69,6 @@ impl CudaCompute {
         master: Params<Tensor<f32>>,
         moments: Option<(Moments, u64)>,
     ) -> Result<Self> {
-        let device_faults = [
-            Fault::CheckpointingSkippedNested,
-            Fault::RecomputeInputsKept,
-            Fault::OptimizerStateRetained,
-        ];
-        if let Some(fault) = cfg.faults.iter().find(|f| device_faults.contains(f)) {
-            return Err(EngineError::Config(format!(
-                "fault {fault:?} is not implemented on the CUDA backend; run this negative control on the CPU"
-            )));
-        }
         if cfg.dropout > 0.0 {
             return Err(EngineError::Config(format!(
                 "dropout {} is not implemented on the CUDA backend; set dropout: 0 or run on the CPU",
@@ -117,6 +106,7 @@ impl CudaCompute {
             grads,
             moments,
             step,
+            kept: Vec::new(),
         })
     }
 
@@ -170,6 +160,11 @@ fn refresh(
     Ok(())
 }
 
+/// Tensors of any element type, as [`CudaCompute`] keeps them for a fault.
+fn boxed<E: Elem>(kept: Vec<CudaTensor<E>>) -> Vec<Box<dyn std::any::Any + Send>> {
+    kept.into_iter().map(|t| Box::new(t) as _).collect()
+}
+
 /// A checkpoint entry holding a host copy of `t`.
 fn entry<E: Elem>(dev: &CudaDevice, name: String, t: &CudaTensor<E>) -> Result<Entry<'static>> {
     Ok(Entry {
@@ -200,40 +195,36 @@ impl Compute for CudaCompute {
         for g in self.grads.tensors() {
             self.dev.memset_zero(g.ptr(), g.bytes() as usize)?;
         }
-        let dev = &self.dev;
-        match &self.weights {
+        let pass = PassConfig {
+            checkpointing,
+            loss,
+            dropout: None,
+            faults: &self.cfg.faults,
+        };
+        let (dev, model, grads) = (&self.dev, &self.model, &mut self.grads);
+        let (out, kept) = match &self.weights {
             Weights::Fp32(p) => {
-                self.model
-                    .forward_backward(dev, p, &mut self.grads, batch, checkpointing, loss)
+                let (out, kept) = model.forward_backward(dev, p, grads, batch, &pass)?;
+                (out, boxed(kept))
             }
-            Weights::Bf16Mixed { compute, .. } => self.model.forward_backward(
-                dev,
-                compute,
-                &mut self.grads,
-                batch,
-                checkpointing,
-                loss,
-            ),
-        }
+            Weights::Bf16Mixed { compute, .. } => {
+                let (out, kept) = model.forward_backward(dev, compute, grads, batch, &pass)?;
+                (out, boxed(kept))
+            }
+        };
+        self.kept.extend(kept);
+        Ok(out)
     }
 
     fn clip_grad_norm(&mut self, max_norm: Option<f64>) -> Result<f64> {
         let grads = self.grads.tensors();
-        let chunks: Vec<usize> = grads
-            .iter()
-            .map(|g| g.numel().div_ceil(NORM_CHUNK))
-            .collect();
+        let chunks: Vec<usize> = grads.iter().map(|g| g.numel().div_ceil(CHUNK)).collect();
         let partial = self
             .dev
             .alloc(chunks.iter().sum::<usize>() * 8, Category::Workspace)?;
         let mut offset = 0;
         for (g, &c) in grads.iter().zip(&chunks) {
-            kernels::sum_squares(
-                &self.dev,
-                g,
-                partial.ptr() + (offset * 8) as u64,
-                NORM_CHUNK,
-            )?;
+            kernels::sum_squares(&self.dev, g, partial.ptr() + (offset * 8) as u64, CHUNK)?;
             offset += c;
         }
         let partial: Vec<f64> = super::tensor::from_bytes(&self.dev.download_bytes(&partial)?);
@@ -351,5 +342,17 @@ impl Compute for CudaCompute {
 
     fn as_any(&self) -> &dyn std::any::Any {
         self
+    }
+}
+
+impl Drop for CudaCompute {
+    /// Frees everything, except that [`Fault::OptimizerStateRetained`] leaks the AdamW moments:
+    /// their bytes stay counted on the tracker, and held in the pool, after the trainer is gone.
+    fn drop(&mut self) {
+        if self.cfg.faults.has(Fault::OptimizerStateRetained) {
+            if let Some(moments) = self.moments.take() {
+                std::mem::forget(moments);
+            }
+        }
     }
 }

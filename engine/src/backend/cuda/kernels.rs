@@ -85,7 +85,9 @@ pub(crate) fn embedding_forward<E: Elem>(
 }
 
 /// `dtable[ids[p]] += dout[p]`, each id's rows summed in token order by one block. The
-/// positions are grouped by id here on the host, where the ids are known.
+/// positions are grouped by id here on the host, where the ids are known; the group starts and
+/// ids are padded to the batch's length, so the bytes uploaded do not depend on the data (the
+/// memory model counts them).
 pub(crate) fn embedding_backward<E: Elem>(
     dev: &CudaDevice,
     dout: &CudaTensor<E>,
@@ -103,7 +105,9 @@ pub(crate) fn embedding_backward<E: Elem>(
             starts.push(k as u32);
         }
     }
-    starts.push(order.len() as u32);
+    let groups = distinct.len();
+    starts.resize(ids.len() + 1, order.len() as u32);
+    distinct.resize(ids.len(), 0);
     let positions = dev.upload_slice(&order, Category::Io)?;
     let starts = dev.upload_slice(&starts, Category::Io)?;
     let id_buf = dev.upload_slice(&distinct, Category::Io)?;
@@ -117,7 +121,7 @@ pub(crate) fn embedding_backward<E: Elem>(
     );
     dev.launch(
         &kernel::<E>("embedding_bwd"),
-        rows_grid(distinct.len())?,
+        rows_grid(groups)?,
         BLOCK,
         0,
         args![d, p, s, i, t, width],

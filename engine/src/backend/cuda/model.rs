@@ -10,10 +10,10 @@ use super::tensor::CudaTensor;
 use crate::backend::cpu::attention::AttnShape;
 use crate::backend::cpu::kernels::RopeTable;
 use crate::error::Result;
-use crate::loss::LossKind;
+use crate::fault::Fault;
 use crate::memory::Category;
 use crate::model::block::BlockDims;
-use crate::model::{Batch, Checkpointing, LlamaConfig, Model, Params, PassOutput};
+use crate::model::{Batch, Checkpointing, LlamaConfig, Model, Params, PassConfig, PassOutput};
 use crate::tensor::Elem;
 
 /// The model's fixed state besides parameters: its shape (with the host model that checks
@@ -52,16 +52,19 @@ impl CudaModel {
     }
 
     /// One forward and backward pass: the loss, with every parameter's gradient added to
-    /// `grads`. Activations are allocated and freed inside.
+    /// `grads`. Activations are allocated and freed inside; the second value holds what
+    /// outlives the call, which is nothing unless [`Fault::RecomputeInputsKept`] keeps the
+    /// inputs of the recomputed blocks. [`Fault::CheckpointingSkippedNested`] keeps every
+    /// activation of the blocks after the first, as the CPU's model does. Dropout is refused
+    /// before a pass gets here.
     pub(crate) fn forward_backward<E: Elem>(
         &self,
         dev: &CudaDevice,
         w: &Params<CudaTensor<E>>,
         grads: &mut Params<CudaTensor<f32>>,
         batch: &Batch,
-        checkpointing: Checkpointing,
-        loss_kind: LossKind,
-    ) -> Result<PassOutput> {
+        pass: &PassConfig<'_>,
+    ) -> Result<(PassOutput, Vec<CudaTensor<E>>)> {
         self.host.check_batch(batch)?;
         let d = self.dims(batch);
         kernels::check_attention(d.attn)?;
@@ -77,9 +80,15 @@ impl CudaModel {
 
         let mut inputs: Vec<CudaTensor<E>> = Vec::with_capacity(w.layers.len());
         let mut saved: Vec<Option<BlockActivations<E>>> = Vec::with_capacity(w.layers.len());
-        for layer in &w.layers {
+        let skip_nested = pass.faults.has(Fault::CheckpointingSkippedNested);
+        for (l, layer) in w.layers.iter().enumerate() {
             let (out, acts) = block::forward(ctx, layer, &x)?;
-            saved.push(match checkpointing {
+            let policy = if skip_nested && l > 0 {
+                Checkpointing::None
+            } else {
+                pass.checkpointing
+            };
+            saved.push(match policy {
                 Checkpointing::None => Some(acts),
                 Checkpointing::Full => None,
                 Checkpointing::Selective => Some(acts.keep_products()),
@@ -97,7 +106,7 @@ impl CudaModel {
             &hn,
             w.head(),
             &batch.labels,
-            loss_kind,
+            pass.loss,
             &mut dhn,
             head_grad,
         )?;
@@ -114,6 +123,8 @@ impl CudaModel {
         )?;
         drop((dhn, x, rinv));
 
+        let keep_inputs = pass.faults.has(Fault::RecomputeInputsKept);
+        let mut kept = Vec::new();
         let mut recomputed_blocks = 0;
         for (l, layer) in w.layers.iter().enumerate().rev() {
             let input = inputs.pop().expect("one input per block");
@@ -126,12 +137,16 @@ impl CudaModel {
             };
             recomputed_blocks += usize::from(recomputes);
             block::backward(ctx, layer, &mut grads.layers[l], &input, acts, &mut dh)?;
+            if recomputes && keep_inputs {
+                kept.push(input);
+            }
         }
         kernels::embedding_backward(dev, &dh, &batch.input_ids, &mut grads.embed)?;
-        Ok(PassOutput {
+        let out = PassOutput {
             loss: loss.loss,
             tokens: loss.tokens,
             recomputed_blocks,
-        })
+        };
+        Ok((out, kept))
     }
 }

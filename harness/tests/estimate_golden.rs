@@ -1,0 +1,141 @@
+//! The memory model against measured trajectories: every golden snapshot under `golden/<device>/`
+//! records, for each reference step of a CI suite, the tracker's step peak and the bytes of every
+//! category at the peak and at the step's end, as measured on that device (`golden/cuda/` on an
+//! NVIDIA H100). The estimate for the same backend must give the same figures; the other
+//! backend's estimate must not, which shows the comparison can fail.
+
+use ckpt_engine::estimate::{estimate, Backend, Estimate, EstimateConfig};
+use ckpt_engine::memory::Breakdown;
+use ckpt_harness::checks::golden;
+use ckpt_harness::suite::Suite;
+use std::path::{Path, PathBuf};
+
+/// One measured step of a snapshot.
+#[derive(Debug, PartialEq)]
+struct Row {
+    step: u64,
+    peak: u64,
+    at_peak: Breakdown,
+    end: Breakdown,
+}
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// A snapshot's bytes per category, in its header's order:
+/// params grads optimizer activations workspace io.
+fn breakdown(field: &str) -> Breakdown {
+    let values: Vec<u64> = field
+        .split_whitespace()
+        .map(|v| v.parse().expect("a byte count"))
+        .collect();
+    let values: [u64; 6] = values
+        .try_into()
+        .unwrap_or_else(|v| panic!("{field:?}: {v:?} is not one byte count per category"));
+    Breakdown::from(values)
+}
+
+/// The step rows of a snapshot's text (`step | loss | lr | peak | at peak | at end`).
+fn rows(text: &str) -> Vec<Row> {
+    text.lines()
+        .filter(|l| l.starts_with(|c: char| c.is_ascii_digit()))
+        .map(|l| {
+            let f: Vec<&str> = l.split(" | ").collect();
+            assert_eq!(f.len(), 6, "{l:?}");
+            Row {
+                step: f[0].parse().unwrap(),
+                peak: f[3].parse().unwrap(),
+                at_peak: breakdown(f[4]),
+                end: breakdown(f[5]),
+            }
+        })
+        .collect()
+}
+
+/// What the estimate says of the steps of `measured`.
+fn predicted(e: &Estimate, measured: &[Row]) -> Vec<Row> {
+    measured
+        .iter()
+        .map(|m| {
+            let s = e.at_step(m.step);
+            Row {
+                step: m.step,
+                peak: s.peak,
+                at_peak: s.at_peak,
+                end: s.end,
+            }
+        })
+        .collect()
+}
+
+/// Every CI suite with a snapshot for `device`, with its measured rows.
+fn measured(device: &str) -> Vec<(Suite, Vec<Row>)> {
+    let mut out = Vec::new();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(root().join("suites"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    files.sort();
+    for file in files {
+        let suite = Suite::load(&file).unwrap();
+        let snap = golden::load(&root().join("golden"), device, &suite.file.name).unwrap();
+        if let Some(text) = snap.stored {
+            let rows = rows(&text);
+            assert!(!rows.is_empty(), "{}: no step rows", snap.file);
+            out.push((suite, rows));
+        }
+    }
+    out
+}
+
+fn backend(device: &str, suite: &Suite) -> Backend {
+    match device {
+        "cuda" => Backend::Cuda,
+        _ => Backend::Cpu {
+            threads: suite.file.threads,
+        },
+    }
+}
+
+fn model(suite: &Suite, backend: Backend) -> Estimate {
+    estimate(&EstimateConfig::from_train(&suite.train, backend)).unwrap()
+}
+
+fn equals_the_measurements_of(device: &str) {
+    let suites = measured(device);
+    assert!(suites.len() >= 4, "{device}: {} snapshots", suites.len());
+    for (suite, rows) in &suites {
+        let e = model(suite, backend(device, suite));
+        assert_eq!(
+            predicted(&e, rows),
+            *rows,
+            "{device}::{}: the estimate differs from the snapshot",
+            suite.file.name
+        );
+    }
+}
+
+#[test]
+fn the_cpu_estimate_equals_the_cpu_snapshots_to_the_byte() {
+    equals_the_measurements_of("cpu");
+}
+
+#[test]
+fn the_cuda_estimate_equals_the_h100_snapshots_to_the_byte() {
+    equals_the_measurements_of("cuda");
+}
+
+/// The bf16 suite's products widen into workspace on the CPU and not on the GPU, which uploads
+/// its batch instead: each backend's model misses the other's measurements.
+#[test]
+fn each_backend_s_model_misses_the_other_s_measurements() {
+    for (device, other) in [("cpu", "cuda"), ("cuda", "cpu")] {
+        let misses = measured(device)
+            .iter()
+            .filter(|(suite, rows)| predicted(&model(suite, backend(other, suite)), rows) != *rows)
+            .count();
+        assert!(misses > 0, "the {other} model fits every {device} snapshot");
+    }
+}
