@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Training throughput on the CPU: the engine's train_step bench and, when python3 can import torch
 # and transformers, Hugging Face LlamaForCausalLM with the same model, batch and optimizer, run
-# one after the other in the same invocation; prints both and the ratio.
+# one after the other in the same invocation; prints both and the ratio. Then checkpoint save and
+# load throughput next to a plain write + fsync and read of the same bytes (checkpoint_io bench).
 #
 #   scripts/bench.sh [--threads N] [--steps N] [--warmup N] [--rounds N]
 #
@@ -62,8 +63,17 @@ ours_tps=$(printf '%s\n' "${ours[@]}" | median)
 printf 'engine tokens/s:  %.1f (%d thread(s), median of %d round(s))\n' "$ours_tps" "$threads" "$rounds"
 if [[ $have_torch == 0 ]]; then
     echo "pytorch reference skipped: $python cannot import torch and transformers"
-    exit 0
+else
+    theirs_tps=$(printf '%s\n' "${theirs[@]}" | median)
+    printf 'pytorch tokens/s: %.1f\n' "$theirs_tps"
+    awk -v a="$ours_tps" -v b="$theirs_tps" 'BEGIN { printf "ratio engine/pytorch: %.2fx (target >= 1.0x)\n", a / b }'
 fi
-theirs_tps=$(printf '%s\n' "${theirs[@]}" | median)
-printf 'pytorch tokens/s: %.1f\n' "$theirs_tps"
-awk -v a="$ours_tps" -v b="$theirs_tps" 'BEGIN { printf "ratio engine/pytorch: %.2fx (target >= 1.0x)\n", a / b }'
+
+echo "checkpoint save and load..." >&2
+io=$(cargo bench -p ckpt-harness --bench checkpoint_io --locked -q | tail -n 1)
+echo "checkpoint_io: $io"
+printf 'save %.2f GB/s, plain write + fsync %.2f GB/s: %.2fx (target >= 0.70x)\n' \
+    "$(json_number save_gb_s "$io")" "$(json_number plain_write_gb_s "$io")" "$(json_number save_vs_plain "$io")"
+printf 'load %.2f GB/s, plain read into memory %.2f GB/s: %.2fx (target >= 0.70x); streaming read %.2f GB/s: %.2fx\n' \
+    "$(json_number load_gb_s "$io")" "$(json_number plain_read_gb_s "$io")" "$(json_number load_vs_plain "$io")" \
+    "$(json_number stream_read_gb_s "$io")" "$(json_number load_vs_stream "$io")"

@@ -3,7 +3,7 @@
 //! return a value or an error, never panic.
 #![no_main]
 
-use ckpt_engine::checkpoint::{self, files::sha256_hex, LoadRequest, STATE_FILE};
+use ckpt_engine::checkpoint::{self, files::record, LoadRequest, STATE_FILE};
 use ckpt_engine::data::DataConfig;
 use ckpt_engine::optim::{AdamWConfig, Schedule};
 use ckpt_engine::trainer::{Init, Precision, TrainConfig};
@@ -75,8 +75,7 @@ fuzz_target!(|data: &[u8]| {
     if victim != STATE_FILE {
         let path = work.path().join(STATE_FILE);
         let mut state: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-        state["files"][victim]["bytes"] = content.len().into();
-        state["files"][victim]["sha256"] = sha256_hex(content).into();
+        state["files"][victim] = serde_json::to_value(record(content)).unwrap();
         std::fs::write(&path, serde_json::to_vec(&state).unwrap()).unwrap();
     }
     let req = LoadRequest {

@@ -163,13 +163,42 @@ fn truncation_at_any_offset_is_named() {
 #[test]
 fn a_flipped_byte_is_a_checksum_error() {
     for name in [MODEL_FILE, OPTIMIZER_FILE, "config.json"] {
-        let s = saved();
-        let mut bytes = file_bytes(&s.ckpt, name);
-        let at = bytes.len() - 3;
-        bytes[at] ^= 0x10;
-        std::fs::write(s.ckpt.join(name), &bytes).unwrap();
-        assert_contains(&resume_error(&s), &[name, "checksum mismatch"]);
+        let len = file_bytes(&saved().ckpt, name).len();
+        // In the header (where it may also break the parse or a shape), in the data, at the end.
+        for at in [20, len / 2, len - 3] {
+            let s = saved();
+            let mut bytes = file_bytes(&s.ckpt, name);
+            bytes[at] ^= 0x10;
+            std::fs::write(s.ckpt.join(name), &bytes).unwrap();
+            assert_contains(&resume_error(&s), &[name, "checksum mismatch"]);
+        }
     }
+}
+
+/// Checkpoints written before XXH3 was recorded carry only sha256: they load, verified by it.
+#[test]
+fn a_checkpoint_with_only_sha256_is_verified_by_it() {
+    let strip = |s: &Saved| {
+        let path = s.ckpt.join(STATE_FILE);
+        let mut state: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        for record in state["files"].as_object_mut().unwrap().values_mut() {
+            record.as_object_mut().unwrap().remove("xxh3_128").unwrap();
+        }
+        std::fs::write(&path, serde_json::to_vec(&state).unwrap()).unwrap();
+    };
+    let s = saved();
+    strip(&s);
+    let dev = CpuDevice::new(1, u64::MAX).unwrap();
+    Trainer::resume(s.suite.train.clone(), dev, &s.ckpt).unwrap();
+
+    let s = saved();
+    strip(&s);
+    let mut bytes = file_bytes(&s.ckpt, OPTIMIZER_FILE);
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x01;
+    std::fs::write(s.ckpt.join(OPTIMIZER_FILE), &bytes).unwrap();
+    assert_contains(&resume_error(&s), &[OPTIMIZER_FILE, "checksum mismatch"]);
 }
 
 #[test]
@@ -245,8 +274,8 @@ fn a_consistent_but_misshapen_tensor_names_the_tensor_and_shapes() {
     let state_path = s.ckpt.join(STATE_FILE);
     let mut state: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&state_path).unwrap()).unwrap();
-    state["files"][OPTIMIZER_FILE]["bytes"] = rewritten.len().into();
-    state["files"][OPTIMIZER_FILE]["sha256"] = checkpoint::files::sha256_hex(&rewritten).into();
+    state["files"][OPTIMIZER_FILE] =
+        serde_json::to_value(checkpoint::files::record(&rewritten)).unwrap();
     std::fs::write(&state_path, serde_json::to_vec(&state).unwrap()).unwrap();
     assert_contains(
         &resume_error(&s),

@@ -1,43 +1,171 @@
-//! Durable file operations: write-and-fsync with a running sha256, directory fsync, atomic
-//! replacement by rename, and reading files through a memory map.
+//! Durable file operations: write-and-fsync with running checksums, directory fsync, atomic
+//! replacement by rename, verified single-pass reads, and memory maps for headers.
+//!
+//! Every file gets two checksums. Its sha256 is what `sha256sum` prints, for anyone to check a
+//! checkpoint with standard tools. Its XXH3-128 is what loading verifies: it detects the same
+//! accidental damage (truncation, flipped bits, torn writes) at about 15 times sha256's speed, so
+//! verifying costs little next to reading.
 
+use super::state::FileRecord;
 use crate::error::{EngineError, Result};
 use sha2::{Digest, Sha256};
 use std::fs::File;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::Path;
+use xxhash_rust::xxh3::Xxh3Default;
+
+/// Bytes read, and checksummed, at a time: large enough for few system calls, small enough
+/// that a piece is still in cache when it is hashed.
+const PIECE: usize = 1 << 20;
 
 /// Hex sha256 of `bytes`.
 pub fn sha256_hex(bytes: &[u8]) -> String {
-    let digest = Sha256::digest(bytes);
+    hex(&Sha256::digest(bytes))
+}
+
+fn hex(digest: &[u8]) -> String {
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Writes `parts` (concatenated) to a new file at `path`, fsyncs it, and returns the byte count
-/// and sha256 of what was written. The hash is computed from the in-memory parts on a second
-/// thread while this one writes and fsyncs, so hashing hides behind the disk.
-pub fn write_synced(path: &Path, parts: &[&[u8]]) -> Result<(u64, String)> {
+fn xxh3_hex(hasher: &Xxh3Default) -> String {
+    format!("{:032x}", hasher.digest128())
+}
+
+/// The sha256 of `parts`, concatenated.
+fn sha256_of(parts: &[&[u8]]) -> String {
+    let mut h = Sha256::new();
+    parts.iter().for_each(|p| h.update(p));
+    hex(&h.finalize())
+}
+
+/// The XXH3-128 of `parts`, concatenated.
+fn xxh3_of(parts: &[&[u8]]) -> String {
+    let mut h = Xxh3Default::new();
+    parts.iter().for_each(|p| h.update(p));
+    xxh3_hex(&h)
+}
+
+/// The record of a file holding `bytes`: its size and both checksums.
+pub fn record(bytes: &[u8]) -> FileRecord {
+    FileRecord {
+        bytes: bytes.len() as u64,
+        sha256: sha256_of(&[bytes]),
+        xxh3_128: Some(xxh3_of(&[bytes])),
+    }
+}
+
+/// Writes `parts` (concatenated) to a new file at `path`, fsyncs it, and returns its record.
+/// Each checksum is computed from the in-memory parts on a thread of its own while this one
+/// writes and fsyncs, so hashing hides behind the disk.
+pub fn write_synced(path: &Path, parts: &[&[u8]]) -> Result<FileRecord> {
     let io = |e| EngineError::io(path, e);
     std::thread::scope(|scope| {
-        let hashing = scope.spawn(|| {
-            let mut hasher = Sha256::new();
-            for part in parts {
-                hasher.update(part);
-            }
-            hasher.finalize()
-        });
+        let sha256 = scope.spawn(|| sha256_of(parts));
+        let xxh3 = scope.spawn(|| xxh3_of(parts));
         let mut file = File::create(path).map_err(io)?;
         for part in parts {
             file.write_all(part).map_err(io)?;
         }
         file.sync_all().map_err(io)?;
-        let digest = hashing.join().expect("hashing does not panic");
-        let len = parts.iter().map(|p| p.len() as u64).sum();
-        let hex = digest.iter().map(|b| format!("{b:02x}")).collect();
-        Ok((len, hex))
+        Ok(FileRecord {
+            bytes: parts.iter().map(|p| p.len() as u64).sum(),
+            sha256: sha256.join().expect("hashing does not panic"),
+            xxh3_128: Some(xxh3.join().expect("hashing does not panic")),
+        })
     })
 }
 
+/// The check loading makes of a file's content: its XXH3-128 where the record has one, else
+/// its sha256 (checkpoints written before XXH3 was recorded).
+enum Verifier {
+    Xxh3(Box<Xxh3Default>),
+    Sha256(Sha256),
+}
+
+impl Verifier {
+    fn for_record(record: &FileRecord) -> Self {
+        match record.xxh3_128 {
+            Some(_) => Verifier::Xxh3(Box::default()),
+            None => Verifier::Sha256(Sha256::new()),
+        }
+    }
+
+    fn update(&mut self, bytes: &[u8]) {
+        match self {
+            Verifier::Xxh3(h) => h.update(bytes),
+            Verifier::Sha256(h) => h.update(bytes),
+        }
+    }
+
+    fn matches(self, record: &FileRecord) -> bool {
+        match (self, &record.xxh3_128) {
+            (Verifier::Xxh3(h), Some(want)) => xxh3_hex(&h) == *want,
+            (Verifier::Sha256(h), _) => hex(&h.finalize()) == record.sha256,
+            (Verifier::Xxh3(_), None) => unreachable!("chosen from the record"),
+        }
+    }
+}
+
+/// A file read once from its start, every byte checksummed as it arrives.
+struct VerifiedStream<'a> {
+    path: &'a Path,
+    file: File,
+    verifier: Verifier,
+    pos: u64,
+    scratch: Vec<u8>,
+}
+
+impl VerifiedStream<'_> {
+    /// Reads `dst.len()` bytes into `dst`, a piece at a time so each is hashed while cached.
+    fn read_into(&mut self, dst: &mut [u8]) -> Result<()> {
+        for piece in dst.chunks_mut(PIECE) {
+            self.file
+                .read_exact(piece)
+                .map_err(|e| EngineError::io(self.path, e))?;
+            self.verifier.update(piece);
+            self.pos += piece.len() as u64;
+        }
+        Ok(())
+    }
+
+    /// Reads up to offset `end` through the scratch piece.
+    fn pass_to(&mut self, end: u64) -> Result<()> {
+        while self.pos < end {
+            let n = (end - self.pos).min(self.scratch.len() as u64) as usize;
+            let mut piece = std::mem::take(&mut self.scratch);
+            let read = self.read_into(&mut piece[..n]);
+            self.scratch = piece;
+            read?;
+        }
+        Ok(())
+    }
+}
+
+/// Reads the file at `path` once, start to end, and says whether its content matches `record`.
+/// The bytes at each `(offset, destination)` region (not overlapping, inside the file) are read
+/// straight into the destination; the rest passes through a scratch piece. Every byte is
+/// checksummed as it arrives, so the file is read once and no copy of it is kept.
+pub fn read_verified(
+    path: &Path,
+    record: &FileRecord,
+    mut regions: Vec<(u64, &mut [u8])>,
+) -> Result<bool> {
+    let file = File::open(path).map_err(|e| EngineError::io(path, e))?;
+    let mut stream = VerifiedStream {
+        path,
+        file,
+        verifier: Verifier::for_record(record),
+        pos: 0,
+        scratch: vec![0u8; PIECE],
+    };
+    regions.sort_by_key(|r| r.0);
+    for (offset, dst) in regions {
+        stream.pass_to(offset)?;
+        stream.read_into(dst)?;
+    }
+    stream.pass_to(record.bytes)?;
+    Ok(stream.verifier.matches(record))
+}
 /// Makes a directory's entries (creations, renames) durable.
 pub fn sync_dir(dir: &Path) -> Result<()> {
     File::open(dir)
@@ -73,5 +201,62 @@ impl MappedFile {
     /// The file's bytes.
     pub fn bytes(&self) -> &[u8] {
         self.map.as_deref().unwrap_or(&[])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file of `len` bytes counting up, written with its record.
+    fn written(dir: &Path, len: usize) -> (std::path::PathBuf, Vec<u8>, FileRecord) {
+        let bytes: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
+        let path = dir.join("f");
+        let record = write_synced(&path, &[&bytes[..10], &bytes[10..]]).unwrap();
+        (path, bytes, record)
+    }
+
+    #[test]
+    fn regions_receive_their_bytes_and_every_byte_is_verified() {
+        let dir = tempfile::tempdir().unwrap();
+        let len = 3 * PIECE + 123;
+        let (path, bytes, record) = written(dir.path(), len);
+        assert_eq!(record, super::record(&bytes));
+        assert_eq!(record.bytes, len as u64);
+        let (mut a, mut b) = (vec![0u8; 17], vec![0u8; PIECE + 5]);
+        let regions = vec![(2 * PIECE as u64, &mut b[..]), (40, &mut a[..])];
+        assert!(read_verified(&path, &record, regions).unwrap());
+        assert_eq!(a, bytes[40..57]);
+        assert_eq!(b, bytes[2 * PIECE..3 * PIECE + 5]);
+
+        for at in [0, 45, 2 * PIECE + 1, len - 1] {
+            let mut damaged = bytes.clone();
+            damaged[at] ^= 0x04;
+            std::fs::write(&path, &damaged).unwrap();
+            let mut a = [0u8; 17];
+            assert!(!read_verified(&path, &record, vec![(40, &mut a[..])]).unwrap());
+        }
+    }
+
+    #[test]
+    fn a_record_without_xxh3_is_verified_by_sha256() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, _, record) = written(dir.path(), 1000);
+        let legacy = FileRecord {
+            xxh3_128: None,
+            ..record.clone()
+        };
+        assert!(read_verified(&path, &legacy, Vec::new()).unwrap());
+        let wrong_sha = FileRecord {
+            sha256: sha256_hex(b"other"),
+            ..legacy
+        };
+        assert!(!read_verified(&path, &wrong_sha, Vec::new()).unwrap());
+        // With XXH3 recorded, XXH3 is what is checked.
+        let xxh3_only = FileRecord {
+            sha256: sha256_hex(b"other"),
+            ..record
+        };
+        assert!(read_verified(&path, &xxh3_only, Vec::new()).unwrap());
     }
 }

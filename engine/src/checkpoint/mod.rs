@@ -4,8 +4,9 @@
 //!
 //! Saving writes a temporary directory beside the final one, fsyncs every file and the directory,
 //! renames it into place, then replaces the `latest` pointer by rename: a crash at any instant
-//! leaves the previous checkpoint loadable. Loading checks presence, sizes, checksums, the run's
-//! configuration, dtypes and shapes, and names exactly what is wrong.
+//! leaves the previous checkpoint loadable. Loading checks presence, sizes, the run's
+//! configuration, dtypes and shapes, allocates every tensor in its final place, and reads each
+//! file once straight into them while verifying its checksum; it names exactly what is wrong.
 
 pub mod files;
 pub mod state;
@@ -17,6 +18,7 @@ use crate::model::{param_specs, LlamaConfig, ParamSpec, Params};
 use crate::optim::Moments;
 use crate::tensor::{Elem, Tensor};
 use files::{rename_synced, sync_dir, write_synced, MappedFile};
+use safetensors::tensor::Metadata;
 use safetensors::{Dtype, SafeTensors};
 use state::{first_difference, FileRecord, TrainerState, VersionProbe, FORMAT_VERSION};
 use std::borrow::Cow;
@@ -95,8 +97,7 @@ fn write_safetensors(path: &Path, entries: &[Entry<'_>]) -> Result<FileRecord> {
     let len = (header.len() as u64).to_le_bytes();
     let mut parts: Vec<&[u8]> = vec![&len, &header];
     parts.extend(entries.iter().map(|e| &*e.data));
-    let (bytes, sha256) = write_synced(path, &parts)?;
-    Ok(FileRecord { bytes, sha256 })
+    write_synced(path, &parts)
 }
 
 /// What a checkpoint holds, borrowed from a trainer.
@@ -121,19 +122,17 @@ pub fn save(run_dir: &Path, req: SaveRequest<'_>, keep_last: Option<usize>) -> R
     std::fs::create_dir(&tmp).map_err(|e| EngineError::io(&tmp, e))?;
 
     let mut state = req.state;
-    state.files.insert(
-        MODEL_FILE.into(),
-        write_safetensors(&tmp.join(MODEL_FILE), &req.model)?,
-    );
-    state.files.insert(
-        OPTIMIZER_FILE.into(),
-        write_safetensors(&tmp.join(OPTIMIZER_FILE), &req.optimizer)?,
-    );
+    // The two tensor files are written concurrently: hashing one need not wait for the other.
+    let (model, optimizer) = std::thread::scope(|scope| {
+        let model = scope.spawn(|| write_safetensors(&tmp.join(MODEL_FILE), &req.model));
+        let optimizer = write_safetensors(&tmp.join(OPTIMIZER_FILE), &req.optimizer);
+        (model.join().expect("writing does not panic"), optimizer)
+    });
+    state.files.insert(MODEL_FILE.into(), model?);
+    state.files.insert(OPTIMIZER_FILE.into(), optimizer?);
     let config = serde_json::to_vec_pretty(&req.config.to_hf_json()).expect("plain JSON");
-    let (bytes, sha256) = write_synced(&tmp.join(CONFIG_FILE), &[&config])?;
-    state
-        .files
-        .insert(CONFIG_FILE.into(), FileRecord { bytes, sha256 });
+    let record = write_synced(&tmp.join(CONFIG_FILE), &[&config])?;
+    state.files.insert(CONFIG_FILE.into(), record);
     let state_json = serde_json::to_vec_pretty(&state).expect("plain JSON");
     write_synced(&tmp.join(STATE_FILE), &[&state_json])?;
     sync_dir(&tmp)?;
@@ -289,23 +288,8 @@ pub fn load(dev: &CpuDevice, dir: &Path, req: &LoadRequest<'_>) -> Result<Loaded
         }
         mapped.insert(name.clone(), (path, file));
     }
-    // Hash the files concurrently; report the first mismatch in name order.
-    let digests: Vec<String> = dev.install(|| {
-        use rayon::prelude::*;
-        mapped
-            .par_iter()
-            .map(|(_, (_, file))| files::sha256_hex(file.bytes()))
-            .collect()
-    });
-    for ((name, (path, _)), digest) in mapped.iter().zip(digests) {
-        if digest != state.files[name].sha256 {
-            return Err(EngineError::bad_file(
-                path,
-                "checksum mismatch: the file changed after it was written (corruption?); restore it or resume from an earlier checkpoint",
-            ));
-        }
-    }
     let (config_path, config_file) = &mapped[CONFIG_FILE];
+    verify(config_path, &state.files[CONFIG_FILE])?;
     let saved_cfg = std::str::from_utf8(config_file.bytes())
         .map_err(|e| e.to_string())
         .and_then(LlamaConfig::from_hf_json)
@@ -316,48 +300,106 @@ pub fn load(dev: &CpuDevice, dir: &Path, req: &LoadRequest<'_>) -> Result<Loaded
             "describes another model shape than the run's; resume with the model it was saved with",
         ));
     }
-    let (model_path, model_file) = &mapped[MODEL_FILE];
-    let model = open_safetensors(model_path, model_file.bytes())?;
-    let (opt_path, opt_file) = &mapped[OPTIMIZER_FILE];
-    let opt = open_safetensors(opt_path, opt_file.bytes())?;
+    let header = |name: &str| {
+        let (path, file) = &mapped[name];
+        Header::read(path, &state.files[name], file.bytes())
+    };
+    let (model, opt) = (header(MODEL_FILE)?, header(OPTIMIZER_FILE)?);
     let specs = param_specs(req.config);
-    let load_all = |st: &SafeTensors<'_>, path: &Path, suffix: &str, category: Category| {
-        let mut specs = specs.iter();
-        Params::try_new(req.config, |_| {
-            let spec = specs.next().expect("one spec per parameter");
-            read_tensor(dev, st, path, spec, suffix, category)
-        })
-    };
-    let master = if req.master_in_optimizer {
-        load_all(&opt, opt_path, ".master", req.master_category)?
+    let (master_file, master_suffix) = if req.master_in_optimizer {
+        (&opt, ".master")
     } else {
-        load_all(&model, model_path, "", req.master_category)?
+        (&model, "")
     };
+    let master_at = master_file.offsets(&specs, master_suffix)?;
     let has_moments = specs
         .first()
-        .is_some_and(|s| opt.tensor(&format!("{}.exp_avg", s.name)).is_ok());
-    let moments = if state.optimizer_step == 0 {
+        .is_some_and(|s| opt.meta.info(&format!("{}.exp_avg", s.name)).is_some());
+    let moments_at = if state.optimizer_step == 0 {
         None
     } else if has_moments {
-        Some(Moments {
-            exp_avg: load_all(&opt, opt_path, ".exp_avg", Category::Optimizer)?,
-            exp_avg_sq: load_all(&opt, opt_path, ".exp_avg_sq", Category::Optimizer)?,
-        })
+        Some([
+            opt.offsets(&specs, ".exp_avg")?,
+            opt.offsets(&specs, ".exp_avg_sq")?,
+        ])
     } else if req.fresh_moments_if_missing {
-        let zeros = |s: &ParamSpec| dev.zeros::<f32>(&s.shape, Category::Optimizer);
-        Some(Moments {
-            exp_avg: Params::try_new(req.config, zeros)?,
-            exp_avg_sq: Params::try_new(req.config, zeros)?,
-        })
+        None
     } else {
         return Err(EngineError::bad_file(
-            opt_path,
+            opt.path,
             format!(
                 "holds no AdamW moments although the optimizer took {} steps; the checkpoint is incomplete; resume from a checkpoint saved with its moments",
                 state.optimizer_step
             ),
         ));
     };
+
+    // Every tensor is allocated in its final place, then each file is read once into them.
+    let zeros = |category: Category| move |s: &ParamSpec| dev.zeros::<f32>(&s.shape, category);
+    let mut master = Params::try_new(req.config, zeros(req.master_category))?;
+    let fresh_moments = state.optimizer_step > 0 && moments_at.is_none();
+    let mut moments = if moments_at.is_some() || fresh_moments {
+        Some(Moments {
+            exp_avg: Params::try_new(req.config, zeros(Category::Optimizer))?,
+            exp_avg_sq: Params::try_new(req.config, zeros(Category::Optimizer))?,
+        })
+    } else {
+        None
+    };
+    let mut regions: BTreeMap<&str, Vec<(u64, &mut [u8])>> = BTreeMap::new();
+    let master_name = if req.master_in_optimizer {
+        OPTIMIZER_FILE
+    } else {
+        MODEL_FILE
+    };
+    regions
+        .entry(master_name)
+        .or_default()
+        .extend(master_at.into_iter().zip(byte_slices(&mut master)));
+    if let (Some(m), Some([avg_at, sq_at])) = (moments.as_mut(), moments_at) {
+        let opt_regions = regions.entry(OPTIMIZER_FILE).or_default();
+        opt_regions.extend(avg_at.into_iter().zip(byte_slices(&mut m.exp_avg)));
+        opt_regions.extend(sq_at.into_iter().zip(byte_slices(&mut m.exp_avg_sq)));
+    }
+    let reads: Vec<(&PathBuf, Result<bool>)> = std::thread::scope(|scope| {
+        let running: Vec<_> = mapped
+            .iter()
+            .filter(|(name, _)| name.as_str() != CONFIG_FILE)
+            .map(|(name, (path, _))| {
+                let record = &state.files[name];
+                let regions = regions.remove(name.as_str()).unwrap_or_default();
+                (
+                    path,
+                    scope.spawn(move || files::read_verified(path, record, regions)),
+                )
+            })
+            .collect();
+        running
+            .into_iter()
+            .map(|(path, reading)| (path, reading.join().expect("reading does not panic")))
+            .collect()
+    });
+    for (path, read) in reads {
+        if !read? {
+            return Err(checksum_mismatch(path));
+        }
+    }
+    if cfg!(target_endian = "big") {
+        let tensors = master
+            .tensors_mut()
+            .into_iter()
+            .chain(moments.iter_mut().flat_map(|m| {
+                m.exp_avg
+                    .tensors_mut()
+                    .into_iter()
+                    .chain(m.exp_avg_sq.tensors_mut())
+            }));
+        for t in tensors {
+            t.as_mut_slice()
+                .iter_mut()
+                .for_each(|x| *x = f32::from_bits(x.to_bits().swap_bytes()));
+        }
+    }
     Ok(Loaded {
         state,
         master,
@@ -390,47 +432,93 @@ fn read_state(dir: &Path) -> Result<TrainerState> {
         .map_err(|e| EngineError::bad_file(&path, format!("{e}; the file is damaged")))
 }
 
-fn open_safetensors<'a>(path: &Path, bytes: &'a [u8]) -> Result<SafeTensors<'a>> {
-    SafeTensors::deserialize(bytes)
-        .map_err(|e| EngineError::bad_file(path, format!("not a valid safetensors file: {e}")))
+fn checksum_mismatch(path: &Path) -> EngineError {
+    EngineError::bad_file(
+        path,
+        "checksum mismatch: the file changed after it was written (corruption?); restore it or resume from an earlier checkpoint",
+    )
 }
 
-/// Reads `spec.name + suffix` as f32 onto the device, checking dtype and shape.
-fn read_tensor(
-    dev: &CpuDevice,
-    st: &SafeTensors<'_>,
-    path: &Path,
-    spec: &ParamSpec,
-    suffix: &str,
-    category: Category,
-) -> Result<Tensor<f32>> {
-    let name = format!("{}{suffix}", spec.name);
-    let view = st
-        .tensor(&name)
-        .map_err(|_| EngineError::bad_file(path, format!("tensor {name} is missing")))?;
-    if view.shape() != spec.shape.as_slice() {
-        return Err(EngineError::bad_file(
-            path,
-            format!(
+/// Reads the whole file at `path` and fails if it does not match its checksum.
+fn verify(path: &Path, record: &FileRecord) -> Result<()> {
+    if files::read_verified(path, record, Vec::new())? {
+        Ok(())
+    } else {
+        Err(checksum_mismatch(path))
+    }
+}
+
+/// `err` about a file's content, unless the file does not match its checksum: then that is
+/// the error, since damage explains any content error.
+fn content_error(path: &Path, record: &FileRecord, err: EngineError) -> EngineError {
+    match verify(path, record) {
+        Ok(()) => err,
+        Err(damaged) => damaged,
+    }
+}
+
+/// Each tensor's bytes, in parameter order.
+fn byte_slices(p: &mut Params<Tensor<f32>>) -> Vec<&mut [u8]> {
+    p.tensors_mut()
+        .into_iter()
+        .map(|t| bytemuck::cast_slice_mut(t.as_mut_slice()))
+        .collect()
+}
+
+/// A safetensors file's header, parsed from its memory map (only the header's pages are read).
+struct Header<'a> {
+    path: &'a Path,
+    record: &'a FileRecord,
+    /// File offset of the data section.
+    data_start: u64,
+    meta: Metadata,
+}
+
+impl<'a> Header<'a> {
+    fn read(path: &'a Path, record: &'a FileRecord, bytes: &[u8]) -> Result<Self> {
+        match SafeTensors::read_metadata(bytes) {
+            Ok((n, meta)) => Ok(Header {
+                path,
+                record,
+                data_start: (8 + n) as u64,
+                meta,
+            }),
+            Err(e) => Err(content_error(
+                path,
+                record,
+                EngineError::bad_file(path, format!("not a valid safetensors file: {e}")),
+            )),
+        }
+    }
+
+    /// The file offset of each `spec.name + suffix`, checking that it is present, f32 and of
+    /// the spec's shape.
+    fn offsets(&self, specs: &[ParamSpec], suffix: &str) -> Result<Vec<u64>> {
+        specs
+            .iter()
+            .map(|spec| {
+                self.offset(spec, suffix).map_err(|m| {
+                    content_error(self.path, self.record, EngineError::bad_file(self.path, m))
+                })
+            })
+            .collect()
+    }
+
+    fn offset(&self, spec: &ParamSpec, suffix: &str) -> std::result::Result<u64, String> {
+        let name = format!("{}{suffix}", spec.name);
+        let info = self
+            .meta
+            .info(&name)
+            .ok_or_else(|| format!("tensor {name} is missing"))?;
+        if info.shape != spec.shape {
+            return Err(format!(
                 "{name} has shape {:?}, the config needs {:?}",
-                view.shape(),
-                spec.shape
-            ),
-        ));
+                info.shape, spec.shape
+            ));
+        }
+        if info.dtype != Dtype::F32 {
+            return Err(format!("{name} has dtype {}, expected F32", info.dtype));
+        }
+        Ok(self.data_start + info.data_offsets.0 as u64)
     }
-    if view.dtype() != Dtype::F32 {
-        return Err(EngineError::bad_file(
-            path,
-            format!("{name} has dtype {}, expected F32", view.dtype()),
-        ));
-    }
-    let mut t = dev.zeros::<f32>(&spec.shape, category)?;
-    let dst: &mut [u8] = bytemuck::cast_slice_mut(t.as_mut_slice());
-    dst.copy_from_slice(view.data());
-    if cfg!(target_endian = "big") {
-        t.as_mut_slice()
-            .iter_mut()
-            .for_each(|x| *x = f32::from_bits(x.to_bits().swap_bytes()));
-    }
-    Ok(t)
 }

@@ -1,5 +1,5 @@
 //! `trainer_state.json`: where training stood when a checkpoint was written, which run it belongs
-//! to, and the size and sha256 of every other file.
+//! to, and the size and checksums of every other file.
 
 use crate::data::LoaderState;
 use crate::optim::Schedule;
@@ -14,8 +14,12 @@ pub const FORMAT_VERSION: u32 = 1;
 pub struct FileRecord {
     /// Size in bytes.
     pub bytes: u64,
-    /// Hex sha256 of the content.
+    /// Hex sha256 of the content, as `sha256sum` prints it.
     pub sha256: String,
+    /// Hex XXH3-128 of the content, which loading verifies (absent in checkpoints written
+    /// before it was recorded: loading verifies their sha256).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xxh3_128: Option<String>,
 }
 
 /// The learning-rate schedule and where it stands.
