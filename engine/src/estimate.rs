@@ -74,12 +74,6 @@ impl EstimateConfig {
                 "batch_size, seq_len and threads must be at least 1".into(),
             ));
         }
-        if self.backend == Backend::Cuda && self.dropout > 0.0 {
-            return Err(EngineError::Config(format!(
-                "dropout {} is not implemented on the CUDA backend, so it has no CUDA memory model; set dropout: 0 or estimate for the CPU",
-                self.dropout
-            )));
-        }
         for seq in std::iter::once(self.seq_len).chain(self.long_batch.map(|l| l.seq_len)) {
             if seq == 0 || seq > self.model.max_position_embeddings {
                 return Err(EngineError::Config(format!(
@@ -475,9 +469,5 @@ mod tests {
         cfg.long_batch = None;
         cfg.backend = Backend::Cpu { threads: 0 };
         assert!(estimate(&cfg).is_err());
-        cfg.backend = Backend::Cuda;
-        cfg.dropout = 0.1;
-        let err = estimate(&cfg).unwrap_err().to_string();
-        assert!(err.contains("not implemented on the CUDA backend"), "{err}");
     }
 }

@@ -67,6 +67,10 @@ fn main() {
             || cpu_vs_gpu(Precision::Bf16Mixed, Checkpointing::Selective, CHUNKED),
         ),
         on_gpu("cpu_and_gpu_agree_on_rows_longer_than_a_block", long_rows),
+        on_gpu("cpu_and_gpu_agree_with_dropout", cpu_vs_gpu_with_dropout),
+        on_gpu("gpu_resume_is_bitwise_equal_with_dropout", || {
+            resume_with(Precision::Bf16Mixed, 0.1)
+        }),
         on_gpu("two_gpu_runs_are_bitwise_equal", deterministic),
         on_gpu("gpu_resume_is_bitwise_equal_fp32", || {
             resume(Precision::Fp32)
@@ -318,7 +322,24 @@ fn agreement(precision: Precision) -> f64 {
 }
 
 fn cpu_vs_gpu(precision: Precision, checkpointing: Checkpointing, loss: LossKind) -> Outcome {
-    let cfg = run_config(precision, checkpointing, loss);
+    agree(run_config(precision, checkpointing, loss))
+}
+
+/// Residual dropout draws the same masks on both devices, recomputed blocks included.
+fn cpu_vs_gpu_with_dropout() -> Outcome {
+    for precision in [Precision::Fp32, Precision::Bf16Mixed] {
+        let mut cfg = run_config(precision, Checkpointing::Selective, CHUNKED);
+        cfg.dropout = 0.1;
+        agree(cfg)?;
+    }
+    Ok(())
+}
+
+/// `cfg` trained 20 steps on the CPU and the GPU: the losses agree within the precision's
+/// tolerance, and tokens, recomputed blocks and batches are equal.
+fn agree(cfg: TrainConfig) -> Outcome {
+    let (precision, checkpointing, loss, dropout) =
+        (cfg.precision, cfg.checkpointing, cfg.loss, cfg.dropout);
     let mut cpu = Trainer::new(cfg.clone(), CpuDevice::new(0, u64::MAX)?)?;
     let mut gpu = Trainer::new(cfg, CudaDevice::new(0, None)?)?;
     let (c, g) = (train(&mut cpu, STEPS)?, train(&mut gpu, STEPS)?);
@@ -331,8 +352,8 @@ fn cpu_vs_gpu(precision: Precision, checkpointing: Checkpointing, loss: LossKind
         .map(|(c, g)| rel(g.loss as f64, c.loss as f64))
         .fold(0.0, f64::max);
     eprintln!(
-        "{precision:?} {checkpointing:?} {loss:?}: step 0 loss {first:.2e}, grad norm {first_norm:.2e}; worst loss over {STEPS} steps {worst:.2e} (CPU {} -> {}, GPU {} -> {})",
-        c[0].loss, c[STEPS - 1].loss, g[0].loss, g[STEPS - 1].loss
+        "{precision:?} {checkpointing:?} {loss:?} dropout {}: step 0 loss {first:.2e}, grad norm {first_norm:.2e}; worst loss over {STEPS} steps {worst:.2e} (CPU {} -> {}, GPU {} -> {})",
+        dropout, c[0].loss, c[STEPS - 1].loss, g[0].loss, g[STEPS - 1].loss
     );
     for (c, g) in c.iter().zip(&g) {
         if (c.tokens, c.recomputed_blocks, &c.batch_digest)
@@ -403,7 +424,13 @@ fn deterministic() -> Outcome {
 }
 
 fn resume(precision: Precision) -> Outcome {
-    let cfg = run_config(precision, Checkpointing::None, LossKind::Standard);
+    resume_with(precision, 0.0)
+}
+
+/// 4 steps, save, resume in a new trainer, 4 steps: bitwise the 8 steps of one trainer.
+fn resume_with(precision: Precision, dropout: f32) -> Outcome {
+    let mut cfg = run_config(precision, Checkpointing::None, LossKind::Standard);
+    cfg.dropout = dropout;
     let dev = CudaDevice::new(0, None)?;
     let mut reference = Trainer::new(cfg.clone(), dev.clone())?;
     let whole = train(&mut reference, 8)?;
@@ -428,7 +455,9 @@ fn resume(precision: Precision) -> Outcome {
     if resumed.state_digest()? != digest {
         return Err(format!("{precision:?}: the resumed run ends in a different state").into());
     }
-    eprintln!("{precision:?}: 4 + save + resume + 4 steps is bitwise equal to 8 steps");
+    eprintln!(
+        "{precision:?}, dropout {dropout}: 4 + save + resume + 4 steps is bitwise equal to 8 steps"
+    );
     Ok(())
 }
 
@@ -474,7 +503,8 @@ fn memory_reclaimed() -> Outcome {
 }
 
 /// Every step's tracker peak, and the bytes of every category at it, equal the CUDA memory
-/// model's, for both precisions, every checkpointing policy and both loss kinds.
+/// model's, for both precisions, every checkpointing policy, both loss kinds, with and without
+/// dropout.
 fn step_peaks_match_the_model() -> Outcome {
     for precision in [Precision::Fp32, Precision::Bf16Mixed] {
         for checkpointing in [
@@ -482,8 +512,9 @@ fn step_peaks_match_the_model() -> Outcome {
             Checkpointing::Full,
             Checkpointing::Selective,
         ] {
-            for loss in [LossKind::Standard, CHUNKED] {
-                let cfg = run_config(precision, checkpointing, loss);
+            for (loss, dropout) in [(LossKind::Standard, 0.0), (CHUNKED, 0.1)] {
+                let mut cfg = run_config(precision, checkpointing, loss);
+                cfg.dropout = dropout;
                 let model = estimate(&EstimateConfig::from_train(&cfg, Backend::Cuda))?;
                 let dev = CudaDevice::new(0, None)?;
                 let mut t = Trainer::new(cfg, dev)?;
@@ -492,7 +523,7 @@ fn step_peaks_match_the_model() -> Outcome {
                     let got = (s.memory.allocated.peak, s.memory.at_peak);
                     if got != (want.peak, want.at_peak) {
                         return Err(format!(
-                            "{precision:?} {checkpointing:?} {loss:?} step {}: measured peak {} ({:?}), the model says {} ({:?})",
+                            "{precision:?} {checkpointing:?} {loss:?} dropout {dropout} step {}: measured peak {} ({:?}), the model says {} ({:?})",
                             s.step, got.0, got.1, want.peak, want.at_peak
                         )
                         .into());
@@ -501,7 +532,7 @@ fn step_peaks_match_the_model() -> Outcome {
             }
         }
     }
-    eprintln!("12 configurations × 3 steps: every step peak equals the CUDA memory model");
+    eprintln!("12 configurations (6 with dropout) × 3 steps: every step peak equals the CUDA memory model");
     Ok(())
 }
 

@@ -33,6 +33,9 @@ pub struct DropoutMask {
 /// Bits of each draw compared with the threshold.
 const DRAW_BITS: u32 = 24;
 
+/// How far a 64-bit draw is shifted right to keep its top [`DRAW_BITS`] bits.
+pub(crate) const DRAW_SHIFT: u32 = 64 - DRAW_BITS;
+
 const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
 
 /// SplitMix64's output function: a bijective mix of 64 bits.
@@ -65,7 +68,17 @@ impl DropoutMask {
         let draw = mix(self
             .key
             .wrapping_add(index.wrapping_add(1).wrapping_mul(GOLDEN)));
-        draw >> (64 - DRAW_BITS) >= self.threshold
+        draw >> DRAW_SHIFT >= self.threshold
+    }
+
+    /// The key of the mask's draw stream (the GPU kernels draw from it too).
+    pub(crate) fn key(&self) -> u64 {
+        self.key
+    }
+
+    /// The smallest draw (of [`DRAW_BITS`] bits) that keeps an element.
+    pub(crate) fn threshold(&self) -> u64 {
+        self.threshold
     }
 
     /// The factor kept elements are multiplied by, `1 / (1 − p)`.

@@ -9,18 +9,26 @@ use super::tensor::CudaTensor;
 use crate::error::Result;
 use crate::memory::Category::Activations;
 use crate::model::block::BlockDims;
+use crate::model::dropout::{Dropout, DropoutMask, Site};
 use crate::model::LayerParams;
 use crate::tensor::Elem;
 
-/// What every block call shares: the device, the sizes and the rotary tables.
+/// What a block call shares with the others: the device, the sizes and the rotary tables; and
+/// its own index and the pass's dropout, which key its masks.
 #[derive(Clone, Copy)]
 pub(crate) struct BlockCtx<'a> {
     pub dev: &'a CudaDevice,
     pub dims: BlockDims,
     pub rope: &'a RopeTables,
+    pub layer: usize,
+    pub dropout: Option<Dropout>,
 }
 
 impl BlockCtx<'_> {
+    fn mask(&self, site: Site) -> Option<DropoutMask> {
+        self.dropout.map(|d| d.mask(self.layer, site))
+    }
+
     fn q_width(&self) -> usize {
         self.dims.attn.heads * self.dims.attn.head_dim
     }
@@ -95,6 +103,49 @@ fn linear_backward<E: Elem>(
     matmul(dev, (out, inp, rows), t(dy), n(x), n(dw), true)
 }
 
+/// `res + dropout(input · wᵀ)`: a projection joining the residual stream at `site`, as the
+/// CPU's `block::residual_linear` forms it. Without dropout the product accumulates straight
+/// into the copy of `res`; with it the product gets a buffer of its own, freed once the masked
+/// sum is formed.
+fn residual_linear<E: Elem>(
+    ctx: BlockCtx<'_>,
+    site: Site,
+    res: &CudaTensor<E>,
+    input: &CudaTensor<E>,
+    w: &CudaTensor<E>,
+) -> Result<CudaTensor<E>> {
+    let (dev, d) = (ctx.dev, &ctx.dims);
+    let mut out = dev.zeros::<E>(&[d.rows, d.hidden], Activations)?;
+    match ctx.mask(site) {
+        None => {
+            dev.copy(res.ptr(), out.ptr(), out.bytes() as usize)?;
+            linear(dev, input, w, &mut out, true)?;
+        }
+        Some(mask) => {
+            let mut proj = dev.zeros::<E>(&[d.rows, d.hidden], Activations)?;
+            linear(dev, input, w, &mut proj, false)?;
+            kernels::dropout_add(dev, &mask, res, &proj, &mut out)?;
+        }
+    }
+    Ok(out)
+}
+
+/// ∂L/∂(projection) of the residual site `site` from `dh` = ∂L/∂(its sum): `None` without
+/// dropout (the gradient is `dh` itself), else `dh` masked and scaled.
+fn residual_grad<E: Elem>(
+    ctx: BlockCtx<'_>,
+    site: Site,
+    dh: &CudaTensor<E>,
+) -> Result<Option<CudaTensor<E>>> {
+    let Some(mask) = ctx.mask(site) else {
+        return Ok(None);
+    };
+    let d = &ctx.dims;
+    let mut dproj = ctx.dev.zeros::<E>(&[d.rows, d.hidden], Activations)?;
+    kernels::dropout_backward(ctx.dev, &mask, dh, &mut dproj)?;
+    Ok(Some(dproj))
+}
+
 fn norm<E: Elem>(ctx: BlockCtx<'_>, x: &CudaTensor<E>, w: &CudaTensor<E>) -> Result<Norm<E>> {
     let (dev, d) = (ctx.dev, &ctx.dims);
     let mut rinv = dev.zeros::<f32>(&[d.rows], Activations)?;
@@ -122,12 +173,7 @@ pub(crate) fn forward<E: Elem>(
 ) -> Result<(CudaTensor<E>, BlockActivations<E>)> {
     let acts = activations(ctx, w, x)?;
     let act = acts.act.as_ref().expect("activations keeps everything");
-    let mut out = ctx
-        .dev
-        .zeros::<E>(&[ctx.dims.rows, ctx.dims.hidden], Activations)?;
-    ctx.dev
-        .copy(acts.h_mid.ptr(), out.ptr(), out.bytes() as usize)?;
-    linear(ctx.dev, act, &w.down, &mut out, true)?;
+    let out = residual_linear(ctx, Site::Mlp, &acts.h_mid, act, &w.down)?;
     Ok((out, acts))
 }
 
@@ -139,7 +185,7 @@ pub(crate) fn activations<E: Elem>(
     x: &CudaTensor<E>,
 ) -> Result<BlockActivations<E>> {
     let (dev, d, rope) = (ctx.dev, &ctx.dims, ctx.rope);
-    let (rows, h) = (d.rows, d.hidden);
+    let rows = d.rows;
     let (qw, kw) = (ctx.q_width(), ctx.kv_width());
     let norm1 = norm(ctx, x, &w.input_norm)?;
     let mut q = dev.zeros::<E>(&[rows, qw], Activations)?;
@@ -153,9 +199,7 @@ pub(crate) fn activations<E: Elem>(
     let mut att = dev.zeros::<E>(&[rows, qw], Activations)?;
     let mut lse = dev.zeros::<f32>(&[d.attn.batch, d.attn.heads, d.attn.seq], Activations)?;
     kernels::attention_forward(dev, d.attn, &q, &k, &v, &mut att, &mut lse)?;
-    let mut h_mid = dev.zeros::<E>(&[rows, h], Activations)?;
-    dev.copy(x.ptr(), h_mid.ptr(), h_mid.bytes() as usize)?;
-    linear(dev, &att, &w.o, &mut h_mid, true)?;
+    let h_mid = residual_linear(ctx, Site::Attention, x, &att, &w.o)?;
     let norm2 = norm(ctx, &h_mid, &w.post_norm)?;
     let mut gate = dev.zeros::<E>(&[rows, d.ffn], Activations)?;
     let mut up = dev.zeros::<E>(&[rows, d.ffn], Activations)?;
@@ -204,14 +248,16 @@ pub(crate) fn backward<E: Elem>(
     } = saved;
     let (rows, h) = (d.rows, d.hidden);
 
-    // MLP: out = h_mid + act·downᵀ
+    // MLP: out = h_mid + dropout(act·downᵀ)
     let act = match act {
         Some(act) => act,
         None => swiglu(ctx, &gate, &up)?,
     };
+    let dmlp = residual_grad(ctx, Site::Mlp, dh)?;
     let mut dact = dev.zeros::<E>(&[rows, d.ffn], Activations)?;
-    linear_backward(dev, dh, &act, &w.down, &mut dact, &mut g.down, false)?;
-    drop(act);
+    let dy = dmlp.as_ref().unwrap_or(dh);
+    linear_backward(dev, dy, &act, &w.down, &mut dact, &mut g.down, false)?;
+    drop((act, dmlp));
     let mut dgate = dev.zeros::<E>(&[rows, d.ffn], Activations)?;
     let mut dup = dev.zeros::<E>(&[rows, d.ffn], Activations)?;
     kernels::swiglu_backward(dev, &dact, &gate, &up, &mut dgate, &mut dup)?;
@@ -238,9 +284,12 @@ pub(crate) fn backward<E: Elem>(
     )?;
     drop((dn2, h_mid, rinv2));
 
-    // Attention: h_mid = x + att·oᵀ
+    // Attention: h_mid = x + dropout(att·oᵀ)
+    let dattn = residual_grad(ctx, Site::Attention, dh)?;
     let mut datt = dev.zeros::<E>(&[rows, qw], Activations)?;
-    linear_backward(dev, dh, &att, &w.o, &mut datt, &mut g.o, false)?;
+    let dy = dattn.as_ref().unwrap_or(dh);
+    linear_backward(dev, dy, &att, &w.o, &mut datt, &mut g.o, false)?;
+    drop(dattn);
     let mut dq = dev.zeros::<E>(&[rows, qw], Activations)?;
     let mut dk = dev.zeros::<E>(&[rows, kw], Activations)?;
     let mut dv = dev.zeros::<E>(&[rows, kw], Activations)?;

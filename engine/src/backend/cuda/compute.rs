@@ -7,7 +7,7 @@ use super::model::CudaModel;
 use super::tensor::CudaTensor;
 use crate::checkpoint::Entry;
 use crate::compute::Compute;
-use crate::error::{EngineError, Result};
+use crate::error::Result;
 use crate::fault::Fault;
 use crate::loss::LossKind;
 use crate::memory::{Category, MemoryTracker};
@@ -69,12 +69,6 @@ impl CudaCompute {
         master: Params<Tensor<f32>>,
         moments: Option<(Moments, u64)>,
     ) -> Result<Self> {
-        if cfg.dropout > 0.0 {
-            return Err(EngineError::Config(format!(
-                "dropout {} is not implemented on the CUDA backend; set dropout: 0 or run on the CPU",
-                cfg.dropout
-            )));
-        }
         let model = CudaModel::new(&dev, cfg.model.clone())?;
         let master = upload(&dev, &cfg.model, &master, cfg.master_category())?;
         let weights = match cfg.precision {
@@ -186,19 +180,13 @@ impl Compute for CudaCompute {
         loss: LossKind,
         dropout: Option<Dropout>,
     ) -> Result<PassOutput> {
-        if dropout.is_some() {
-            return Err(EngineError::Config(
-                "dropout is not implemented on the CUDA backend; set dropout: 0 or run on the CPU"
-                    .into(),
-            ));
-        }
         for g in self.grads.tensors() {
             self.dev.memset_zero(g.ptr(), g.bytes() as usize)?;
         }
         let pass = PassConfig {
             checkpointing,
             loss,
-            dropout: None,
+            dropout,
             faults: &self.cfg.faults,
         };
         let (dev, model, grads) = (&self.dev, &self.model, &mut self.grads);

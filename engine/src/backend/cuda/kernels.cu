@@ -179,6 +179,40 @@ __device__ void rope(T* x, const float* cos_t, const float* sin_t, u64 rows, u32
     *hi = narrow<T>(b * c + a * s);
 }
 
+// Residual dropout, as model/dropout.rs draws it: element i is kept when the i-th output of a
+// SplitMix64 stream keyed by the (seed, step, layer, site) mask, shifted to its top bits, is at
+// least the threshold; kept elements are scaled by 1 / (1 - p).
+struct DropoutMask {
+    u64 key, threshold;
+    u32 shift;
+    float scale;
+};
+
+__device__ __forceinline__ u64 splitmix(u64 z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+__device__ __forceinline__ bool dropout_keeps(DropoutMask m, u64 i) {
+    return (splitmix(m.key + (i + 1ull) * 0x9E3779B97F4A7C15ull) >> m.shift) >= m.threshold;
+}
+
+// out = x + dropout(y).
+template <typename T>
+__device__ void dropout_add(const T* x, const T* y, T* out, u64 n, DropoutMask m) {
+    u64 i = global_index();
+    if (i >= n) return;
+    out[i] = dropout_keeps(m, i) ? narrow<T>(widen(x[i]) + widen(y[i]) * m.scale) : x[i];
+}
+
+// dy = ∂L/∂y of dropout_add from dout = ∂L/∂out.
+template <typename T> __device__ void dropout_bwd(const T* dout, T* dy, u64 n, DropoutMask m) {
+    u64 i = global_index();
+    if (i >= n) return;
+    dy[i] = narrow<T>(dropout_keeps(m, i) ? widen(dout[i]) * m.scale : 0.0f);
+}
+
 template <typename T> __device__ void swiglu_fwd(const T* gate, const T* up, T* act, u64 n) {
     u64 i = global_index();
     if (i >= n) return;
@@ -416,6 +450,12 @@ __device__ void xent(T* logits, const long long* labels, float* row_loss, u32 vo
     extern "C" __global__ void rope_##S(T* x, const float* cos_t, const float* sin_t, u64 rows, u32 width, \
                                         u32 seq, u32 half, float sign) {                                 \
         rope<T>(x, cos_t, sin_t, rows, width, seq, half, sign);                                          \
+    }                                                                                                    \
+    extern "C" __global__ void dropout_add_##S(const T* x, const T* y, T* out, u64 n, DropoutMask m) {   \
+        dropout_add<T>(x, y, out, n, m);                                                                 \
+    }                                                                                                    \
+    extern "C" __global__ void dropout_bwd_##S(const T* dout, T* dy, u64 n, DropoutMask m) {             \
+        dropout_bwd<T>(dout, dy, n, m);                                                                  \
     }                                                                                                    \
     extern "C" __global__ void swiglu_fwd_##S(const T* gate, const T* up, T* act, u64 n) {               \
         swiglu_fwd<T>(gate, up, act, n);                                                                 \

@@ -8,6 +8,7 @@ use crate::backend::cpu::attention::AttnShape;
 use crate::backend::cpu::kernels::RopeTable;
 use crate::error::{EngineError, Result};
 use crate::memory::Category;
+use crate::model::dropout::{DropoutMask, DRAW_SHIFT};
 use crate::tensor::{DType, Elem};
 use cudarc::driver::sys::CUdeviceptr;
 use half::bf16;
@@ -197,6 +198,66 @@ pub(crate) fn rope<E: Elem>(
         BLOCK,
         0,
         args![xp, c, sn, rows, w, s, half, sign],
+    )
+}
+
+/// A dropout mask as kernels.cu's `DropoutMask`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct DeviceMask {
+    key: u64,
+    threshold: u64,
+    shift: u32,
+    scale: f32,
+}
+
+impl DeviceMask {
+    fn new(m: &DropoutMask) -> Self {
+        DeviceMask {
+            key: m.key(),
+            threshold: m.threshold(),
+            shift: DRAW_SHIFT,
+            scale: m.scale(),
+        }
+    }
+}
+
+/// `out = x + dropout(y)`: `x[i] + y[i] · scale` where `mask` keeps element `i`, else `x[i]`
+/// (the CPU's `kernels::dropout_add`, the same masks).
+pub(crate) fn dropout_add<E: Elem>(
+    dev: &CudaDevice,
+    mask: &DropoutMask,
+    x: &CudaTensor<E>,
+    y: &CudaTensor<E>,
+    out: &mut CudaTensor<E>,
+) -> Result<()> {
+    let (n, m) = (out.numel() as u64, DeviceMask::new(mask));
+    let (xp, yp, op) = (x.ptr(), y.ptr(), out.ptr());
+    dev.launch(
+        &kernel::<E>("dropout_add"),
+        blocks(out.numel())?,
+        BLOCK,
+        0,
+        args![xp, yp, op, n, m],
+    )
+}
+
+/// Backward of [`dropout_add`] for `y`: `dy[i] = dout[i] · scale` where `mask` keeps element
+/// `i`, else 0.
+pub(crate) fn dropout_backward<E: Elem>(
+    dev: &CudaDevice,
+    mask: &DropoutMask,
+    dout: &CudaTensor<E>,
+    dy: &mut CudaTensor<E>,
+) -> Result<()> {
+    let (n, m) = (dy.numel() as u64, DeviceMask::new(mask));
+    let (dp, yp) = (dout.ptr(), dy.ptr());
+    dev.launch(
+        &kernel::<E>("dropout_bwd"),
+        blocks(dy.numel())?,
+        BLOCK,
+        0,
+        args![dp, yp, n, m],
     )
 }
 

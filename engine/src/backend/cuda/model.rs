@@ -55,8 +55,8 @@ impl CudaModel {
     /// `grads`. Activations are allocated and freed inside; the second value holds what
     /// outlives the call, which is nothing unless [`Fault::RecomputeInputsKept`] keeps the
     /// inputs of the recomputed blocks. [`Fault::CheckpointingSkippedNested`] keeps every
-    /// activation of the blocks after the first, as the CPU's model does. Dropout is refused
-    /// before a pass gets here.
+    /// activation of the blocks after the first, as the CPU's model does. Dropout draws the
+    /// CPU's masks.
     pub(crate) fn forward_backward<E: Elem>(
         &self,
         dev: &CudaDevice,
@@ -72,6 +72,8 @@ impl CudaModel {
             dev,
             dims: d,
             rope: &self.rope,
+            layer: 0,
+            dropout: pass.dropout,
         };
         let (rows, h) = (d.rows, d.hidden);
         let ids = dev.upload_slice(&batch.input_ids, Category::Io)?;
@@ -82,7 +84,7 @@ impl CudaModel {
         let mut saved: Vec<Option<BlockActivations<E>>> = Vec::with_capacity(w.layers.len());
         let skip_nested = pass.faults.has(Fault::CheckpointingSkippedNested);
         for (l, layer) in w.layers.iter().enumerate() {
-            let (out, acts) = block::forward(ctx, layer, &x)?;
+            let (out, acts) = block::forward(BlockCtx { layer: l, ..ctx }, layer, &x)?;
             let policy = if skip_nested && l > 0 {
                 Checkpointing::None
             } else {
@@ -127,6 +129,7 @@ impl CudaModel {
         let mut kept = Vec::new();
         let mut recomputed_blocks = 0;
         for (l, layer) in w.layers.iter().enumerate().rev() {
+            let ctx = BlockCtx { layer: l, ..ctx };
             let input = inputs.pop().expect("one input per block");
             let (acts, recomputes) = match saved.pop().flatten() {
                 Some(acts) => {
