@@ -120,6 +120,12 @@ enum Command {
     },
     /// Predicted memory of a training step, part by part and phase by phase.
     Estimate(estimate_cmd::EstimateArgs),
+    /// Checks checkpoints' files against their recorded sizes, sha256 and XXH3-128 checksums.
+    Verify {
+        /// Checkpoint directories, or run directories (their `latest` is checked).
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+    },
 }
 
 fn parse_betas(text: &str) -> Result<[f64; 2], String> {
@@ -179,6 +185,42 @@ fn validate(paths: &[PathBuf]) -> ExitCode {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(2)
+    }
+}
+
+/// Prints each file's verdict per checkpoint; exit status 1 if any file is damaged, 2 if a
+/// checkpoint's state cannot be read.
+fn verify(paths: &[PathBuf]) -> ExitCode {
+    let (mut intact, mut damaged, mut unreadable) = (0, 0, 0);
+    for path in paths {
+        match ckpt_engine::checkpoint::verify(path) {
+            Ok((dir, verdicts)) => {
+                println!("{}", dir.display());
+                let bad = verdicts.iter().filter(|v| v.problem.is_some()).count();
+                for v in verdicts {
+                    let size = format!("{} bytes", v.bytes);
+                    match v.problem {
+                        None => println!("  ok       {:<24} {size}", v.name),
+                        Some(why) => println!("  DAMAGED  {:<24} {size}: {why}", v.name),
+                    }
+                }
+                if bad == 0 {
+                    intact += 1;
+                } else {
+                    damaged += 1;
+                }
+            }
+            Err(e) => {
+                unreadable += 1;
+                eprintln!("error: {e}");
+            }
+        }
+    }
+    println!("{intact} intact, {damaged} damaged, {unreadable} unreadable");
+    match (damaged, unreadable) {
+        (0, 0) => ExitCode::SUCCESS,
+        (_, 0) => ExitCode::from(1),
+        _ => ExitCode::from(2),
     }
 }
 
@@ -255,6 +297,7 @@ fn main() -> ExitCode {
             steps,
         } => Suite::load(&suite).and_then(|s| train_cmd::run(&s, &out, resume.as_deref(), steps)),
         Command::Estimate(args) => estimate_cmd::table(&args).map(|t| print!("{t}")),
+        Command::Verify { paths } => return verify(&paths),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -152,3 +152,56 @@ fn list_and_validate_cover_every_suite() {
     }
     assert!(stdout.contains("skipped: no cuda device"), "{stdout}");
 }
+
+#[test]
+fn verify_reports_intact_and_damaged_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let suite = root().join("suites/tiny-fp32.yaml");
+    let out = Command::new(BIN)
+        .args([
+            "train",
+            suite.to_str().unwrap(),
+            "--out",
+            run.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+
+    let out = harness(&["verify"], &[&run]);
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for name in ["config.json", "model.safetensors", "optimizer.safetensors"] {
+        assert!(
+            stdout
+                .lines()
+                .any(|l| l.trim_start().starts_with("ok") && l.contains(name)),
+            "{stdout}"
+        );
+    }
+    assert!(
+        stdout.contains("1 intact, 0 damaged, 0 unreadable"),
+        "{stdout}"
+    );
+
+    let latest = std::fs::read_to_string(run.join("latest")).unwrap();
+    let model = run.join(latest.trim()).join("model.safetensors");
+    let mut bytes = std::fs::read(&model).unwrap();
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x01;
+    std::fs::write(&model, bytes).unwrap();
+    let out = harness(&["verify"], &[&run]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.lines().any(|l| l.contains("DAMAGED")
+            && l.contains("model.safetensors")
+            && l.contains("sha256")),
+        "{stdout}"
+    );
+    assert!(stdout.contains("0 intact, 1 damaged"), "{stdout}");
+
+    let out = harness(&["verify"], &[dir.path()]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+}

@@ -75,6 +75,29 @@ pub fn write_synced(path: &Path, parts: &[&[u8]]) -> Result<FileRecord> {
     })
 }
 
+/// The size and both checksums of the file at `path`, read once.
+pub fn checksums(path: &Path) -> Result<FileRecord> {
+    let io = |e| EngineError::io(path, e);
+    let mut file = File::open(path).map_err(io)?;
+    let (mut sha256, mut xxh3) = (Sha256::new(), Xxh3Default::new());
+    let mut piece = vec![0u8; PIECE];
+    let mut bytes = 0u64;
+    loop {
+        let n = file.read(&mut piece).map_err(io)?;
+        if n == 0 {
+            break;
+        }
+        sha256.update(&piece[..n]);
+        xxh3.update(&piece[..n]);
+        bytes += n as u64;
+    }
+    Ok(FileRecord {
+        bytes,
+        sha256: hex(&sha256.finalize()),
+        xxh3_128: Some(xxh3_hex(&xxh3)),
+    })
+}
+
 /// The check loading makes of a file's content: its XXH3-128 where the record has one, else
 /// its sha256 (checkpoints written before XXH3 was recorded).
 enum Verifier {

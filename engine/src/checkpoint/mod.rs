@@ -10,6 +10,7 @@
 
 pub mod files;
 pub mod state;
+mod verify;
 
 use crate::backend::CpuDevice;
 use crate::error::{EngineError, Result};
@@ -24,6 +25,7 @@ use state::{first_difference, FileRecord, TrainerState, VersionProbe, FORMAT_VER
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+pub use verify::{verify, FileVerdict};
 
 /// The weights file, in Hugging Face's layout.
 pub const MODEL_FILE: &str = "model.safetensors";
@@ -289,7 +291,7 @@ pub fn load(dev: &CpuDevice, dir: &Path, req: &LoadRequest<'_>) -> Result<Loaded
         mapped.insert(name.clone(), (path, file));
     }
     let (config_path, config_file) = &mapped[CONFIG_FILE];
-    verify(config_path, &state.files[CONFIG_FILE])?;
+    verify_checksum(config_path, &state.files[CONFIG_FILE])?;
     let saved_cfg = std::str::from_utf8(config_file.bytes())
         .map_err(|e| e.to_string())
         .and_then(LlamaConfig::from_hf_json)
@@ -440,7 +442,7 @@ fn checksum_mismatch(path: &Path) -> EngineError {
 }
 
 /// Reads the whole file at `path` and fails if it does not match its checksum.
-fn verify(path: &Path, record: &FileRecord) -> Result<()> {
+fn verify_checksum(path: &Path, record: &FileRecord) -> Result<()> {
     if files::read_verified(path, record, Vec::new())? {
         Ok(())
     } else {
@@ -451,7 +453,7 @@ fn verify(path: &Path, record: &FileRecord) -> Result<()> {
 /// `err` about a file's content, unless the file does not match its checksum: then that is
 /// the error, since damage explains any content error.
 fn content_error(path: &Path, record: &FileRecord, err: EngineError) -> EngineError {
-    match verify(path, record) {
+    match verify_checksum(path, record) {
         Ok(()) => err,
         Err(damaged) => damaged,
     }
