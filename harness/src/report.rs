@@ -45,9 +45,15 @@ impl Summary {
     /// failure.
     pub fn table(&self) -> String {
         let mut out = String::new();
+        let w = self
+            .trials
+            .iter()
+            .map(|t| t.name.len())
+            .chain(self.skipped.iter().map(|s| s.name.len()))
+            .fold(5, usize::max);
         let _ = writeln!(
             out,
-            "{:<40} {:<6} {:>7}  failed checks",
+            "{:<w$} {:<6} {:>7}  failed checks",
             "trial", "result", "seconds"
         );
         for t in &self.trials {
@@ -60,7 +66,7 @@ impl Summary {
             };
             let _ = writeln!(
                 out,
-                "{:<40} {result:<6} {:>7.2}  {}{note}",
+                "{:<w$} {result:<6} {:>7.2}  {}{note}",
                 t.name,
                 t.seconds,
                 failed.join(", ")
@@ -75,7 +81,7 @@ impl Summary {
             }
         }
         for s in &self.skipped {
-            let _ = writeln!(out, "{:<40} {:<6} {:>7}  {}", s.name, "SKIP", "-", s.reason);
+            let _ = writeln!(out, "{:<w$} {:<6} {:>7}  {}", s.name, "SKIP", "-", s.reason);
         }
         let _ = writeln!(
             out,

@@ -37,6 +37,7 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
     } else {
         GoldenMode::Check
     };
+    let w = planned.iter().map(|p| p.name.len()).fold(0, usize::max);
     let mut trials = Vec::new();
     let mut skipped = Vec::new();
     for p in planned {
@@ -52,7 +53,7 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
         let result = trial::run(suite, p.device, &opts.golden, mode, |ph| {
             let last = ph.steps.last();
             println!(
-                "{name:<40} {:<10} {:>3} steps  last loss {:>9}  peak {}{}",
+                "{name:<w$} {:<10} {:>3} steps  last loss {:>9}  peak {}{}",
                 ph.phase.to_string(),
                 ph.steps.len(),
                 last.map_or("-".into(), |s| format!("{:.5}", s.loss)),
