@@ -1,19 +1,24 @@
 #!/usr/bin/env bash
 # Runs the GPU half of the project on a machine with an NVIDIA GPU but no Rust toolchain.
 #
-#   scripts/gpu.sh pack DIR        on the build machine: release-builds the CLI and the test
-#                                  binaries and copies them, with suites/, golden/ and scripts/,
-#                                  into DIR (copy DIR to the GPU machine)
+#   scripts/gpu.sh pack DIR        on the build machine: release-builds the CLI, the test
+#                                  binaries and the training benchmark and copies them, with
+#                                  suites/, golden/ and scripts/, into DIR (copy DIR to the GPU
+#                                  machine)
 #   DIR/scripts/gpu.sh run [OUT]   on the GPU machine: the CUDA tests, every suite on cuda, and
 #                                  the Hugging Face load check; report, JUnit and logs in OUT
 #                                  (default DIR/report-gpu)
+#   DIR/scripts/gpu.sh bench [OUT] on the GPU machine: the engine's training step at
+#                                  Llama-3.2-1B's shape (bf16-mixed, full checkpointing, chunked
+#                                  loss) and PyTorch's reference on the same card, one after the
+#                                  other; tokens/s and peak memory of both, and their ratios
 #
 # `run` finds CUDA's libraries through the loader's path; when the toolkit sits in
 # /usr/local/cuda (or $CUDA_HOME) its lib64 is added. Exit status: 0 when everything passed.
 set -euo pipefail
 
 usage() {
-    sed -n '2,12p' "$0" >&2
+    sed -n '2,17p' "$0" >&2
     exit 2
 }
 
@@ -34,6 +39,16 @@ for line in sys.stdin:
         print(m["target"]["name"], m["executable"])
 ' | while read -r name exe; do
         cp "$exe" "$dir/bin/test-$name"
+    done
+    cargo bench --locked -p ckpt-engine --bench train_step --no-run --message-format=json 2>/dev/null |
+        python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "train_step":
+        print(m["executable"])
+' | while read -r exe; do
+        cp "$exe" "$dir/bin/bench-train_step"
     done
     rm -rf "$dir/suites" "$dir/golden" "$dir/scripts"
     cp -r suites golden scripts "$dir/"
@@ -83,8 +98,43 @@ run() {
     return "$status"
 }
 
+# The first number after "key": in a line of JSON.
+json_number() {
+    sed -nE "s/.*\"$1\": *([-0-9.eE+]+).*/\1/p" <<<"$2" | head -n 1
+}
+
+bench() {
+    local root out
+    root="$(cd "$(dirname "$0")/.." && pwd)"
+    out="${1:-$root/report-gpu}"
+    mkdir -p "$out"
+    local cuda="${CUDA_HOME:-/usr/local/cuda}"
+    if [[ -d "$cuda/lib64" ]]; then
+        export LD_LIBRARY_PATH="$cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    fi
+    cd "$root"
+    local steps="${BENCH_STEPS:-5}" warmup="${BENCH_WARMUP:-2}"
+    echo "== engine, Llama-3.2-1B shape, batch 8 x 2048"
+    local ours theirs
+    ours="$(bin/bench-train_step --device cuda --model llama-1b --precision bf16-mixed \
+        --checkpointing full --loss chunked:1024 --steps "$steps" --warmup "$warmup" | tail -n 1)"
+    echo "$ours" | tee "$out/bench-engine.json"
+    echo "== PyTorch LlamaForCausalLM, bf16 autocast, SDPA, gradient checkpointing"
+    theirs="$(python3 scripts/bench_gpu_torch.py --steps "$steps" --warmup "$warmup" | tail -n 1)"
+    echo "$theirs" | tee "$out/bench-torch.json"
+    local a b pa pb
+    a="$(json_number tokens_per_s "$ours")" b="$(json_number tokens_per_s "$theirs")"
+    pa="$(json_number pool_reserved_high_bytes "$ours")" pb="$(json_number peak_reserved_bytes "$theirs")"
+    awk -v a="$a" -v b="$b" -v pa="$pa" -v pb="$pb" -v ma="$(json_number mfu "$ours")" -v mb="$(json_number mfu "$theirs")" 'BEGIN {
+        printf "tokens/s: engine %.0f, pytorch %.0f: %.2fx (first target >= 0.5x)\n", a, b, a / b
+        printf "reserved peak: engine %.2f GiB, pytorch %.2f GiB: %.2fx (first target <= 1.0x)\n", pa / 2^30, pb / 2^30, pa / pb
+        printf "MFU: engine %.1f%%, pytorch %.1f%%\n", 100 * ma, 100 * mb
+    }' | tee "$out/bench-summary.txt"
+}
+
 case "${1:-}" in
 pack) [[ $# == 2 ]] || usage; pack "$2" ;;
 run) shift; run "$@" ;;
+bench) shift; bench "$@" ;;
 *) usage ;;
 esac

@@ -1,18 +1,26 @@
-//! Training throughput on the CPU: builds a [`Trainer`] for the benchmark model (vocab 4096,
-//! hidden 256, 4 layers, 8 heads, 4 KV heads, FFN 688, batch 8 × 256 tokens, AdamW), runs a few
-//! warmup steps, times the rest, and prints one JSON object: the median step time, tokens/s, the
-//! CPU time a step takes (Linux) and the peak of tracked bytes for each checkpointing policy
-//! asked for.
+//! Training throughput: builds a [`Trainer`] for a benchmark model, runs a few warmup steps,
+//! times the rest, and prints one JSON object: the median step time, tokens/s, the CPU time a
+//! step takes (Linux) and the peak of tracked bytes for each checkpointing policy asked for.
+//!
+//! Models: `bench` (the CPU benchmark: vocab 4096, hidden 256, 4 layers, 8 heads, 4 KV heads,
+//! FFN 688, batch 8 × 256 tokens) and `llama-1b` (Llama-3.2-1B's shape: vocab 128256, hidden
+//! 2048, 16 layers, 32 heads, 8 KV heads, FFN 8192, tied embeddings, batch 8 × 2048 tokens, as
+//! `scripts/bench_gpu_torch.py` runs it). On `--device cuda` it also reports the memory pool's
+//! high-water mark and the model-FLOPs utilisation against `--peak-tflops` (the card's dense
+//! bf16 peak; H100 SXM: 989), counted as `bench_gpu_torch.py` counts it.
 //!
 //! ```text
-//! cargo bench -p ckpt-engine --bench train_step -- [--threads N] [--steps N] [--warmup N]
+//! cargo bench -p ckpt-engine --bench train_step -- [--device cpu|cuda] [--model bench|llama-1b]
+//!     [--batch N] [--seq N] [--layers N] [--threads N] [--steps N] [--warmup N]
 //!     [--checkpointing none,full] [--precision fp32|bf16-mixed] [--loss standard|chunked:N]
+//!     [--peak-tflops X]
 //! ```
-//! The same options can be given as environment variables (`BENCH_THREADS`, `BENCH_STEPS`,
-//! `BENCH_WARMUP`, `BENCH_CHECKPOINTING`, `BENCH_PRECISION`, `BENCH_LOSS`); arguments win. With
-//! more than one policy the output also holds each policy's step time over the first one's.
+//! The first options can also be given as environment variables (`BENCH_THREADS`,
+//! `BENCH_STEPS`, `BENCH_WARMUP`, `BENCH_CHECKPOINTING`, `BENCH_PRECISION`, `BENCH_LOSS`);
+//! arguments win. With more than one policy the output also holds each policy's step time over
+//! the first one's.
 
-use ckpt_engine::{CpuDevice, Trainer};
+use ckpt_engine::{CpuDevice, CudaDevice, LlamaConfig, TrainConfig, Trainer};
 use serde_json::{json, Value};
 use std::time::Instant;
 
@@ -24,6 +32,12 @@ struct Options {
     checkpointing: Vec<String>,
     precision: String,
     loss: String,
+    device: String,
+    model: String,
+    batch: Option<usize>,
+    seq: Option<usize>,
+    layers: Option<usize>,
+    peak_tflops: f64,
 }
 
 impl Options {
@@ -37,6 +51,12 @@ impl Options {
             checkpointing: split_list(&env_or("BENCH_CHECKPOINTING", "none")),
             precision: env_or("BENCH_PRECISION", "fp32"),
             loss: env_or("BENCH_LOSS", "standard"),
+            device: "cpu".into(),
+            model: "bench".into(),
+            batch: None,
+            seq: None,
+            layers: None,
+            peak_tflops: 989.0,
         };
         let mut args = std::env::args().skip(1);
         while let Some(arg) = args.next() {
@@ -61,13 +81,68 @@ impl Options {
                 "--checkpointing" => opts.checkpointing = split_list(&value()?),
                 "--precision" => opts.precision = value()?,
                 "--loss" => opts.loss = value()?,
+                "--device" => opts.device = value()?,
+                "--model" => opts.model = value()?,
+                "--batch" => opts.batch = Some(value()?.parse().map_err(bad("batch"))?),
+                "--seq" => opts.seq = Some(value()?.parse().map_err(bad("seq"))?),
+                "--layers" => opts.layers = Some(value()?.parse().map_err(bad("layers"))?),
+                "--peak-tflops" => {
+                    opts.peak_tflops = value()?.parse().map_err(bad("peak-tflops"))?
+                }
                 other => return Err(format!("unknown argument {other}")),
             }
         }
         if opts.steps == 0 || opts.checkpointing.is_empty() {
             return Err("at least one step and one checkpointing policy are needed".into());
         }
+        if !["cpu", "cuda"].contains(&opts.device.as_str()) {
+            return Err(format!("device {} is neither cpu nor cuda", opts.device));
+        }
         Ok(opts)
+    }
+
+    /// The model's shape, and the batch shape it runs at by default.
+    fn model_json(&self) -> Result<(Value, usize, usize), String> {
+        match self.model.as_str() {
+            "bench" => Ok((
+                json!({
+                    "vocab_size": 4096,
+                    "hidden_size": 256,
+                    "intermediate_size": 688,
+                    "num_hidden_layers": self.layers.unwrap_or(4),
+                    "num_attention_heads": 8,
+                    "num_key_value_heads": 4,
+                    "rms_norm_eps": 1e-5,
+                    "rope_theta": 10000.0,
+                    "tie_word_embeddings": false,
+                    "max_position_embeddings": self.seq.unwrap_or(256).max(256),
+                }),
+                8,
+                256,
+            )),
+            "llama-1b" => Ok((
+                json!({
+                    "vocab_size": 128256,
+                    "hidden_size": 2048,
+                    "intermediate_size": 8192,
+                    "num_hidden_layers": self.layers.unwrap_or(16),
+                    "num_attention_heads": 32,
+                    "num_key_value_heads": 8,
+                    "rms_norm_eps": 1e-5,
+                    "rope_theta": 500000.0,
+                    "tie_word_embeddings": true,
+                    "max_position_embeddings": self.seq.unwrap_or(2048).max(2048),
+                }),
+                8,
+                2048,
+            )),
+            other => Err(format!("model {other} is neither bench nor llama-1b")),
+        }
+    }
+
+    fn batch_shape(&self) -> Result<(usize, usize), String> {
+        let (_, batch, seq) = self.model_json()?;
+        Ok((self.batch.unwrap_or(batch), self.seq.unwrap_or(seq)))
     }
 
     fn loss_json(&self) -> Result<Value, String> {
@@ -103,19 +178,10 @@ fn bad<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> String {
 
 /// The benchmark's training configuration, as the trainer reads it.
 fn train_config(opts: &Options, checkpointing: &str) -> Result<Value, String> {
+    let (model, _, _) = opts.model_json()?;
+    let (batch, seq) = opts.batch_shape()?;
     Ok(json!({
-        "model": {
-            "vocab_size": 4096,
-            "hidden_size": 256,
-            "intermediate_size": 688,
-            "num_hidden_layers": 4,
-            "num_attention_heads": 8,
-            "num_key_value_heads": 4,
-            "rms_norm_eps": 1e-5,
-            "rope_theta": 10000.0,
-            "tie_word_embeddings": false,
-            "max_position_embeddings": 256,
-        },
+        "model": model,
         "init": {"kind": "random", "seed": 0, "std": 0.02},
         "precision": opts.precision,
         "optimizer": {
@@ -127,8 +193,8 @@ fn train_config(opts: &Options, checkpointing: &str) -> Result<Value, String> {
         },
         "schedule": {"kind": "constant"},
         "data": {"kind": "synthetic", "seed": 0, "samples": 4096},
-        "batch_size": 8,
-        "seq_len": 256,
+        "batch_size": batch,
+        "seq_len": seq,
         "checkpointing": checkpointing,
         "loss": opts.loss_json()?,
     }))
@@ -151,21 +217,42 @@ fn median(mut xs: Vec<f64>) -> f64 {
     xs[xs.len() / 2]
 }
 
-/// Median step time, throughput and peak bytes of one policy.
+/// Model FLOPs of one token at row length `seq`: 6·N for the matrix products plus causal
+/// attention's score and value products, as `scripts/bench_gpu_torch.py` counts them.
+fn flops_per_token(m: &LlamaConfig, seq: usize) -> f64 {
+    let (h, f, layers) = (m.hidden_size, m.intermediate_size, m.num_hidden_layers);
+    let kv = m.num_key_value_heads * m.head_dim();
+    let per_layer = h * h * 2 + h * kv * 2 + 3 * h * f;
+    let dense = layers * per_layer + m.vocab_size * h;
+    let attention = layers * 2 * seq * h;
+    (6 * dense + 3 * attention) as f64
+}
+
+/// Median step time, throughput and peak bytes of one policy; on a GPU also the pool's
+/// high-water marks and the model-FLOPs utilisation.
 fn measure(opts: &Options, checkpointing: &str) -> Result<Value, String> {
-    let cfg = serde_json::from_value(train_config(opts, checkpointing)?)
+    let cfg: TrainConfig = serde_json::from_value(train_config(opts, checkpointing)?)
         .map_err(|e| format!("configuration for {checkpointing}: {e}"))?;
-    let dev = CpuDevice::new(opts.threads, u64::MAX).map_err(|e| e.to_string())?;
-    let mut trainer = Trainer::new(cfg, dev).map_err(|e| e.to_string())?;
+    let err = |e: ckpt_engine::EngineError| e.to_string();
+    let (mut trainer, gpu) = if opts.device == "cuda" {
+        let dev = CudaDevice::new(0, None).map_err(err)?;
+        (Trainer::new(cfg, dev.clone()).map_err(err)?, Some(dev))
+    } else {
+        let dev = CpuDevice::new(opts.threads, u64::MAX).map_err(err)?;
+        (Trainer::new(cfg, dev).map_err(err)?, None)
+    };
+    let sync = || gpu.as_ref().map_or(Ok(()), |d| d.sync()).map_err(err);
     let tokens = trainer.config().batch_size * trainer.config().seq_len;
     for _ in 0..opts.warmup {
         trainer.step().map_err(|e| e.to_string())?;
     }
+    sync()?;
     let (mut times, mut cpu) = (Vec::with_capacity(opts.steps), Vec::new());
     let (mut peak, mut loss, mut recomputed) = (0u64, 0.0f32, 0usize);
     for _ in 0..opts.steps {
         let (start, cpu_start) = (Instant::now(), process_cpu_s());
         let stats = trainer.step().map_err(|e| e.to_string())?;
+        sync()?;
         times.push(start.elapsed().as_secs_f64());
         if let (Some(a), Some(b)) = (cpu_start, process_cpu_s()) {
             cpu.push(b - a);
@@ -177,6 +264,12 @@ fn measure(opts: &Options, checkpointing: &str) -> Result<Value, String> {
     let min = times.iter().cloned().fold(f64::INFINITY, f64::min);
     let step = median(times);
     let cpu_ms = (cpu.len() == opts.steps).then(|| median(cpu) * 1e3);
+    let pool = gpu
+        .as_ref()
+        .map(|d| d.pool_stats())
+        .transpose()
+        .map_err(err)?;
+    let flops = flops_per_token(&trainer.config().model, trainer.config().seq_len) * tokens as f64;
     Ok(json!({
         "checkpointing": checkpointing,
         "median_step_ms": step * 1e3,
@@ -186,6 +279,9 @@ fn measure(opts: &Options, checkpointing: &str) -> Result<Value, String> {
         "peak_bytes": peak,
         "recomputed_blocks": recomputed,
         "last_loss": loss,
+        "pool_reserved_high_bytes": pool.map(|p| p.reserved_high),
+        "pool_used_high_bytes": pool.map(|p| p.used_high),
+        "mfu": gpu.is_some().then(|| flops / step / (opts.peak_tflops * 1e12)),
     }))
 }
 
@@ -210,14 +306,19 @@ fn run() -> Result<Value, String> {
             (key, json!(ms / base))
         })
         .collect();
+    let (batch, seq) = opts.batch_shape()?;
     Ok(json!({
         "engine": "ckpt-engine",
+        "device": opts.device,
+        "model": opts.model,
+        "batch": batch,
+        "seq": seq,
         "threads": opts.threads,
         "steps": opts.steps,
         "warmup": opts.warmup,
         "precision": opts.precision,
         "loss": opts.loss,
-        "tokens_per_step": 8 * 256,
+        "tokens_per_step": batch * seq,
         "tokens_per_s": results[0]["tokens_per_s"],
         "results": results,
         "step_time_ratios": ratios,
