@@ -234,50 +234,93 @@ __device__ void swiglu_bwd(const T* dact, const T* gate, const T* up, T* dgate, 
 
 // Attention shapes: q/out/dq are [batch*seq, heads*d], k/v/dk/dv are [batch*seq, kv_heads*d],
 // lse/delta are [batch, heads, seq].
+// br and bc: the query and key rows of a tile of the tiled kernels below.
 struct Attn {
     u32 batch, seq, heads, kv_heads, d;
     float scale;
+    u32 br, bc;
 };
 
-// One query row (blockIdx.x) of one head (y) of one sequence (z) per block. Dynamic shared
-// memory: seq scores and d query values.
+// Tiled attention: a block holds a tile of a.br query rows (forward, dq) or a.bc key rows (dk,
+// dv) and walks the other side's tiles through shared memory, so each key/value (or query/
+// output-gradient) row is read from global memory once per tile, not once per row. The
+// BLOCK / rows threads of a row each own the columns c = lane + n * (BLOCK / rows), at most
+// MAX_COLS of them. Shared rows are d + 1 floats apart, so threads reading the same column of
+// different rows hit different banks. Every sum runs in ascending key (or query) order.
+#define MAX_COLS 16
+
+// Rows [r0, r0 + n) of the head columns [col, col + d) of a [batch * seq, width] tensor, into
+// `dst` (row stride d + 1); rows past the sequence read as zeros.
+template <typename T>
+__device__ void load_tile(const T* src, u32 b, u32 r0, u32 n, u64 width, u64 col, Attn a, float* dst) {
+    for (u32 e = threadIdx.x; e < n * a.d; e += BLOCK) {
+        u32 r = e / a.d, c = e % a.d;
+        u32 row = r0 + r;
+        dst[r * (a.d + 1) + c] = row < a.seq ? widen(src[((u64)b * a.seq + row) * width + col + c]) : 0.0f;
+    }
+}
+
+// The forward pass of a.br query rows (blockIdx.x) of one head (y) of one sequence (z), with the
+// running maximum and sum of a streaming softmax. Dynamic shared memory: the query tile, a key
+// and a value tile, and the tile's scores.
 template <typename T>
 __device__ void attn_fwd(const T* q, const T* k, const T* v, T* out, float* lse, Attn a) {
     extern __shared__ float dyn[];
-    __shared__ float sh[BLOCK];
-    u32 i = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-    u32 g = h / (a.heads / a.kv_heads);
+    u32 tpr = BLOCK / a.br, r = threadIdx.x / tpr, lane = threadIdx.x % tpr;
+    u32 i0 = blockIdx.x * a.br, h = blockIdx.y, b = blockIdx.z;
+    u32 g = h / (a.heads / a.kv_heads), ds = a.d + 1, ps_w = a.bc + 1;
     u64 qw = (u64)a.heads * a.d, kw = (u64)a.kv_heads * a.d;
-    float* sc = dyn;
-    float* qs = dyn + a.seq;
+    float* qs = dyn;
+    float* ks = qs + a.br * ds;
+    float* vs = ks + a.bc * ds;
+    float* ps = vs + a.bc * ds;
+    const float NEG_INF = -__int_as_float(0x7f800000);
+    u32 i = i0 + r;
+    bool row_ok = i < a.seq;
+    load_tile(q, b, i0, a.br, qw, (u64)h * a.d, a, qs);
+    float m = NEG_INF, l = 0.0f;
+    float acc[MAX_COLS];
+    for (u32 n = 0; n < MAX_COLS; ++n) acc[n] = 0.0f;
+    u32 last = min(i0 + a.br, a.seq) - 1;
+    for (u32 j0 = 0; j0 <= last; j0 += a.bc) {
+        __syncthreads();
+        load_tile(k, b, j0, a.bc, kw, (u64)g * a.d, a, ks);
+        load_tile(v, b, j0, a.bc, kw, (u64)g * a.d, a, vs);
+        __syncthreads();
+        for (u32 jj = lane; jj < a.bc; jj += tpr) {
+            float s = NEG_INF;
+            if (row_ok && j0 + jj <= i) {
+                float dot = 0.0f;
+                for (u32 c = 0; c < a.d; ++c) dot += qs[r * ds + c] * ks[jj * ds + c];
+                s = a.scale * dot;
+            }
+            ps[r * ps_w + jj] = s;
+        }
+        __syncthreads();
+        float mt = m;
+        for (u32 jj = 0; jj < a.bc; ++jj) mt = fmaxf(mt, ps[r * ps_w + jj]);
+        if (mt == NEG_INF) continue;
+        float alpha = cpu_exp(m - mt);
+        l *= alpha;
+        for (u32 n = 0; n < MAX_COLS; ++n) acc[n] *= alpha;
+        for (u32 jj = 0; jj < a.bc; ++jj) {
+            float p = cpu_exp(ps[r * ps_w + jj] - mt);
+            l += p;
+            for (u32 n = 0; n < MAX_COLS; ++n) {
+                u32 c = lane + n * tpr;
+                if (c < a.d) acc[n] += p * vs[jj * ds + c];
+            }
+        }
+        m = mt;
+    }
+    if (!row_ok) return;
     u64 qrow = ((u64)b * a.seq + i) * qw + (u64)h * a.d;
-    for (u32 c = threadIdx.x; c < a.d; c += BLOCK) qs[c] = widen(q[qrow + c]);
-    __syncthreads();
-    float mx = -__int_as_float(0x7f800000);
-    for (u32 j = threadIdx.x; j <= i; j += BLOCK) {
-        const T* kr = k + ((u64)b * a.seq + j) * kw + (u64)g * a.d;
-        float s = 0.0f;
-        for (u32 c = 0; c < a.d; ++c) s += qs[c] * widen(kr[c]);
-        sc[j] = s;
-        mx = fmaxf(mx, s);
+    float inv = 1.0f / l;
+    for (u32 n = 0; n < MAX_COLS; ++n) {
+        u32 c = lane + n * tpr;
+        if (c < a.d) out[qrow + c] = narrow<T>(acc[n] * inv);
     }
-    float shift = a.scale * block_max(mx, sh);
-    float sum = 0.0f;
-    for (u32 j = threadIdx.x; j <= i; j += BLOCK) {
-        float e = cpu_exp(a.scale * sc[j] - shift);
-        sc[j] = e;
-        sum += e;
-    }
-    sum = block_sum(sum, sh);
-    float inv = 1.0f / sum;
-    for (u32 j = threadIdx.x; j <= i; j += BLOCK) sc[j] *= inv;
-    __syncthreads();
-    for (u32 c = threadIdx.x; c < a.d; c += BLOCK) {
-        float o = 0.0f;
-        for (u32 j = 0; j <= i; ++j) o += sc[j] * widen(v[((u64)b * a.seq + j) * kw + (u64)g * a.d + c]);
-        out[qrow + c] = narrow<T>(o);
-    }
-    if (threadIdx.x == 0) lse[((u64)b * a.heads + h) * a.seq + i] = shift + logf(sum);
+    if (lane == 0) lse[((u64)b * a.heads + h) * a.seq + i] = m + logf(l);
 }
 
 // delta[b, h, i] = dout_i . out_i, one thread per query row of a head.
@@ -305,95 +348,141 @@ __device__ __forceinline__ ScoreGrad score_grad(float q_dot_k, float do_dot_v, f
     return r;
 }
 
-// dq for one query row (blockIdx.x) of one head (y) of one sequence (z): sum over keys in order.
-// Dynamic shared memory: seq score gradients, d query and d output-gradient values.
+// dq for a.br query rows (blockIdx.x) of one head (y) of one sequence (z): each row sums its
+// score gradients times the keys in ascending key order. Dynamic shared memory: the query and
+// output-gradient tiles, a key and a value tile, and the tile's score gradients.
 template <typename T>
 __device__ void attn_bwd_dq(const T* q, const T* k, const T* v, const T* dout, const float* lse,
                             const float* delta, T* dq, Attn a) {
     extern __shared__ float dyn[];
-    u32 i = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-    u32 g = h / (a.heads / a.kv_heads);
+    u32 tpr = BLOCK / a.br, r = threadIdx.x / tpr, lane = threadIdx.x % tpr;
+    u32 i0 = blockIdx.x * a.br, h = blockIdx.y, b = blockIdx.z;
+    u32 g = h / (a.heads / a.kv_heads), ds = a.d + 1, ds_w = a.bc + 1;
     u64 qw = (u64)a.heads * a.d, kw = (u64)a.kv_heads * a.d;
-    float* ds = dyn;
-    float* qs = dyn + a.seq;
-    float* dos = qs + a.d;
-    u64 qrow = ((u64)b * a.seq + i) * qw + (u64)h * a.d;
-    for (u32 c = threadIdx.x; c < a.d; c += BLOCK) {
-        qs[c] = widen(q[qrow + c]);
-        dos[c] = widen(dout[qrow + c]);
-    }
-    __syncthreads();
+    float* qs = dyn;
+    float* dos = qs + a.br * ds;
+    float* ks = dos + a.br * ds;
+    float* vs = ks + a.bc * ds;
+    float* dss = vs + a.bc * ds;
+    u32 i = i0 + r;
+    bool row_ok = i < a.seq;
+    load_tile(q, b, i0, a.br, qw, (u64)h * a.d, a, qs);
+    load_tile(dout, b, i0, a.br, qw, (u64)h * a.d, a, dos);
     u64 bhi = ((u64)b * a.heads + h) * a.seq + i;
-    float lse_i = lse[bhi], delta_i = delta[bhi];
-    for (u32 j = threadIdx.x; j <= i; j += BLOCK) {
-        u64 krow = ((u64)b * a.seq + j) * kw + (u64)g * a.d;
-        float s = 0.0f, dp = 0.0f;
-        for (u32 c = 0; c < a.d; ++c) {
-            s += qs[c] * widen(k[krow + c]);
-            dp += dos[c] * widen(v[krow + c]);
+    float lse_i = row_ok ? lse[bhi] : 0.0f, delta_i = row_ok ? delta[bhi] : 0.0f;
+    float acc[MAX_COLS];
+    for (u32 n = 0; n < MAX_COLS; ++n) acc[n] = 0.0f;
+    u32 last = min(i0 + a.br, a.seq) - 1;
+    for (u32 j0 = 0; j0 <= last; j0 += a.bc) {
+        __syncthreads();
+        load_tile(k, b, j0, a.bc, kw, (u64)g * a.d, a, ks);
+        load_tile(v, b, j0, a.bc, kw, (u64)g * a.d, a, vs);
+        __syncthreads();
+        for (u32 jj = lane; jj < a.bc; jj += tpr) {
+            float d_s = 0.0f;
+            if (row_ok && j0 + jj <= i) {
+                float s = 0.0f, dp = 0.0f;
+                for (u32 c = 0; c < a.d; ++c) {
+                    s += qs[r * ds + c] * ks[jj * ds + c];
+                    dp += dos[r * ds + c] * vs[jj * ds + c];
+                }
+                d_s = score_grad(s, dp, lse_i, delta_i, a.scale).ds;
+            }
+            dss[r * ds_w + jj] = d_s;
         }
-        ds[j] = score_grad(s, dp, lse_i, delta_i, a.scale).ds;
+        __syncthreads();
+        for (u32 jj = 0; jj < a.bc && j0 + jj <= i; ++jj) {
+            float d_s = dss[r * ds_w + jj];
+            for (u32 n = 0; n < MAX_COLS; ++n) {
+                u32 c = lane + n * tpr;
+                if (c < a.d) acc[n] += d_s * ks[jj * ds + c];
+            }
+        }
     }
-    __syncthreads();
-    for (u32 c = threadIdx.x; c < a.d; c += BLOCK) {
-        float acc = 0.0f;
-        for (u32 j = 0; j <= i; ++j) acc += ds[j] * widen(k[((u64)b * a.seq + j) * kw + (u64)g * a.d + c]);
-        dq[qrow + c] = narrow<T>(acc);
+    if (!row_ok) return;
+    u64 qrow = ((u64)b * a.seq + i) * qw + (u64)h * a.d;
+    for (u32 n = 0; n < MAX_COLS; ++n) {
+        u32 c = lane + n * tpr;
+        if (c < a.d) dq[qrow + c] = narrow<T>(acc[n]);
     }
 }
 
-// dk and dv for one key row (blockIdx.x) of one kv head (y) of one sequence (z): summed over the
-// group's heads in order, then over query rows i >= j in order, BLOCK rows at a time. Thread c
-// owns column c (d <= BLOCK). Dynamic shared memory: d key and d value values.
+// dk and dv for a.bc key rows (blockIdx.x) of one kv head (y) of one sequence (z): each key row
+// sums over the group's heads in order, then over query rows i >= j in ascending order, a.br at a
+// time. Dynamic shared memory: the key and value tiles, a query and an output-gradient tile,
+// their probabilities and score gradients, and the query rows' log-sum-exp and delta.
 template <typename T>
 __device__ void attn_bwd_dkv(const T* q, const T* k, const T* v, const T* dout, const float* lse,
                              const float* delta, T* dk, T* dv, Attn a) {
     extern __shared__ float dyn[];
-    __shared__ float ps[BLOCK];
-    __shared__ float dss[BLOCK];
-    u32 j = blockIdx.x, g = blockIdx.y, b = blockIdx.z;
-    u32 group = a.heads / a.kv_heads;
+    u32 tpk = BLOCK / a.bc, jr = threadIdx.x / tpk, lane = threadIdx.x % tpk;
+    u32 j0 = blockIdx.x * a.bc, g = blockIdx.y, b = blockIdx.z;
+    u32 group = a.heads / a.kv_heads, ds = a.d + 1, pw = a.bc + 1;
     u64 qw = (u64)a.heads * a.d, kw = (u64)a.kv_heads * a.d;
     float* ks = dyn;
-    float* vs = dyn + a.d;
-    u64 krow = ((u64)b * a.seq + j) * kw + (u64)g * a.d;
-    for (u32 c = threadIdx.x; c < a.d; c += BLOCK) {
-        ks[c] = widen(k[krow + c]);
-        vs[c] = widen(v[krow + c]);
-    }
-    __syncthreads();
-    float acc_k = 0.0f, acc_v = 0.0f;
-    u32 c = threadIdx.x;
+    float* vs = ks + a.bc * ds;
+    float* qs = vs + a.bc * ds;
+    float* dos = qs + a.br * ds;
+    float* ps = dos + a.br * ds;
+    float* dss = ps + a.br * pw;
+    float* lses = dss + a.br * pw;
+    float* deltas = lses + a.br;
+    u32 j = j0 + jr;
+    bool row_ok = j < a.seq;
+    load_tile(k, b, j0, a.bc, kw, (u64)g * a.d, a, ks);
+    load_tile(v, b, j0, a.bc, kw, (u64)g * a.d, a, vs);
+    float acc_k[MAX_COLS], acc_v[MAX_COLS];
+    for (u32 n = 0; n < MAX_COLS; ++n) acc_k[n] = acc_v[n] = 0.0f;
     for (u32 h = g * group; h < (g + 1) * group; ++h) {
-        for (u32 i0 = j; i0 < a.seq; i0 += BLOCK) {
-            u32 n = min((u32)BLOCK, a.seq - i0);
-            if (threadIdx.x < n) {
-                u32 i = i0 + threadIdx.x;
-                u64 qrow = ((u64)b * a.seq + i) * qw + (u64)h * a.d;
-                float s = 0.0f, dp = 0.0f;
-                for (u32 cc = 0; cc < a.d; ++cc) {
-                    s += widen(q[qrow + cc]) * ks[cc];
-                    dp += widen(dout[qrow + cc]) * vs[cc];
-                }
-                u64 bhi = ((u64)b * a.heads + h) * a.seq + i;
-                ScoreGrad pd = score_grad(s, dp, lse[bhi], delta[bhi], a.scale);
-                ps[threadIdx.x] = pd.p;
-                dss[threadIdx.x] = pd.ds;
+        for (u32 i0 = j0 / a.br * a.br; i0 < a.seq; i0 += a.br) {
+            __syncthreads();
+            load_tile(q, b, i0, a.br, qw, (u64)h * a.d, a, qs);
+            load_tile(dout, b, i0, a.br, qw, (u64)h * a.d, a, dos);
+            for (u32 e = threadIdx.x; e < a.br; e += BLOCK) {
+                u64 bhi = ((u64)b * a.heads + h) * a.seq + i0 + e;
+                bool ok = i0 + e < a.seq;
+                lses[e] = ok ? lse[bhi] : 0.0f;
+                deltas[e] = ok ? delta[bhi] : 0.0f;
             }
             __syncthreads();
-            if (c < a.d) {
-                for (u32 t = 0; t < n; ++t) {
-                    u64 qrow = ((u64)b * a.seq + i0 + t) * qw + (u64)h * a.d;
-                    acc_v += ps[t] * widen(dout[qrow + c]);
-                    acc_k += dss[t] * widen(q[qrow + c]);
+            for (u32 ii = lane; ii < a.br; ii += tpk) {
+                u32 i = i0 + ii;
+                float p = 0.0f, d_s = 0.0f;
+                if (row_ok && i < a.seq && i >= j) {
+                    float s = 0.0f, dp = 0.0f;
+                    for (u32 c = 0; c < a.d; ++c) {
+                        s += qs[ii * ds + c] * ks[jr * ds + c];
+                        dp += dos[ii * ds + c] * vs[jr * ds + c];
+                    }
+                    ScoreGrad pd = score_grad(s, dp, lses[ii], deltas[ii], a.scale);
+                    p = pd.p;
+                    d_s = pd.ds;
                 }
+                ps[ii * pw + jr] = p;
+                dss[ii * pw + jr] = d_s;
             }
             __syncthreads();
+            for (u32 ii = 0; ii < a.br; ++ii) {
+                if (i0 + ii < j || i0 + ii >= a.seq) continue;
+                float p = ps[ii * pw + jr], d_s = dss[ii * pw + jr];
+                for (u32 n = 0; n < MAX_COLS; ++n) {
+                    u32 c = lane + n * tpk;
+                    if (c < a.d) {
+                        acc_v[n] += p * dos[ii * ds + c];
+                        acc_k[n] += d_s * qs[ii * ds + c];
+                    }
+                }
+            }
         }
     }
-    if (c < a.d) {
-        dk[krow + c] = narrow<T>(acc_k);
-        dv[krow + c] = narrow<T>(acc_v);
+    if (!row_ok) return;
+    u64 krow = ((u64)b * a.seq + j) * kw + (u64)g * a.d;
+    for (u32 n = 0; n < MAX_COLS; ++n) {
+        u32 c = lane + n * tpk;
+        if (c < a.d) {
+            dk[krow + c] = narrow<T>(acc_k[n]);
+            dv[krow + c] = narrow<T>(acc_v[n]);
+        }
     }
 }
 

@@ -299,7 +299,8 @@ pub(crate) fn swiglu_backward<E: Elem>(
     )
 }
 
-/// The attention shape as kernels.cu's `Attn`.
+/// The attention shape as kernels.cu's `Attn`, with the tile of one kernel: `br` query rows
+/// and `bc` key rows.
 #[repr(C)]
 #[derive(Clone, Copy)]
 struct Attn {
@@ -309,10 +310,55 @@ struct Attn {
     kv_heads: u32,
     d: u32,
     scale: f32,
+    br: u32,
+    bc: u32,
+}
+
+/// Most columns of a head one thread of a tiled attention kernel owns (`MAX_COLS` in
+/// kernels.cu).
+const MAX_COLS: usize = 16;
+
+/// Tile sizes tried, largest first.
+const TILE_ROWS: [usize; 6] = [64, 32, 16, 8, 4, 2];
+
+/// The dynamic shared memory, in bytes, of the kernels' tiles for head width `d`.
+fn forward_shared(d: usize, br: usize, bc: usize) -> usize {
+    (br * (d + 1) + 2 * bc * (d + 1) + br * (bc + 1)) * 4
+}
+
+fn dq_shared(d: usize, br: usize, bc: usize) -> usize {
+    (2 * br * (d + 1) + 2 * bc * (d + 1) + br * (bc + 1)) * 4
+}
+
+fn dkv_shared(d: usize, br: usize, bc: usize) -> usize {
+    (2 * bc * (d + 1) + 2 * br * (d + 1) + 2 * br * (bc + 1) + 2 * br) * 4
+}
+
+/// Whether `rows` rows of width `d` per block leave each thread at most [`MAX_COLS`] columns.
+fn columns_fit(d: usize, rows: usize) -> bool {
+    d.div_ceil(BLOCK as usize / rows) <= MAX_COLS
+}
+
+/// The forward tile for head width `d`: the most query rows, then the most key rows, that fit.
+fn forward_tile(d: usize) -> Option<(usize, usize)> {
+    let br = TILE_ROWS.into_iter().find(|&br| columns_fit(d, br))?;
+    let bc = TILE_ROWS
+        .into_iter()
+        .find(|&bc| forward_shared(d, br, bc) <= SHARED_BYTES)?;
+    Some((br, bc))
+}
+
+/// The backward kernels' square tile for head width `d` (dq owns query rows, dk/dv key rows).
+fn backward_tile(d: usize) -> Option<usize> {
+    TILE_ROWS.into_iter().skip(1).find(|&t| {
+        columns_fit(d, t)
+            && dq_shared(d, t, t) <= SHARED_BYTES
+            && dkv_shared(d, t, t) <= SHARED_BYTES
+    })
 }
 
 impl Attn {
-    fn new(s: AttnShape) -> Self {
+    fn new(s: AttnShape, (br, bc): (usize, usize)) -> Self {
         Attn {
             batch: s.batch as u32,
             seq: s.seq as u32,
@@ -320,28 +366,28 @@ impl Attn {
             kv_heads: s.kv_heads as u32,
             d: s.head_dim as u32,
             scale: 1.0 / (s.head_dim as f32).sqrt(),
+            br: br as u32,
+            bc: bc as u32,
         }
     }
 
-    fn grid(&self, heads: u32) -> (u32, u32, u32) {
-        (self.seq, heads, self.batch)
+    /// One block per tile of `rows` rows of each of `heads` heads of each sequence.
+    fn grid(&self, rows: u32, heads: u32) -> (u32, u32, u32) {
+        (self.seq.div_ceil(rows), heads, self.batch)
     }
 }
 
-/// Checks the attention kernels can run `s`: a head fits one block's threads, and a row of
-/// scores with two heads fits in shared memory.
+/// Checks the attention kernels can run `s`: a head is at most [`BLOCK`] wide, so that its
+/// tiles fit in shared memory and its columns among a row's threads.
 pub(crate) fn check_attention(s: AttnShape) -> Result<()> {
-    if s.head_dim > BLOCK as usize {
+    if s.head_dim == 0
+        || s.head_dim > BLOCK as usize
+        || forward_tile(s.head_dim).is_none()
+        || backward_tile(s.head_dim).is_none()
+    {
         return Err(EngineError::Config(format!(
-            "head dimension {} exceeds {BLOCK}, the most the CUDA attention kernels support",
+            "head dimension {} is 0 or exceeds {BLOCK}, the most the CUDA attention kernels support",
             s.head_dim
-        )));
-    }
-    let longest = SHARED_BYTES / 4 - 2 * s.head_dim;
-    if s.seq > longest {
-        return Err(EngineError::Config(format!(
-            "sequence length {} exceeds {longest}, the most the CUDA attention kernels hold in shared memory; use shorter rows",
-            s.seq
         )));
     }
     Ok(())
@@ -357,12 +403,13 @@ pub(crate) fn attention_forward<E: Elem>(
     out: &mut CudaTensor<E>,
     lse: &mut CudaTensor<f32>,
 ) -> Result<()> {
-    let a = Attn::new(s);
-    let shared = ((s.seq + s.head_dim) * 4) as u32;
+    let (br, bc) = forward_tile(s.head_dim).expect("checked by check_attention");
+    let a = Attn::new(s, (br, bc));
+    let shared = forward_shared(s.head_dim, br, bc) as u32;
     let (qp, kp, vp, op, lp) = (q.ptr(), k.ptr(), v.ptr(), out.ptr(), lse.ptr());
     dev.launch(
         &kernel::<E>("attn_fwd"),
-        a.grid(a.heads),
+        a.grid(a.br, a.heads),
         BLOCK,
         shared,
         args![qp, kp, vp, op, lp, a],
@@ -385,7 +432,8 @@ pub(crate) fn attention_backward<E: Elem>(
     dk: &mut CudaTensor<E>,
     dv: &mut CudaTensor<E>,
 ) -> Result<()> {
-    let a = Attn::new(s);
+    let t = backward_tile(s.head_dim).expect("checked by check_attention");
+    let a = Attn::new(s, (t, t));
     let delta = dev.zeros::<f32>(&[s.batch, s.heads, s.seq], Category::Workspace)?;
     let (qp, kp, vp, op, lp, dop, dp) = (
         q.ptr(),
@@ -404,19 +452,18 @@ pub(crate) fn attention_backward<E: Elem>(
         0,
         args![op, dop, dp, a],
     )?;
-    let shared = ((s.seq + 2 * s.head_dim) * 4) as u32;
     dev.launch(
         &kernel::<E>("attn_bwd_dq"),
-        a.grid(a.heads),
+        a.grid(a.br, a.heads),
         BLOCK,
-        shared,
+        dq_shared(s.head_dim, t, t) as u32,
         args![qp, kp, vp, dop, lp, dp, dqp, a],
     )?;
     dev.launch(
         &kernel::<E>("attn_bwd_dkv"),
-        a.grid(a.kv_heads),
+        a.grid(a.bc, a.kv_heads),
         BLOCK,
-        (2 * s.head_dim * 4) as u32,
+        dkv_shared(s.head_dim, t, t) as u32,
         args![qp, kp, vp, dop, lp, dp, dkp, dvp, a],
     )
 }
