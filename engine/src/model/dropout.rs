@@ -34,7 +34,7 @@ pub struct DropoutMask {
 const DRAW_BITS: u32 = 24;
 
 /// How far a 64-bit draw is shifted right to keep its top [`DRAW_BITS`] bits.
-pub(crate) const DRAW_SHIFT: u32 = 64 - DRAW_BITS;
+pub const DRAW_SHIFT: u32 = 64 - DRAW_BITS;
 
 const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
 
@@ -72,12 +72,12 @@ impl DropoutMask {
     }
 
     /// The key of the mask's draw stream (the GPU kernels draw from it too).
-    pub(crate) fn key(&self) -> u64 {
+    pub fn key(&self) -> u64 {
         self.key
     }
 
     /// The smallest draw (of [`DRAW_BITS`] bits) that keeps an element.
-    pub(crate) fn threshold(&self) -> u64 {
+    pub fn threshold(&self) -> u64 {
         self.threshold
     }
 

@@ -377,14 +377,34 @@ impl Attn {
     }
 }
 
+/// The tiles of the attention kernels for one head width.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionTiles {
+    /// Query rows of a forward block.
+    pub forward_queries: usize,
+    /// Key rows the forward pass streams at a time.
+    pub forward_keys: usize,
+    /// Query rows of a `dq` block, and key rows of a `dk`/`dv` block (and what each streams).
+    pub backward: usize,
+}
+
+/// The tiles the attention kernels use for heads `head_dim` wide; `None` where they cannot run.
+pub fn attention_tiles(head_dim: usize) -> Option<AttentionTiles> {
+    if head_dim == 0 || head_dim > BLOCK as usize {
+        return None;
+    }
+    let (forward_queries, forward_keys) = forward_tile(head_dim)?;
+    Some(AttentionTiles {
+        forward_queries,
+        forward_keys,
+        backward: backward_tile(head_dim)?,
+    })
+}
+
 /// Checks the attention kernels can run `s`: a head is at most [`BLOCK`] wide, so that its
 /// tiles fit in shared memory and its columns among a row's threads.
 pub(crate) fn check_attention(s: AttnShape) -> Result<()> {
-    if s.head_dim == 0
-        || s.head_dim > BLOCK as usize
-        || forward_tile(s.head_dim).is_none()
-        || backward_tile(s.head_dim).is_none()
-    {
+    if attention_tiles(s.head_dim).is_none() {
         return Err(EngineError::Config(format!(
             "head dimension {} is 0 or exceeds {BLOCK}, the most the CUDA attention kernels support",
             s.head_dim

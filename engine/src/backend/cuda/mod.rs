@@ -17,4 +17,5 @@ mod tensor;
 
 pub use compute::CudaCompute;
 pub use device::{CudaDevice, PoolStats};
+pub use kernels::{attention_tiles, AttentionTiles};
 pub use tensor::CudaTensor;
