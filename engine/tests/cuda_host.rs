@@ -1,15 +1,19 @@
 //! The CUDA kernels' logic, checked without a GPU: `kernels.cu` is compiled as host C++ under an
 //! emulation of the CUDA execution model (`cuda_host/emulator.h`: a block's threads are OS
 //! threads, `__syncthreads` a barrier, blocks run one after another) and its kernels are run on
-//! small random inputs against the CPU backend's. This covers the attention kernels (the tiled
-//! forward pass and dq, dk, dv) and residual dropout (whose masks must be the CPU's, bit for
-//! bit). Memory coalescing, occupancy and speed are a GPU's to show (`tests/cuda.rs`).
+//! small random inputs against the CPU backend's: the attention kernels (the tiled forward pass
+//! and dq, dk, dv), residual dropout (whose masks must be the CPU's, bit for bit), RMSNorm
+//! forward and backward, the rotary embedding both ways and SwiGLU forward and backward.
+//! Memory coalescing, occupancy and speed are a GPU's to show (`tests/cuda.rs`).
 //!
 //! Needs a C++20 compiler (`$CXX`, else `c++`); without one the trials are listed as ignored.
 //! The compiler is told not to fuse multiplies and adds, as NVRTC is (`--fmad=false`).
 
 use ckpt_engine::backend::cpu::attention::{attention_backward, attention_forward, AttnShape};
-use ckpt_engine::backend::cpu::kernels::{dropout_add, dropout_backward};
+use ckpt_engine::backend::cpu::kernels::{
+    dropout_add, dropout_backward, rmsnorm_backward, rmsnorm_forward, rope, swiglu_backward,
+    swiglu_forward, RopeTable,
+};
 use ckpt_engine::backend::cuda::attention_tiles;
 use ckpt_engine::model::dropout::{Dropout, Site, DRAW_SHIFT};
 use ckpt_engine::{CpuDevice, Elem};
@@ -36,6 +40,12 @@ fn main() {
         trial("attention_bf16_matches_the_cpu", || attention::<bf16>(1e-2)),
         trial("dropout_f32_is_the_cpu_s_bit_for_bit", dropout::<f32>),
         trial("dropout_bf16_is_the_cpu_s_bit_for_bit", dropout::<bf16>),
+        trial("rmsnorm_f32_matches_the_cpu", || rmsnorm::<f32>(1e-5)),
+        trial("rmsnorm_bf16_matches_the_cpu", || rmsnorm::<bf16>(1e-2)),
+        trial("rope_f32_is_the_cpu_s_bit_for_bit", rope_both_ways::<f32>),
+        trial("rope_bf16_is_the_cpu_s_bit_for_bit", rope_both_ways::<bf16>),
+        trial("swiglu_f32_is_the_cpu_s_bit_for_bit", swiglu::<f32>),
+        trial("swiglu_bf16_is_the_cpu_s_bit_for_bit", swiglu::<bf16>),
     ];
     libtest_mimic::run(&args, trials).exit();
 }
@@ -230,25 +240,20 @@ fn attention<E: Elem>(tolerance: f64) -> Outcome {
             &dev, s, &q, &k, &v, &out, &lse, &dout, &mut dq, &mut dk, &mut dv,
         )?;
 
-        let args: Vec<String> = ["attention".to_string(), elem_name::<E>().into()]
-            .into_iter()
-            .chain(
-                [
-                    batch,
-                    seq,
-                    heads,
-                    kv_heads,
-                    head_dim,
-                    tiles.forward_queries,
-                    tiles.forward_keys,
-                    tiles.backward,
-                ]
-                .map(|n| n.to_string()),
-            )
-            .collect();
+        let args = [
+            batch,
+            seq,
+            heads,
+            kv_heads,
+            head_dim,
+            tiles.forward_queries,
+            tiles.forward_keys,
+            tiles.backward,
+        ]
+        .map(|n| n.to_string());
         let bytes = run_driver(
             &format!("attention-{}", elem_name::<E>()),
-            &args,
+            &command::<E>("attention", &args),
             &[
                 bytemuck::cast_slice(&q),
                 bytemuck::cast_slice(&k),
@@ -262,21 +267,17 @@ fn attention<E: Elem>(tolerance: f64) -> Outcome {
         let g_dq: Vec<E> = split(&mut rest, qn);
         let g_dk: Vec<E> = split(&mut rest, kn);
         let g_dv: Vec<E> = split(&mut rest, kn);
-        let diffs = [
-            ("out", rel_diff(&g_out, &out)),
-            ("lse", rel_diff(&g_lse, &lse)),
-            ("dq", rel_diff(&g_dq, &dq)),
-            ("dk", rel_diff(&g_dk, &dk)),
-            ("dv", rel_diff(&g_dv, &dv)),
-        ];
-        let shown: Vec<String> = diffs.iter().map(|(w, d)| format!("{w} {d:.1e}")).collect();
-        eprintln!("{s:?} {tiles:?}: {}", shown.join(", "));
-        if let Some((what, d)) = diffs.iter().find(|(_, d)| *d > tolerance) {
-            return Err(format!(
-                "{s:?}: {what} differs from the CPU's by {d:.2e} (tolerance {tolerance:e})"
-            )
-            .into());
-        }
+        within(
+            &format!("{s:?} {tiles:?}"),
+            &[
+                ("out", rel_diff(&g_out, &out)),
+                ("lse", rel_diff(&g_lse, &lse)),
+                ("dq", rel_diff(&g_dq, &dq)),
+                ("dk", rel_diff(&g_dk, &dk)),
+                ("dv", rel_diff(&g_dv, &dv)),
+            ],
+            tolerance,
+        )?;
     }
     Ok(())
 }
@@ -302,8 +303,6 @@ fn dropout<E: Elem>() -> Outcome {
         dropout_add(&dev, &mask, &x, &y, &mut out);
         dropout_backward(&dev, &mask, &dout, &mut dy);
         let args = [
-            "dropout".to_string(),
-            elem_name::<E>().into(),
             n.to_string(),
             mask.key().to_string(),
             mask.threshold().to_string(),
@@ -312,7 +311,7 @@ fn dropout<E: Elem>() -> Outcome {
         ];
         let bytes = run_driver(
             &format!("dropout-{}", elem_name::<E>()),
-            &args,
+            &command::<E>("dropout", &args),
             &[
                 bytemuck::cast_slice(&x),
                 bytemuck::cast_slice(&y),
@@ -333,4 +332,143 @@ fn dropout<E: Elem>() -> Outcome {
         }
     }
     Ok(())
+}
+
+/// The arguments of a driver command: its name, the element type, then `rest`.
+fn command<E: Elem>(name: &str, rest: &[String]) -> Vec<String> {
+    [name.to_string(), elem_name::<E>().into()]
+        .into_iter()
+        .chain(rest.iter().cloned())
+        .collect()
+}
+
+/// Fails with the first of `diffs` above `tolerance`.
+fn within(what: &str, diffs: &[(&str, f64)], tolerance: f64) -> Outcome {
+    let shown: Vec<String> = diffs.iter().map(|(w, d)| format!("{w} {d:.1e}")).collect();
+    eprintln!("{what}: {}", shown.join(", "));
+    match diffs.iter().find(|(_, d)| *d > tolerance) {
+        Some((w, d)) => Err(format!(
+            "{what}: {w} differs from the CPU's by {d:.2e} (tolerance {tolerance:e})"
+        )
+        .into()),
+        None => Ok(()),
+    }
+}
+
+/// RMSNorm forward, the input gradient (accumulated onto an existing one) and the weight
+/// gradient, on rows narrower and wider than a block.
+fn rmsnorm<E: Elem>(tolerance: f64) -> Outcome {
+    let dev = CpuDevice::new(1, u64::MAX)?;
+    let mut rng = ChaCha8Rng::seed_from_u64(13);
+    for (rows, h) in [(5, 24), (3, 700)] {
+        let n = rows * h;
+        let (x, w, dy, dx0) = (
+            random::<E>(&mut rng, n),
+            random::<E>(&mut rng, h),
+            random::<E>(&mut rng, n),
+            random::<E>(&mut rng, n),
+        );
+        let eps = 1e-5f32;
+        let (mut y, mut rinv) = (vec![E::default(); n], vec![0f32; rows]);
+        rmsnorm_forward(&dev, &x, &w, eps, &mut y, &mut rinv);
+        let (mut dx, mut dw) = (dx0.clone(), vec![0f32; h]);
+        rmsnorm_backward(&dev, &dy, &x, &w, &rinv, &mut dx, &mut dw);
+        let args = [rows.to_string(), h.to_string(), format!("{eps:e}")];
+        let bytes = run_driver(
+            &format!("rmsnorm-{}", elem_name::<E>()),
+            &command::<E>("rmsnorm", &args),
+            &[
+                bytemuck::cast_slice(&x),
+                bytemuck::cast_slice(&w),
+                bytemuck::cast_slice(&dy),
+                bytemuck::cast_slice(&dx0),
+            ],
+        )?;
+        let mut rest = bytes.as_slice();
+        let g_y: Vec<E> = split(&mut rest, n);
+        let g_rinv: Vec<f32> = split(&mut rest, rows);
+        let g_dx: Vec<E> = split(&mut rest, n);
+        let g_dw: Vec<f32> = split(&mut rest, h);
+        within(
+            &format!("rmsnorm {rows}x{h}"),
+            &[
+                ("y", rel_diff(&g_y, &y)),
+                ("rinv", rel_diff(&g_rinv, &rinv)),
+                ("dx", rel_diff(&g_dx, &dx)),
+                ("dw", rel_diff(&g_dw, &dw)),
+            ],
+            tolerance,
+        )?;
+    }
+    Ok(())
+}
+
+/// The rotary embedding and its inverse give the CPU's bits (the same products, unfused),
+/// with rows at positions past the first sequence.
+fn rope_both_ways<E: Elem>() -> Outcome {
+    let dev = CpuDevice::new(1, u64::MAX)?;
+    let mut rng = ChaCha8Rng::seed_from_u64(17);
+    let (seq, batch, heads, head_dim, positions) = (7, 3, 3, 16, 9);
+    let (rows, width) = (seq * batch, heads * head_dim);
+    let table = RopeTable::new(head_dim, 10000.0, positions);
+    let x = random::<E>(&mut rng, rows * width);
+    let mut once = x.clone();
+    rope(&dev, &mut once, width, seq, &table, false);
+    let mut back = once.clone();
+    rope(&dev, &mut back, width, seq, &table, true);
+    let args = [rows, width, seq, table.half, positions].map(|v| v.to_string());
+    let bytes = run_driver(
+        &format!("rope-{}", elem_name::<E>()),
+        &command::<E>("rope", &args),
+        &[
+            bytemuck::cast_slice(&x),
+            bytemuck::cast_slice(&table.cos),
+            bytemuck::cast_slice(&table.sin),
+        ],
+    )?;
+    let mut rest = bytes.as_slice();
+    let g_once: Vec<E> = split(&mut rest, rows * width);
+    let g_back: Vec<E> = split(&mut rest, rows * width);
+    if g_once != once || g_back != back {
+        return Err("the emulated rotary embedding differs from the CPU's".into());
+    }
+    Ok(())
+}
+
+/// SwiGLU forward and backward give the CPU's bits (the GPU's `exp` is the CPU's polynomial).
+fn swiglu<E: Elem>() -> Outcome {
+    let dev = CpuDevice::new(1, u64::MAX)?;
+    let mut rng = ChaCha8Rng::seed_from_u64(19);
+    let n = 2000;
+    let (gate, up, dact) = (
+        random::<E>(&mut rng, n),
+        random::<E>(&mut rng, n),
+        random::<E>(&mut rng, n),
+    );
+    let mut act = vec![E::default(); n];
+    swiglu_forward(&dev, &gate, &up, &mut act);
+    let (mut dgate, mut dup) = (vec![E::default(); n], vec![E::default(); n]);
+    swiglu_backward(&dev, &dact, &gate, &up, &mut dgate, &mut dup);
+    let bytes = run_driver(
+        &format!("swiglu-{}", elem_name::<E>()),
+        &command::<E>("swiglu", &[n.to_string()]),
+        &[
+            bytemuck::cast_slice(&gate),
+            bytemuck::cast_slice(&up),
+            bytemuck::cast_slice(&dact),
+        ],
+    )?;
+    let mut rest = bytes.as_slice();
+    let g_act: Vec<E> = split(&mut rest, n);
+    let g_dgate: Vec<E> = split(&mut rest, n);
+    let g_dup: Vec<E> = split(&mut rest, n);
+    within(
+        "swiglu",
+        &[
+            ("act", rel_diff(&g_act, &act)),
+            ("dgate", rel_diff(&g_dgate, &dgate)),
+            ("dup", rel_diff(&g_dup, &dup)),
+        ],
+        0.0,
+    )
 }
