@@ -1,0 +1,293 @@
+//! Loading a checkpoint: the state file and the run's identity first, then the headers
+//! (names, dtypes, shapes), then every tensor allocated in its final place and each file read
+//! once straight into them while its checksum is verified.
+
+use super::files::{self, MappedFile};
+use super::state::{first_difference, FileRecord, TrainerState};
+use super::{
+    fingerprint, read_state, resolve, CONFIG_FILE, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE,
+};
+use crate::backend::CpuDevice;
+use crate::error::{EngineError, Result};
+use crate::memory::Category;
+use crate::model::{param_specs, LlamaConfig, ParamSpec, Params};
+use crate::optim::Moments;
+use crate::tensor::Tensor;
+use safetensors::tensor::Metadata;
+use safetensors::{Dtype, SafeTensors};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// A verified checkpoint, tensors loaded onto a device.
+pub struct Loaded {
+    /// The trainer state.
+    pub state: TrainerState,
+    /// f32 master weights (from the optimizer file in bf16-mixed, else from the model file).
+    pub master: Params<Tensor<f32>>,
+    /// AdamW moments, if the optimizer had taken a step.
+    pub moments: Option<Moments>,
+}
+
+/// What the loading run expects of a checkpoint.
+pub struct LoadRequest<'a> {
+    /// Model shape.
+    pub config: &'a LlamaConfig,
+    /// The run's identity (see [`TrainerState::identity`]).
+    pub identity: serde_json::Value,
+    /// Whether master weights live in the optimizer file (bf16-mixed) rather than the model file.
+    pub master_in_optimizer: bool,
+    /// Category the master weights are counted under.
+    pub master_category: Category,
+    /// Whether a checkpoint without AdamW moments is accepted, resuming with zeroed moments
+    /// (what [`crate::Fault::MomentsNotSaved`] does); otherwise it is refused as incomplete.
+    pub fresh_moments_if_missing: bool,
+}
+
+/// Reads and verifies the checkpoint at `dir` (a checkpoint or a run directory).
+pub fn load(dev: &CpuDevice, dir: &Path, req: &LoadRequest<'_>) -> Result<Loaded> {
+    let dir = resolve(dir)?;
+    let state = read_state(&dir)?;
+    if state.fingerprint != fingerprint(&req.identity) || state.identity != req.identity {
+        let diff = first_difference(&state.identity, &req.identity, "")
+            .unwrap_or_else(|| "the recorded fingerprint does not match its configuration".into());
+        return Err(EngineError::bad_file(
+            dir.join(STATE_FILE),
+            format!("checkpoint belongs to another run configuration ({diff}, checkpoint vs this run); resume with the configuration it was saved with"),
+        ));
+    }
+    for name in [MODEL_FILE, OPTIMIZER_FILE, CONFIG_FILE] {
+        if !state.files.contains_key(name) {
+            return Err(EngineError::bad_file(
+                dir.join(STATE_FILE),
+                format!("lists no record of {name}; the checkpoint is incomplete"),
+            ));
+        }
+    }
+    let mut mapped = BTreeMap::new();
+    for (name, record) in &state.files {
+        if name.contains('/') || name.starts_with('.') {
+            return Err(EngineError::bad_file(
+                dir.join(STATE_FILE),
+                format!("lists an invalid file name {name:?}"),
+            ));
+        }
+        let path = dir.join(name);
+        let file = MappedFile::open(&path)?;
+        let len = file.bytes().len() as u64;
+        if len != record.bytes {
+            return Err(EngineError::bad_file(
+                &path,
+                format!("is {len} bytes, {} were written (truncated or replaced); restore it or resume from an earlier checkpoint", record.bytes),
+            ));
+        }
+        mapped.insert(name.clone(), (path, file));
+    }
+    let (config_path, config_file) = &mapped[CONFIG_FILE];
+    verify_checksum(config_path, &state.files[CONFIG_FILE])?;
+    let saved_cfg = std::str::from_utf8(config_file.bytes())
+        .map_err(|e| e.to_string())
+        .and_then(LlamaConfig::from_hf_json)
+        .map_err(|m| EngineError::bad_file(config_path, m))?;
+    if &saved_cfg != req.config {
+        return Err(EngineError::bad_file(
+            config_path,
+            "describes another model shape than the run's; resume with the model it was saved with",
+        ));
+    }
+    let header = |name: &str| {
+        let (path, file) = &mapped[name];
+        Header::read(path, &state.files[name], file.bytes())
+    };
+    let (model, opt) = (header(MODEL_FILE)?, header(OPTIMIZER_FILE)?);
+    let specs = param_specs(req.config);
+    let (master_file, master_suffix) = if req.master_in_optimizer {
+        (&opt, ".master")
+    } else {
+        (&model, "")
+    };
+    let master_at = master_file.offsets(&specs, master_suffix)?;
+    let has_moments = specs
+        .first()
+        .is_some_and(|s| opt.meta.info(&format!("{}.exp_avg", s.name)).is_some());
+    let moments_at = if state.optimizer_step == 0 {
+        None
+    } else if has_moments {
+        Some([
+            opt.offsets(&specs, ".exp_avg")?,
+            opt.offsets(&specs, ".exp_avg_sq")?,
+        ])
+    } else if req.fresh_moments_if_missing {
+        None
+    } else {
+        return Err(EngineError::bad_file(
+            opt.path,
+            format!(
+                "holds no AdamW moments although the optimizer took {} steps; the checkpoint is incomplete; resume from a checkpoint saved with its moments",
+                state.optimizer_step
+            ),
+        ));
+    };
+
+    // Every tensor is allocated in its final place, then each file is read once into them.
+    let zeros = |category: Category| move |s: &ParamSpec| dev.zeros::<f32>(&s.shape, category);
+    let mut master = Params::try_new(req.config, zeros(req.master_category))?;
+    let fresh_moments = state.optimizer_step > 0 && moments_at.is_none();
+    let mut moments = if moments_at.is_some() || fresh_moments {
+        Some(Moments {
+            exp_avg: Params::try_new(req.config, zeros(Category::Optimizer))?,
+            exp_avg_sq: Params::try_new(req.config, zeros(Category::Optimizer))?,
+        })
+    } else {
+        None
+    };
+    let mut regions: BTreeMap<&str, Vec<(u64, &mut [u8])>> = BTreeMap::new();
+    let master_name = if req.master_in_optimizer {
+        OPTIMIZER_FILE
+    } else {
+        MODEL_FILE
+    };
+    regions
+        .entry(master_name)
+        .or_default()
+        .extend(master_at.into_iter().zip(byte_slices(&mut master)));
+    if let (Some(m), Some([avg_at, sq_at])) = (moments.as_mut(), moments_at) {
+        let opt_regions = regions.entry(OPTIMIZER_FILE).or_default();
+        opt_regions.extend(avg_at.into_iter().zip(byte_slices(&mut m.exp_avg)));
+        opt_regions.extend(sq_at.into_iter().zip(byte_slices(&mut m.exp_avg_sq)));
+    }
+    let reads: Vec<(&PathBuf, Result<bool>)> = std::thread::scope(|scope| {
+        let running: Vec<_> = mapped
+            .iter()
+            .filter(|(name, _)| name.as_str() != CONFIG_FILE)
+            .map(|(name, (path, _))| {
+                let record = &state.files[name];
+                let regions = regions.remove(name.as_str()).unwrap_or_default();
+                (
+                    path,
+                    scope.spawn(move || files::read_verified(path, record, regions)),
+                )
+            })
+            .collect();
+        running
+            .into_iter()
+            .map(|(path, reading)| (path, reading.join().expect("reading does not panic")))
+            .collect()
+    });
+    for (path, read) in reads {
+        if !read? {
+            return Err(checksum_mismatch(path));
+        }
+    }
+    if cfg!(target_endian = "big") {
+        let tensors = master
+            .tensors_mut()
+            .into_iter()
+            .chain(moments.iter_mut().flat_map(|m| {
+                m.exp_avg
+                    .tensors_mut()
+                    .into_iter()
+                    .chain(m.exp_avg_sq.tensors_mut())
+            }));
+        for t in tensors {
+            t.as_mut_slice()
+                .iter_mut()
+                .for_each(|x| *x = f32::from_bits(x.to_bits().swap_bytes()));
+        }
+    }
+    Ok(Loaded {
+        state,
+        master,
+        moments,
+    })
+}
+
+fn checksum_mismatch(path: &Path) -> EngineError {
+    EngineError::bad_file(
+        path,
+        "checksum mismatch: the file changed after it was written (corruption?); restore it or resume from an earlier checkpoint",
+    )
+}
+
+/// Reads the whole file at `path` and fails if it does not match its checksum.
+fn verify_checksum(path: &Path, record: &FileRecord) -> Result<()> {
+    if files::read_verified(path, record, Vec::new())? {
+        Ok(())
+    } else {
+        Err(checksum_mismatch(path))
+    }
+}
+
+/// `err` about a file's content, unless the file does not match its checksum: then that is
+/// the error, since damage explains any content error.
+fn content_error(path: &Path, record: &FileRecord, err: EngineError) -> EngineError {
+    match verify_checksum(path, record) {
+        Ok(()) => err,
+        Err(damaged) => damaged,
+    }
+}
+
+/// Each tensor's bytes, in parameter order.
+fn byte_slices(p: &mut Params<Tensor<f32>>) -> Vec<&mut [u8]> {
+    p.tensors_mut()
+        .into_iter()
+        .map(|t| bytemuck::cast_slice_mut(t.as_mut_slice()))
+        .collect()
+}
+
+/// A safetensors file's header, parsed from its memory map (only the header's pages are read).
+struct Header<'a> {
+    path: &'a Path,
+    record: &'a FileRecord,
+    /// File offset of the data section.
+    data_start: u64,
+    meta: Metadata,
+}
+
+impl<'a> Header<'a> {
+    fn read(path: &'a Path, record: &'a FileRecord, bytes: &[u8]) -> Result<Self> {
+        match SafeTensors::read_metadata(bytes) {
+            Ok((n, meta)) => Ok(Header {
+                path,
+                record,
+                data_start: (8 + n) as u64,
+                meta,
+            }),
+            Err(e) => Err(content_error(
+                path,
+                record,
+                EngineError::bad_file(path, format!("not a valid safetensors file: {e}")),
+            )),
+        }
+    }
+
+    /// The file offset of each `spec.name + suffix`, checking that it is present, f32 and of
+    /// the spec's shape.
+    fn offsets(&self, specs: &[ParamSpec], suffix: &str) -> Result<Vec<u64>> {
+        specs
+            .iter()
+            .map(|spec| {
+                self.offset(spec, suffix).map_err(|m| {
+                    content_error(self.path, self.record, EngineError::bad_file(self.path, m))
+                })
+            })
+            .collect()
+    }
+
+    fn offset(&self, spec: &ParamSpec, suffix: &str) -> std::result::Result<u64, String> {
+        let name = format!("{}{suffix}", spec.name);
+        let info = self
+            .meta
+            .info(&name)
+            .ok_or_else(|| format!("tensor {name} is missing"))?;
+        if info.shape != spec.shape {
+            return Err(format!(
+                "{name} has shape {:?}, the config needs {:?}",
+                info.shape, spec.shape
+            ));
+        }
+        if info.dtype != Dtype::F32 {
+            return Err(format!("{name} has dtype {}, expected F32", info.dtype));
+        }
+        Ok(self.data_start + info.data_offsets.0 as u64)
+    }
+}
