@@ -3,7 +3,9 @@
 //! threads, `__syncthreads` a barrier, blocks run one after another) and its kernels are run on
 //! small random inputs against the CPU backend's: the attention kernels (the tiled forward pass
 //! and dq, dk, dv), residual dropout (whose masks must be the CPU's, bit for bit), RMSNorm
-//! forward and backward, the rotary embedding both ways and SwiGLU forward and backward.
+//! forward and backward, the rotary embedding both ways, SwiGLU forward and backward, the
+//! embedding forward and backward, the cross-entropy rows, AdamW, the gradient norm's partial
+//! sums and the bf16 copy of the master weights: every kernel in the file.
 //! Memory coalescing, occupancy and speed are a GPU's to show (`tests/cuda.rs`).
 //!
 //! Needs a C++20 compiler (`$CXX`, else `c++`); without one the trials are listed as ignored.
@@ -11,12 +13,15 @@
 
 use ckpt_engine::backend::cpu::attention::{attention_backward, attention_forward, AttnShape};
 use ckpt_engine::backend::cpu::kernels::{
-    dropout_add, dropout_backward, rmsnorm_backward, rmsnorm_forward, rope, swiglu_backward,
-    swiglu_forward, RopeTable,
+    dropout_add, dropout_backward, embedding_backward, embedding_forward, rmsnorm_backward,
+    rmsnorm_forward, rope, swiglu_backward, swiglu_forward, RopeTable,
 };
 use ckpt_engine::backend::cuda::attention_tiles;
+use ckpt_engine::memory::Category;
 use ckpt_engine::model::dropout::{Dropout, Site, DRAW_SHIFT};
+use ckpt_engine::optim::{grad_norm, AdamW, AdamWConfig};
 use ckpt_engine::{CpuDevice, Elem};
+use ckpt_engine::{LlamaConfig, Params, Tensor};
 use half::bf16;
 use libtest_mimic::{Arguments, Failed, Trial};
 use rand::{Rng, SeedableRng};
@@ -46,6 +51,15 @@ fn main() {
         trial("rope_bf16_is_the_cpu_s_bit_for_bit", rope_both_ways::<bf16>),
         trial("swiglu_f32_is_the_cpu_s_bit_for_bit", swiglu::<f32>),
         trial("swiglu_bf16_is_the_cpu_s_bit_for_bit", swiglu::<bf16>),
+        trial("embedding_f32_is_the_cpu_s_bit_for_bit", embedding::<f32>),
+        trial("embedding_bf16_is_the_cpu_s_bit_for_bit", embedding::<bf16>),
+        trial("cross_entropy_f32_matches_a_reference", || {
+            xent::<f32>(1e-5)
+        }),
+        trial("cross_entropy_bf16_matches_a_reference", || {
+            xent::<bf16>(1e-2)
+        }),
+        trial("optimizer_kernels_match_the_cpu", optimizer),
     ];
     libtest_mimic::run(&args, trials).exit();
 }
@@ -471,4 +485,183 @@ fn swiglu<E: Elem>() -> Outcome {
         ],
         0.0,
     )
+}
+
+/// The embedding's rows and its gradient, summed per id in token order as the CPU sums them;
+/// ids repeat and some never occur.
+fn embedding<E: Elem>() -> Outcome {
+    let dev = CpuDevice::new(1, u64::MAX)?;
+    let mut rng = ChaCha8Rng::seed_from_u64(23);
+    let (rows, width, vocab) = (40, 300, 17);
+    let table = random::<E>(&mut rng, vocab * width);
+    let ids: Vec<u32> = (0..rows)
+        .map(|_| rng.random_range(0..vocab as u32 - 3))
+        .collect();
+    let dout = random::<E>(&mut rng, rows * width);
+    let mut out = vec![E::default(); rows * width];
+    embedding_forward(&dev, &table, &ids, &mut out);
+    let mut dtable = vec![0f32; vocab * width];
+    embedding_backward(&dout, &ids, &mut dtable);
+    let args = [rows, width, vocab].map(|v| v.to_string());
+    let bytes = run_driver(
+        &format!("embedding-{}", elem_name::<E>()),
+        &command::<E>("embedding", &args),
+        &[
+            bytemuck::cast_slice(&table),
+            bytemuck::cast_slice(&ids),
+            bytemuck::cast_slice(&dout),
+        ],
+    )?;
+    let mut rest = bytes.as_slice();
+    let g_out: Vec<E> = split(&mut rest, rows * width);
+    let g_dtable: Vec<f32> = split(&mut rest, vocab * width);
+    if g_out != out || g_dtable != dtable {
+        return Err("the emulated embedding differs from the CPU's".into());
+    }
+    Ok(())
+}
+
+/// Cross-entropy rows (one ignored) against a plain softmax in f64: the gradient
+/// `scale · (softmax − onehot)` and the row loss.
+fn xent<E: Elem>(tolerance: f64) -> Outcome {
+    let mut rng = ChaCha8Rng::seed_from_u64(29);
+    let (rows, vocab, scale) = (4, 700, 0.25f32);
+    let logits = random::<E>(&mut rng, rows * vocab);
+    let labels: Vec<i64> = vec![3, -100, 699, 256];
+    let (mut grad, mut loss) = (vec![E::default(); rows * vocab], vec![0f32; rows]);
+    for (r, &label) in labels.iter().enumerate() {
+        if label < 0 {
+            continue;
+        }
+        let row: Vec<f64> = logits[r * vocab..(r + 1) * vocab]
+            .iter()
+            .map(|x| x.to_f32() as f64)
+            .collect();
+        let max = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let lse = max + row.iter().map(|x| (x - max).exp()).sum::<f64>().ln();
+        for (j, x) in row.iter().enumerate() {
+            let onehot = if j as i64 == label { 1.0 } else { 0.0 };
+            grad[r * vocab + j] = E::from_f32((scale as f64 * ((x - lse).exp() - onehot)) as f32);
+        }
+        loss[r] = (lse - row[label as usize]) as f32;
+    }
+    let args = [rows.to_string(), vocab.to_string(), format!("{scale:e}")];
+    let bytes = run_driver(
+        &format!("xent-{}", elem_name::<E>()),
+        &command::<E>("xent", &args),
+        &[bytemuck::cast_slice(&logits), bytemuck::cast_slice(&labels)],
+    )?;
+    let mut rest = bytes.as_slice();
+    let g_grad: Vec<E> = split(&mut rest, rows * vocab);
+    let g_loss: Vec<f32> = split(&mut rest, rows);
+    // The gradient is at most `scale` in size: compare it relative to that.
+    let scaled = |g: &[E]| -> Vec<f32> { g.iter().map(|x| x.to_f32() / scale).collect() };
+    within(
+        "cross-entropy",
+        &[
+            ("gradient", rel_diff(&scaled(&g_grad), &scaled(&grad))),
+            ("loss", rel_diff(&g_loss, &loss)),
+        ],
+        tolerance,
+    )
+}
+
+/// Two AdamW updates, the gradient norm, clipping's scaling and the bf16 copy, against the CPU
+/// optimizer on the parameters of a tiny model (flattened: the kernels are element-wise).
+fn optimizer() -> Outcome {
+    let dev = CpuDevice::new(1, u64::MAX)?;
+    let mut rng = ChaCha8Rng::seed_from_u64(31);
+    let model = LlamaConfig {
+        vocab_size: 40,
+        hidden_size: 16,
+        intermediate_size: 24,
+        num_hidden_layers: 2,
+        num_attention_heads: 4,
+        num_key_value_heads: 2,
+        head_dim: None,
+        rms_norm_eps: 1e-5,
+        rope_theta: 10000.0,
+        tie_word_embeddings: false,
+        max_position_embeddings: 8,
+    };
+    let tensor = |rng: &mut ChaCha8Rng, shape: &[usize]| -> ckpt_engine::Result<Tensor<f32>> {
+        let mut t = dev.zeros::<f32>(shape, Category::Params)?;
+        let values = random::<f32>(rng, t.numel());
+        t.as_mut_slice().copy_from_slice(&values);
+        Ok(t)
+    };
+    let mut params = Params::try_new(&model, |s| tensor(&mut rng, &s.shape))?;
+    let grads = Params::try_new(&model, |s| tensor(&mut rng, &s.shape))?;
+    let flat = |p: &Params<Tensor<f32>>| -> Vec<f32> {
+        p.tensors()
+            .iter()
+            .flat_map(|t| t.as_slice().to_vec())
+            .collect()
+    };
+    let cfg = AdamWConfig {
+        lr: 3e-3,
+        betas: [0.9, 0.95],
+        eps: 1e-8,
+        weight_decay: 0.1,
+        grad_clip: None,
+    };
+    let mut opt = AdamW::new(cfg.clone());
+    let (mut p, g) = (flat(&params), flat(&grads));
+    let n = p.len();
+    let (mut m, mut v) = (vec![0f32; n], vec![0f32; n]);
+    for step in 1..=2 {
+        // The arguments CudaCompute::adamw_step derives, from the same f64 arithmetic.
+        let lr = cfg.lr;
+        let [b1, b2] = cfg.betas;
+        let (bc1, bc2) = (1.0 - b1.powi(step), 1.0 - b2.powi(step));
+        let (b1, b2) = (b1 as f32, b2 as f32);
+        let args = [
+            (1.0 - lr * cfg.weight_decay) as f32,
+            1.0 - b1,
+            b2,
+            1.0 - b2,
+            cfg.eps as f32,
+            (lr / bc1) as f32,
+            bc2.sqrt() as f32,
+        ]
+        .map(|x| format!("{x:e}"));
+        let args: Vec<String> = [n.to_string(), "4096".to_string()]
+            .into_iter()
+            .chain(args)
+            .collect();
+        opt.update(&dev, &model, &mut params, &grads, lr)?;
+        let bytes = run_driver(
+            "optimizer",
+            &command::<f32>("optimizer", &args),
+            &[
+                bytemuck::cast_slice(&p),
+                bytemuck::cast_slice(&g),
+                bytemuck::cast_slice(&m),
+                bytemuck::cast_slice(&v),
+            ],
+        )?;
+        let mut rest = bytes.as_slice();
+        p = split(&mut rest, n);
+        m = split(&mut rest, n);
+        v = split(&mut rest, n);
+        let partial: Vec<f64> = split(&mut rest, n.div_ceil(4096));
+        let half: Vec<bf16> = split(&mut rest, n);
+        let clipped: Vec<f32> = split(&mut rest, n);
+        if clipped != g.iter().map(|&x| x * 0.375).collect::<Vec<_>>() {
+            return Err("clipping's scaling differs from the CPU's".into());
+        }
+        let moments = opt.moments().ok_or("no moments after an update")?;
+        if p != flat(&params) || m != flat(&moments.exp_avg) || v != flat(&moments.exp_avg_sq) {
+            return Err(format!("step {step}: AdamW differs from the CPU's").into());
+        }
+        if half != p.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>() {
+            return Err("the bf16 copy differs from the CPU's rounding".into());
+        }
+        let norm = partial.iter().sum::<f64>().sqrt();
+        let want = grad_norm(&dev, &grads);
+        if ((norm - want) / want).abs() > 1e-12 {
+            return Err(format!("gradient norm {norm} against the CPU's {want}").into());
+        }
+    }
+    Ok(())
 }

@@ -11,9 +11,17 @@
 //     IN: x, cos (f32), sin (f32); OUT: x rotated, then that rotated back
 //   driver swiglu ELEM N IN OUT
 //     IN: gate, up, dact; OUT: act, dgate, dup
+//   driver embedding ELEM ROWS WIDTH VOCAB IN OUT
+//     IN: table, ids (u32), dout; OUT: the rows of table, dtable (f32, from zeros)
+//   driver xent ELEM ROWS VOCAB SCALE IN OUT
+//     IN: logits, labels (i64); OUT: the logits' gradient, row losses (f32)
+//   driver optimizer f32 N CHUNK DECAY ONE_MINUS_B1 B2 ONE_MINUS_B2 EPS STEP_SIZE BC2_SQRT IN OUT
+//     IN: p, g, m, v; OUT: p, m, v after AdamW, sum-of-squares partials of g (f64), bf16 of p,
+//     g scaled by 0.375 (clipping)
 // ELEM is f32 or bf16; arrays are little-endian, back to back.
 #include "emulator.h"
 #include "kernels.cpp"
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
@@ -131,6 +139,71 @@ template <typename T> void swiglu(char** a) {
     out.write(dup);
 }
 
+template <typename T> void embedding(char** a) {
+    unsigned rows = std::stoul(a[0]), width = std::stoul(a[1]), vocab = std::stoul(a[2]);
+    Reader r{std::ifstream(a[3], std::ios::binary)};
+    auto table = r.read<T>((size_t)vocab * width);
+    auto ids = r.read<u32>(rows);
+    auto dout = r.read<T>((size_t)rows * width);
+    std::vector<T> out((size_t)rows * width);
+    std::vector<float> dtable((size_t)vocab * width);
+    launch({blocks_of(out.size()), 1, 1}, THREADS, 0,
+           [&] { embedding_fwd<T>(table.data(), ids.data(), out.data(), rows, width); });
+    // Positions grouped by id, as kernels.rs's embedding_backward groups them (padded).
+    std::vector<u32> order(rows), distinct, starts;
+    for (u32 p = 0; p < rows; ++p) order[p] = p;
+    std::sort(order.begin(), order.end(), [&](u32 x, u32 y) { return std::make_pair(ids[x], x) < std::make_pair(ids[y], y); });
+    for (u32 k = 0; k < rows; ++k)
+        if (distinct.empty() || distinct.back() != ids[order[k]]) {
+            distinct.push_back(ids[order[k]]);
+            starts.push_back(k);
+        }
+    unsigned groups = distinct.size();
+    starts.resize(rows + 1, rows);
+    distinct.resize(rows, 0);
+    launch({groups, 1, 1}, THREADS, 0, [&] {
+        embedding_bwd<T>(dout.data(), order.data(), starts.data(), distinct.data(), dtable.data(), width);
+    });
+    Writer w{std::ofstream(a[4], std::ios::binary)};
+    w.write(out);
+    w.write(dtable);
+}
+
+template <typename T> void xent_rows(char** a) {
+    unsigned rows = std::stoul(a[0]), vocab = std::stoul(a[1]);
+    float scale = std::stof(a[2]);
+    Reader r{std::ifstream(a[3], std::ios::binary)};
+    auto logits = r.read<T>((size_t)rows * vocab);
+    auto labels = r.read<long long>(rows);
+    std::vector<float> loss(rows);
+    launch({rows, 1, 1}, THREADS, 0, [&] { xent<T>(logits.data(), labels.data(), loss.data(), vocab, scale); });
+    Writer w{std::ofstream(a[4], std::ios::binary)};
+    w.write(logits);
+    w.write(loss);
+}
+
+void optimizer(char** a) {
+    size_t n = std::stoull(a[0]), chunk = std::stoull(a[1]);
+    AdamWArgs args{std::stof(a[2]), std::stof(a[3]), std::stof(a[4]), std::stof(a[5]),
+                   std::stof(a[6]), std::stof(a[7]), std::stof(a[8])};
+    Reader r{std::ifstream(a[9], std::ios::binary)};
+    auto p = r.read<float>(n), g = r.read<float>(n), m = r.read<float>(n), v = r.read<float>(n);
+    size_t chunks = (n + chunk - 1) / chunk;
+    std::vector<double> partial(chunks);
+    std::vector<bf16> half(n);
+    launch({blocks_of(n), 1, 1}, THREADS, 0, [&] { adamw(p.data(), g.data(), m.data(), v.data(), n, args); });
+    launch({blocks_of(chunks), 1, 1}, THREADS, 0, [&] { sumsq_chunks(g.data(), partial.data(), n, chunk); });
+    launch({blocks_of(n), 1, 1}, THREADS, 0, [&] { f32_to_bf16(p.data(), half.data(), n); });
+    launch({blocks_of(n), 1, 1}, THREADS, 0, [&] { scale_f32(g.data(), n, 0.375f); });
+    Writer w{std::ofstream(a[10], std::ios::binary)};
+    w.write(p);
+    w.write(m);
+    w.write(v);
+    w.write(partial);
+    w.write(half);
+    w.write(g);
+}
+
 int main(int argc, char** argv) {
     try {
         std::string cmd = argc > 2 ? argv[1] : "", elem = argc > 2 ? argv[2] : "";
@@ -144,6 +217,12 @@ int main(int argc, char** argv) {
             elem == "bf16" ? rope_both_ways<bf16>(argv + 3) : rope_both_ways<float>(argv + 3);
         } else if (cmd == "swiglu" && argc == 6) {
             elem == "bf16" ? swiglu<bf16>(argv + 3) : swiglu<float>(argv + 3);
+        } else if (cmd == "embedding" && argc == 8) {
+            elem == "bf16" ? embedding<bf16>(argv + 3) : embedding<float>(argv + 3);
+        } else if (cmd == "xent" && argc == 8) {
+            elem == "bf16" ? xent_rows<bf16>(argv + 3) : xent_rows<float>(argv + 3);
+        } else if (cmd == "optimizer" && elem == "f32" && argc == 14) {
+            optimizer(argv + 3);
         } else {
             std::fprintf(stderr, "usage: see the head of driver.cpp\n");
             return 2;
