@@ -26,6 +26,7 @@ use half::bf16;
 use libtest_mimic::{Arguments, Failed, Trial};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
@@ -72,21 +73,31 @@ fn work_dir() -> PathBuf {
     Path::new(env!("CARGO_TARGET_TMPDIR")).join("cuda_host")
 }
 
+/// A directory of this process's own under [`work_dir`]: test runners may run several trial
+/// processes at once.
+fn process_dir(what: &str) -> Result<PathBuf, String> {
+    let dir = work_dir().join(format!("{what}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    Ok(dir)
+}
+
 /// Why no C++20 compiler with `<barrier>` can be used here, if none can.
 fn compiler_missing() -> Option<String> {
-    let dir = work_dir();
-    std::fs::create_dir_all(&dir).ok()?;
+    let dir = match process_dir("probe") {
+        Ok(d) => d,
+        Err(e) => return Some(format!("cannot create a work directory: {e}")),
+    };
     let probe = dir.join("probe.cpp");
-    std::fs::write(
-        &probe,
-        "#include <barrier>\nint main() { std::barrier<> b(1); b.arrive_and_wait(); }\n",
-    )
-    .ok()?;
+    let program = "#include <barrier>\nint main() { std::barrier<> b(1); b.arrive_and_wait(); }\n";
+    if let Err(e) = std::fs::write(&probe, program) {
+        return Some(format!("{}: {e}", probe.display()));
+    }
     let out = Command::new(compiler())
         .args(["-std=c++20", "-pthread", "-o"])
         .arg(dir.join("probe"))
         .arg(&probe)
         .output();
+    let _ = std::fs::remove_dir_all(&dir);
     match out {
         Ok(o) if o.status.success() => None,
         Ok(o) => Some(format!(
@@ -114,19 +125,47 @@ fn host_kernels() -> Result<String, Failed> {
         .replace("extern \"C\" ", ""))
 }
 
-/// Compiles the driver once; its path.
+/// The driver's sources: the emulator, the driver and the kernels as host C++.
+fn sources() -> Result<[(&'static str, String); 3], Failed> {
+    Ok([
+        (
+            "emulator.h",
+            include_str!("cuda_host/emulator.h").to_string(),
+        ),
+        (
+            "driver.cpp",
+            include_str!("cuda_host/driver.cpp").to_string(),
+        ),
+        ("kernels.cpp", host_kernels()?),
+    ])
+}
+
+/// Compiles the driver, once per content of its sources and compiler: the binary is named after
+/// their hash, built in a directory of this process's own and renamed into place, so concurrent
+/// trial processes share it safely.
 fn driver() -> Result<PathBuf, Failed> {
     static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     BUILT
         .get_or_init(|| {
-            let dir = work_dir();
-            let here = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cuda_host");
-            let kernels = host_kernels().map_err(|e| format!("{e:?}"))?;
-            std::fs::write(dir.join("kernels.cpp"), kernels).map_err(|e| e.to_string())?;
-            for f in ["emulator.h", "driver.cpp"] {
-                std::fs::copy(here.join(f), dir.join(f)).map_err(|e| format!("{f}: {e}"))?;
+            let sources = sources().map_err(|e| format!("{e:?}"))?;
+            let mut hash = Sha256::new();
+            hash.update(compiler().as_bytes());
+            for (name, text) in &sources {
+                hash.update(name.as_bytes());
+                hash.update(text.as_bytes());
             }
-            let exe = dir.join("driver");
+            let key: String = hash.finalize()[..8]
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            let exe = work_dir().join(format!("driver-{key}"));
+            if exe.exists() {
+                return Ok(exe);
+            }
+            let dir = process_dir("build")?;
+            for (name, text) in &sources {
+                std::fs::write(dir.join(name), text).map_err(|e| format!("{name}: {e}"))?;
+            }
             let out = Command::new(compiler())
                 .args([
                     "-std=c++20",
@@ -136,7 +175,7 @@ fn driver() -> Result<PathBuf, Failed> {
                     "-w",
                     "-o",
                 ])
-                .arg(&exe)
+                .arg(dir.join("driver"))
                 .arg(dir.join("driver.cpp"))
                 .output()
                 .map_err(|e| e.to_string())?;
@@ -146,20 +185,21 @@ fn driver() -> Result<PathBuf, Failed> {
                     String::from_utf8_lossy(&out.stderr)
                 ));
             }
+            std::fs::rename(dir.join("driver"), &exe).map_err(|e| e.to_string())?;
+            let _ = std::fs::remove_dir_all(&dir);
             Ok(exe)
         })
         .clone()
         .map_err(Failed::from)
 }
 
-/// Runs the driver on `inputs` (written back to back) through files named after `name`, which
-/// concurrent trials must not share; returns what it wrote.
-fn run_driver(name: &str, args: &[String], inputs: &[&[u8]]) -> Result<Vec<u8>, Failed> {
-    let dir = work_dir();
-    let (input, output) = (
-        dir.join(format!("{name}.in")),
-        dir.join(format!("{name}.out")),
-    );
+/// Runs the driver for `what` on `inputs` (written back to back) through files in a temporary
+/// directory of the call's own; returns what it wrote.
+fn run_driver(what: &str, args: &[String], inputs: &[&[u8]]) -> Result<Vec<u8>, Failed> {
+    let dir = tempfile::Builder::new()
+        .prefix(what)
+        .tempdir_in(work_dir())?;
+    let (input, output) = (dir.path().join("in"), dir.path().join("out"));
     std::fs::write(&input, inputs.concat())?;
     let out = Command::new(driver()?)
         .args(args)
