@@ -486,12 +486,14 @@ impl Suite {
             },
             other => other.clone(),
         };
+        let init = match &file.init {
+            Some(Init::HfDir { path: p }) => Init::HfDir { path: base.join(p) },
+            Some(other) => other.clone(),
+            None => Init::Random { seed: 0, std: 0.02 },
+        };
         let train = TrainConfig {
             model,
-            init: file
-                .init
-                .clone()
-                .unwrap_or(Init::Random { seed: 0, std: 0.02 }),
+            init,
             precision: file.precision,
             optimizer: file.optimizer.clone(),
             schedule,
@@ -720,6 +722,27 @@ expect_fail: [state_digest, loss_continuity]
             s.expect_fail(),
             vec![Check::LossContinuity, Check::StateDigest]
         );
+    }
+
+    #[test]
+    fn weight_directories_and_token_files_are_relative_to_the_suite() {
+        let text = format!("{BASE}init: {{kind: hf_dir, path: ../weights}}\n").replace(
+            "data: {kind: synthetic, seed: 1, samples: 64}",
+            "data: {kind: token_file, path: tokens.bin, dtype: u16}",
+        );
+        let s = Suite::parse(Path::new("suites/s.yaml"), &text).unwrap();
+        assert_eq!(
+            s.train.init,
+            Init::HfDir {
+                path: PathBuf::from("suites/../weights")
+            }
+        );
+        match &s.train.data {
+            DataConfig::TokenFile { path, .. } => {
+                assert_eq!(path, &PathBuf::from("suites/tokens.bin"))
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
