@@ -56,15 +56,20 @@ for line in sys.stdin:
     echo "packed into $dir: $(ls "$dir/bin" | tr '\n' ' ')"
 }
 
+# Puts the CUDA toolkit's lib64 ($CUDA_HOME, default /usr/local/cuda) on the loader's path.
+cuda_libraries() {
+    local cuda="${CUDA_HOME:-/usr/local/cuda}"
+    if [[ -d "$cuda/lib64" ]]; then
+        export LD_LIBRARY_PATH="$cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    fi
+}
+
 run() {
     local root out status=0
     root="$(cd "$(dirname "$0")/.." && pwd)"
     out="${1:-$root/report-gpu}"
     mkdir -p "$out"
-    local cuda="${CUDA_HOME:-/usr/local/cuda}"
-    if [[ -d "$cuda/lib64" ]]; then
-        export LD_LIBRARY_PATH="$cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    fi
+    cuda_libraries
     export CKPT_REPO_ROOT="$root" CKPT_GOLDEN_DIR="$root/golden"
     cd "$root"
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
@@ -108,10 +113,7 @@ bench() {
     root="$(cd "$(dirname "$0")/.." && pwd)"
     out="${1:-$root/report-gpu}"
     mkdir -p "$out"
-    local cuda="${CUDA_HOME:-/usr/local/cuda}"
-    if [[ -d "$cuda/lib64" ]]; then
-        export LD_LIBRARY_PATH="$cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    fi
+    cuda_libraries
     cd "$root"
     local steps="${BENCH_STEPS:-5}" warmup="${BENCH_WARMUP:-2}"
     echo "== engine, Llama-3.2-1B shape, batch 8 x 2048"

@@ -11,6 +11,10 @@
 //! Needs a C++20 compiler (`$CXX`, else `c++`); without one the trials are listed as ignored.
 //! The compiler is told not to fuse multiplies and adds, as NVRTC is (`--fmad=false`).
 
+// Only the tiny model of the shared builders is used here.
+#[allow(dead_code)]
+mod common;
+
 use ckpt_engine::backend::cpu::attention::{attention_backward, attention_forward, AttnShape};
 use ckpt_engine::backend::cpu::kernels::{
     dropout_add, dropout_backward, embedding_backward, embedding_forward, rmsnorm_backward,
@@ -21,7 +25,7 @@ use ckpt_engine::memory::Category;
 use ckpt_engine::model::dropout::{Dropout, Site, DRAW_SHIFT};
 use ckpt_engine::optim::{grad_norm, AdamW, AdamWConfig};
 use ckpt_engine::{CpuDevice, Elem};
-use ckpt_engine::{LlamaConfig, Params, Tensor};
+use ckpt_engine::{Params, Tensor};
 use half::bf16;
 use libtest_mimic::{Arguments, Failed, Trial};
 use rand::{Rng, SeedableRng};
@@ -611,19 +615,7 @@ fn xent<E: Elem>(tolerance: f64) -> Outcome {
 fn optimizer() -> Outcome {
     let dev = CpuDevice::new(1, u64::MAX)?;
     let mut rng = ChaCha8Rng::seed_from_u64(31);
-    let model = LlamaConfig {
-        vocab_size: 40,
-        hidden_size: 16,
-        intermediate_size: 24,
-        num_hidden_layers: 2,
-        num_attention_heads: 4,
-        num_key_value_heads: 2,
-        head_dim: None,
-        rms_norm_eps: 1e-5,
-        rope_theta: 10000.0,
-        tie_word_embeddings: false,
-        max_position_embeddings: 8,
-    };
+    let model = common::llama(40, 16, 2);
     let tensor = |rng: &mut ChaCha8Rng, shape: &[usize]| -> ckpt_engine::Result<Tensor<f32>> {
         let mut t = dev.zeros::<f32>(shape, Category::Params)?;
         let values = random::<f32>(rng, t.numel());

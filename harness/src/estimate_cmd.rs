@@ -69,7 +69,7 @@ pub struct EstimateArgs {
     #[arg(long)]
     bytes: bool,
     /// Also train two steps of every column on this machine's CPU and print the measured peaks.
-    #[arg(long, conflicts_with = "device")]
+    #[arg(long)]
     measure: bool,
 }
 
@@ -360,6 +360,9 @@ pub fn table(a: &EstimateArgs) -> Result<String> {
     }
     let backend = match a.device {
         BackendArg::Cpu => Backend::Cpu { threads },
+        BackendArg::Cuda if a.measure => {
+            bail!("--measure trains on this machine's CPU; drop it or --device cuda")
+        }
         BackendArg::Cuda => Backend::Cuda,
     };
     let run = run_config(a)?;
@@ -524,6 +527,17 @@ mod tests {
         );
         assert!(cuda_text.contains("bf16-mixed, CUDA"), "{cuda_text}");
         assert_ne!(cpu, cuda);
+    }
+
+    #[test]
+    fn measuring_is_refused_for_cuda() {
+        let err = table(&args(&["--llama-1b", "--device", "cuda", "--measure"]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("--measure trains on this machine's CPU"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -101,6 +101,18 @@ pub struct PassConfig<'a> {
     pub faults: &'a Faults,
 }
 
+impl PassConfig<'_> {
+    /// The checkpointing policy block `layer` applies: the pass's, except that
+    /// [`Fault::CheckpointingSkippedNested`] keeps every activation of the blocks after the first.
+    pub fn policy(&self, layer: usize) -> Checkpointing {
+        if layer > 0 && self.faults.has(Fault::CheckpointingSkippedNested) {
+            Checkpointing::None
+        } else {
+            self.checkpointing
+        }
+    }
+}
+
 /// The model's fixed state besides parameters: its shape and rotary tables.
 pub struct Model {
     cfg: LlamaConfig,
@@ -221,15 +233,9 @@ impl Model {
 
         let mut inputs: Vec<Tensor<E>> = Vec::with_capacity(w.layers.len());
         let mut saved: Vec<Option<BlockActivations<E>>> = Vec::with_capacity(w.layers.len());
-        let skip_nested = pass.faults.has(Fault::CheckpointingSkippedNested);
         for (l, layer) in w.layers.iter().enumerate() {
             let (out, acts) = block::forward(BlockCtx { layer: l, ..ctx }, layer, &x)?;
-            let policy = if skip_nested && l > 0 {
-                Checkpointing::None
-            } else {
-                pass.checkpointing
-            };
-            saved.push(policy.keep(acts));
+            saved.push(pass.policy(l).keep(acts));
             inputs.push(std::mem::replace(&mut x, out));
         }
 

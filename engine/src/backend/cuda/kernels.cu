@@ -260,6 +260,17 @@ __device__ void load_tile(const T* src, u32 b, u32 r0, u32 n, u64 width, u64 col
     }
 }
 
+// Waits until the block is done with its key and value tiles, loads rows [j0, j0 + a.bc) of kv
+// head g into `ks` and `vs`, and waits until every thread has loaded its part.
+template <typename T>
+__device__ void next_kv_tile(const T* k, const T* v, u32 b, u32 j0, u32 g, Attn a, float* ks, float* vs) {
+    u64 kw = (u64)a.kv_heads * a.d;
+    __syncthreads();
+    load_tile(k, b, j0, a.bc, kw, (u64)g * a.d, a, ks);
+    load_tile(v, b, j0, a.bc, kw, (u64)g * a.d, a, vs);
+    __syncthreads();
+}
+
 // The forward pass of a.br query rows (blockIdx.x) of one head (y) of one sequence (z), with the
 // running maximum and sum of a streaming softmax. Dynamic shared memory: the query tile, a key
 // and a value tile, and the tile's scores.
@@ -269,7 +280,7 @@ __device__ void attn_fwd(const T* q, const T* k, const T* v, T* out, float* lse,
     u32 tpr = BLOCK / a.br, r = threadIdx.x / tpr, lane = threadIdx.x % tpr;
     u32 i0 = blockIdx.x * a.br, h = blockIdx.y, b = blockIdx.z;
     u32 g = h / (a.heads / a.kv_heads), ds = a.d + 1, ps_w = a.bc + 1;
-    u64 qw = (u64)a.heads * a.d, kw = (u64)a.kv_heads * a.d;
+    u64 qw = (u64)a.heads * a.d;
     float* qs = dyn;
     float* ks = qs + a.br * ds;
     float* vs = ks + a.bc * ds;
@@ -283,10 +294,7 @@ __device__ void attn_fwd(const T* q, const T* k, const T* v, T* out, float* lse,
     for (u32 n = 0; n < MAX_COLS; ++n) acc[n] = 0.0f;
     u32 last = min(i0 + a.br, a.seq) - 1;
     for (u32 j0 = 0; j0 <= last; j0 += a.bc) {
-        __syncthreads();
-        load_tile(k, b, j0, a.bc, kw, (u64)g * a.d, a, ks);
-        load_tile(v, b, j0, a.bc, kw, (u64)g * a.d, a, vs);
-        __syncthreads();
+        next_kv_tile(k, v, b, j0, g, a, ks, vs);
         for (u32 jj = lane; jj < a.bc; jj += tpr) {
             float s = NEG_INF;
             if (row_ok && j0 + jj <= i) {
@@ -358,7 +366,7 @@ __device__ void attn_bwd_dq(const T* q, const T* k, const T* v, const T* dout, c
     u32 tpr = BLOCK / a.br, r = threadIdx.x / tpr, lane = threadIdx.x % tpr;
     u32 i0 = blockIdx.x * a.br, h = blockIdx.y, b = blockIdx.z;
     u32 g = h / (a.heads / a.kv_heads), ds = a.d + 1, ds_w = a.bc + 1;
-    u64 qw = (u64)a.heads * a.d, kw = (u64)a.kv_heads * a.d;
+    u64 qw = (u64)a.heads * a.d;
     float* qs = dyn;
     float* dos = qs + a.br * ds;
     float* ks = dos + a.br * ds;
@@ -374,10 +382,7 @@ __device__ void attn_bwd_dq(const T* q, const T* k, const T* v, const T* dout, c
     for (u32 n = 0; n < MAX_COLS; ++n) acc[n] = 0.0f;
     u32 last = min(i0 + a.br, a.seq) - 1;
     for (u32 j0 = 0; j0 <= last; j0 += a.bc) {
-        __syncthreads();
-        load_tile(k, b, j0, a.bc, kw, (u64)g * a.d, a, ks);
-        load_tile(v, b, j0, a.bc, kw, (u64)g * a.d, a, vs);
-        __syncthreads();
+        next_kv_tile(k, v, b, j0, g, a, ks, vs);
         for (u32 jj = lane; jj < a.bc; jj += tpr) {
             float d_s = 0.0f;
             if (row_ok && j0 + jj <= i) {

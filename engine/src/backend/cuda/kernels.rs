@@ -423,7 +423,8 @@ pub(crate) fn attention_forward<E: Elem>(
     out: &mut CudaTensor<E>,
     lse: &mut CudaTensor<f32>,
 ) -> Result<()> {
-    let (br, bc) = forward_tile(s.head_dim).expect("checked by check_attention");
+    let tiles = attention_tiles(s.head_dim).expect("checked by check_attention");
+    let (br, bc) = (tiles.forward_queries, tiles.forward_keys);
     let a = Attn::new(s, (br, bc));
     let shared = forward_shared(s.head_dim, br, bc) as u32;
     let (qp, kp, vp, op, lp) = (q.ptr(), k.ptr(), v.ptr(), out.ptr(), lse.ptr());
@@ -452,7 +453,9 @@ pub(crate) fn attention_backward<E: Elem>(
     dk: &mut CudaTensor<E>,
     dv: &mut CudaTensor<E>,
 ) -> Result<()> {
-    let t = backward_tile(s.head_dim).expect("checked by check_attention");
+    let t = attention_tiles(s.head_dim)
+        .expect("checked by check_attention")
+        .backward;
     let a = Attn::new(s, (t, t));
     let delta = dev.zeros::<f32>(&[s.batch, s.heads, s.seq], Category::Workspace)?;
     let (qp, kp, vp, op, lp, dop, dp) = (

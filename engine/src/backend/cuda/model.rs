@@ -82,15 +82,9 @@ impl CudaModel {
 
         let mut inputs: Vec<CudaTensor<E>> = Vec::with_capacity(w.layers.len());
         let mut saved: Vec<Option<BlockActivations<E>>> = Vec::with_capacity(w.layers.len());
-        let skip_nested = pass.faults.has(Fault::CheckpointingSkippedNested);
         for (l, layer) in w.layers.iter().enumerate() {
             let (out, acts) = block::forward(BlockCtx { layer: l, ..ctx }, layer, &x)?;
-            let policy = if skip_nested && l > 0 {
-                Checkpointing::None
-            } else {
-                pass.checkpointing
-            };
-            saved.push(match policy {
+            saved.push(match pass.policy(l) {
                 Checkpointing::None => Some(acts),
                 Checkpointing::Full => None,
                 Checkpointing::Selective => Some(acts.keep_products()),
