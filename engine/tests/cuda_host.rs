@@ -48,6 +48,10 @@ fn main() {
     let trials = vec![
         trial("attention_f32_matches_the_cpu", || attention::<f32>(1e-5)),
         trial("attention_bf16_matches_the_cpu", || attention::<bf16>(1e-2)),
+        trial(
+            "a_causal_mask_off_by_one_fails_the_attention_check",
+            broken_causal_mask_fails,
+        ),
         trial("dropout_f32_is_the_cpu_s_bit_for_bit", dropout::<f32>),
         trial("dropout_bf16_is_the_cpu_s_bit_for_bit", dropout::<bf16>),
         trial("rmsnorm_f32_matches_the_cpu", || rmsnorm::<f32>(1e-5)),
@@ -129,9 +133,20 @@ fn host_kernels() -> Result<String, Failed> {
         .replace("extern \"C\" ", ""))
 }
 
-/// The driver's sources: the emulator, the driver and the kernels as host C++.
-fn sources() -> Result<[(&'static str, String); 3], Failed> {
-    Ok([
+/// The driver built from `kernels.cu` as it is, once per process.
+fn driver() -> Result<PathBuf, Failed> {
+    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    BUILT
+        .get_or_init(|| build(host_kernels().map_err(|e| format!("{e:?}"))?))
+        .clone()
+        .map_err(Failed::from)
+}
+
+/// Compiles the driver around `kernels` (host C++), once per content of its sources and
+/// compiler: the binary is named after their hash, built in a directory of this process's own
+/// and renamed into place, so concurrent trial processes share it safely.
+fn build(kernels: String) -> Result<PathBuf, String> {
+    let sources = [
         (
             "emulator.h",
             include_str!("cuda_host/emulator.h").to_string(),
@@ -140,72 +155,64 @@ fn sources() -> Result<[(&'static str, String); 3], Failed> {
             "driver.cpp",
             include_str!("cuda_host/driver.cpp").to_string(),
         ),
-        ("kernels.cpp", host_kernels()?),
-    ])
-}
-
-/// Compiles the driver, once per content of its sources and compiler: the binary is named after
-/// their hash, built in a directory of this process's own and renamed into place, so concurrent
-/// trial processes share it safely.
-fn driver() -> Result<PathBuf, Failed> {
-    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let sources = sources().map_err(|e| format!("{e:?}"))?;
-            let mut hash = Sha256::new();
-            hash.update(compiler().as_bytes());
-            for (name, text) in &sources {
-                hash.update(name.as_bytes());
-                hash.update(text.as_bytes());
-            }
-            let key: String = hash.finalize()[..8]
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect();
-            let exe = work_dir().join(format!("driver-{key}"));
-            if exe.exists() {
-                return Ok(exe);
-            }
-            let dir = process_dir("build")?;
-            for (name, text) in &sources {
-                std::fs::write(dir.join(name), text).map_err(|e| format!("{name}: {e}"))?;
-            }
-            let out = Command::new(compiler())
-                .args([
-                    "-std=c++20",
-                    "-O1",
-                    "-ffp-contract=off",
-                    "-pthread",
-                    "-w",
-                    "-o",
-                ])
-                .arg(dir.join("driver"))
-                .arg(dir.join("driver.cpp"))
-                .output()
-                .map_err(|e| e.to_string())?;
-            if !out.status.success() {
-                return Err(format!(
-                    "compiling kernels.cu as C++ failed:\n{}",
-                    String::from_utf8_lossy(&out.stderr)
-                ));
-            }
-            std::fs::rename(dir.join("driver"), &exe).map_err(|e| e.to_string())?;
-            let _ = std::fs::remove_dir_all(&dir);
-            Ok(exe)
-        })
-        .clone()
-        .map_err(Failed::from)
+        ("kernels.cpp", kernels),
+    ];
+    let mut hash = Sha256::new();
+    hash.update(compiler().as_bytes());
+    for (name, text) in &sources {
+        hash.update(name.as_bytes());
+        hash.update(text.as_bytes());
+    }
+    let key: String = hash.finalize()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let exe = work_dir().join(format!("driver-{key}"));
+    if exe.exists() {
+        return Ok(exe);
+    }
+    let dir = process_dir("build")?;
+    for (name, text) in &sources {
+        std::fs::write(dir.join(name), text).map_err(|e| format!("{name}: {e}"))?;
+    }
+    let out = Command::new(compiler())
+        .args([
+            "-std=c++20",
+            "-O1",
+            "-ffp-contract=off",
+            "-pthread",
+            "-w",
+            "-o",
+        ])
+        .arg(dir.join("driver"))
+        .arg(dir.join("driver.cpp"))
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(format!(
+            "compiling kernels.cu as C++ failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    std::fs::rename(dir.join("driver"), &exe).map_err(|e| e.to_string())?;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(exe)
 }
 
 /// Runs the driver for `what` on `inputs` (written back to back) through files in a temporary
 /// directory of the call's own; returns what it wrote.
-fn run_driver(what: &str, args: &[String], inputs: &[&[u8]]) -> Result<Vec<u8>, Failed> {
+fn run_driver(
+    exe: &Path,
+    what: &str,
+    args: &[String],
+    inputs: &[&[u8]],
+) -> Result<Vec<u8>, Failed> {
     let dir = tempfile::Builder::new()
         .prefix(what)
         .tempdir_in(work_dir())?;
     let (input, output) = (dir.path().join("in"), dir.path().join("out"));
     std::fs::write(&input, inputs.concat())?;
-    let out = Command::new(driver()?)
+    let out = Command::new(exe)
         .args(args)
         .arg(&input)
         .arg(&output)
@@ -255,6 +262,27 @@ fn rel_diff<E: Elem>(got: &[E], want: &[E]) -> f64 {
 /// The tiled attention forward and backward passes against the CPU's, on shapes that cover
 /// grouped heads, head widths 8 to 256 and rows shorter, longer and not a multiple of a tile.
 fn attention<E: Elem>(tolerance: f64) -> Outcome {
+    attention_on::<E>(&driver()?, tolerance)
+}
+
+/// The negative control of [`attention`]: the same comparison with a driver whose forward pass
+/// lets no query row see its own key fails.
+fn broken_causal_mask_fails() -> Outcome {
+    let right = "if (row_ok && j0 + jj <= i) {\n                float dot";
+    let kernels = host_kernels()?;
+    if kernels.matches(right).count() != 1 {
+        return Err("the forward pass's causal mask is not where this control expects it".into());
+    }
+    let broken = build(kernels.replace(right, &right.replace("<= i", "< i")))?;
+    match attention_on::<f32>(&broken, 1e-5) {
+        Err(e) if format!("{e:?}").contains("differs from the CPU's") => Ok(()),
+        Err(e) => Err(format!("failed for another reason: {e:?}").into()),
+        Ok(()) => Err("a causal mask off by one passed the attention check".into()),
+    }
+}
+
+/// [`attention`] with the driver at `exe`.
+fn attention_on<E: Elem>(exe: &Path, tolerance: f64) -> Outcome {
     let dev = CpuDevice::new(1, u64::MAX)?;
     let shapes = [
         (2, 37, 4, 2, 16),
@@ -310,6 +338,7 @@ fn attention<E: Elem>(tolerance: f64) -> Outcome {
         ]
         .map(|n| n.to_string());
         let bytes = run_driver(
+            exe,
             &format!("attention-{}", elem_name::<E>()),
             &command::<E>("attention", &args),
             &[
@@ -368,6 +397,7 @@ fn dropout<E: Elem>() -> Outcome {
             format!("{:e}", mask.scale()),
         ];
         let bytes = run_driver(
+            &driver()?,
             &format!("dropout-{}", elem_name::<E>()),
             &command::<E>("dropout", &args),
             &[
@@ -433,6 +463,7 @@ fn rmsnorm<E: Elem>(tolerance: f64) -> Outcome {
         rmsnorm_backward(&dev, &dy, &x, &w, &rinv, &mut dx, &mut dw);
         let args = [rows.to_string(), h.to_string(), format!("{eps:e}")];
         let bytes = run_driver(
+            &driver()?,
             &format!("rmsnorm-{}", elem_name::<E>()),
             &command::<E>("rmsnorm", &args),
             &[
@@ -476,6 +507,7 @@ fn rope_both_ways<E: Elem>() -> Outcome {
     rope(&dev, &mut back, width, seq, &table, true);
     let args = [rows, width, seq, table.half, positions].map(|v| v.to_string());
     let bytes = run_driver(
+        &driver()?,
         &format!("rope-{}", elem_name::<E>()),
         &command::<E>("rope", &args),
         &[
@@ -508,6 +540,7 @@ fn swiglu<E: Elem>() -> Outcome {
     let (mut dgate, mut dup) = (vec![E::default(); n], vec![E::default(); n]);
     swiglu_backward(&dev, &dact, &gate, &up, &mut dgate, &mut dup);
     let bytes = run_driver(
+        &driver()?,
         &format!("swiglu-{}", elem_name::<E>()),
         &command::<E>("swiglu", &[n.to_string()]),
         &[
@@ -548,6 +581,7 @@ fn embedding<E: Elem>() -> Outcome {
     embedding_backward(&dout, &ids, &mut dtable);
     let args = [rows, width, vocab].map(|v| v.to_string());
     let bytes = run_driver(
+        &driver()?,
         &format!("embedding-{}", elem_name::<E>()),
         &command::<E>("embedding", &args),
         &[
@@ -591,6 +625,7 @@ fn xent<E: Elem>(tolerance: f64) -> Outcome {
     }
     let args = [rows.to_string(), vocab.to_string(), format!("{scale:e}")];
     let bytes = run_driver(
+        &driver()?,
         &format!("xent-{}", elem_name::<E>()),
         &command::<E>("xent", &args),
         &[bytemuck::cast_slice(&logits), bytemuck::cast_slice(&labels)],
@@ -663,6 +698,7 @@ fn optimizer() -> Outcome {
             .collect();
         opt.update(&dev, &model, &mut params, &grads, lr)?;
         let bytes = run_driver(
+            &driver()?,
             "optimizer",
             &command::<f32>("optimizer", &args),
             &[
