@@ -20,7 +20,7 @@
 //! arguments win. With more than one policy the output also holds each policy's step time over
 //! the first one's.
 
-use ckpt_engine::{CpuDevice, CudaDevice, LlamaConfig, TrainConfig, Trainer};
+use ckpt_engine::{CpuDevice, CudaDevice, Device, LlamaConfig, TrainConfig, Trainer};
 use serde_json::{json, Value};
 use std::time::Instant;
 
@@ -233,15 +233,33 @@ fn flops_per_token(m: &LlamaConfig, seq: usize) -> f64 {
 fn measure(opts: &Options, checkpointing: &str) -> Result<Value, String> {
     let cfg: TrainConfig = serde_json::from_value(train_config(opts, checkpointing)?)
         .map_err(|e| format!("configuration for {checkpointing}: {e}"))?;
-    let err = |e: ckpt_engine::EngineError| e.to_string();
-    let (mut trainer, gpu) = if opts.device == "cuda" {
+    if opts.device == "cuda" {
         let dev = CudaDevice::new(0, None).map_err(err)?;
-        (Trainer::new(cfg, dev.clone()).map_err(err)?, Some(dev))
+        let trainer = Trainer::new(cfg, dev.clone()).map_err(err)?;
+        time_steps(opts, checkpointing, trainer, Some(&dev))
     } else {
         let dev = CpuDevice::new(opts.threads, u64::MAX).map_err(err)?;
-        (Trainer::new(cfg, dev).map_err(err)?, None)
-    };
-    let sync = || gpu.as_ref().map_or(Ok(()), |d| d.sync()).map_err(err);
+        time_steps(
+            opts,
+            checkpointing,
+            Trainer::new(cfg, dev).map_err(err)?,
+            None,
+        )
+    }
+}
+
+fn err(e: ckpt_engine::EngineError) -> String {
+    e.to_string()
+}
+
+/// Times `opts.steps` steps of `trainer` after `opts.warmup` (`gpu` is its device on CUDA).
+fn time_steps<D: Device>(
+    opts: &Options,
+    checkpointing: &str,
+    mut trainer: Trainer<D>,
+    gpu: Option<&CudaDevice>,
+) -> Result<Value, String> {
+    let sync = || gpu.map_or(Ok(()), |d| d.sync()).map_err(err);
     let tokens = trainer.config().batch_size * trainer.config().seq_len;
     for _ in 0..opts.warmup {
         trainer.step().map_err(|e| e.to_string())?;
@@ -264,11 +282,7 @@ fn measure(opts: &Options, checkpointing: &str) -> Result<Value, String> {
     let min = times.iter().cloned().fold(f64::INFINITY, f64::min);
     let step = median(times);
     let cpu_ms = (cpu.len() == opts.steps).then(|| median(cpu) * 1e3);
-    let pool = gpu
-        .as_ref()
-        .map(|d| d.pool_stats())
-        .transpose()
-        .map_err(err)?;
+    let pool = gpu.map(|d| d.pool_stats()).transpose().map_err(err)?;
     let flops = flops_per_token(&trainer.config().model, trainer.config().seq_len) * tokens as f64;
     Ok(json!({
         "checkpointing": checkpointing,

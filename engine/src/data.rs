@@ -2,8 +2,8 @@
 //! and a dataset of flat token files. The loader's position is a plain value ([`LoaderState`]),
 //! so a checkpoint can store it and a resumed run reads exactly the batches it would have.
 
-use crate::error::{EngineError, Result};
-use crate::loss::IGNORE_INDEX;
+use crate::error::{try_vec, EngineError, Result};
+use crate::model::loss::IGNORE_INDEX;
 use crate::model::Batch;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -143,9 +143,14 @@ impl DataLoader {
                 }
                 let mut rng = ChaCha8Rng::seed_from_u64(*seed);
                 rng.set_stream(u64::MAX);
-                let successors = (0..vocab * branching)
-                    .map(|_| rng.random_range(0..vocab as u32))
-                    .collect();
+                let mut successors = try_vec(
+                    vocab.saturating_mul(branching),
+                    0u32,
+                    "the synthetic data's successor table",
+                )?;
+                successors
+                    .iter_mut()
+                    .for_each(|s| *s = rng.random_range(0..vocab as u32));
                 Source::Synthetic {
                     seed: *seed,
                     samples: *samples,
@@ -218,7 +223,7 @@ impl DataLoader {
     }
 
     /// The next `[batch, seq]` batch; moves the position on.
-    pub fn next_batch(&mut self) -> Batch {
+    pub fn next_batch(&mut self) -> Result<Batch> {
         self.next_batch_of(self.seq)
     }
 
@@ -226,37 +231,40 @@ impl DataLoader {
     /// position on as [`DataLoader::next_batch`] does. Synthetic samples are drawn up to `seq`
     /// tokens long; token-file samples are read from the same window starts, `seq + 1` tokens
     /// long, padded with ignored labels where the file ends first.
-    pub fn next_batch_of(&mut self, seq: usize) -> Batch {
+    pub fn next_batch_of(&mut self, seq: usize) -> Result<Batch> {
         let rows = self.batch;
-        let mut input_ids = Vec::with_capacity(rows * seq);
-        let mut labels = Vec::with_capacity(rows * seq);
-        for _ in 0..rows {
+        let tokens = rows.saturating_mul(seq);
+        let mut input_ids = try_vec(tokens, PAD, "a batch's token ids")?;
+        let mut labels = try_vec(tokens, IGNORE_INDEX, "a batch's labels")?;
+        for (ids, labels) in input_ids.chunks_mut(seq).zip(labels.chunks_mut(seq)) {
             if self.state.position >= self.samples() {
                 self.state.epoch += 1;
                 self.state.position = 0;
             }
-            let index = self.shuffled(self.state.position);
+            let index = self.shuffled(self.state.position)?;
             self.state.position += 1;
             let tokens = self.sample(index, seq);
             let len = tokens.len() - 1;
-            input_ids.extend_from_slice(&tokens[..len]);
-            labels.extend(tokens[1..].iter().map(|&t| t as i64));
-            input_ids.extend(std::iter::repeat_n(PAD, seq - len));
-            labels.extend(std::iter::repeat_n(IGNORE_INDEX, seq - len));
+            ids[..len].copy_from_slice(&tokens[..len]);
+            for (l, &t) in labels.iter_mut().zip(&tokens[1..]) {
+                *l = t as i64;
+            }
         }
-        Batch {
+        Ok(Batch {
             batch: rows,
             seq,
             input_ids,
             labels,
-        }
+        })
     }
 
     /// The dataset index at `position` of the current epoch's permutation.
-    fn shuffled(&mut self, position: u64) -> u64 {
+    fn shuffled(&mut self, position: u64) -> Result<u64> {
         if self.order_epoch != Some(self.state.epoch) {
             let n = self.samples();
-            let mut order: Vec<u64> = (0..n).collect();
+            let len = usize::try_from(n).unwrap_or(usize::MAX);
+            let mut order = try_vec(len, 0u64, "the data order (one index per sample)")?;
+            order.iter_mut().zip(0..).for_each(|(o, i)| *o = i);
             let mut rng = ChaCha8Rng::seed_from_u64(self.state.shuffle_seed);
             rng.set_stream(self.state.epoch);
             for i in (1..order.len()).rev() {
@@ -266,7 +274,7 @@ impl DataLoader {
             self.order = order;
             self.order_epoch = Some(self.state.epoch);
         }
-        self.order[position as usize]
+        Ok(self.order[position as usize])
     }
 
     /// Sample `index` for rows of `seq` tokens: between `min_len + 1` and `seq + 1` tokens.
@@ -321,13 +329,13 @@ mod tests {
     fn a_restored_loader_continues_with_the_same_batches() {
         let mut a = DataLoader::new(&synthetic(Some(3)), 50, 3, 8, 1).unwrap();
         for _ in 0..5 {
-            a.next_batch();
+            a.next_batch().unwrap();
         }
         let state = a.state();
         let mut b = DataLoader::new(&synthetic(Some(3)), 50, 3, 8, 1).unwrap();
         b.set_state(state);
         for _ in 0..6 {
-            assert_eq!(a.next_batch(), b.next_batch());
+            assert_eq!(a.next_batch().unwrap(), b.next_batch().unwrap());
         }
         assert!(a.state().epoch >= 2, "crossed epochs: {:?}", a.state());
     }
@@ -335,7 +343,7 @@ mod tests {
     #[test]
     fn short_rows_are_padded_with_ignored_labels() {
         let mut l = DataLoader::new(&synthetic(Some(2)), 50, 10, 16, 0).unwrap();
-        let b = l.next_batch();
+        let b = l.next_batch().unwrap();
         let ignored = b.labels.iter().filter(|&&x| x == IGNORE_INDEX).count();
         assert!(ignored > 0);
         for row in b.labels.chunks(16) {
@@ -349,14 +357,14 @@ mod tests {
     fn long_batches_follow_the_same_order_and_resume() {
         let mut a = DataLoader::new(&synthetic(Some(3)), 50, 2, 8, 1).unwrap();
         let mut b = DataLoader::new(&synthetic(Some(3)), 50, 2, 8, 1).unwrap();
-        a.next_batch();
-        b.next_batch();
-        let long = a.next_batch_of(12);
+        a.next_batch().unwrap();
+        b.next_batch().unwrap();
+        let long = a.next_batch_of(12).unwrap();
         assert_eq!((long.batch, long.seq, long.input_ids.len()), (2, 12, 24));
-        assert_eq!(long, b.next_batch_of(12));
+        assert_eq!(long, b.next_batch_of(12).unwrap());
         let mut c = DataLoader::new(&synthetic(Some(3)), 50, 2, 8, 1).unwrap();
         c.set_state(a.state());
-        assert_eq!(a.next_batch_of(12), c.next_batch_of(12));
+        assert_eq!(a.next_batch_of(12).unwrap(), c.next_batch_of(12).unwrap());
         assert_eq!(a.state().position, 6);
     }
 
@@ -371,7 +379,7 @@ mod tests {
             dtype: TokenDtype::U16,
         };
         let mut l = DataLoader::new(&cfg, 64, 5, 8, 3).unwrap();
-        let b = l.next_batch_of(12);
+        let b = l.next_batch_of(12).unwrap();
         for row in 0..5 {
             let ids = &b.input_ids[row * 12..(row + 1) * 12];
             let labels = &b.labels[row * 12..(row + 1) * 12];
@@ -393,7 +401,7 @@ mod tests {
         };
         let mut l = DataLoader::new(&cfg, 64, 1, 8, 3).unwrap();
         assert_eq!(l.samples(), 5);
-        let b = l.next_batch();
+        let b = l.next_batch().unwrap();
         assert_eq!(b.input_ids[0] % 8, 0);
         for i in 0..8 {
             assert_eq!(b.labels[i], b.input_ids[i] as i64 + 1);

@@ -34,6 +34,14 @@ pub enum EngineError {
     /// A CUDA driver, cuBLAS or NVRTC call failed.
     #[error("CUDA: {0}")]
     Cuda(String),
+    /// The host could not allocate a buffer outside the device's tracker.
+    #[error("cannot allocate {} on the host for {what}; reduce the run's sizes", crate::memory::human_bytes(*bytes))]
+    HostMemory {
+        /// What the buffer was for.
+        what: String,
+        /// Bytes asked for.
+        bytes: u64,
+    },
     /// The thread pool could not be started.
     #[error("could not start {threads} worker threads: {message}")]
     Threads {
@@ -64,3 +72,17 @@ impl EngineError {
 
 /// The engine's result type.
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;
+
+/// A host buffer of `len` copies of `value`, or an error saying what could not be allocated:
+/// a request the allocator refuses is an error, never an abort.
+pub fn try_vec<T: Clone>(len: usize, value: T, what: &str) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    let bytes = len.saturating_mul(std::mem::size_of::<T>()) as u64;
+    v.try_reserve_exact(len)
+        .map_err(|_| EngineError::HostMemory {
+            what: what.to_string(),
+            bytes,
+        })?;
+    v.resize(len, value);
+    Ok(v)
+}

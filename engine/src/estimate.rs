@@ -1,160 +1,62 @@
-//! The analytic memory model: from a run's configuration alone, the bytes of every part of the
-//! memory and the peak of every phase of a training step, without running a kernel.
+//! The memory model: the training step itself, run on the [`CountingDevice`]. The same model,
+//! loss and optimizer code that trains on the CPU or a GPU allocates its tensors there, and
+//! each operation allocates the scratch of the backend the device imitates, so the tracker's
+//! figures are the step's: the measured peak (`StepStats::memory.allocated.peak`) equals the
+//! estimate's to the byte. Checkpoint saving and loading stage nothing on the device, so their
+//! peak is what a trainer holds between steps.
 //!
-//! The step's allocations are replayed on a simulated tracker in the order the code of the
-//! chosen [`Backend`] makes them (see `replay`), so the predicted step peak equals the measured
-//! one (`StepStats::memory.allocated.peak`) to the byte: on the CPU for every CI suite and
-//! random configurations (tests), on CUDA for the golden trajectories measured on an H100.
-//! Checkpoint saving and loading stage nothing on the device, so their peak is what a trainer
-//! holds between steps.
+//! The [`Anatomy`] beside it is the same memory as a table of tensor shapes (llm.c's
+//! `fill_in_activation_sizes`), for people; a test checks it against the dry run.
 
-mod replay;
-mod timeline;
-
-use crate::backend::cpu::attention::AttnShape;
-use crate::data::LongBatch;
+use crate::backend::count::{CountingDevice, Like};
+use crate::backend::cpu::attention::{scratch_shape, Pass};
+use crate::config::{Precision, TrainConfig};
+use crate::device::{AttnShape, Device, StepPhase};
 use crate::error::{EngineError, Result};
-use crate::loss::LossKind;
-use crate::memory::{Breakdown, Category};
-use crate::model::{param_specs, Checkpointing, LlamaConfig};
-use crate::trainer::{Precision, TrainConfig};
-use replay::{Replay, Shape};
+use crate::memory::Breakdown;
+use crate::model::{Batch, Checkpointing, Dropout};
+use crate::state::State;
 use serde::{Deserialize, Serialize};
-use timeline::{Phase, Timeline};
 
-/// What the memory of a step depends on.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// A run and the backend whose memory is modelled.
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct EstimateConfig {
-    /// The model's shape.
-    pub model: LlamaConfig,
-    /// Rows per batch.
-    pub batch_size: usize,
-    /// Tokens per row.
-    pub seq_len: usize,
-    /// Step arithmetic.
-    pub precision: Precision,
-    /// Activation checkpointing policy.
-    pub checkpointing: Checkpointing,
-    /// How logits are held.
-    pub loss: LossKind,
-    /// The backend whose allocations are replayed.
-    pub backend: Backend,
-    /// Residual dropout probability: above 0, each residual projection gets a buffer of its own
-    /// and its gradient a masked copy.
-    #[serde(default)]
-    pub dropout: f32,
-    /// Longer rows from a given step on.
-    #[serde(default)]
-    pub long_batch: Option<LongBatch>,
+    /// The run (its faults are dropped: the model is of the correct engine).
+    pub run: TrainConfig,
+    /// The backend the counting device imitates.
+    pub like: Like,
 }
 
 impl EstimateConfig {
-    /// The configuration of `cfg` trained on `backend`.
-    pub fn from_train(cfg: &TrainConfig, backend: Backend) -> Self {
+    /// The configuration of `cfg` trained on the backend `like`.
+    pub fn from_train(cfg: &TrainConfig, like: Like) -> Self {
         EstimateConfig {
-            model: cfg.model.clone(),
-            batch_size: cfg.batch_size,
-            seq_len: cfg.seq_len,
-            precision: cfg.precision,
-            checkpointing: cfg.checkpointing,
-            loss: cfg.loss,
-            backend,
-            dropout: cfg.dropout,
-            long_batch: cfg.long_batch,
+            run: TrainConfig {
+                faults: Default::default(),
+                ..cfg.clone()
+            },
+            like,
         }
     }
 
     fn validate(&self) -> Result<()> {
-        self.model.validate().map_err(EngineError::Config)?;
-        if self.batch_size == 0
-            || self.seq_len == 0
-            || self.backend == (Backend::Cpu { threads: 0 })
-        {
+        let r = &self.run;
+        r.model.validate().map_err(EngineError::Config)?;
+        if r.batch_size == 0 || r.seq_len == 0 || self.like == (Like::Cpu { threads: 0 }) {
             return Err(EngineError::Config(
                 "batch_size, seq_len and threads must be at least 1".into(),
             ));
         }
-        for seq in std::iter::once(self.seq_len).chain(self.long_batch.map(|l| l.seq_len)) {
-            if seq == 0 || seq > self.model.max_position_embeddings {
+        for seq in std::iter::once(r.seq_len).chain(r.long_batch.map(|l| l.seq_len)) {
+            if seq == 0 || seq > r.model.max_position_embeddings {
                 return Err(EngineError::Config(format!(
                     "sequence length {seq} is 0 or exceeds max_position_embeddings {}",
-                    self.model.max_position_embeddings
+                    r.model.max_position_embeddings
                 )));
             }
         }
         Ok(())
     }
-
-    fn elem(&self) -> u64 {
-        match self.precision {
-            Precision::Fp32 => 4,
-            Precision::Bf16Mixed => 2,
-        }
-    }
-
-    fn rows(&self) -> u64 {
-        (self.batch_size * self.seq_len) as u64
-    }
-
-    /// Tokens per loss chunk, clamped as `linear_cross_entropy` clamps it.
-    fn chunk(&self) -> u64 {
-        let rows = self.rows();
-        match self.loss {
-            LossKind::Standard => rows,
-            LossKind::Chunked { chunk_tokens } => (chunk_tokens as u64).clamp(1, rows),
-        }
-    }
-
-    fn attn(&self) -> AttnShape {
-        let m = &self.model;
-        AttnShape {
-            batch: self.batch_size,
-            seq: self.seq_len,
-            heads: m.num_attention_heads,
-            kv_heads: m.num_key_value_heads,
-            head_dim: m.head_dim(),
-        }
-    }
-
-    fn shape(&self) -> Shape {
-        let m = &self.model;
-        Shape {
-            rows: self.rows(),
-            hidden: m.hidden_size as u64,
-            ffn: m.intermediate_size as u64,
-            q_width: (m.num_attention_heads * m.head_dim()) as u64,
-            kv_width: (m.num_key_value_heads * m.head_dim()) as u64,
-            vocab: m.vocab_size as u64,
-            layers: m.num_hidden_layers,
-            elem: self.elem(),
-            attn: self.attn(),
-            backend: self.backend,
-            chunk: self.chunk(),
-            logits_category: match self.loss {
-                LossKind::Standard => Category::Activations,
-                LossKind::Chunked { .. } => Category::Workspace,
-            },
-            checkpointing: self.checkpointing,
-            dropout: self.dropout > 0.0,
-            param_numels: param_specs(m).iter().map(|s| s.numel() as u64).collect(),
-        }
-    }
-}
-
-/// The backend whose allocations an estimate replays: the CPU's bf16 products widen their
-/// operands into workspace and its attention keeps scratch per worker thread; the GPU's
-/// products (cuBLAS) and attention (shared memory) need neither, but it uploads the batch's
-/// token ids and labels, and its attention backward keeps a per-row `delta`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Backend {
-    /// The CPU device with its worker threads (at least 1).
-    Cpu {
-        /// Worker threads; attention scratch is per thread.
-        threads: usize,
-    },
-    /// A CUDA device.
-    Cuda,
 }
 
 /// Bytes of each part of a step's memory.
@@ -218,7 +120,7 @@ pub struct StepEstimate {
 }
 
 /// The memory model of a run.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Estimate {
     /// What it was computed for.
     pub config: EstimateConfig,
@@ -236,8 +138,8 @@ pub struct Estimate {
     pub checkpoint_io: u64,
 }
 
-/// The memory model of the steps with long rows ([`EstimateConfig::long_batch`]).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// The memory model of the steps with long rows (`TrainConfig::long_batch`).
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct LongBatchEstimate {
     /// The first step with long rows.
     pub from_step: u64,
@@ -281,20 +183,19 @@ impl Estimate {
 /// The memory model of `cfg`.
 pub fn estimate(cfg: &EstimateConfig) -> Result<Estimate> {
     cfg.validate()?;
-    let (anatomy, first_step, later_step) = steps(cfg);
-    let long_batch = cfg.long_batch.map(|long| {
-        let at_long = EstimateConfig {
-            seq_len: long.seq_len,
-            ..cfg.clone()
-        };
-        let (anatomy, first_step, later_step) = steps(&at_long);
-        LongBatchEstimate {
-            from_step: long.from_step,
-            anatomy,
-            first_step,
-            later_step,
+    let (anatomy, first_step, later_step) = steps(cfg, cfg.run.seq_len)?;
+    let long_batch = match cfg.run.long_batch {
+        Some(long) => {
+            let (anatomy, first_step, later_step) = steps(cfg, long.seq_len)?;
+            Some(LongBatchEstimate {
+                from_step: long.from_step,
+                anatomy,
+                first_step,
+                later_step,
+            })
         }
-    });
+        None => None,
+    };
     let checkpoint_io = later_step.start.total();
     Ok(Estimate {
         config: cfg.clone(),
@@ -306,67 +207,95 @@ pub fn estimate(cfg: &EstimateConfig) -> Result<Estimate> {
     })
 }
 
-/// The parts, and a step without and with AdamW's moments, at `cfg.seq_len`.
-fn steps(cfg: &EstimateConfig) -> (Anatomy, StepEstimate, StepEstimate) {
-    let anatomy = anatomy(cfg);
-    let shape = cfg.shape();
-    let held = |moments: bool| Breakdown {
-        params: anatomy.params,
-        grads: anatomy.grads,
-        optimizer: anatomy.master_weights + if moments { anatomy.optimizer } else { 0 },
-        ..Breakdown::default()
+/// The parts, and a step without and with AdamW's moments, at rows of `seq` tokens: two steps
+/// of a fresh state on the counting device.
+fn steps(cfg: &EstimateConfig, seq: usize) -> Result<(Anatomy, StepEstimate, StepEstimate)> {
+    let run = &cfg.run;
+    let dev = CountingDevice::new(cfg.like);
+    let mut state = State::zeros(run, dev.clone())?;
+    let rows = run.batch_size * seq;
+    let batch = Batch {
+        batch: run.batch_size,
+        seq,
+        input_ids: vec![0; rows],
+        labels: vec![0; rows],
     };
-    let step = |moments_exist: bool| {
-        let mut t = Timeline::new(held(moments_exist));
-        Replay::new(&mut t, &shape).step(moments_exist);
-        let r = t.finish();
-        StepEstimate {
-            start: held(moments_exist),
-            end: r.end,
-            peak: r.peak,
-            at_peak: r.at_peak,
-            peak_by_category: r.peak_by_category,
-            allocations: r.allocations,
-            after_forward: r.start_of(Phase::Loss),
+    let dropout = (run.dropout > 0.0).then_some(Dropout {
+        p: run.dropout,
+        seed: 0,
+        offset: 0,
+    });
+    let tracker = dev.tracker().clone();
+    let mut step = || -> Result<StepEstimate> {
+        let before = tracker.stats();
+        tracker.reset_peak();
+        dev.reset_log();
+        state.train_step(&batch, dropout, 0.0)?;
+        let after = tracker.stats();
+        let log = dev.log();
+        Ok(StepEstimate {
+            start: before.current,
+            end: after.current,
+            peak: after.allocated.peak,
+            at_peak: after.at_peak,
+            peak_by_category: after.peak_by_category,
+            allocations: after.alloc_count - before.alloc_count,
+            after_forward: log.start_of(StepPhase::Loss),
             phases: PhasePeaks {
-                forward: r.phase(Phase::Forward),
-                loss: r.phase(Phase::Loss),
-                backward: r.phase(Phase::Backward),
-                optimizer: r.phase(Phase::Optimizer),
+                forward: log.peak_of(StepPhase::Forward),
+                loss: log.peak_of(StepPhase::Loss),
+                backward: log.peak_of(StepPhase::Backward),
+                optimizer: log.peak_of(StepPhase::Optimizer),
             },
-        }
+        })
     };
-    (anatomy, step(false), step(true))
+    let first = step()?;
+    let later = step()?;
+    Ok((anatomy(cfg, seq), first, later))
 }
 
 /// The parts, from the shapes of the tensors that hold them.
-fn anatomy(cfg: &EstimateConfig) -> Anatomy {
-    let m = &cfg.model;
-    let (e, rows) = (cfg.elem(), cfg.rows());
-    let s = cfg.shape();
+fn anatomy(cfg: &EstimateConfig, seq: usize) -> Anatomy {
+    let (r, m) = (&cfg.run, &cfg.run.model);
+    let e: u64 = match r.precision {
+        Precision::Fp32 => 4,
+        Precision::Bf16Mixed => 2,
+    };
+    let rows = (r.batch_size * seq) as u64;
+    let (hidden, ffn, vocab) = (
+        m.hidden_size as u64,
+        m.intermediate_size as u64,
+        m.vocab_size as u64,
+    );
+    let a = AttnShape {
+        batch: r.batch_size,
+        seq,
+        heads: m.num_attention_heads,
+        kv_heads: m.num_key_value_heads,
+        head_dim: m.head_dim(),
+    };
+    let (qw, kvw) = (a.q_width() as u64, a.kv_width() as u64);
     let n = m.num_params() as u64;
     let rope = (m.max_position_embeddings * (m.head_dim() / 2) * 2 * 4) as u64;
-    let lse = (cfg.batch_size * m.num_attention_heads * cfg.seq_len * 4) as u64;
-    let products = rows * e * (2 * s.q_width + 2 * s.kv_width + s.hidden + 2 * s.ffn) + lse;
-    let norm = rows * (s.hidden * e + 4);
-    let act = rows * s.ffn * e;
-    let input = rows * s.hidden * e;
-    let (saved_per_block, recompute_per_block) = match cfg.checkpointing {
+    let lse = (a.batch * a.heads * a.seq * 4) as u64;
+    let products = rows * e * (2 * qw + 2 * kvw + hidden + 2 * ffn) + lse;
+    let norm = rows * (hidden * e + 4);
+    let act = rows * ffn * e;
+    let input = rows * hidden * e;
+    let (saved_per_block, recompute_per_block) = match r.checkpointing {
         Checkpointing::None => (input + products + 2 * norm + act, 0),
         Checkpointing::Full => (input, products + 2 * norm + act),
         Checkpointing::Selective => (input + products, norm.max(act)),
     };
-    let a = cfg.attn();
-    let attention_scratch = match cfg.backend {
-        Backend::Cpu { threads } => {
-            let scratch = |units: usize, per_thread: usize| {
-                (threads.min(units).max(1) * per_thread * 4) as u64
-            };
-            scratch(a.batch * a.heads, a.forward_scratch())
-                .max(scratch(a.batch * a.kv_heads, a.backward_scratch()))
-        }
-        Backend::Cuda => lse,
+    let attention_scratch = match cfg.like {
+        Like::Cpu { threads } => [Pass::Forward, Pass::Backward]
+            .map(|p| scratch_shape(threads, &a, p).iter().product::<usize>() as u64 * 4)
+            .into_iter()
+            .max()
+            .unwrap_or(0),
+        Like::Cuda => lse,
     };
+    let (chunk, _) = r.loss.chunk(a.batch * seq);
     Anatomy {
         params: n * e + rope,
         master_weights: if e == 2 { n * 4 } else { 0 },
@@ -375,7 +304,7 @@ fn anatomy(cfg: &EstimateConfig) -> Anatomy {
         saved_per_block,
         saved_activations: saved_per_block * m.num_hidden_layers as u64,
         recompute_per_block,
-        logits: cfg.chunk() * s.vocab * e,
+        logits: chunk as u64 * vocab * e,
         attention_scratch,
     }
 }
@@ -383,9 +312,14 @@ fn anatomy(cfg: &EstimateConfig) -> Anatomy {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Init;
+    use crate::data::{DataConfig, LongBatch};
+    use crate::model::loss::LossKind;
+    use crate::model::LlamaConfig;
+    use crate::optim::{AdamWConfig, Schedule};
 
     fn config(checkpointing: Checkpointing, precision: Precision) -> EstimateConfig {
-        EstimateConfig {
+        let run = TrainConfig {
             model: LlamaConfig {
                 vocab_size: 50,
                 hidden_size: 24,
@@ -399,18 +333,35 @@ mod tests {
                 tie_word_embeddings: false,
                 max_position_embeddings: 8,
             },
+            init: Init::Random { seed: 0, std: 0.02 },
+            precision,
+            optimizer: AdamWConfig {
+                lr: 1e-3,
+                betas: [0.9, 0.95],
+                eps: 1e-8,
+                weight_decay: 0.0,
+                grad_clip: None,
+            },
+            schedule: Schedule::Constant,
+            data: DataConfig::Synthetic {
+                seed: 0,
+                samples: 16,
+                branching: 2,
+                min_len: None,
+            },
             batch_size: 2,
             seq_len: 5,
-            precision,
+            shuffle_seed: 0,
             checkpointing,
             loss: LossKind::Chunked { chunk_tokens: 3 },
-            backend: Backend::Cpu { threads: 2 },
             dropout: 0.0,
             long_batch: None,
-        }
+            faults: Default::default(),
+        };
+        EstimateConfig::from_train(&run, Like::Cpu { threads: 2 })
     }
 
-    /// The anatomy's saved activations are what the replayed forward pass leaves held, less the
+    /// The anatomy's saved activations are what the dry run's forward pass leaves held, less the
     /// last output and the final norm.
     #[test]
     fn saved_activations_are_what_the_forward_pass_leaves() {
@@ -422,7 +373,8 @@ mod tests {
             ] {
                 let cfg = config(policy, precision);
                 let e = estimate(&cfg).unwrap();
-                let (rows, h, elem) = (cfg.rows(), 24, cfg.elem());
+                let elem = if precision == Precision::Fp32 { 4 } else { 2 };
+                let (rows, h) = (10, 24);
                 let last_and_norm = rows * h * elem * 2 + rows * 4;
                 let held = e.later_step.after_forward.activations;
                 assert_eq!(
@@ -431,6 +383,12 @@ mod tests {
                     "{policy:?}"
                 );
                 assert_eq!(e.later_step.start.activations, 0);
+                assert_eq!(e.later_step.start.params, e.anatomy.params);
+                assert_eq!(e.later_step.start.grads, e.anatomy.grads);
+                assert_eq!(
+                    e.later_step.start.optimizer,
+                    e.anatomy.master_weights + e.anatomy.optimizer
+                );
             }
         }
     }
@@ -456,18 +414,18 @@ mod tests {
     #[test]
     fn impossible_configurations_are_refused() {
         let mut cfg = config(Checkpointing::None, Precision::Fp32);
-        cfg.seq_len = 9;
+        cfg.run.seq_len = 9;
         let err = estimate(&cfg).unwrap_err().to_string();
         assert!(err.contains("exceeds max_position_embeddings"), "{err}");
-        cfg.seq_len = 5;
-        cfg.long_batch = Some(LongBatch {
+        cfg.run.seq_len = 5;
+        cfg.run.long_batch = Some(LongBatch {
             from_step: 2,
             seq_len: 9,
         });
         let err = estimate(&cfg).unwrap_err().to_string();
         assert!(err.contains("sequence length 9"), "{err}");
-        cfg.long_batch = None;
-        cfg.backend = Backend::Cpu { threads: 0 };
+        cfg.run.long_batch = None;
+        cfg.like = Like::Cpu { threads: 0 };
         assert!(estimate(&cfg).is_err());
     }
 }

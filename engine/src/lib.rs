@@ -1,30 +1,34 @@
 //! ckpt-engine: a training engine for Llama-family language models whose every allocated byte is
 //! accounted by category.
 //!
-//! The pieces, in the order a step uses them: [`data`] hands out batches, [`model`] runs the
-//! explicit forward and backward passes on a [`backend`] device, [`loss`] fuses the LM head with
-//! cross-entropy, [`optim`] applies AdamW, and [`trainer`] ties them into a loop. Every tensor is
-//! leased from the device's [`memory::MemoryTracker`].
+//! The layers, from the bottom: [`memory`] and [`tensor`] (accounted bytes), [`device`] (the
+//! contract every backend implements), [`model`] and [`optim`] (written once over a device),
+//! [`state`] (weights, gradients and moments on one device), [`trainer`] (the loop, with
+//! [`data`] and [`checkpoint`]). The [`backend`]s implement the device: CPU, CUDA, and the
+//! counting device that [`estimate`] runs the step on to predict its memory.
 
 pub mod backend;
 pub mod checkpoint;
-pub mod compute;
+pub mod config;
 pub mod data;
+pub mod device;
 pub mod error;
 pub mod estimate;
 pub mod fault;
-pub mod loss;
 pub mod memory;
 pub mod model;
 pub mod optim;
+pub mod state;
 pub mod tensor;
 pub mod trainer;
 
-pub use backend::{CpuDevice, CudaDevice};
-pub use compute::{Compute, CpuCompute};
+pub use backend::{CountingDevice, CpuDevice, CudaDevice};
+pub use config::{Init, Precision, TrainConfig};
+pub use device::{Device, DeviceKind};
 pub use error::{EngineError, Result};
 pub use fault::{Fault, Faults};
 pub use memory::{Category, MemoryStats, MemoryTracker, OutOfMemory};
 pub use model::{Batch, Checkpointing, LlamaConfig, Model, Params};
+pub use state::State;
 pub use tensor::{DType, Elem, Tensor};
-pub use trainer::{Device, Precision, StateDigest, StepStats, TrainConfig, Trainer};
+pub use trainer::{StateDigest, StepStats, Trainer};

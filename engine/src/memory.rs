@@ -210,6 +210,18 @@ struct State {
 }
 
 impl State {
+    fn refuse(&mut self, bytes: u64, category: Category) -> OutOfMemory {
+        self.oom_count += 1;
+        OutOfMemory {
+            requested: bytes,
+            category,
+            capacity: self.capacity,
+            allocated: self.allocated.current,
+            reserved: self.allocated.current,
+            by_category: self.breakdown(|u| u.current),
+        }
+    }
+
     fn breakdown(&self, pick: impl Fn(&Usage) -> u64) -> Breakdown {
         let mut b = Breakdown::default();
         for c in Category::ALL {
@@ -255,15 +267,7 @@ impl MemoryTracker {
     pub fn allocate(&self, bytes: u64, category: Category) -> Result<Lease, OutOfMemory> {
         let mut s = self.lock();
         if s.allocated.current.saturating_add(bytes) > s.capacity {
-            s.oom_count += 1;
-            return Err(OutOfMemory {
-                requested: bytes,
-                category,
-                capacity: s.capacity,
-                allocated: s.allocated.current,
-                reserved: s.allocated.current,
-                by_category: s.breakdown(|u| u.current),
-            });
+            return Err(s.refuse(bytes, category));
         }
         s.alloc_count += 1;
         s.allocated.add(bytes);
@@ -277,6 +281,12 @@ impl MemoryTracker {
             bytes,
             category,
         })
+    }
+
+    /// Counts a refused allocation of `bytes` under `category` (one the memory behind the
+    /// tracker could not hold although the capacity allowed it) and describes it.
+    pub fn refuse(&self, bytes: u64, category: Category) -> OutOfMemory {
+        self.lock().refuse(bytes, category)
     }
 
     fn release(&self, bytes: u64, category: Category) {

@@ -1,12 +1,10 @@
 //! AdamW with PyTorch's arithmetic, global-norm gradient clipping, and a warmup + cosine
 //! learning-rate schedule whose horizon stays pinned when training runs past it.
 
-use crate::backend::CpuDevice;
+use crate::device::{AdamWArgs, Device};
 use crate::error::Result;
 use crate::memory::Category;
-use crate::model::{LlamaConfig, Params};
-use crate::tensor::Tensor;
-use rayon::prelude::*;
+use crate::model::{LlamaConfig, ParamSpec, Params};
 use serde::{Deserialize, Serialize};
 
 /// AdamW hyper-parameters (torch.optim.AdamW's, weight decay on every parameter).
@@ -81,25 +79,45 @@ impl Schedule {
 }
 
 /// AdamW's two moments, laid out like the parameters.
-pub struct Moments {
+pub struct Moments<D: Device> {
     /// First moment (PyTorch's `exp_avg`).
-    pub exp_avg: Params<Tensor<f32>>,
+    pub exp_avg: Params<D::Tensor<f32>>,
     /// Second moment (PyTorch's `exp_avg_sq`).
-    pub exp_avg_sq: Params<Tensor<f32>>,
+    pub exp_avg_sq: Params<D::Tensor<f32>>,
+}
+
+impl AdamWConfig {
+    /// The scalars of update `t` (1-based) at learning rate `lr`.
+    pub fn args(&self, lr: f64, t: u64) -> AdamWArgs {
+        let cfg = self;
+        let [b1, b2] = cfg.betas;
+        let t = i32::try_from(t).unwrap_or(i32::MAX);
+        let (bc1, bc2) = (1.0 - b1.powi(t), 1.0 - b2.powi(t));
+        let (b1, b2) = (b1 as f32, b2 as f32);
+        AdamWArgs {
+            decay: (1.0 - lr * cfg.weight_decay) as f32,
+            one_minus_b1: 1.0 - b1,
+            b2,
+            one_minus_b2: 1.0 - b2,
+            eps: cfg.eps as f32,
+            step_size: (lr / bc1) as f32,
+            bc2_sqrt: bc2.sqrt() as f32,
+        }
+    }
 }
 
 /// AdamW's state: both moments per parameter (allocated at the first update) and the step count.
-pub struct AdamW {
+pub struct AdamW<D: Device> {
     cfg: AdamWConfig,
-    moments: Option<Moments>,
+    moments: Option<Moments<D>>,
     step: u64,
 }
 
 /// Elements per task in element-wise updates and per partial sum of the gradient norm (on
 /// every backend). Fixed, so that sums do not depend on the thread count.
-pub(crate) const CHUNK: usize = 4096;
+pub const CHUNK: usize = 4096;
 
-impl AdamW {
+impl<D: Device> AdamW<D> {
     /// A fresh optimizer with no state yet.
     pub fn new(cfg: AdamWConfig) -> Self {
         AdamW {
@@ -120,113 +138,78 @@ impl AdamW {
     }
 
     /// First and second moments, once the first update has allocated them.
-    pub fn moments(&self) -> Option<&Moments> {
+    pub fn moments(&self) -> Option<&Moments<D>> {
         self.moments.as_ref()
     }
 
     /// Takes the moments out, leaving none.
-    pub(crate) fn take_moments(&mut self) -> Option<Moments> {
+    pub(crate) fn take_moments(&mut self) -> Option<Moments<D>> {
         self.moments.take()
     }
 
     /// Installs saved moments and step count (when resuming).
-    pub fn set_state(&mut self, moments: Moments, step: u64) {
+    pub fn set_state(&mut self, moments: Moments<D>, step: u64) {
         self.moments = Some(moments);
         self.step = step;
     }
 
     /// One AdamW update of `params` with `grads` at learning rate `lr`, as
-    /// `torch.optim.AdamW` computes it.
+    /// `torch.optim.AdamW` computes it; the moments are allocated at the first.
     pub fn update(
         &mut self,
-        dev: &CpuDevice,
+        dev: &D,
         cfg: &LlamaConfig,
-        params: &mut Params<Tensor<f32>>,
-        grads: &Params<Tensor<f32>>,
+        params: &mut Params<D::Tensor<f32>>,
+        grads: &Params<D::Tensor<f32>>,
         lr: f64,
     ) -> Result<()> {
         if self.moments.is_none() {
-            let zeros =
-                |spec: &crate::model::ParamSpec| dev.zeros::<f32>(&spec.shape, Category::Optimizer);
+            let zeros = |spec: &ParamSpec| dev.zeros::<f32>(&spec.shape, Category::Optimizer);
             self.moments = Some(Moments {
                 exp_avg: Params::try_new(cfg, zeros)?,
                 exp_avg_sq: Params::try_new(cfg, zeros)?,
             });
         }
         self.step += 1;
+        let args = self.cfg.args(lr, self.step);
         let Moments {
             exp_avg: m,
             exp_avg_sq: v,
         } = self.moments.as_mut().expect("allocated above");
-        let [b1, b2] = self.cfg.betas;
-        let t = self.step as i32;
-        let (bc1, bc2) = (1.0 - b1.powi(t), 1.0 - b2.powi(t));
-        let step_size = (lr / bc1) as f32;
-        let bc2_sqrt = bc2.sqrt() as f32;
-        let decay = (1.0 - lr * self.cfg.weight_decay) as f32;
-        let (b1, b2, eps) = (b1 as f32, b2 as f32, self.cfg.eps as f32);
         let tensors = params
             .tensors_mut()
             .into_iter()
             .zip(grads.tensors())
             .zip(m.tensors_mut().into_iter().zip(v.tensors_mut()));
         for ((p, g), (m, v)) in tensors {
-            dev.install(|| {
-                p.as_mut_slice()
-                    .par_chunks_mut(CHUNK)
-                    .zip(g.as_slice().par_chunks(CHUNK))
-                    .zip(
-                        m.as_mut_slice()
-                            .par_chunks_mut(CHUNK)
-                            .zip(v.as_mut_slice().par_chunks_mut(CHUNK)),
-                    )
-                    .for_each(|((p, g), (m, v))| {
-                        for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m).zip(v) {
-                            *p *= decay;
-                            *m += (g - *m) * (1.0 - b1);
-                            *v = *v * b2 + (1.0 - b2) * g * g;
-                            let denom = v.sqrt() / bc2_sqrt + eps;
-                            *p -= step_size * *m / denom;
-                        }
-                    })
-            });
+            dev.adamw(p, g, (m, v), args)?;
         }
         Ok(())
     }
 }
 
 /// The global L2 norm of all gradients, summed in a fixed order (f64).
-pub fn grad_norm(dev: &CpuDevice, grads: &Params<Tensor<f32>>) -> f64 {
-    let mut total = 0.0f64;
-    for g in grads.tensors() {
-        let partial: Vec<f64> = dev.install(|| {
-            g.as_slice()
-                .par_chunks(CHUNK)
-                .map(|c| c.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>())
-                .collect()
-        });
-        total += partial.iter().sum::<f64>();
-    }
-    total.sqrt()
+pub fn grad_norm<D: Device>(dev: &D, grads: &Params<D::Tensor<f32>>) -> Result<f64> {
+    dev.norm(&grads.tensors())
 }
 
 /// Scales gradients so their global norm is at most `max_norm`, as
 /// `torch.nn.utils.clip_grad_norm_` does; returns the norm before clipping.
-pub fn clip_grad_norm(
-    dev: &CpuDevice,
-    grads: &mut Params<Tensor<f32>>,
+pub fn clip_grad_norm<D: Device>(
+    dev: &D,
+    grads: &mut Params<D::Tensor<f32>>,
     max_norm: Option<f64>,
-) -> f64 {
-    let norm = grad_norm(dev, grads);
+) -> Result<f64> {
+    let norm = grad_norm(dev, grads)?;
     if let Some(max) = max_norm {
         let coef = (max / (norm + 1e-6)).min(1.0) as f32;
         if coef < 1.0 {
             for g in grads.tensors_mut() {
-                g.as_mut_slice().iter_mut().for_each(|x| *x *= coef);
+                dev.scale(g, coef)?;
             }
         }
     }
-    norm
+    Ok(norm)
 }
 
 #[cfg(test)]

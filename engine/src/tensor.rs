@@ -1,6 +1,6 @@
 //! Tensors: a flat, row-major buffer of one element type, leased from a device's tracker.
 
-use crate::memory::{Category, Lease};
+use crate::memory::{Category, Lease, MemoryTracker, OutOfMemory};
 use half::bf16;
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -76,11 +76,46 @@ pub struct Tensor<E: Elem = f32> {
 }
 
 impl<E: Elem> Tensor<E> {
-    /// Wraps a buffer and the lease that accounts for it. The lease must cover the buffer.
-    pub(crate) fn from_parts(data: Vec<E>, shape: Vec<usize>, lease: Lease) -> Self {
-        debug_assert_eq!(data.len(), shape.iter().product::<usize>());
-        debug_assert_eq!(lease.bytes(), (data.len() * E::DTYPE.size()) as u64);
-        Tensor { data, shape, lease }
+    /// A zero-filled tensor of `shape` leased from `tracker` under `category`. The tracker
+    /// refuses a request past its capacity before anything is allocated, and a buffer the host
+    /// cannot provide is refused too: either way an [`OutOfMemory`], never an abort.
+    pub fn zeros(
+        tracker: &MemoryTracker,
+        shape: &[usize],
+        category: Category,
+    ) -> Result<Self, OutOfMemory> {
+        let numel = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+        let bytes = numel.and_then(|n| n.checked_mul(E::DTYPE.size()));
+        let (Some(numel), Some(bytes)) = (numel, bytes) else {
+            return Err(tracker.refuse(u64::MAX, category));
+        };
+        let lease = tracker.allocate(bytes as u64, category)?;
+        let mut data = Vec::new();
+        if data.try_reserve_exact(numel).is_err() {
+            drop(lease);
+            return Err(tracker.refuse(bytes as u64, category));
+        }
+        data.resize(numel, E::default());
+        Ok(Tensor {
+            data,
+            shape: shape.to_vec(),
+            lease,
+        })
+    }
+
+    /// A tensor holding `values` rounded to `E`, leased from `tracker` under `category`.
+    pub fn from_f32(
+        tracker: &MemoryTracker,
+        shape: &[usize],
+        values: &[f32],
+        category: Category,
+    ) -> Result<Self, OutOfMemory> {
+        let mut t = Self::zeros(tracker, shape, category)?;
+        debug_assert_eq!(values.len(), t.numel());
+        for (d, &v) in t.data.iter_mut().zip(values) {
+            *d = E::from_f32(v);
+        }
+        Ok(t)
     }
 
     /// The dimensions, outermost first.

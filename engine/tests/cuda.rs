@@ -8,14 +8,15 @@
 
 mod common;
 
-use ckpt_engine::backend::cuda::{nvrtc, CudaCompute};
-use ckpt_engine::compute::Compute;
-use ckpt_engine::estimate::{estimate, Backend, EstimateConfig};
-use ckpt_engine::loss::LossKind;
+use ckpt_engine::backend::count::Like;
+use ckpt_engine::backend::cuda::nvrtc;
+use ckpt_engine::config::{Init, Precision, TrainConfig};
+use ckpt_engine::estimate::{estimate, EstimateConfig};
+use ckpt_engine::model::loss::LossKind;
 use ckpt_engine::model::{param_specs, weights, Batch, Checkpointing, LlamaConfig};
 use ckpt_engine::optim::{AdamWConfig, Schedule};
-use ckpt_engine::trainer::{Init, Precision, StepStats, TrainConfig};
-use ckpt_engine::{CpuDevice, CudaDevice, EngineError, Fault, Trainer};
+use ckpt_engine::trainer::StepStats;
+use ckpt_engine::{CpuDevice, CudaDevice, Device, EngineError, Fault, State, Trainer};
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -212,10 +213,11 @@ fn oracle(precision: Precision) -> Outcome {
     let (model, master) = weights::load_hf_dir(dev.staging(), &dir, cfg_master)?;
     let batch = read_batch(&dir.join("batch.safetensors"))?;
     let cfg = oracle_config(model.clone(), precision, adamw.clone());
-    let mut gpu = CudaCompute::new(&cfg, dev, master, None)?;
+    let master = master.try_map(|t| dev.upload(t))?;
+    let mut gpu = State::new(&cfg, dev.clone(), master, None)?;
     let tol = tolerances(precision);
 
-    let pass = gpu.forward_backward(&batch, Checkpointing::None, LossKind::Standard, None)?;
+    let pass = gpu.forward_backward(&batch, None)?;
     let loss64 = f(&expected["loss_f64"]);
     let loss_err = ((pass.loss as f64 - loss64) / loss64).abs();
     eprintln!("{precision:?} oracle: loss relative error {loss_err:.2e}");
@@ -235,7 +237,8 @@ fn oracle(precision: Precision) -> Outcome {
         ));
     }
     let mut worst = (0.0f64, String::new());
-    for (spec, got) in specs.iter().zip(gpu.gradients()?) {
+    for (spec, t) in specs.iter().zip(gpu.grads().tensors()) {
+        let got = dev.to_host(t)?;
         let err = rel_l2(&got, &want(&format!("grad.{}", spec.name))?);
         if err > worst.0 {
             worst = (err, spec.name.clone());
@@ -259,7 +262,7 @@ fn oracle(precision: Precision) -> Outcome {
         .map(f)
         .collect();
     for want_loss in &losses {
-        let pass = gpu.forward_backward(&batch, Checkpointing::None, LossKind::Standard, None)?;
+        let pass = gpu.forward_backward(&batch, None)?;
         let err = ((pass.loss as f64 - want_loss) / want_loss).abs();
         eprintln!("{precision:?} oracle: AdamW-step loss relative error {err:.2e}");
         if err > tol.adamw_loss {
@@ -271,7 +274,8 @@ fn oracle(precision: Precision) -> Outcome {
         gpu.adamw_step(adamw.lr)?;
     }
     let mut worst = (0.0f64, String::new());
-    for (spec, got) in specs.iter().zip(gpu.master_weights()?) {
+    for (spec, t) in specs.iter().zip(gpu.weights().master().tensors()) {
+        let got = dev.to_host(t)?;
         let err = rel_l2(&got, &want(&format!("after_adamw.{}", spec.name))?);
         if err > worst.0 {
             worst = (err, spec.name.clone());
@@ -305,7 +309,7 @@ fn run_config(precision: Precision, checkpointing: Checkpointing, loss: LossKind
 
 const STEPS: usize = 20;
 
-fn train(trainer: &mut Trainer, steps: usize) -> Result<Vec<StepStats>, Failed> {
+fn train<D: Device>(trainer: &mut Trainer<D>, steps: usize) -> Result<Vec<StepStats>, Failed> {
     (0..steps)
         .map(|_| trainer.step().map_err(Failed::from))
         .collect()
@@ -515,7 +519,7 @@ fn step_peaks_match_the_model() -> Outcome {
             for (loss, dropout) in [(LossKind::Standard, 0.0), (CHUNKED, 0.1)] {
                 let mut cfg = run_config(precision, checkpointing, loss);
                 cfg.dropout = dropout;
-                let model = estimate(&EstimateConfig::from_train(&cfg, Backend::Cuda))?;
+                let model = estimate(&EstimateConfig::from_train(&cfg, Like::Cuda))?;
                 let dev = CudaDevice::new(0, None)?;
                 let mut t = Trainer::new(cfg, dev)?;
                 for s in train(&mut t, 3)? {
@@ -548,7 +552,7 @@ struct FaultStep {
 /// `steps` steps of `cfg` on a fresh device, and the bytes still counted once the trainer is
 /// dropped.
 fn fault_run(cfg: &TrainConfig, steps: usize) -> Result<(Vec<FaultStep>, u64), Failed> {
-    let model = estimate(&EstimateConfig::from_train(cfg, Backend::Cuda))?;
+    let model = estimate(&EstimateConfig::from_train(cfg, Like::Cuda))?;
     let dev = CudaDevice::new(0, None)?;
     let mut t = Trainer::new(cfg.clone(), dev.clone())?;
     let mut rows = Vec::new();

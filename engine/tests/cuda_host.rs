@@ -15,15 +15,13 @@
 #[allow(dead_code)]
 mod common;
 
-use ckpt_engine::backend::cpu::attention::{attention_backward, attention_forward, AttnShape};
-use ckpt_engine::backend::cpu::kernels::{
-    dropout_add, dropout_backward, embedding_backward, embedding_forward, rmsnorm_backward,
-    rmsnorm_forward, rope, swiglu_backward, swiglu_forward, RopeTable,
-};
 use ckpt_engine::backend::cuda::attention_tiles;
+use ckpt_engine::device::AttnShape;
 use ckpt_engine::memory::Category;
 use ckpt_engine::model::dropout::{Dropout, Site, DRAW_SHIFT};
+use ckpt_engine::model::rope::{RopeSpec, RopeTable};
 use ckpt_engine::optim::{grad_norm, AdamW, AdamWConfig};
+use ckpt_engine::Device;
 use ckpt_engine::{CpuDevice, Elem};
 use ckpt_engine::{Params, Tensor};
 use half::bf16;
@@ -314,17 +312,18 @@ fn attention_on<E: Elem>(exe: &Path, tolerance: f64) -> Outcome {
             random::<E>(&mut rng, kn),
             random::<E>(&mut rng, qn),
         );
-        let mut out = vec![E::default(); qn];
-        let mut lse = vec![0f32; ln];
-        attention_forward(&dev, s, &q, &k, &v, &mut out, &mut lse)?;
-        let (mut dq, mut dk, mut dv) = (
-            vec![E::default(); qn],
-            vec![E::default(); kn],
-            vec![E::default(); kn],
-        );
-        attention_backward(
-            &dev, s, &q, &k, &v, &out, &lse, &dout, &mut dq, &mut dk, &mut dv,
+        let [tq, tk, tv, tdout] = [&q, &k, &v, &dout].map(|x| on_cpu(&dev, x));
+        let mut tout = on_cpu(&dev, &vec![E::default(); qn]);
+        let mut tlse = on_cpu(&dev, &vec![0f32; ln]);
+        dev.attention_forward(s, &tq, &tk, &tv, &mut tout, &mut tlse)?;
+        let [mut tdq, mut tdk, mut tdv] =
+            [qn, kn, kn].map(|n| on_cpu(&dev, &vec![E::default(); n]));
+        let saved = (&tout, &tlse);
+        dev.attention_backward(
+            s, &tq, &tk, &tv, saved, &tdout, &mut tdq, &mut tdk, &mut tdv,
         )?;
+        let (out, lse) = (tout.as_slice(), tlse.as_slice());
+        let (dq, dk, dv) = (tdq.as_slice(), tdk.as_slice(), tdv.as_slice());
 
         let args = [
             batch,
@@ -357,11 +356,11 @@ fn attention_on<E: Elem>(exe: &Path, tolerance: f64) -> Outcome {
         within(
             &format!("{s:?} {tiles:?}"),
             &[
-                ("out", rel_diff(&g_out, &out)),
-                ("lse", rel_diff(&g_lse, &lse)),
-                ("dq", rel_diff(&g_dq, &dq)),
-                ("dk", rel_diff(&g_dk, &dk)),
-                ("dv", rel_diff(&g_dv, &dv)),
+                ("out", rel_diff(&g_out, out)),
+                ("lse", rel_diff(&g_lse, lse)),
+                ("dq", rel_diff(&g_dq, dq)),
+                ("dk", rel_diff(&g_dk, dk)),
+                ("dv", rel_diff(&g_dv, dv)),
             ],
             tolerance,
         )?;
@@ -386,9 +385,11 @@ fn dropout<E: Elem>() -> Outcome {
             offset: 17,
         }
         .mask(layer, site);
-        let (mut out, mut dy) = (vec![E::default(); n], vec![E::default(); n]);
-        dropout_add(&dev, &mask, &x, &y, &mut out);
-        dropout_backward(&dev, &mask, &dout, &mut dy);
+        let [tx, ty, tdout] = [&x, &y, &dout].map(|v| on_cpu(&dev, v));
+        let [mut tout, mut tdy] = [n, n].map(|n| on_cpu(&dev, &vec![E::default(); n]));
+        dev.dropout_add(&mask, &tx, &ty, &mut tout)?;
+        dev.dropout_backward(&mask, &tdout, &mut tdy)?;
+        let (out, dy) = (tout.as_slice().to_vec(), tdy.as_slice().to_vec());
         let args = [
             n.to_string(),
             mask.key().to_string(),
@@ -430,6 +431,15 @@ fn command<E: Elem>(name: &str, rest: &[String]) -> Vec<String> {
         .collect()
 }
 
+/// A tensor of the CPU device holding `values`.
+fn on_cpu<E: Elem>(dev: &CpuDevice, values: &[E]) -> Tensor<E> {
+    let mut t = dev
+        .zeros::<E>(&[values.len()], Category::Activations)
+        .expect("an unlimited device");
+    t.as_mut_slice().copy_from_slice(values);
+    t
+}
+
 /// Fails with the first of `diffs` above `tolerance`.
 fn within(what: &str, diffs: &[(&str, f64)], tolerance: f64) -> Outcome {
     let shown: Vec<String> = diffs.iter().map(|(w, d)| format!("{w} {d:.1e}")).collect();
@@ -457,10 +467,14 @@ fn rmsnorm<E: Elem>(tolerance: f64) -> Outcome {
             random::<E>(&mut rng, n),
         );
         let eps = 1e-5f32;
-        let (mut y, mut rinv) = (vec![E::default(); n], vec![0f32; rows]);
-        rmsnorm_forward(&dev, &x, &w, eps, &mut y, &mut rinv);
-        let (mut dx, mut dw) = (dx0.clone(), vec![0f32; h]);
-        rmsnorm_backward(&dev, &dy, &x, &w, &rinv, &mut dx, &mut dw);
+        let [tx, tw, tdy] = [&x, &w, &dy].map(|v| on_cpu(&dev, v));
+        let mut ty = on_cpu(&dev, &vec![E::default(); n]);
+        let mut trinv = on_cpu(&dev, &vec![0f32; rows]);
+        dev.rmsnorm_forward(&tx, &tw, eps, &mut ty, &mut trinv)?;
+        let (mut tdx, mut tdw) = (on_cpu(&dev, &dx0), on_cpu(&dev, &vec![0f32; h]));
+        dev.rmsnorm_backward(&tdy, &tx, &tw, &trinv, &mut tdx, &mut tdw)?;
+        let (y, rinv) = (ty.as_slice(), trinv.as_slice());
+        let (dx, dw) = (tdx.as_slice(), tdw.as_slice());
         let args = [rows.to_string(), h.to_string(), format!("{eps:e}")];
         let bytes = run_driver(
             &driver()?,
@@ -481,10 +495,10 @@ fn rmsnorm<E: Elem>(tolerance: f64) -> Outcome {
         within(
             &format!("rmsnorm {rows}x{h}"),
             &[
-                ("y", rel_diff(&g_y, &y)),
-                ("rinv", rel_diff(&g_rinv, &rinv)),
-                ("dx", rel_diff(&g_dx, &dx)),
-                ("dw", rel_diff(&g_dw, &dw)),
+                ("y", rel_diff(&g_y, y)),
+                ("rinv", rel_diff(&g_rinv, rinv)),
+                ("dx", rel_diff(&g_dx, dx)),
+                ("dw", rel_diff(&g_dw, dw)),
             ],
             tolerance,
         )?;
@@ -499,12 +513,21 @@ fn rope_both_ways<E: Elem>() -> Outcome {
     let mut rng = ChaCha8Rng::seed_from_u64(17);
     let (seq, batch, heads, head_dim, positions) = (7, 3, 3, 16, 9);
     let (rows, width) = (seq * batch, heads * head_dim);
-    let table = RopeTable::new(head_dim, 10000.0, positions);
+    let spec = RopeSpec {
+        head_dim,
+        theta: 10000.0,
+        positions,
+    };
+    let (table, tables) = (
+        RopeTable::new(head_dim, 10000.0, positions)?,
+        dev.rope_tables(spec)?,
+    );
     let x = random::<E>(&mut rng, rows * width);
-    let mut once = x.clone();
-    rope(&dev, &mut once, width, seq, &table, false);
-    let mut back = once.clone();
-    rope(&dev, &mut back, width, seq, &table, true);
+    let mut t = on_cpu(&dev, &x);
+    dev.rope(&mut t, (width, seq), &tables, false)?;
+    let once = t.as_slice().to_vec();
+    dev.rope(&mut t, (width, seq), &tables, true)?;
+    let back = t.as_slice().to_vec();
     let args = [rows, width, seq, table.half, positions].map(|v| v.to_string());
     let bytes = run_driver(
         &driver()?,
@@ -535,10 +558,11 @@ fn swiglu<E: Elem>() -> Outcome {
         random::<E>(&mut rng, n),
         random::<E>(&mut rng, n),
     );
-    let mut act = vec![E::default(); n];
-    swiglu_forward(&dev, &gate, &up, &mut act);
-    let (mut dgate, mut dup) = (vec![E::default(); n], vec![E::default(); n]);
-    swiglu_backward(&dev, &dact, &gate, &up, &mut dgate, &mut dup);
+    let [tgate, tup, tdact] = [&gate, &up, &dact].map(|v| on_cpu(&dev, v));
+    let [mut act, mut dgate, mut dup] = [n, n, n].map(|n| on_cpu(&dev, &vec![E::default(); n]));
+    dev.swiglu_forward(&tgate, &tup, &mut act)?;
+    dev.swiglu_backward(&tdact, (&tgate, &tup), &mut dgate, &mut dup)?;
+    let (act, dgate, dup) = (act.as_slice(), dgate.as_slice(), dup.as_slice());
     let bytes = run_driver(
         &driver()?,
         &format!("swiglu-{}", elem_name::<E>()),
@@ -556,9 +580,9 @@ fn swiglu<E: Elem>() -> Outcome {
     within(
         "swiglu",
         &[
-            ("act", rel_diff(&g_act, &act)),
-            ("dgate", rel_diff(&g_dgate, &dgate)),
-            ("dup", rel_diff(&g_dup, &dup)),
+            ("act", rel_diff(&g_act, act)),
+            ("dgate", rel_diff(&g_dgate, dgate)),
+            ("dup", rel_diff(&g_dup, dup)),
         ],
         0.0,
     )
@@ -575,10 +599,12 @@ fn embedding<E: Elem>() -> Outcome {
         .map(|_| rng.random_range(0..vocab as u32 - 3))
         .collect();
     let dout = random::<E>(&mut rng, rows * width);
-    let mut out = vec![E::default(); rows * width];
-    embedding_forward(&dev, &table, &ids, &mut out);
-    let mut dtable = vec![0f32; vocab * width];
-    embedding_backward(&dout, &ids, &mut dtable);
+    let (ttable, tdout) = (on_cpu(&dev, &table), on_cpu(&dev, &dout));
+    let mut tout = on_cpu(&dev, &vec![E::default(); rows * width]);
+    dev.embedding_forward(&ttable, &ids, &mut tout)?;
+    let mut tdtable = on_cpu(&dev, &vec![0f32; vocab * width]);
+    dev.embedding_backward(&tdout, &ids, &mut tdtable)?;
+    let (out, dtable) = (tout.as_slice(), tdtable.as_slice());
     let args = [rows, width, vocab].map(|v| v.to_string());
     let bytes = run_driver(
         &driver()?,
@@ -677,7 +703,7 @@ fn optimizer() -> Outcome {
     let n = p.len();
     let (mut m, mut v) = (vec![0f32; n], vec![0f32; n]);
     for step in 1..=2 {
-        // The arguments CudaCompute::adamw_step derives, from the same f64 arithmetic.
+        // The arguments the optimizer derives (`AdamWConfig::args`), from the same f64 arithmetic.
         let lr = cfg.lr;
         let [b1, b2] = cfg.betas;
         let (bc1, bc2) = (1.0 - b1.powi(step), 1.0 - b2.powi(step));
@@ -726,7 +752,7 @@ fn optimizer() -> Outcome {
             return Err("the bf16 copy differs from the CPU's rounding".into());
         }
         let norm = partial.iter().sum::<f64>().sqrt();
-        let want = grad_norm(&dev, &grads);
+        let want = grad_norm(&dev, &grads)?;
         if ((norm - want) / want).abs() > 1e-12 {
             return Err(format!("gradient norm {norm} against the CPU's {want}").into());
         }

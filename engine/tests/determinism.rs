@@ -3,7 +3,8 @@
 
 mod common;
 
-use ckpt_engine::trainer::{Precision, StepStats, TrainConfig};
+use ckpt_engine::config::{Precision, TrainConfig};
+use ckpt_engine::trainer::StepStats;
 use ckpt_engine::{CpuDevice, Trainer};
 
 const STEPS: usize = 5;
@@ -36,7 +37,7 @@ fn run(precision: Precision, dropout: f32, threads: usize) -> Run {
     let names = ckpt_engine::model::param_specs(&cfg.model);
     let mut trainer = Trainer::new(cfg, dev).unwrap();
     let stats = (0..STEPS).map(|_| trainer.step().unwrap()).collect();
-    let cpu = trainer.cpu().expect("a CPU trainer");
+    let cpu = trainer.state();
     let params = names
         .into_iter()
         .zip(cpu.weights().master().tensors())

@@ -4,10 +4,12 @@
 
 mod common;
 
+use ckpt_engine::backend::count::Like;
 use ckpt_engine::checkpoint::{step_dir_name, OPTIMIZER_FILE};
+use ckpt_engine::config::{Precision, TrainConfig};
 use ckpt_engine::data::LongBatch;
-use ckpt_engine::estimate::{estimate, Backend, Estimate, EstimateConfig};
-use ckpt_engine::trainer::{Precision, StateDigest, StepStats, TrainConfig};
+use ckpt_engine::estimate::{estimate, Estimate, EstimateConfig};
+use ckpt_engine::trainer::{StateDigest, StepStats};
 use ckpt_engine::{Checkpointing, CpuDevice, Fault, Trainer};
 
 /// Steps of the reference run.
@@ -204,7 +206,7 @@ fn moments_not_saved_loads_but_diverges_after_the_first_resumed_update() {
 fn model(cfg: &TrainConfig, dev: &CpuDevice) -> Estimate {
     estimate(&EstimateConfig::from_train(
         cfg,
-        Backend::Cpu {
+        Like::Cpu {
             threads: dev.threads(),
         },
     ))

@@ -3,8 +3,8 @@
 //! labels, with and without residual dropout (a fixed mask per step). Activation checkpointing
 //! and the chunked loss must not change the gradients.
 
-use ckpt_engine::loss::{LossKind, IGNORE_INDEX};
 use ckpt_engine::memory::Category;
+use ckpt_engine::model::loss::{LossKind, IGNORE_INDEX};
 use ckpt_engine::model::{
     param_specs, weights, Batch, Checkpointing, Dropout, LlamaConfig, Model, Params, PassConfig,
 };
@@ -97,7 +97,8 @@ fn cases() -> impl Strategy<Value = Case> {
 /// Weights from N(0, 0.5²) so gradients are far from zero, and norm scales drawn from [0.5, 1.5]
 /// so the norms' own gradients are not those of the identity.
 fn init(dev: &CpuDevice, case: &Case) -> Params<Tensor<f32>> {
-    let mut p = weights::init_params(dev, &case.cfg, case.seed, 0.5, Category::Params).unwrap();
+    let mut p =
+        weights::init_params(dev.tracker(), &case.cfg, case.seed, 0.5, Category::Params).unwrap();
     let mut rng = ChaCha8Rng::seed_from_u64(case.seed);
     for (spec, t) in param_specs(&case.cfg).iter().zip(p.tensors_mut()) {
         if spec.is_norm {
@@ -117,7 +118,7 @@ fn zero_grads(dev: &CpuDevice, cfg: &LlamaConfig) -> Params<Tensor<f32>> {
 /// Runs one pass; returns the loss, the gradients and the blocks recomputed.
 fn pass(
     dev: &CpuDevice,
-    model: &Model,
+    model: &Model<CpuDevice>,
     w: &Params<Tensor<f32>>,
     batch: &Batch,
     ckpt: Checkpointing,
@@ -129,7 +130,7 @@ fn pass(
 /// [`pass`] with residual dropout.
 fn pass_with(
     dev: &CpuDevice,
-    model: &Model,
+    model: &Model<CpuDevice>,
     w: &Params<Tensor<f32>>,
     batch: &Batch,
     checkpointing: Checkpointing,

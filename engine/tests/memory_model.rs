@@ -1,12 +1,14 @@
 //! Activation checkpointing and the chunked loss change memory, not results; and the analytic
 //! memory model predicts the CPU device's measured step memory to the byte.
 
+use ckpt_engine::backend::count::Like;
+use ckpt_engine::config::{Init, Precision};
 use ckpt_engine::data::{DataConfig, LongBatch};
-use ckpt_engine::estimate::{estimate, Backend, EstimateConfig};
-use ckpt_engine::loss::{LossKind, IGNORE_INDEX};
+use ckpt_engine::estimate::{estimate, EstimateConfig};
+use ckpt_engine::model::loss::{LossKind, IGNORE_INDEX};
 use ckpt_engine::model::weights;
 use ckpt_engine::optim::{AdamWConfig, Schedule};
-use ckpt_engine::trainer::{bf16_copy, Init, Precision};
+use ckpt_engine::state::rounded;
 use ckpt_engine::{
     Batch, Category, Checkpointing, CpuDevice, Elem, LlamaConfig, Model, Params, Tensor,
     TrainConfig, Trainer,
@@ -111,8 +113,8 @@ fn assert_policies_bitwise<E: Elem>(
 fn checkpointing_policies_give_bitwise_identical_losses_and_gradients() {
     let cfg = tiny();
     let dev = CpuDevice::new(2, u64::MAX).unwrap();
-    let master = weights::init_params(&dev, &cfg, 1, 0.1, Category::Params).unwrap();
-    let compute = bf16_copy(&dev, &cfg, &master).unwrap();
+    let master = weights::init_params(dev.tracker(), &cfg, 1, 0.1, Category::Params).unwrap();
+    let compute = rounded::<_, half::bf16>(&dev, &cfg, &master).unwrap();
     let b = batch(&cfg, 3, 7);
     for loss in [LossKind::Standard, LossKind::Chunked { chunk_tokens: 4 }] {
         assert_policies_bitwise(&dev, &cfg, &master, &b, loss);
@@ -174,8 +176,8 @@ fn assert_chunked_matches<E: Elem>(
 fn chunked_loss_matches_the_standard_loss() {
     let cfg = tiny();
     let dev = CpuDevice::new(2, u64::MAX).unwrap();
-    let master = weights::init_params(&dev, &cfg, 2, 0.1, Category::Params).unwrap();
-    let compute = bf16_copy(&dev, &cfg, &master).unwrap();
+    let master = weights::init_params(dev.tracker(), &cfg, 2, 0.1, Category::Params).unwrap();
+    let compute = rounded::<_, half::bf16>(&dev, &cfg, &master).unwrap();
     let b = batch(&cfg, 3, 7);
     assert_chunked_matches(&dev, &cfg, &master, &b, 1e-6);
     assert_chunked_matches(&dev, &cfg, &compute, &b, 1e-5);
@@ -210,8 +212,8 @@ fn chunked_loss_never_holds_logits_of_every_token() {
         ..tiny()
     };
     let dev = CpuDevice::new(2, u64::MAX).unwrap();
-    let master = weights::init_params(&dev, &cfg, 3, 0.1, Category::Params).unwrap();
-    let compute = bf16_copy(&dev, &cfg, &master).unwrap();
+    let master = weights::init_params(dev.tracker(), &cfg, 3, 0.1, Category::Params).unwrap();
+    let compute = rounded::<_, half::bf16>(&dev, &cfg, &master).unwrap();
     let b = batch(&cfg, 4, 16);
     let all_logits = |elem: u64| (b.batch * b.seq * cfg.vocab_size) as u64 * elem;
     let chunked = LossKind::Chunked { chunk_tokens: 2 };
@@ -311,7 +313,7 @@ proptest! {
     #[test]
     fn estimate_equals_the_measured_step_memory(c in case()) {
         let dev = CpuDevice::new(c.threads, u64::MAX).unwrap();
-        let est = estimate(&EstimateConfig::from_train(&c.train, Backend::Cpu { threads: dev.threads() })).unwrap();
+        let est = estimate(&EstimateConfig::from_train(&c.train, Like::Cpu { threads: dev.threads() })).unwrap();
         let mut trainer = Trainer::new(c.train.clone(), dev.clone()).unwrap();
         let mut before = dev.tracker().stats();
         for step in 0..3 {
@@ -338,12 +340,12 @@ proptest! {
     fn checkpointing_is_bitwise_on_random_shapes(c in case()) {
         let t = &c.train;
         let dev = CpuDevice::new(c.threads, u64::MAX).unwrap();
-        let master = weights::init_params(&dev, &t.model, 7, 0.2, Category::Params).unwrap();
+        let master = weights::init_params(dev.tracker(), &t.model, 7, 0.2, Category::Params).unwrap();
         let b = batch(&t.model, t.batch_size, t.seq_len);
         match t.precision {
             Precision::Fp32 => assert_policies_bitwise(&dev, &t.model, &master, &b, t.loss),
             Precision::Bf16Mixed => {
-                let compute = bf16_copy(&dev, &t.model, &master).unwrap();
+                let compute = rounded::<_, half::bf16>(&dev, &t.model, &master).unwrap();
                 assert_policies_bitwise(&dev, &t.model, &compute, &b, t.loss);
             }
         }

@@ -3,8 +3,8 @@
 
 mod common;
 
+use ckpt_engine::config::{Precision, TrainConfig};
 use ckpt_engine::memory::{Category, MemoryStats};
-use ckpt_engine::trainer::{Precision, TrainConfig};
 use ckpt_engine::{CpuDevice, EngineError, OutOfMemory, Trainer};
 
 const PRECISIONS: [Precision; 2] = [Precision::Fp32, Precision::Bf16Mixed];
@@ -67,7 +67,7 @@ fn dropping_a_trainer_returns_every_byte_and_moments_appear_at_the_first_step() 
             built.optimizer, master,
             "{precision:?}: no moments before the first step"
         );
-        assert!(trainer.cpu().unwrap().optimizer().moments().is_none());
+        assert!(trainer.state().optimizer().moments().is_none());
 
         let first = trainer.step().unwrap().memory;
         assert_eq!(

@@ -6,7 +6,7 @@
 use ckpt_engine::checkpoint::{self, files::record, LoadRequest, STATE_FILE};
 use ckpt_engine::data::DataConfig;
 use ckpt_engine::optim::{AdamWConfig, Schedule};
-use ckpt_engine::trainer::{Init, Precision, TrainConfig};
+use ckpt_engine::config::{Init, Precision, TrainConfig};
 use ckpt_engine::{Category, Checkpointing, CpuDevice, LlamaConfig, Trainer};
 use libfuzzer_sys::fuzz_target;
 use std::path::PathBuf;
@@ -49,7 +49,7 @@ fn fixture() -> &'static Fixture {
             seq_len: 4,
             shuffle_seed: 0,
             checkpointing: Checkpointing::None,
-            loss: ckpt_engine::loss::LossKind::Standard,
+            loss: ckpt_engine::model::loss::LossKind::Standard,
             dropout: 0.0,
             long_batch: None,
             faults: Default::default(),

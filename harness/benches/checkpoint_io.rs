@@ -10,9 +10,9 @@
 //! parameters, ≈ 700 MB per checkpoint with AdamW moments); `CKPT_BENCH_REPEATS` (default 3)
 //! sets how many times each is measured (best of).
 
+use ckpt_engine::config::{Init, Precision, TrainConfig};
 use ckpt_engine::data::DataConfig;
 use ckpt_engine::optim::{AdamWConfig, Schedule};
-use ckpt_engine::trainer::{Init, Precision, TrainConfig};
 use ckpt_engine::{Checkpointing, CpuDevice, LlamaConfig, Trainer};
 use std::io::{Read, Write};
 use std::path::Path;
@@ -109,7 +109,7 @@ fn main() {
         seq_len: 16,
         shuffle_seed: 0,
         checkpointing: Checkpointing::None,
-        loss: ckpt_engine::loss::LossKind::Standard,
+        loss: ckpt_engine::model::loss::LossKind::Standard,
         dropout: 0.0,
         long_batch: None,
         faults: Default::default(),

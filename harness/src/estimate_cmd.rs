@@ -1,20 +1,24 @@
-//! `ckpt-harness estimate`: the memory model of a run as a table, with activation checkpointing
-//! and the chunked loss switched on one at a time and together, for the CPU or the CUDA backend;
-//! optionally next to the peaks measured on this machine's CPU.
+//! `ckpt-harness estimate`: the memory model of a run as a table: the run as configured (what
+//! `run` will measure, long rows included), then with activation checkpointing and the chunked
+//! loss switched on one at a time and together, for the CPU or the CUDA backend; a suite's
+//! budget checked against it; optionally next to the peaks measured on this machine's CPU.
 
 use anyhow::{bail, Context, Result};
+use ckpt_engine::backend::count::Like;
 use ckpt_engine::data::DataConfig;
-use ckpt_engine::estimate::{estimate, Backend, Estimate, EstimateConfig};
-use ckpt_engine::loss::LossKind;
+use ckpt_engine::estimate::{estimate, Estimate, EstimateConfig};
+use ckpt_engine::model::loss::LossKind;
 use ckpt_engine::optim::{AdamWConfig, Schedule};
-use ckpt_engine::trainer::{Init, Precision};
-use ckpt_engine::{Checkpointing, CpuDevice, LlamaConfig, TrainConfig, Trainer};
+use ckpt_engine::{Checkpointing, CpuDevice, DeviceKind, Init, LlamaConfig, Precision};
+use ckpt_engine::{TrainConfig, Trainer};
+use ckpt_harness::checks::bytes as exact_bytes;
+use ckpt_harness::suite::{Budget, Suite};
 use clap::{Args, ValueEnum};
 use std::path::PathBuf;
 
-/// The `estimate` subcommand's flags. The run comes from `--config`, `--llama-1b` or the model
-/// flags; any flag given also overrides the run's value. The run's own checkpointing and loss are
-/// replaced by each column's.
+/// The `estimate` subcommand's flags. The run comes from a suite, `--config`, `--llama-1b` or the
+/// model flags; any flag given also overrides the run's value. The first column is the run as
+/// configured; the others replace its checkpointing and loss.
 #[derive(Args, Debug)]
 pub struct EstimateArgs {
     /// A suite file whose run to estimate.
@@ -52,10 +56,10 @@ pub struct EstimateArgs {
     seq: Option<usize>,
     /// Step arithmetic.
     #[arg(long, value_enum)]
-    precision: Option<PrecisionArg>,
+    precision: Option<Precision>,
     /// The backend whose allocations to model.
-    #[arg(long, value_enum, default_value_t = BackendArg::Cpu)]
-    device: BackendArg,
+    #[arg(long, value_enum, default_value_t = DeviceKind::Cpu)]
+    device: DeviceKind,
     /// The CPU device's worker threads (attention scratch is per thread); the suite's, else 1.
     #[arg(long)]
     threads: Option<usize>,
@@ -71,24 +75,6 @@ pub struct EstimateArgs {
     /// Also train two steps of every column on this machine's CPU and print the measured peaks.
     #[arg(long)]
     measure: bool,
-}
-
-/// Step arithmetic, as a flag value.
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum PrecisionArg {
-    /// Everything in f32.
-    Fp32,
-    /// bf16 weights and activations, f32 master weights, moments and gradients.
-    Bf16Mixed,
-}
-
-/// The backend of the estimate, as a flag value.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum BackendArg {
-    /// The CPU backend (bf16 products widen into workspace; attention scratch per thread).
-    Cpu,
-    /// The CUDA backend (cuBLAS products, attention in shared memory, batch uploaded).
-    Cuda,
 }
 
 /// The checkpointing policy of the checkpointing columns, as a flag value.
@@ -148,14 +134,10 @@ fn synthetic_run(model: LlamaConfig, batch_size: usize, seq_len: usize) -> Train
     }
 }
 
-fn suite_run(path: &std::path::Path) -> Result<TrainConfig> {
-    Ok(ckpt_harness::suite::Suite::load(path)?.train)
-}
-
-/// The run the flags describe.
-fn run_config(a: &EstimateArgs) -> Result<TrainConfig> {
-    let mut run = if let Some(path) = &a.suite {
-        suite_run(path)?
+/// The run the flags describe (`suite` is the suite file's, when one is given).
+fn run_config(a: &EstimateArgs, suite: Option<&Suite>) -> Result<TrainConfig> {
+    let mut run = if let Some(s) = suite {
+        s.train.clone()
     } else if let Some(path) = &a.config {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("{}: cannot read", path.display()))?;
@@ -206,10 +188,7 @@ fn run_config(a: &EstimateArgs) -> Result<TrainConfig> {
         }
     }
     if let Some(p) = a.precision {
-        run.precision = match p {
-            PrecisionArg::Fp32 => Precision::Fp32,
-            PrecisionArg::Bf16Mixed => Precision::Bf16Mixed,
-        };
+        run.precision = p;
     }
     Ok(run)
 }
@@ -220,8 +199,18 @@ struct Column {
     run: TrainConfig,
 }
 
-/// The four columns: baseline, +checkpointing, +chunked loss, both.
-fn columns(a: &EstimateArgs, run: &TrainConfig) -> Vec<Column> {
+/// A loss kind as the column titles name it.
+fn loss_name(loss: LossKind) -> String {
+    match loss {
+        LossKind::Standard => "standard loss".into(),
+        LossKind::Chunked { chunk_tokens } => format!("chunked CE, {chunk_tokens} tokens"),
+    }
+}
+
+/// The columns: baseline, +checkpointing, +chunked loss and both, the one the run is
+/// configured as marked so; a run configured otherwise gets a column of its own first. Returns
+/// the columns and the index of the configured one.
+fn columns(a: &EstimateArgs, run: &TrainConfig) -> (Vec<Column>, usize) {
     let (policy, name) = match a.checkpointing {
         PolicyArg::Full => (Checkpointing::Full, "full"),
         PolicyArg::Selective => (Checkpointing::Selective, "selective"),
@@ -229,7 +218,7 @@ fn columns(a: &EstimateArgs, run: &TrainConfig) -> Vec<Column> {
     let chunked = LossKind::Chunked {
         chunk_tokens: a.chunk_tokens,
     };
-    [
+    let mut cols: Vec<Column> = [
         (
             "baseline".to_string(),
             Checkpointing::None,
@@ -256,13 +245,35 @@ fn columns(a: &EstimateArgs, run: &TrainConfig) -> Vec<Column> {
             ..run.clone()
         },
     })
-    .collect()
+    .collect();
+    let configured = (run.checkpointing, run.loss);
+    match cols
+        .iter()
+        .position(|c| (c.run.checkpointing, c.run.loss) == configured)
+    {
+        Some(i) => {
+            cols[i].title.push_str(" = as configured");
+            (cols, i)
+        }
+        None => {
+            let title = format!(
+                "as configured ({} checkpointing, {})",
+                format!("{:?}", run.checkpointing).to_lowercase(),
+                loss_name(run.loss)
+            );
+            let column = Column {
+                title,
+                run: run.clone(),
+            };
+            (std::iter::once(column).chain(cols).collect(), 0)
+        }
+    }
 }
 
 /// The table's rows: a label and the figure of each estimate.
 type Row = (&'static str, fn(&Estimate) -> u64);
 
-const ROWS: [Row; 16] = [
+const ROWS: [Row; 17] = [
     ("params (weights + rotary tables)", |e| e.anatomy.params),
     ("master weights (f32)", |e| e.anatomy.master_weights),
     ("gradients (f32)", |e| e.anatomy.grads),
@@ -291,7 +302,66 @@ const ROWS: [Row; 16] = [
     }),
     ("**step peak, first step**", |e| e.first_step.peak),
     ("**step peak, later steps**", |e| e.later_step.peak),
+    ("**step peak, long rows**", |e| {
+        e.long_batch.as_ref().map_or(0, |l| l.later_step.peak)
+    }),
 ];
+
+/// The largest step peak a run reaches, and where: its later steps, or its long rows.
+fn largest_peak(e: &Estimate) -> (u64, String) {
+    let mut peak = (e.first_step.peak, "the first step".to_string());
+    if e.later_step.peak > peak.0 {
+        peak = (e.later_step.peak, "every step after the first".into());
+    }
+    if let Some(long) = &e.long_batch {
+        let long_peak = long.first_step.peak.max(long.later_step.peak);
+        if long_peak > peak.0 {
+            peak = (
+                long_peak,
+                format!("the long rows from step {}", long.from_step),
+            );
+        }
+    }
+    peak
+}
+
+/// Whether the suite's budget holds for the run as configured, in one line.
+fn budget_verdict(suite: &Suite, kind: DeviceKind, e: &Estimate) -> Option<(bool, String)> {
+    let limit = match (suite.budget()?, suite.capacity()) {
+        (Budget::Bytes(b), _) => b,
+        (fraction, Some(capacity)) => fraction.bytes(capacity),
+        (Budget::Fraction(f), None) => {
+            return Some((
+                true,
+                format!("budget: {f} of the {kind} device's memory, whose size this machine does not know; not checked"),
+            ))
+        }
+    };
+    let (peak, at) = largest_peak(e);
+    let load = e.checkpoint_io;
+    Some(if peak <= limit && load <= limit {
+        (
+            true,
+            format!(
+                "budget {} on {kind}: holds (largest step peak {} at {at}; checkpoint load {})",
+                exact_bytes(limit),
+                exact_bytes(peak),
+                exact_bytes(load)
+            ),
+        )
+    } else {
+        (
+            false,
+            format!(
+                "budget {} on {kind}: EXCEEDED by {} at {at} (step peak {}, checkpoint load {}); enable checkpointing or the chunked loss (see the other columns), shorten the rows or the batch, or raise memory.budget",
+                exact_bytes(limit),
+                exact_bytes(peak.max(load).saturating_sub(limit)),
+                exact_bytes(peak),
+                exact_bytes(load)
+            ),
+        )
+    })
+}
 
 /// `bytes` in binary units with two decimals, or exact.
 fn show(bytes: u64, exact: bool) -> String {
@@ -348,33 +418,42 @@ fn markdown(rows: &[Vec<String>]) -> String {
     out
 }
 
+/// What the subcommand prints, and whether the suite's budget holds.
+pub struct Report {
+    /// The header, the table and the budget's verdict.
+    pub text: String,
+    /// Whether the run as configured stays within the suite's budget (true without one).
+    pub within_budget: bool,
+}
+
 /// Builds the table the subcommand prints.
-pub fn table(a: &EstimateArgs) -> Result<String> {
-    let threads = match (a.threads, &a.suite) {
-        (Some(t), _) => t,
-        (None, Some(path)) => ckpt_harness::suite::Suite::load(path)?.file.threads,
-        (None, None) => 1,
-    };
+pub fn table(a: &EstimateArgs) -> Result<Report> {
+    let suite = a.suite.as_deref().map(Suite::load).transpose()?;
+    let threads = a
+        .threads
+        .or(suite.as_ref().map(|s| s.file.threads))
+        .unwrap_or(1);
     if threads == 0 {
         bail!("--threads must be at least 1");
     }
-    let backend = match a.device {
-        BackendArg::Cpu => Backend::Cpu { threads },
-        BackendArg::Cuda if a.measure => {
-            bail!("--measure trains on this machine's CPU; drop it or --device cuda")
-        }
-        BackendArg::Cuda => Backend::Cuda,
-    };
-    let run = run_config(a)?;
-    let cols = columns(a, &run);
+    if a.device == DeviceKind::Cuda && a.measure {
+        bail!("--measure trains on this machine's CPU; drop it or --device cuda");
+    }
+    let like = Like::new(a.device, threads);
+    let run = run_config(a, suite.as_ref())?;
+    let (cols, configured) = columns(a, &run);
     let estimates = cols
         .iter()
-        .map(|c| estimate(&EstimateConfig::from_train(&c.run, backend)))
+        .map(|c| estimate(&EstimateConfig::from_train(&c.run, like)))
         .collect::<Result<Vec<_>, _>>()?;
     let mut rows = vec![std::iter::once(String::new())
         .chain(cols.iter().map(|c| c.title.clone()))
         .collect::<Vec<_>>()];
+    let long_rows = run.long_batch.is_some();
     for (label, figure) in ROWS {
+        if label.contains("long rows") && !long_rows {
+            continue;
+        }
         let cells = estimates.iter().map(|e| show(figure(e), a.bytes));
         rows.push(std::iter::once(label.to_string()).chain(cells).collect());
     }
@@ -419,12 +498,22 @@ pub fn table(a: &EstimateArgs) -> Result<String> {
             Precision::Fp32 => "fp32",
             Precision::Bf16Mixed => "bf16-mixed",
         },
-        match backend {
-            Backend::Cpu { threads } => format!("CPU, {threads} thread(s)"),
-            Backend::Cuda => "CUDA".to_string(),
+        match like {
+            Like::Cpu { threads } => format!("CPU, {threads} thread(s)"),
+            Like::Cuda => "CUDA".to_string(),
         }
     );
-    Ok(header + &markdown(&rows))
+    let mut text = header + &markdown(&rows);
+    let verdict = suite
+        .as_ref()
+        .and_then(|s| budget_verdict(s, a.device, &estimates[configured]));
+    if let Some((_, line)) = &verdict {
+        text.push_str(&format!("\n{line}\n"));
+    }
+    Ok(Report {
+        text,
+        within_budget: verdict.is_none_or(|(holds, _)| holds),
+    })
 }
 
 #[cfg(test)]
@@ -468,7 +557,7 @@ mod tests {
             "--threads",
             "2",
         ]);
-        let text = table(&a).unwrap();
+        let text = table(&a).unwrap().text;
         let row = |label: &str| -> Vec<String> {
             let line = text.lines().find(|l| l.contains(label)).unwrap();
             line.split('|')
@@ -497,21 +586,25 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("run.json");
         std::fs::write(&path, serde_json::to_string(&run).unwrap()).unwrap();
-        let text = table(&args(&["--config", path.to_str().unwrap(), "--batch", "3"])).unwrap();
+        let text = table(&args(&["--config", path.to_str().unwrap(), "--batch", "3"]))
+            .unwrap()
+            .text;
         assert!(text.contains("1 layers"), "{text}");
         assert!(text.contains("batch 3 × 16 tokens, fp32"), "{text}");
     }
 
     #[test]
     fn model_flags_are_required_without_a_preset() {
-        let err = table(&args(&["--vocab", "64"])).unwrap_err().to_string();
+        let err = table(&args(&["--vocab", "64"])).err().unwrap().to_string();
         assert!(err.contains("--hidden is required"), "{err}");
     }
 
     #[test]
     fn the_cuda_backend_has_no_product_workspace() {
         let peak = |device: &str| {
-            let text = table(&args(&["--llama-1b", "--bytes", "--device", device])).unwrap();
+            let text = table(&args(&["--llama-1b", "--bytes", "--device", device]))
+                .unwrap()
+                .text;
             let line = text
                 .lines()
                 .find(|l| l.starts_with("| **step peak, later steps**"))
@@ -532,7 +625,8 @@ mod tests {
     #[test]
     fn measuring_is_refused_for_cuda() {
         let err = table(&args(&["--llama-1b", "--device", "cuda", "--measure"]))
-            .unwrap_err()
+            .err()
+            .unwrap()
             .to_string();
         assert!(
             err.contains("--measure trains on this machine's CPU"),
@@ -542,7 +636,7 @@ mod tests {
 
     #[test]
     fn the_preset_is_llama_3_2_1b() {
-        let text = table(&args(&["--llama-1b"])).unwrap();
+        let text = table(&args(&["--llama-1b"])).unwrap().text;
         assert!(text.starts_with("1235814400 parameters"), "{text}");
         assert!(text.contains("batch 8 × 2048 tokens, bf16-mixed"), "{text}");
     }

@@ -2,9 +2,11 @@
 //! optionally the parameters after N AdamW steps on that batch, for comparison with PyTorch.
 
 use anyhow::{bail, Context, Result};
+use ckpt_engine::model::loss::LossKind;
 use ckpt_engine::model::{param_specs, weights, LlamaConfig, Model};
 use ckpt_engine::optim::{AdamW, AdamWConfig};
-use ckpt_engine::trainer::{bf16_copy, Precision};
+use ckpt_engine::state::rounded;
+use ckpt_engine::Precision;
 use ckpt_engine::{Batch, Category, Checkpointing, CpuDevice, Params, Tensor};
 use safetensors::Dtype;
 use serde::Serialize;
@@ -95,7 +97,7 @@ fn zeros(dev: &CpuDevice, cfg: &LlamaConfig, category: Category) -> Result<Param
 
 fn pass(
     dev: &CpuDevice,
-    model: &Model,
+    model: &Model<CpuDevice>,
     precision: Precision,
     master: &Params<Tensor<f32>>,
     grads: &mut Params<Tensor<f32>>,
@@ -111,17 +113,17 @@ fn pass(
             grads,
             batch,
             Checkpointing::None,
-            ckpt_engine::loss::LossKind::Standard,
+            LossKind::Standard,
         )?,
         Precision::Bf16Mixed => {
-            let compute = bf16_copy(dev, model.config(), master)?;
+            let compute = rounded::<_, half::bf16>(dev, model.config(), master)?;
             model.forward_backward(
                 dev,
                 &compute,
                 grads,
                 batch,
                 Checkpointing::None,
-                ckpt_engine::loss::LossKind::Standard,
+                LossKind::Standard,
             )?
         }
     };
@@ -145,7 +147,7 @@ fn named(
 /// Runs the evaluation.
 pub fn run(req: &EvalRequest) -> Result<EvalReport> {
     let dev = CpuDevice::new(req.threads, u64::MAX)?;
-    let (cfg, mut master) = weights::load_hf_dir(&dev, &req.model, Category::Params)?;
+    let (cfg, mut master) = weights::load_hf_dir(dev.tracker(), &req.model, Category::Params)?;
     let batch = read_batch(&req.batch)?;
     let model = Model::new(&dev, cfg.clone())?;
     model

@@ -1,11 +1,11 @@
 //! The `ckpt-harness` command-line tool.
 
 use ckpt_engine::optim::AdamWConfig;
-use ckpt_engine::trainer::Precision;
+use ckpt_engine::{DeviceKind, Precision};
 use ckpt_harness::plan::{self, DeviceChoice, TierFilter};
 use ckpt_harness::suite::Suite;
 use ckpt_harness::{eval, run_cmd, train_cmd};
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -20,12 +20,6 @@ mod estimate_cmd;
 struct Cli {
     #[command(subcommand)]
     command: Command,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum PrecisionArg {
-    Fp32,
-    Bf16Mixed,
 }
 
 #[derive(Subcommand)]
@@ -57,8 +51,8 @@ enum Command {
         #[arg(long, default_value_t = 1e-8)]
         eps: f64,
         /// Step arithmetic.
-        #[arg(long, value_enum, default_value_t = PrecisionArg::Fp32)]
-        precision: PrecisionArg,
+        #[arg(long, value_enum, default_value_t = Precision::Fp32)]
+        precision: Precision,
         /// Worker threads (0 = one per core).
         #[arg(long, default_value_t = 0)]
         threads: usize,
@@ -117,6 +111,9 @@ enum Command {
         /// Train until this many steps are done (default: the suite's max_steps).
         #[arg(long)]
         steps: Option<u64>,
+        /// The device to train on.
+        #[arg(long, value_enum, default_value_t = DeviceKind::Cpu)]
+        device: DeviceKind,
     },
     /// Predicted memory of a training step, part by part and phase by phase.
     Estimate(estimate_cmd::EstimateArgs),
@@ -251,10 +248,7 @@ fn main() -> ExitCode {
                     weight_decay,
                     grad_clip: None,
                 },
-                precision: match precision {
-                    PrecisionArg::Fp32 => Precision::Fp32,
-                    PrecisionArg::Bf16Mixed => Precision::Bf16Mixed,
-                },
+                precision,
                 threads,
             };
             eval::run(&req)
@@ -295,8 +289,19 @@ fn main() -> ExitCode {
             out,
             resume,
             steps,
-        } => Suite::load(&suite).and_then(|s| train_cmd::run(&s, &out, resume.as_deref(), steps)),
-        Command::Estimate(args) => estimate_cmd::table(&args).map(|t| print!("{t}")),
+            device,
+        } => Suite::load(&suite)
+            .and_then(|s| train_cmd::run(&s, device, &out, resume.as_deref(), steps)),
+        Command::Estimate(args) => match estimate_cmd::table(&args) {
+            Ok(report) => {
+                print!("{}", report.text);
+                if !report.within_budget {
+                    return ExitCode::from(1);
+                }
+                Ok(())
+            }
+            Err(e) => Err(e),
+        },
         Command::Verify { paths } => return verify(&paths),
     };
     match result {

@@ -4,14 +4,15 @@
 //! and train to the same end. Every step is recorded; the trainer is dropped between phases and
 //! the device's bytes read before and after.
 
-use crate::devices::{self, DeviceKind};
+use crate::devices::{self, DeviceKind, OnDevice};
 use crate::host_memory;
 use crate::suite::Suite;
 use anyhow::Result;
+use ckpt_engine::backend::count::Like;
 use ckpt_engine::checkpoint::step_dir_name;
-use ckpt_engine::estimate::{estimate, Backend, EstimateConfig};
+use ckpt_engine::estimate::{estimate, EstimateConfig};
 use ckpt_engine::memory::Breakdown;
-use ckpt_engine::{EngineError, MemoryStats, StateDigest, Trainer};
+use ckpt_engine::{Device, EngineError, MemoryStats, StateDigest, Trainer};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -169,119 +170,142 @@ pub fn run(
     suite: &Suite,
     kind: DeviceKind,
     work: &Path,
-    mut progress: impl FnMut(&PhaseRecord),
+    progress: impl FnMut(&PhaseRecord),
 ) -> Result<RunRecord> {
-    let end = suite.max_steps() + suite.file.training.extra_steps;
-    let run_dir = work.join("checkpoints");
-    let dev = devices::open(kind, suite.file.threads, suite.capacity())?;
-    let tracker = dev.tracker().clone();
-    let backend = match kind {
-        DeviceKind::Cpu => Backend::Cpu {
-            threads: suite.file.threads,
-        },
-        DeviceKind::Cuda => Backend::Cuda,
+    let phases = Phases {
+        suite,
+        kind,
+        work,
+        progress,
     };
-    let model = estimate(&EstimateConfig::from_train(&suite.train, backend))?;
-    let predict = |s: &ckpt_engine::estimate::StepEstimate| PredictedStep {
-        start: s.start,
-        peak: s.peak,
-        at_peak: s.at_peak,
-    };
-    let predicted = [false, true].map(|moments| predict(model.step(moments)));
-    let predicted_long = model.long_batch.as_ref().map(|long| {
-        (
-            long.from_step,
-            [predict(&long.first_step), predict(&long.later_step)],
-        )
-    });
-    let plan = [
-        (Phase::Reference, None),
-        (Phase::ResumeMid, Some(suite.resume_from())),
-        (Phase::ResumeEnd, Some(suite.max_steps())),
-    ];
-    let mut reference_digests: BTreeMap<u64, StateDigest> = BTreeMap::new();
-    let mut phases = Vec::new();
-    for (phase, from) in plan {
-        let mut record = PhaseRecord {
-            phase,
-            before: tracker.stats().current,
-            ..PhaseRecord::default()
+    devices::run_on(kind, suite.file.threads, suite.capacity(), phases)
+}
+
+/// The phases of one trial, as work for whichever device the trial names.
+struct Phases<'a, P> {
+    suite: &'a Suite,
+    kind: DeviceKind,
+    work: &'a Path,
+    progress: P,
+}
+
+impl<P: FnMut(&PhaseRecord)> OnDevice for Phases<'_, P> {
+    type Output = RunRecord;
+
+    fn run<D: Device>(self, dev: D) -> Result<RunRecord> {
+        let Phases {
+            suite,
+            kind,
+            work,
+            mut progress,
+        } = self;
+        let end = suite.max_steps() + suite.file.training.extra_steps;
+        let run_dir = work.join("checkpoints");
+        let tracker = dev.tracker().clone();
+        let like = Like::new(kind, suite.file.threads);
+        let model = estimate(&EstimateConfig::from_train(&suite.train, like))?;
+        let predict = |s: &ckpt_engine::estimate::StepEstimate| PredictedStep {
+            start: s.start,
+            peak: s.peak,
+            at_peak: s.at_peak,
         };
-        let host_reset = host_memory::reset_peak();
-        let oom_before = tracker.stats().oom_count;
-        tracker.reset_peak();
-        let built = match from {
-            None => Trainer::new(suite.train.clone(), dev.clone()),
-            Some(step) => Trainer::resume(
-                suite.train.clone(),
-                dev.clone(),
-                &run_dir.join(step_dir_name(step)),
-            ),
-        };
-        record.setup = window(&tracker.stats(), oom_before);
-        match built {
-            Ok(mut trainer) => {
-                if let Some(step) = from {
-                    record.resumed_digest = Some(trainer.state_digest()?);
-                    record.reference_digest = reference_digests.get(&step).cloned();
-                }
-                while trainer.step_index() < end {
-                    if phase == Phase::Reference
-                        && [suite.resume_from(), suite.max_steps()].contains(&trainer.step_index())
-                    {
-                        reference_digests.insert(trainer.step_index(), trainer.state_digest()?);
+        let predicted = [false, true].map(|moments| predict(model.step(moments)));
+        let predicted_long = model.long_batch.as_ref().map(|long| {
+            (
+                long.from_step,
+                [predict(&long.first_step), predict(&long.later_step)],
+            )
+        });
+        let plan = [
+            (Phase::Reference, None),
+            (Phase::ResumeMid, Some(suite.resume_from())),
+            (Phase::ResumeEnd, Some(suite.max_steps())),
+        ];
+        let mut reference_digests: BTreeMap<u64, StateDigest> = BTreeMap::new();
+        let mut phases = Vec::new();
+        for (phase, from) in plan {
+            let mut record = PhaseRecord {
+                phase,
+                before: tracker.stats().current,
+                ..PhaseRecord::default()
+            };
+            let host_reset = host_memory::reset_peak();
+            let oom_before = tracker.stats().oom_count;
+            tracker.reset_peak();
+            let built = match from {
+                None => Trainer::new(suite.train.clone(), dev.clone()),
+                Some(step) => Trainer::resume(
+                    suite.train.clone(),
+                    dev.clone(),
+                    &run_dir.join(step_dir_name(step)),
+                ),
+            };
+            record.setup = window(&tracker.stats(), oom_before);
+            match built {
+                Ok(mut trainer) => {
+                    if let Some(step) = from {
+                        record.resumed_digest = Some(trainer.state_digest()?);
+                        record.reference_digest = reference_digests.get(&step).cloned();
                     }
-                    let start = tracker.stats().current;
-                    match trainer.step() {
-                        Ok(s) => record.steps.push(StepRecord {
-                            step: s.step,
-                            loss: s.loss,
-                            lr: s.lr,
-                            grad_norm: s.grad_norm,
-                            batch_digest: s.batch_digest,
-                            recomputed_blocks: s.recomputed_blocks,
-                            start,
-                            memory: s.memory,
-                        }),
-                        Err(EngineError::OutOfMemory(e)) => {
-                            record.oom = Some(format!("step {}: {e}", trainer.step_index()));
-                            break;
+                    while trainer.step_index() < end {
+                        if phase == Phase::Reference
+                            && [suite.resume_from(), suite.max_steps()]
+                                .contains(&trainer.step_index())
+                        {
+                            reference_digests.insert(trainer.step_index(), trainer.state_digest()?);
                         }
-                        Err(e) => return Err(e.into()),
-                    }
-                    if phase == Phase::Reference && suite.saves_at(trainer.step_index()) {
-                        trainer.save(&run_dir, None)?;
+                        let start = tracker.stats().current;
+                        match trainer.step() {
+                            Ok(s) => record.steps.push(StepRecord {
+                                step: s.step,
+                                loss: s.loss,
+                                lr: s.lr,
+                                grad_norm: s.grad_norm,
+                                batch_digest: s.batch_digest,
+                                recomputed_blocks: s.recomputed_blocks,
+                                start,
+                                memory: s.memory,
+                            }),
+                            Err(EngineError::OutOfMemory(e)) => {
+                                record.oom = Some(format!("step {}: {e}", trainer.step_index()));
+                                break;
+                            }
+                            Err(e) => return Err(e.into()),
+                        }
+                        if phase == Phase::Reference && suite.saves_at(trainer.step_index()) {
+                            trainer.save(&run_dir, None)?;
+                        }
                     }
                 }
+                Err(EngineError::OutOfMemory(e)) => {
+                    record.oom = Some(format!("building the trainer: {e}"));
+                }
+                Err(e) => return Err(e.into()),
             }
-            Err(EngineError::OutOfMemory(e)) => {
-                record.oom = Some(format!("building the trainer: {e}"));
+            record.after = tracker.stats().current;
+            record.host = HostMemory {
+                peak_rss: host_memory::peak(),
+                reset: host_reset,
+            };
+            progress(&record);
+            let stop = record.oom.is_some();
+            phases.push(record);
+            if stop {
+                break;
             }
-            Err(e) => return Err(e.into()),
         }
-        record.after = tracker.stats().current;
-        record.host = HostMemory {
-            peak_rss: host_memory::peak(),
-            reset: host_reset,
-        };
-        progress(&record);
-        let stop = record.oom.is_some();
-        phases.push(record);
-        if stop {
-            break;
-        }
+        Ok(RunRecord {
+            suite: suite.file.name.clone(),
+            device: kind.name().into(),
+            layers: suite.train.model.num_hidden_layers,
+            checkpointing: suite.train.checkpointing != ckpt_engine::Checkpointing::None,
+            predicted,
+            predicted_long,
+            predicted_load: model.checkpoint_io,
+            capacity: tracker.capacity(),
+            budget: suite.budget().map(|b| b.bytes(tracker.capacity())),
+            rss_budget: suite.file.memory.rss_budget,
+            phases,
+        })
     }
-    Ok(RunRecord {
-        suite: suite.file.name.clone(),
-        device: kind.name().into(),
-        layers: suite.train.model.num_hidden_layers,
-        checkpointing: suite.train.checkpointing != ckpt_engine::Checkpointing::None,
-        predicted,
-        predicted_long,
-        predicted_load: model.checkpoint_io,
-        capacity: tracker.capacity(),
-        budget: suite.budget().map(|b| b.bytes(tracker.capacity())),
-        rss_budget: suite.file.memory.rss_budget,
-        phases,
-    })
 }

@@ -1,7 +1,7 @@
 //! Which trials a run holds: suite files found under the paths given, crossed with their devices,
 //! filtered by tier and device; trials that cannot run here are kept with the reason.
 
-use crate::devices::DeviceKind;
+use crate::devices::{self, DeviceKind};
 use crate::suite::{Suite, Tier};
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
@@ -91,7 +91,7 @@ pub fn load(files: &[PathBuf]) -> Result<Vec<Suite>> {
 /// The trials of `suites` for `tier` and `device`.
 pub fn plan(suites: &[Suite], tier: TierFilter, device: DeviceChoice) -> Result<Vec<Planned>> {
     if device == DeviceChoice::Cuda {
-        if let Err(why) = DeviceKind::Cuda.probe() {
+        if let Err(why) = devices::probe(DeviceKind::Cuda) {
             bail!("--device cuda: no CUDA device: {why}");
         }
     }
@@ -109,7 +109,9 @@ pub fn plan(suites: &[Suite], tier: TierFilter, device: DeviceChoice) -> Result<
             let skip = if !tier.admits(s.file.tier) {
                 Some(format!("tier {:?} not selected", s.file.tier).to_lowercase())
             } else {
-                d.probe().err().map(|why| format!("no {d} device: {why}"))
+                devices::probe(d)
+                    .err()
+                    .map(|why| format!("no {d} device: {why}"))
             };
             out.push(Planned {
                 suite: i,

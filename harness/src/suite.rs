@@ -4,11 +4,11 @@
 use crate::checks::Check;
 use crate::devices::DeviceKind;
 use anyhow::{bail, Context, Result};
+use ckpt_engine::config::{Init, Precision, TrainConfig};
 use ckpt_engine::data::{DataConfig, LongBatch};
 use ckpt_engine::fault::Fault;
-use ckpt_engine::loss::LossKind;
+use ckpt_engine::model::loss::LossKind;
 use ckpt_engine::optim::{AdamWConfig, Schedule};
-use ckpt_engine::trainer::{Init, Precision, TrainConfig};
 use ckpt_engine::{Checkpointing, LlamaConfig};
 use serde::de::{self, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};

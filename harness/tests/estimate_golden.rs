@@ -4,7 +4,8 @@
 //! NVIDIA H100). The estimate for the same backend must give the same figures; the other
 //! backend's estimate must not, which shows the comparison can fail.
 
-use ckpt_engine::estimate::{estimate, Backend, Estimate, EstimateConfig};
+use ckpt_engine::backend::count::Like;
+use ckpt_engine::estimate::{estimate, Estimate, EstimateConfig};
 use ckpt_engine::memory::Breakdown;
 use ckpt_harness::checks::golden;
 use ckpt_harness::suite::Suite;
@@ -90,16 +91,16 @@ fn measured(device: &str) -> Vec<(Suite, Vec<Row>)> {
     out
 }
 
-fn backend(device: &str, suite: &Suite) -> Backend {
+fn backend(device: &str, suite: &Suite) -> Like {
     match device {
-        "cuda" => Backend::Cuda,
-        _ => Backend::Cpu {
+        "cuda" => Like::Cuda,
+        _ => Like::Cpu {
             threads: suite.file.threads,
         },
     }
 }
 
-fn model(suite: &Suite, backend: Backend) -> Estimate {
+fn model(suite: &Suite, backend: Like) -> Estimate {
     estimate(&EstimateConfig::from_train(&suite.train, backend)).unwrap()
 }
 

@@ -3,7 +3,7 @@
 
 use ckpt_engine::model::weights;
 use ckpt_engine::optim::AdamWConfig;
-use ckpt_engine::trainer::Precision;
+use ckpt_engine::Precision;
 use ckpt_harness::eval::{run, EvalRequest};
 use std::path::{Path, PathBuf};
 

@@ -9,7 +9,7 @@ use super::{
 };
 use crate::backend::CpuDevice;
 use crate::error::{EngineError, Result};
-use crate::memory::Category;
+use crate::memory::{Category, MemoryTracker};
 use crate::model::{param_specs, LlamaConfig, ParamSpec, Params};
 use crate::optim::Moments;
 use crate::tensor::Tensor;
@@ -25,7 +25,7 @@ pub struct Loaded {
     /// f32 master weights (from the optimizer file in bf16-mixed, else from the model file).
     pub master: Params<Tensor<f32>>,
     /// AdamW moments, if the optimizer had taken a step.
-    pub moments: Option<Moments>,
+    pub moments: Option<Moments<CpuDevice>>,
 }
 
 /// What the loading run expects of a checkpoint.
@@ -43,8 +43,9 @@ pub struct LoadRequest<'a> {
     pub fresh_moments_if_missing: bool,
 }
 
-/// Reads and verifies the checkpoint at `dir` (a checkpoint or a run directory).
-pub fn load(dev: &CpuDevice, dir: &Path, req: &LoadRequest<'_>) -> Result<Loaded> {
+/// Reads and verifies the checkpoint at `dir` (a checkpoint or a run directory) into host
+/// tensors leased from `host`.
+pub fn load(host: &MemoryTracker, dir: &Path, req: &LoadRequest<'_>) -> Result<Loaded> {
     let dir = resolve(dir)?;
     let state = read_state(&dir)?;
     if state.fingerprint != fingerprint(&req.identity) || state.identity != req.identity {
@@ -129,7 +130,7 @@ pub fn load(dev: &CpuDevice, dir: &Path, req: &LoadRequest<'_>) -> Result<Loaded
     };
 
     // Every tensor is allocated in its final place, then each file is read once into them.
-    let zeros = |category: Category| move |s: &ParamSpec| dev.zeros::<f32>(&s.shape, category);
+    let zeros = |category: Category| move |s: &ParamSpec| Tensor::zeros(host, &s.shape, category);
     let mut master = Params::try_new(req.config, zeros(req.master_category))?;
     let fresh_moments = state.optimizer_step > 0 && moments_at.is_none();
     let mut moments = if moments_at.is_some() || fresh_moments {

@@ -2,15 +2,12 @@
 //! exactly the activations the backward pass consumes, and the backward pass frees each one as
 //! soon as it has used it.
 
-use crate::backend::cpu::attention::{attention_backward, attention_forward, AttnShape};
-use crate::backend::cpu::kernels::{self, RopeTable};
-use crate::backend::cpu::matmul::{matmul, n, t};
-use crate::backend::CpuDevice;
+use crate::device::{n, out, t, AttnShape, Device, DeviceTensor};
 use crate::error::Result;
 use crate::memory::Category::Activations;
 use crate::model::dropout::{Dropout, DropoutMask, Site};
 use crate::model::params::LayerParams;
-use crate::tensor::{Elem, Tensor};
+use crate::tensor::Elem;
 
 /// Sizes the block's kernels need.
 #[derive(Clone, Copy, Debug)]
@@ -27,41 +24,50 @@ pub struct BlockDims {
     pub attn: AttnShape,
 }
 
-impl BlockDims {
-    fn q_width(&self) -> usize {
-        self.attn.heads * self.attn.head_dim
-    }
-    fn kv_width(&self) -> usize {
-        self.attn.kv_heads * self.attn.head_dim
-    }
-}
-
 /// What a block call needs besides weights and tensors: the device, the sizes, the rotary
 /// tables, and the block's index and dropout.
-#[derive(Clone, Copy)]
-pub struct BlockCtx<'a> {
+pub struct BlockCtx<'a, D: Device> {
     /// Where tensors are allocated and kernels run.
-    pub dev: &'a CpuDevice,
+    pub dev: &'a D,
     /// Sizes.
     pub dims: BlockDims,
     /// Rotary tables.
-    pub rope: &'a RopeTable,
+    pub rope: &'a D::Rope,
     /// The block's index in the model (it keys the dropout masks).
     pub layer: usize,
     /// Residual dropout of a training pass; `None` applies none.
     pub dropout: Option<Dropout>,
 }
 
-impl BlockCtx<'_> {
+impl<D: Device> Clone for BlockCtx<'_, D> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<D: Device> Copy for BlockCtx<'_, D> {}
+
+impl<D: Device> BlockCtx<'_, D> {
     fn mask(&self, site: Site) -> Option<DropoutMask> {
         self.dropout.map(|d| d.mask(self.layer, site))
+    }
+
+    /// A `[rows, width]` activation.
+    fn act<E: Elem>(&self, width: usize) -> Result<D::Tensor<E>> {
+        self.dev.zeros::<E>(&[self.dims.rows, width], Activations)
+    }
+
+    fn rotate<E: Elem>(&self, x: &mut D::Tensor<E>, width: usize, inverse: bool) -> Result<()> {
+        let seq = self.dims.attn.seq;
+        self.dev.rope(x, (width, seq), self.rope, inverse)
     }
 }
 
 /// An RMSNorm's output and the per-row `1 / rms` its backward pass reads.
-struct Norm<E: Elem> {
-    rinv: Tensor<f32>,
-    out: Tensor<E>,
+pub struct Norm<D: Device, E: Elem> {
+    /// `1 / rms` of each row.
+    pub rinv: D::Tensor<f32>,
+    /// The normalised rows.
+    pub out: D::Tensor<E>,
 }
 
 /// What a block's backward pass reads, besides the block's input.
@@ -70,21 +76,21 @@ struct Norm<E: Elem> {
 /// SwiGLU activation) are kept too unless [`BlockActivations::keep_products`] dropped them, in
 /// which case the backward pass recomputes each right before its use, with the same kernels on
 /// the same inputs, so the numbers are bitwise the same.
-pub struct BlockActivations<E: Elem> {
-    q: Tensor<E>,
-    k: Tensor<E>,
-    v: Tensor<E>,
-    att: Tensor<E>,
-    lse: Tensor<f32>,
-    h_mid: Tensor<E>,
-    gate: Tensor<E>,
-    up: Tensor<E>,
-    norm1: Option<Norm<E>>,
-    norm2: Option<Norm<E>>,
-    act: Option<Tensor<E>>,
+pub struct BlockActivations<D: Device, E: Elem> {
+    q: D::Tensor<E>,
+    k: D::Tensor<E>,
+    v: D::Tensor<E>,
+    att: D::Tensor<E>,
+    lse: D::Tensor<f32>,
+    h_mid: D::Tensor<E>,
+    gate: D::Tensor<E>,
+    up: D::Tensor<E>,
+    norm1: Option<Norm<D, E>>,
+    norm2: Option<Norm<D, E>>,
+    act: Option<D::Tensor<E>>,
 }
 
-impl<E: Elem> BlockActivations<E> {
+impl<D: Device, E: Elem> BlockActivations<D, E> {
     /// Drops the tensors that are cheap to recompute, keeping the matrix-product outputs.
     pub fn keep_products(mut self) -> Self {
         self.norm1 = None;
@@ -99,136 +105,105 @@ impl<E: Elem> BlockActivations<E> {
     }
 }
 
-/// `y[rows, out] = x[rows, in] · wᵀ` for a weight stored `[out, in]`.
-fn linear<E: Elem>(
-    dev: &CpuDevice,
-    x: &Tensor<E>,
-    w: &Tensor<E>,
-    y: &mut Tensor<E>,
+/// `y[rows, out] (+)= x[rows, in] · wᵀ` for a weight stored `[out, in]`.
+fn linear<D: Device, E: Elem>(
+    dev: &D,
+    x: &D::Tensor<E>,
+    w: &D::Tensor<E>,
+    y: &mut D::Tensor<E>,
     accumulate: bool,
 ) -> Result<()> {
-    let (out, inp) = (w.shape()[0], w.shape()[1]);
-    let rows = x.numel() / inp;
-    matmul(
-        dev,
-        (rows, out, inp),
-        n(x.as_slice()),
-        t(w.as_slice()),
-        y.as_mut_slice(),
-        accumulate,
-    )?;
-    Ok(())
+    let (o, i) = (w.shape()[0], w.shape()[1]);
+    dev.matmul((x.numel() / i, o, i), n(x), t(w), out(y), accumulate)
 }
 
 /// Backward of [`linear`]: `dx (+)= dy · w` and `dw += dyᵀ · x` (f32).
-fn linear_backward<E: Elem>(
-    dev: &CpuDevice,
-    dy: &Tensor<E>,
-    x: &Tensor<E>,
-    w: &Tensor<E>,
-    dx: &mut Tensor<E>,
-    dw: &mut Tensor<f32>,
+fn linear_backward<D: Device, E: Elem>(
+    dev: &D,
+    dy: &D::Tensor<E>,
+    x: &D::Tensor<E>,
+    w: &D::Tensor<E>,
+    dx: &mut D::Tensor<E>,
+    dw: &mut D::Tensor<f32>,
     accumulate_dx: bool,
 ) -> Result<()> {
-    let (out, inp) = (w.shape()[0], w.shape()[1]);
-    let rows = x.numel() / inp;
-    matmul(
-        dev,
-        (rows, inp, out),
-        n(dy.as_slice()),
-        n(w.as_slice()),
-        dx.as_mut_slice(),
-        accumulate_dx,
-    )?;
-    matmul(
-        dev,
-        (out, inp, rows),
-        t(dy.as_slice()),
-        n(x.as_slice()),
-        dw.as_mut_slice(),
-        true,
-    )?;
-    Ok(())
+    let (o, i) = (w.shape()[0], w.shape()[1]);
+    let rows = x.numel() / i;
+    dev.matmul((rows, i, o), n(dy), n(w), out(dx), accumulate_dx)?;
+    dev.matmul((o, i, rows), t(dy), n(x), out(dw), true)
 }
 
 /// `res + dropout(input · wᵀ)` (`[rows, hidden]`): a projection joining the residual stream at
 /// `site`. Without dropout the product accumulates straight into the copy of `res`; with it the
 /// product gets a buffer of its own, freed once the masked sum is formed.
-fn residual_linear<E: Elem>(
-    ctx: BlockCtx<'_>,
+fn residual_linear<D: Device, E: Elem>(
+    ctx: BlockCtx<'_, D>,
     site: Site,
-    res: &Tensor<E>,
-    input: &Tensor<E>,
-    w: &Tensor<E>,
-) -> Result<Tensor<E>> {
-    let (dev, d) = (ctx.dev, &ctx.dims);
-    let mut out = dev.zeros::<E>(&[d.rows, d.hidden], Activations)?;
+    res: &D::Tensor<E>,
+    input: &D::Tensor<E>,
+    w: &D::Tensor<E>,
+) -> Result<D::Tensor<E>> {
+    let (dev, h) = (ctx.dev, ctx.dims.hidden);
+    let mut sum = ctx.act(h)?;
     match ctx.mask(site) {
         None => {
-            out.as_mut_slice().copy_from_slice(res.as_slice());
-            linear(dev, input, w, &mut out, true)?;
+            dev.copy(res, &mut sum)?;
+            linear(dev, input, w, &mut sum, true)?;
         }
         Some(mask) => {
-            let mut proj = dev.zeros::<E>(&[d.rows, d.hidden], Activations)?;
+            let mut proj = ctx.act(h)?;
             linear(dev, input, w, &mut proj, false)?;
-            kernels::dropout_add(
-                dev,
-                &mask,
-                res.as_slice(),
-                proj.as_slice(),
-                out.as_mut_slice(),
-            );
+            dev.dropout_add(&mask, res, &proj, &mut sum)?;
         }
     }
-    Ok(out)
+    Ok(sum)
 }
 
 /// ∂L/∂(projection) of the residual site `site` from `dh` = ∂L/∂(its sum): `None` without
 /// dropout (the gradient is `dh` itself), else `dh` masked and scaled.
-fn residual_grad<E: Elem>(
-    ctx: BlockCtx<'_>,
+fn residual_grad<D: Device, E: Elem>(
+    ctx: BlockCtx<'_, D>,
     site: Site,
-    dh: &Tensor<E>,
-) -> Result<Option<Tensor<E>>> {
+    dh: &D::Tensor<E>,
+) -> Result<Option<D::Tensor<E>>> {
     let Some(mask) = ctx.mask(site) else {
         return Ok(None);
     };
-    let d = &ctx.dims;
-    let mut dproj = ctx.dev.zeros::<E>(&[d.rows, d.hidden], Activations)?;
-    kernels::dropout_backward(ctx.dev, &mask, dh.as_slice(), dproj.as_mut_slice());
+    let mut dproj = ctx.act(ctx.dims.hidden)?;
+    ctx.dev.dropout_backward(&mask, dh, &mut dproj)?;
     Ok(Some(dproj))
 }
 
 /// `rmsnorm(x) · w`, with the per-row `1 / rms`.
-fn norm<E: Elem>(ctx: BlockCtx<'_>, x: &Tensor<E>, w: &Tensor<E>) -> Result<Norm<E>> {
-    let (dev, d) = (ctx.dev, &ctx.dims);
-    let mut rinv = dev.zeros::<f32>(&[d.rows], Activations)?;
-    let mut out = dev.zeros::<E>(&[d.rows, d.hidden], Activations)?;
-    kernels::rmsnorm_forward(
-        dev,
-        x.as_slice(),
-        w.as_slice(),
-        d.eps,
-        out.as_mut_slice(),
-        rinv.as_mut_slice(),
-    );
+pub fn norm<D: Device, E: Elem>(
+    ctx: BlockCtx<'_, D>,
+    x: &D::Tensor<E>,
+    w: &D::Tensor<E>,
+) -> Result<Norm<D, E>> {
+    let mut rinv = ctx.dev.zeros::<f32>(&[ctx.dims.rows], Activations)?;
+    let mut out = ctx.act(ctx.dims.hidden)?;
+    ctx.dev
+        .rmsnorm_forward(x, w, ctx.dims.eps, &mut out, &mut rinv)?;
     Ok(Norm { rinv, out })
 }
 
 /// `silu(gate) · up`.
-fn swiglu<E: Elem>(ctx: BlockCtx<'_>, gate: &Tensor<E>, up: &Tensor<E>) -> Result<Tensor<E>> {
-    let d = &ctx.dims;
-    let mut act = ctx.dev.zeros::<E>(&[d.rows, d.ffn], Activations)?;
-    kernels::swiglu_forward(ctx.dev, gate.as_slice(), up.as_slice(), act.as_mut_slice());
+fn swiglu<D: Device, E: Elem>(
+    ctx: BlockCtx<'_, D>,
+    gate: &D::Tensor<E>,
+    up: &D::Tensor<E>,
+) -> Result<D::Tensor<E>> {
+    let mut act = ctx.act(ctx.dims.ffn)?;
+    ctx.dev.swiglu_forward(gate, up, &mut act)?;
     Ok(act)
 }
 
 /// Runs the block on `x` (`[rows, hidden]`): returns its output and every activation.
-pub fn forward<E: Elem>(
-    ctx: BlockCtx<'_>,
-    w: &LayerParams<Tensor<E>>,
-    x: &Tensor<E>,
-) -> Result<(Tensor<E>, BlockActivations<E>)> {
+pub fn forward<D: Device, E: Elem>(
+    ctx: BlockCtx<'_, D>,
+    w: &LayerParams<D::Tensor<E>>,
+    x: &D::Tensor<E>,
+) -> Result<(D::Tensor<E>, BlockActivations<D, E>)> {
     let acts = activations(ctx, w, x)?;
     let act = acts.act.as_ref().expect("activations keeps everything");
     let out = residual_linear(ctx, Site::Mlp, &acts.h_mid, act, &w.down)?;
@@ -237,37 +212,30 @@ pub fn forward<E: Elem>(
 
 /// The activations of the block on `x`, without its output: what a fully checkpointed block
 /// recomputes for its backward pass.
-pub fn activations<E: Elem>(
-    ctx: BlockCtx<'_>,
-    w: &LayerParams<Tensor<E>>,
-    x: &Tensor<E>,
-) -> Result<BlockActivations<E>> {
-    let (dev, d, rope) = (ctx.dev, &ctx.dims, ctx.rope);
-    let rows = d.rows;
+pub fn activations<D: Device, E: Elem>(
+    ctx: BlockCtx<'_, D>,
+    w: &LayerParams<D::Tensor<E>>,
+    x: &D::Tensor<E>,
+) -> Result<BlockActivations<D, E>> {
+    let (dev, d) = (ctx.dev, &ctx.dims);
+    let (qw, kw) = (d.attn.q_width(), d.attn.kv_width());
     let norm1 = norm(ctx, x, &w.input_norm)?;
-    let mut q = dev.zeros::<E>(&[rows, d.q_width()], Activations)?;
-    let mut k = dev.zeros::<E>(&[rows, d.kv_width()], Activations)?;
-    let mut v = dev.zeros::<E>(&[rows, d.kv_width()], Activations)?;
+    let mut q = ctx.act(qw)?;
+    let mut k = ctx.act(kw)?;
+    let mut v = ctx.act(kw)?;
     linear(dev, &norm1.out, &w.q, &mut q, false)?;
     linear(dev, &norm1.out, &w.k, &mut k, false)?;
     linear(dev, &norm1.out, &w.v, &mut v, false)?;
-    kernels::rope(dev, q.as_mut_slice(), d.q_width(), d.attn.seq, rope, false);
-    kernels::rope(dev, k.as_mut_slice(), d.kv_width(), d.attn.seq, rope, false);
-    let mut att = dev.zeros::<E>(&[rows, d.q_width()], Activations)?;
-    let mut lse = dev.zeros::<f32>(&[d.attn.batch, d.attn.heads, d.attn.seq], Activations)?;
-    attention_forward(
-        dev,
-        d.attn,
-        q.as_slice(),
-        k.as_slice(),
-        v.as_slice(),
-        att.as_mut_slice(),
-        lse.as_mut_slice(),
-    )?;
+    ctx.rotate(&mut q, qw, false)?;
+    ctx.rotate(&mut k, kw, false)?;
+    let mut att = ctx.act(qw)?;
+    let a = d.attn;
+    let mut lse = dev.zeros::<f32>(&[a.batch, a.heads, a.seq], Activations)?;
+    dev.attention_forward(a, &q, &k, &v, &mut att, &mut lse)?;
     let h_mid = residual_linear(ctx, Site::Attention, x, &att, &w.o)?;
     let norm2 = norm(ctx, &h_mid, &w.post_norm)?;
-    let mut gate = dev.zeros::<E>(&[rows, d.ffn], Activations)?;
-    let mut up = dev.zeros::<E>(&[rows, d.ffn], Activations)?;
+    let mut gate = ctx.act(d.ffn)?;
+    let mut up = ctx.act(d.ffn)?;
     linear(dev, &norm2.out, &w.gate, &mut gate, false)?;
     linear(dev, &norm2.out, &w.up, &mut up, false)?;
     let act = swiglu(ctx, &gate, &up)?;
@@ -289,15 +257,16 @@ pub fn activations<E: Elem>(
 /// Backward through the block. `dh` holds ∂L/∂output on entry and ∂L/∂x on return; weight
 /// gradients are added to `g`. Each activation is freed right after its last use, and each
 /// dropped cheap one is recomputed right before its first.
-pub fn backward<E: Elem>(
-    ctx: BlockCtx<'_>,
-    w: &LayerParams<Tensor<E>>,
-    g: &mut LayerParams<Tensor<f32>>,
-    x: &Tensor<E>,
-    saved: BlockActivations<E>,
-    dh: &mut Tensor<E>,
+pub fn backward<D: Device, E: Elem>(
+    ctx: BlockCtx<'_, D>,
+    w: &LayerParams<D::Tensor<E>>,
+    g: &mut LayerParams<D::Tensor<f32>>,
+    x: &D::Tensor<E>,
+    saved: BlockActivations<D, E>,
+    dh: &mut D::Tensor<E>,
 ) -> Result<()> {
-    let (dev, d, rope) = (ctx.dev, &ctx.dims, ctx.rope);
+    let (dev, d) = (ctx.dev, &ctx.dims);
+    let (qw, kw, h) = (d.attn.q_width(), d.attn.kv_width(), d.hidden);
     let BlockActivations {
         q,
         k,
@@ -311,7 +280,6 @@ pub fn backward<E: Elem>(
         norm2,
         act,
     } = saved;
-    let (rows, h) = (d.rows, d.hidden);
 
     // MLP: out = h_mid + dropout(act·downᵀ)
     let act = match act {
@@ -319,20 +287,13 @@ pub fn backward<E: Elem>(
         None => swiglu(ctx, &gate, &up)?,
     };
     let dmlp = residual_grad(ctx, Site::Mlp, dh)?;
-    let mut dact = dev.zeros::<E>(&[rows, d.ffn], Activations)?;
+    let mut dact = ctx.act(d.ffn)?;
     let dy = dmlp.as_ref().unwrap_or(dh);
     linear_backward(dev, dy, &act, &w.down, &mut dact, &mut g.down, false)?;
     drop((act, dmlp));
-    let mut dgate = dev.zeros::<E>(&[rows, d.ffn], Activations)?;
-    let mut dup = dev.zeros::<E>(&[rows, d.ffn], Activations)?;
-    kernels::swiglu_backward(
-        dev,
-        dact.as_slice(),
-        gate.as_slice(),
-        up.as_slice(),
-        dgate.as_mut_slice(),
-        dup.as_mut_slice(),
-    );
+    let mut dgate = ctx.act(d.ffn)?;
+    let mut dup = ctx.act(d.ffn)?;
+    dev.swiglu_backward(&dact, (&gate, &up), &mut dgate, &mut dup)?;
     drop((dact, gate, up));
     let Norm {
         rinv: rinv2,
@@ -341,46 +302,36 @@ pub fn backward<E: Elem>(
         Some(n) => n,
         None => norm(ctx, &h_mid, &w.post_norm)?,
     };
-    let mut dn2 = dev.zeros::<E>(&[rows, h], Activations)?;
+    let mut dn2 = ctx.act(h)?;
     linear_backward(dev, &dgate, &n2, &w.gate, &mut dn2, &mut g.gate, false)?;
     linear_backward(dev, &dup, &n2, &w.up, &mut dn2, &mut g.up, true)?;
     drop((dgate, dup, n2));
-    kernels::rmsnorm_backward(
-        dev,
-        dn2.as_slice(),
-        h_mid.as_slice(),
-        w.post_norm.as_slice(),
-        rinv2.as_slice(),
-        dh.as_mut_slice(),
-        g.post_norm.as_mut_slice(),
-    );
+    dev.rmsnorm_backward(&dn2, &h_mid, &w.post_norm, &rinv2, dh, &mut g.post_norm)?;
     drop((dn2, h_mid, rinv2));
 
     // Attention: h_mid = x + dropout(att·oᵀ)
     let dattn = residual_grad(ctx, Site::Attention, dh)?;
-    let mut datt = dev.zeros::<E>(&[rows, d.q_width()], Activations)?;
+    let mut datt = ctx.act(qw)?;
     let dy = dattn.as_ref().unwrap_or(dh);
     linear_backward(dev, dy, &att, &w.o, &mut datt, &mut g.o, false)?;
     drop(dattn);
-    let mut dq = dev.zeros::<E>(&[rows, d.q_width()], Activations)?;
-    let mut dk = dev.zeros::<E>(&[rows, d.kv_width()], Activations)?;
-    let mut dv = dev.zeros::<E>(&[rows, d.kv_width()], Activations)?;
-    attention_backward(
-        dev,
+    let mut dq = ctx.act(qw)?;
+    let mut dk = ctx.act(kw)?;
+    let mut dv = ctx.act(kw)?;
+    dev.attention_backward(
         d.attn,
-        q.as_slice(),
-        k.as_slice(),
-        v.as_slice(),
-        att.as_slice(),
-        lse.as_slice(),
-        datt.as_slice(),
-        dq.as_mut_slice(),
-        dk.as_mut_slice(),
-        dv.as_mut_slice(),
+        &q,
+        &k,
+        &v,
+        (&att, &lse),
+        &datt,
+        &mut dq,
+        &mut dk,
+        &mut dv,
     )?;
     drop((datt, att, lse, q, k, v));
-    kernels::rope(dev, dq.as_mut_slice(), d.q_width(), d.attn.seq, rope, true);
-    kernels::rope(dev, dk.as_mut_slice(), d.kv_width(), d.attn.seq, rope, true);
+    ctx.rotate(&mut dq, qw, true)?;
+    ctx.rotate(&mut dk, kw, true)?;
     let Norm {
         rinv: rinv1,
         out: n1,
@@ -388,19 +339,10 @@ pub fn backward<E: Elem>(
         Some(n) => n,
         None => norm(ctx, x, &w.input_norm)?,
     };
-    let mut dn1 = dev.zeros::<E>(&[rows, h], Activations)?;
+    let mut dn1 = ctx.act(h)?;
     linear_backward(dev, &dq, &n1, &w.q, &mut dn1, &mut g.q, false)?;
     linear_backward(dev, &dk, &n1, &w.k, &mut dn1, &mut g.k, true)?;
     linear_backward(dev, &dv, &n1, &w.v, &mut dn1, &mut g.v, true)?;
     drop((dq, dk, dv, n1));
-    kernels::rmsnorm_backward(
-        dev,
-        dn1.as_slice(),
-        x.as_slice(),
-        w.input_norm.as_slice(),
-        rinv1.as_slice(),
-        dh.as_mut_slice(),
-        g.input_norm.as_mut_slice(),
-    );
-    Ok(())
+    dev.rmsnorm_backward(&dn1, x, &w.input_norm, &rinv1, dh, &mut g.input_norm)
 }

@@ -1,24 +1,25 @@
-//! The Llama-family decoder: embedding, blocks, final norm and fused LM head + loss, with an
-//! explicit backward pass and activation checkpointing.
+//! The Llama-family decoder, written once over [`Device`]: embedding, blocks, final norm and
+//! fused LM head + loss, with an explicit backward pass and activation checkpointing.
 
 pub mod block;
 pub mod config;
 pub mod dropout;
+pub mod loss;
 pub mod params;
+pub mod rope;
 pub mod weights;
 
-use crate::backend::cpu::attention::AttnShape;
-use crate::backend::cpu::kernels::{self, RopeTable};
-use crate::backend::CpuDevice;
+use crate::device::{AttnShape, Device, StepPhase};
 use crate::error::{EngineError, Result};
 use crate::fault::{Fault, Faults};
-use crate::loss::{linear_cross_entropy, LossKind};
-use crate::memory::{Category, Lease};
-use crate::tensor::{Elem, Tensor};
+use crate::memory::Category;
+use crate::tensor::Elem;
 use block::{BlockActivations, BlockCtx, BlockDims};
 pub use config::LlamaConfig;
 pub use dropout::Dropout;
+use loss::{linear_cross_entropy, LossKind, IGNORE_INDEX};
 pub use params::{param_specs, LayerParams, ParamSpec, Params};
+use rope::RopeSpec;
 use serde::{Deserialize, Serialize};
 
 /// Which activations a block keeps for its backward pass.
@@ -37,7 +38,10 @@ pub enum Checkpointing {
 
 impl Checkpointing {
     /// What a block keeps of its activations `acts` until its backward pass.
-    fn keep<E: Elem>(self, acts: BlockActivations<E>) -> Option<BlockActivations<E>> {
+    fn keep<D: Device, E: Elem>(
+        self,
+        acts: BlockActivations<D, E>,
+    ) -> Option<BlockActivations<D, E>> {
         match self {
             Checkpointing::None => Some(acts),
             Checkpointing::Full => None,
@@ -114,23 +118,21 @@ impl PassConfig<'_> {
 }
 
 /// The model's fixed state besides parameters: its shape and rotary tables.
-pub struct Model {
+pub struct Model<D: Device> {
     cfg: LlamaConfig,
-    rope: RopeTable,
-    _rope_lease: Lease,
+    rope: D::Rope,
 }
 
-impl Model {
+impl<D: Device> Model<D> {
     /// Builds the model's buffers on `dev` (the rotary tables count as params).
-    pub fn new(dev: &CpuDevice, cfg: LlamaConfig) -> Result<Self> {
+    pub fn new(dev: &D, cfg: LlamaConfig) -> Result<Self> {
         cfg.validate().map_err(EngineError::Config)?;
-        let rope = RopeTable::new(cfg.head_dim(), cfg.rope_theta, cfg.max_position_embeddings);
-        let lease = dev.tracker().allocate(rope.bytes(), Category::Params)?;
-        Ok(Model {
-            cfg,
-            rope,
-            _rope_lease: lease,
-        })
+        let rope = dev.rope_tables(RopeSpec {
+            head_dim: cfg.head_dim(),
+            theta: cfg.rope_theta,
+            positions: cfg.max_position_embeddings,
+        })?;
+        Ok(Model { cfg, rope })
     }
 
     /// The model's shape.
@@ -155,10 +157,20 @@ impl Model {
         }
     }
 
-    /// Checks a batch fits the model: ids below the vocabulary, labels ids or −100, rows no
-    /// longer than the rotary tables.
+    /// Checks a batch fits the model: rows as long as its shape says and no longer than the
+    /// rotary tables, ids below the vocabulary, labels ids or −100.
     pub fn check_batch(&self, batch: &Batch) -> Result<()> {
         let v = self.cfg.vocab_size;
+        let tokens = batch.batch * batch.seq;
+        if tokens == 0 || batch.input_ids.len() != tokens || batch.labels.len() != tokens {
+            return Err(EngineError::Config(format!(
+                "a batch of {} × {} needs that many ids and labels, has {} and {}",
+                batch.batch,
+                batch.seq,
+                batch.input_ids.len(),
+                batch.labels.len()
+            )));
+        }
         if batch.seq > self.cfg.max_position_embeddings {
             return Err(EngineError::Config(format!(
                 "sequence length {} exceeds max_position_embeddings {}",
@@ -173,7 +185,7 @@ impl Model {
         if let Some(l) = batch
             .labels
             .iter()
-            .find(|&&l| l != crate::loss::IGNORE_INDEX && !(0..v as i64).contains(&l))
+            .find(|&&l| l != IGNORE_INDEX && !(0..v as i64).contains(&l))
         {
             return Err(EngineError::Config(format!(
                 "label {l} is neither -100 nor a token id below {v}"
@@ -187,9 +199,9 @@ impl Model {
     /// outlives the call.
     pub fn forward_backward<E: Elem>(
         &self,
-        dev: &CpuDevice,
-        w: &Params<Tensor<E>>,
-        grads: &mut Params<Tensor<f32>>,
+        dev: &D,
+        w: &Params<D::Tensor<E>>,
+        grads: &mut Params<D::Tensor<f32>>,
         batch: &Batch,
         checkpointing: Checkpointing,
         loss: LossKind,
@@ -212,14 +224,16 @@ impl Model {
     /// [`Fault::RecomputeInputsKept`] keeps the inputs of the recomputed blocks.
     pub fn forward_backward_with<E: Elem>(
         &self,
-        dev: &CpuDevice,
-        w: &Params<Tensor<E>>,
-        grads: &mut Params<Tensor<f32>>,
+        dev: &D,
+        w: &Params<D::Tensor<E>>,
+        grads: &mut Params<D::Tensor<f32>>,
         batch: &Batch,
         pass: &PassConfig<'_>,
-    ) -> Result<(PassOutput, Vec<Tensor<E>>)> {
+    ) -> Result<(PassOutput, Vec<D::Tensor<E>>)> {
         self.check_batch(batch)?;
         let d = self.dims(batch);
+        dev.check_attention(d.attn)?;
+        dev.enter(StepPhase::Forward);
         let ctx = BlockCtx {
             dev,
             dims: d,
@@ -228,49 +242,44 @@ impl Model {
             dropout: pass.dropout,
         };
         let (rows, h) = (d.rows, d.hidden);
+        let ids = dev.ids(&batch.input_ids)?;
         let mut x = dev.zeros::<E>(&[rows, h], Category::Activations)?;
-        kernels::embedding_forward(dev, w.embed.as_slice(), &batch.input_ids, x.as_mut_slice());
+        dev.embedding_forward(&w.embed, &ids, &mut x)?;
 
-        let mut inputs: Vec<Tensor<E>> = Vec::with_capacity(w.layers.len());
-        let mut saved: Vec<Option<BlockActivations<E>>> = Vec::with_capacity(w.layers.len());
+        let mut inputs: Vec<D::Tensor<E>> = Vec::with_capacity(w.layers.len());
+        let mut saved = Vec::with_capacity(w.layers.len());
         for (l, layer) in w.layers.iter().enumerate() {
             let (out, acts) = block::forward(BlockCtx { layer: l, ..ctx }, layer, &x)?;
             saved.push(pass.policy(l).keep(acts));
             inputs.push(std::mem::replace(&mut x, out));
         }
+        let final_norm = block::norm(ctx, &x, &w.final_norm)?;
 
-        let mut rinv = dev.zeros::<f32>(&[rows], Category::Activations)?;
-        let mut hn = dev.zeros::<E>(&[rows, h], Category::Activations)?;
-        kernels::rmsnorm_forward(
-            dev,
-            x.as_slice(),
-            w.final_norm.as_slice(),
-            d.eps,
-            hn.as_mut_slice(),
-            rinv.as_mut_slice(),
-        );
+        dev.enter(StepPhase::Loss);
         let mut dhn = dev.zeros::<E>(&[rows, h], Category::Activations)?;
         let head_grad = grads.lm_head.as_mut().unwrap_or(&mut grads.embed);
         let loss = linear_cross_entropy(
             dev,
-            &hn,
+            &final_norm.out,
             w.head(),
             &batch.labels,
             pass.loss,
             &mut dhn,
             head_grad,
         )?;
+
+        dev.enter(StepPhase::Backward);
+        let block::Norm { rinv, out: hn } = final_norm;
         drop(hn);
         let mut dh = dev.zeros::<E>(&[rows, h], Category::Activations)?;
-        kernels::rmsnorm_backward(
-            dev,
-            dhn.as_slice(),
-            x.as_slice(),
-            w.final_norm.as_slice(),
-            rinv.as_slice(),
-            dh.as_mut_slice(),
-            grads.final_norm.as_mut_slice(),
-        );
+        dev.rmsnorm_backward(
+            &dhn,
+            &x,
+            &w.final_norm,
+            &rinv,
+            &mut dh,
+            &mut grads.final_norm,
+        )?;
         drop((dhn, x, rinv));
 
         let keep_inputs = pass.faults.has(Fault::RecomputeInputsKept);
@@ -292,7 +301,7 @@ impl Model {
                 kept.push(input);
             }
         }
-        kernels::embedding_backward(dh.as_slice(), &batch.input_ids, grads.embed.as_mut_slice());
+        dev.embedding_backward(&dh, &ids, &mut grads.embed)?;
         let out = PassOutput {
             loss: loss.loss,
             tokens: loss.tokens,

@@ -170,6 +170,31 @@ impl<T> Params<T> {
         out
     }
 
+    /// Each parameter through `f`, in [`param_specs`] order.
+    pub fn try_map<U, E>(self, mut f: impl FnMut(T) -> Result<U, E>) -> Result<Params<U>, E> {
+        let embed = f(self.embed)?;
+        let mut layers = Vec::with_capacity(self.layers.len());
+        for l in self.layers {
+            layers.push(LayerParams {
+                q: f(l.q)?,
+                k: f(l.k)?,
+                v: f(l.v)?,
+                o: f(l.o)?,
+                gate: f(l.gate)?,
+                up: f(l.up)?,
+                down: f(l.down)?,
+                input_norm: f(l.input_norm)?,
+                post_norm: f(l.post_norm)?,
+            });
+        }
+        Ok(Params {
+            embed,
+            layers,
+            final_norm: f(self.final_norm)?,
+            lm_head: self.lm_head.map(f).transpose()?,
+        })
+    }
+
     /// The LM head's weight: its own, or the embedding when tied.
     pub fn head(&self) -> &T {
         self.lm_head.as_ref().unwrap_or(&self.embed)

@@ -3,9 +3,8 @@
 
 use super::config::LlamaConfig;
 use super::params::{param_specs, ParamSpec, Params};
-use crate::backend::CpuDevice;
 use crate::error::{EngineError, Result};
-use crate::memory::Category;
+use crate::memory::{Category, MemoryTracker};
 use crate::tensor::Tensor;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -56,21 +55,21 @@ pub fn tensor_f32(
 
 /// Reads `config.json` and `model.safetensors` from a Hugging Face Llama directory.
 pub fn load_hf_dir(
-    dev: &CpuDevice,
+    host: &MemoryTracker,
     dir: &Path,
     category: Category,
 ) -> Result<(LlamaConfig, Params<Tensor<f32>>)> {
     let cfg = LlamaConfig::from_hf_file(&dir.join("config.json"))?;
     let path = dir.join("model.safetensors");
     let bytes = read_file(&path)?;
-    let params = load_params(dev, &cfg, &path, &bytes, category)?;
+    let params = load_params(host, &cfg, &path, &bytes, category)?;
     Ok((cfg, params))
 }
 
 /// Builds every parameter of `cfg` from safetensors `bytes` read from `path`. A missing, extra
 /// or mis-shaped tensor is an error naming it.
 pub fn load_params(
-    dev: &CpuDevice,
+    host: &MemoryTracker,
     cfg: &LlamaConfig,
     path: &Path,
     bytes: &[u8],
@@ -127,7 +126,7 @@ pub fn load_params(
             ));
         }
         let values = tensor_f32(path, &spec.name, &view)?;
-        Ok(dev.from_f32(&spec.shape, &values, category)?)
+        Ok(Tensor::from_f32(host, &spec.shape, &values, category)?)
     })
 }
 
@@ -138,7 +137,7 @@ fn missing(path: &Path, name: &str) -> EngineError {
 /// Seeded random weights: matrices from N(0, std²), norms one. The same seed gives the same
 /// weights on every machine.
 pub fn init_params(
-    dev: &CpuDevice,
+    host: &MemoryTracker,
     cfg: &LlamaConfig,
     seed: u64,
     std: f32,
@@ -148,7 +147,7 @@ pub fn init_params(
     let normal = Normal::new(0.0f32, std)
         .map_err(|e| EngineError::Config(format!("init std {std}: {e}")))?;
     Params::try_new(cfg, |spec: &ParamSpec| {
-        let mut t = dev.zeros::<f32>(&spec.shape, category)?;
+        let mut t = Tensor::<f32>::zeros(host, &spec.shape, category)?;
         if spec.is_norm {
             t.fill(1.0);
         } else {

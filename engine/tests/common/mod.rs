@@ -1,10 +1,10 @@
 //! Shared builders for the training-loop tests: a tiny Llama and a short run on synthetic data.
 
+use ckpt_engine::config::{Init, Precision, TrainConfig};
 use ckpt_engine::data::DataConfig;
-use ckpt_engine::loss::LossKind;
+use ckpt_engine::model::loss::LossKind;
 use ckpt_engine::model::{Checkpointing, LlamaConfig};
 use ckpt_engine::optim::{AdamWConfig, Schedule};
-use ckpt_engine::trainer::{Init, Precision, TrainConfig};
 
 /// A Llama with grouped-query attention (4 query heads, 2 key/value heads), an MLP twice the
 /// residual width and untied embeddings.

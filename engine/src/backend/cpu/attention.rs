@@ -8,7 +8,9 @@
 
 use super::matmul::gemm_f32;
 use super::{math, CpuDevice, SharedMut};
-use crate::memory::{Category, OutOfMemory};
+use crate::device::{AttnShape, Device};
+use crate::error::Result;
+use crate::memory::Category;
 use crate::tensor::Elem;
 use gemm::Parallelism;
 use rayon::prelude::*;
@@ -18,50 +20,47 @@ use std::sync::Mutex;
 /// the masked upper triangle is mostly never computed.
 const QUERY_BLOCK: usize = 64;
 
-/// The shape of one attention call.
+/// Which pass of attention a scratch buffer serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct AttnShape {
-    /// Sequences in the batch.
-    pub batch: usize,
-    /// Tokens per sequence.
-    pub seq: usize,
-    /// Query heads.
-    pub heads: usize,
-    /// Key/value heads; divides `heads`.
-    pub kv_heads: usize,
-    /// Width of one head.
-    pub head_dim: usize,
+pub(crate) enum Pass {
+    /// Work unit (batch, head): Q, K, V, O heads and one block of scores.
+    Forward,
+    /// Work unit (batch, kv-head): K, V, dK, dV, Q, O, dO, dQ heads and two blocks of scores.
+    Backward,
 }
 
-impl AttnShape {
-    fn q_width(&self) -> usize {
-        self.heads * self.head_dim
-    }
-    fn kv_width(&self) -> usize {
-        self.kv_heads * self.head_dim
-    }
-    fn group(&self) -> usize {
-        self.heads / self.kv_heads
-    }
-    fn scale(&self) -> f32 {
-        1.0 / (self.head_dim as f32).sqrt()
-    }
+/// Score elements of one query block: its rows times the keys the last block sees.
+fn block_scores(s: &AttnShape) -> usize {
+    QUERY_BLOCK.min(s.seq) * s.seq
+}
 
-    /// Score elements of one query block: its rows times the keys the last block sees.
-    fn block_scores(&self) -> usize {
-        QUERY_BLOCK.min(self.seq) * self.seq
+/// Work units of `pass`, and f32 scratch elements one thread of it uses.
+fn units_and_scratch(s: &AttnShape, pass: Pass) -> (usize, usize) {
+    match pass {
+        Pass::Forward => (s.batch * s.heads, 4 * s.seq * s.head_dim + block_scores(s)),
+        Pass::Backward => (
+            s.batch * s.kv_heads,
+            8 * s.seq * s.head_dim + 2 * block_scores(s),
+        ),
     }
+}
 
-    /// f32 scratch elements one forward thread uses: Q, K, V, O heads and one block of scores.
-    pub fn forward_scratch(&self) -> usize {
-        4 * self.seq * self.head_dim + self.block_scores()
-    }
+/// The scratch of one attention pass on `threads` threads: `[min(threads, units), per_thread]`
+/// f32 elements, one slice per running unit.
+pub(crate) fn scratch_shape(threads: usize, s: &AttnShape, pass: Pass) -> [usize; 2] {
+    let (units, per_thread) = units_and_scratch(s, pass);
+    [threads.min(units).max(1), per_thread]
+}
 
-    /// f32 scratch elements one backward thread uses: K, V, dK, dV, Q, O, dO, dQ heads and two
-    /// blocks of scores.
-    pub fn backward_scratch(&self) -> usize {
-        8 * self.seq * self.head_dim + 2 * self.block_scores()
-    }
+/// Allocates the scratch of one attention pass as the CPU backend does on `threads` threads
+/// (the counting device imitating the CPU calls this too).
+pub(crate) fn scratch<D: Device>(
+    dev: &D,
+    threads: usize,
+    s: &AttnShape,
+    pass: Pass,
+) -> Result<D::Tensor<f32>> {
+    dev.zeros::<f32>(&scratch_shape(threads, s, pass), Category::Workspace)
 }
 
 /// Copies head `col` (width `d`) of rows `[row0, row0 + t)` of a `[rows, width]` matrix into `dst`.
@@ -115,17 +114,17 @@ fn mm(
     );
 }
 
-/// Runs `f(unit, scratch)` for every unit in `0..units`, handing units to threads as they free
-/// up. Each running unit borrows one of `min(threads, units)` scratch slices of `per_thread`
-/// elements; a unit's results depend only on the unit, never on the thread or slice.
+/// Runs `f(unit, scratch)` for every unit of `pass`, handing units to threads as they free up.
+/// Each running unit borrows one slice of the pass's scratch; a unit's results depend only on
+/// the unit, never on the thread or slice.
 fn for_each_unit(
     dev: &CpuDevice,
-    units: usize,
-    per_thread: usize,
+    s: &AttnShape,
+    pass: Pass,
     f: impl Fn(usize, &mut [f32]) + Sync,
-) -> Result<(), OutOfMemory> {
-    let threads = dev.threads().min(units).max(1);
-    let mut scratch = dev.zeros::<f32>(&[threads, per_thread], Category::Workspace)?;
+) -> Result<()> {
+    let (units, per_thread) = units_and_scratch(s, pass);
+    let mut scratch = scratch(dev, dev.threads(), s, pass)?;
     // Units do not spawn work of their own, so at most `threads` run at once and a free slice
     // is always there to take.
     let free = Mutex::new(
@@ -173,7 +172,7 @@ fn softmax_row(row: &mut [f32], scale: f32) -> f32 {
 /// Forward: `out = softmax(q·kᵀ/√d + causal mask)·v` per head; `lse` (`[batch, heads, seq]`)
 /// receives each row's log-sum-exp. `q`/`out` are `[batch·seq, heads·d]`, `k`/`v` are
 /// `[batch·seq, kv_heads·d]`, with rotary embeddings already applied.
-pub fn attention_forward<E: Elem>(
+pub(crate) fn forward<E: Elem>(
     dev: &CpuDevice,
     s: AttnShape,
     q: &[E],
@@ -181,77 +180,65 @@ pub fn attention_forward<E: Elem>(
     v: &[E],
     out: &mut [E],
     lse: &mut [f32],
-) -> Result<(), OutOfMemory> {
+) -> Result<()> {
     let (t, d) = (s.seq, s.head_dim);
     let di = d as isize;
     let out_ptr = SharedMut(out.as_mut_ptr());
     let lse_ptr = SharedMut(lse.as_mut_ptr());
-    for_each_unit(
-        dev,
-        s.batch * s.heads,
-        s.forward_scratch(),
-        |unit, scratch| {
-            let (qh, rest) = scratch.split_at_mut(t * d);
-            let (kh, rest) = rest.split_at_mut(t * d);
-            let (vh, rest) = rest.split_at_mut(t * d);
-            let (oh, scores) = rest.split_at_mut(t * d);
-            let (b, h) = (unit / s.heads, unit % s.heads);
-            let g = h / s.group();
-            gather(q, s.q_width(), b * t, h * d, d, qh);
-            gather(k, s.kv_width(), b * t, g * d, d, kh);
-            gather(v, s.kv_width(), b * t, g * d, d, vh);
-            for_each_query_block(t, |i0, i1| {
-                let kv = i1;
-                let p = &mut scores[..(i1 - i0) * kv];
-                // p = q·kᵀ over the keys the block can see
-                mm(
-                    (i1 - i0, kv, d),
-                    &qh[i0 * d..i1 * d],
-                    (di, 1),
-                    &kh[..kv * d],
-                    (1, di),
-                    p,
-                    false,
-                );
-                for (i, row) in (i0..i1).zip(p.chunks_mut(kv)) {
-                    let (seen, masked) = row.split_at_mut(i + 1);
-                    let l = softmax_row(seen, s.scale());
-                    masked.fill(0.0);
-                    // SAFETY: each (b, h, i) is written by exactly one unit.
-                    unsafe { *lse_ptr.get().add(unit * t + i) = l };
-                }
-                mm(
-                    (i1 - i0, d, kv),
-                    p,
-                    (kv as isize, 1),
-                    &vh[..kv * d],
-                    (di, 1),
-                    &mut oh[i0 * d..i1 * d],
-                    false,
-                );
-            });
-            // SAFETY: unit (b, h) alone writes rows of batch b, columns of head h.
-            unsafe { scatter(out_ptr, s.q_width(), b * t, h * d, d, oh) };
-        },
-    )
+    for_each_unit(dev, &s, Pass::Forward, |unit, scratch| {
+        let (qh, rest) = scratch.split_at_mut(t * d);
+        let (kh, rest) = rest.split_at_mut(t * d);
+        let (vh, rest) = rest.split_at_mut(t * d);
+        let (oh, scores) = rest.split_at_mut(t * d);
+        let (b, h) = (unit / s.heads, unit % s.heads);
+        let g = h / s.group();
+        gather(q, s.q_width(), b * t, h * d, d, qh);
+        gather(k, s.kv_width(), b * t, g * d, d, kh);
+        gather(v, s.kv_width(), b * t, g * d, d, vh);
+        for_each_query_block(t, |i0, i1| {
+            let kv = i1;
+            let p = &mut scores[..(i1 - i0) * kv];
+            // p = q·kᵀ over the keys the block can see
+            mm(
+                (i1 - i0, kv, d),
+                &qh[i0 * d..i1 * d],
+                (di, 1),
+                &kh[..kv * d],
+                (1, di),
+                p,
+                false,
+            );
+            for (i, row) in (i0..i1).zip(p.chunks_mut(kv)) {
+                let (seen, masked) = row.split_at_mut(i + 1);
+                let l = softmax_row(seen, s.scale());
+                masked.fill(0.0);
+                // SAFETY: each (b, h, i) is written by exactly one unit.
+                unsafe { *lse_ptr.get().add(unit * t + i) = l };
+            }
+            mm(
+                (i1 - i0, d, kv),
+                p,
+                (kv as isize, 1),
+                &vh[..kv * d],
+                (di, 1),
+                &mut oh[i0 * d..i1 * d],
+                false,
+            );
+        });
+        // SAFETY: unit (b, h) alone writes rows of batch b, columns of head h.
+        unsafe { scatter(out_ptr, s.q_width(), b * t, h * d, d, oh) };
+    })
 }
 
-/// Backward of [`attention_forward`]: writes `dq`, `dk`, `dv` from `dout`, recomputing the
-/// probabilities from `q`, `k` and the saved `lse`.
-#[allow(clippy::too_many_arguments)]
-pub fn attention_backward<E: Elem>(
+/// Backward of [`forward`]: writes `dq`, `dk`, `dv` from `dout`, recomputing the probabilities
+/// from `q`, `k` and the saved `lse`. `saved` is `[q, k, v, out, dout]`.
+pub(crate) fn backward<E: Elem>(
     dev: &CpuDevice,
     s: AttnShape,
-    q: &[E],
-    k: &[E],
-    v: &[E],
-    out: &[E],
+    [q, k, v, out, dout]: [&[E]; 5],
     lse: &[f32],
-    dout: &[E],
-    dq: &mut [E],
-    dk: &mut [E],
-    dv: &mut [E],
-) -> Result<(), OutOfMemory> {
+    [dq, dk, dv]: [&mut [E]; 3],
+) -> Result<()> {
     let (t, d) = (s.seq, s.head_dim);
     let (dq_ptr, dk_ptr, dv_ptr) = (
         SharedMut(dq.as_mut_ptr()),
@@ -260,105 +247,100 @@ pub fn attention_backward<E: Elem>(
     );
     let di = d as isize;
     let scale = s.scale();
-    for_each_unit(
-        dev,
-        s.batch * s.kv_heads,
-        s.backward_scratch(),
-        |unit, scratch| {
-            let (heads, scores) = scratch.split_at_mut(8 * t * d);
-            let (p, dp) = scores.split_at_mut(scores.len() / 2);
-            let mut parts = heads.chunks_mut(t * d);
-            let mut next = || parts.next().expect("scratch holds eight head buffers");
-            let (kh, vh, dkh, dvh, qh, oh, doh, dqh) = (
-                next(),
-                next(),
-                next(),
-                next(),
-                next(),
-                next(),
-                next(),
-                next(),
-            );
-            let (b, g) = (unit / s.kv_heads, unit % s.kv_heads);
-            gather(k, s.kv_width(), b * t, g * d, d, kh);
-            gather(v, s.kv_width(), b * t, g * d, d, vh);
-            dkh.fill(0.0);
-            dvh.fill(0.0);
-            for h in g * s.group()..(g + 1) * s.group() {
-                gather(q, s.q_width(), b * t, h * d, d, qh);
-                gather(out, s.q_width(), b * t, h * d, d, oh);
-                gather(dout, s.q_width(), b * t, h * d, d, doh);
-                let lse_row = &lse[(b * s.heads + h) * t..(b * s.heads + h + 1) * t];
-                for_each_query_block(t, |i0, i1| {
-                    let (rows, kv) = (i1 - i0, i1);
-                    let kvi = kv as isize;
-                    let (p, dp) = (&mut p[..rows * kv], &mut dp[..rows * kv]);
-                    let (qb, dob) = (&qh[i0 * d..i1 * d], &doh[i0 * d..i1 * d]);
-                    // p = softmax(q·kᵀ), recomputed from the saved log-sum-exp
-                    mm((rows, kv, d), qb, (di, 1), &kh[..kv * d], (1, di), p, false);
-                    for (i, row) in (i0..i1).zip(p.chunks_mut(kv)) {
-                        let (seen, masked) = row.split_at_mut(i + 1);
-                        for x in seen {
-                            *x = math::exp(*x * scale - lse_row[i]);
-                        }
-                        masked.fill(0.0);
+    for_each_unit(dev, &s, Pass::Backward, |unit, scratch| {
+        let (heads, scores) = scratch.split_at_mut(8 * t * d);
+        let (p, dp) = scores.split_at_mut(scores.len() / 2);
+        let mut parts = heads.chunks_mut(t * d);
+        let mut next = || parts.next().expect("scratch holds eight head buffers");
+        let (kh, vh, dkh, dvh, qh, oh, doh, dqh) = (
+            next(),
+            next(),
+            next(),
+            next(),
+            next(),
+            next(),
+            next(),
+            next(),
+        );
+        let (b, g) = (unit / s.kv_heads, unit % s.kv_heads);
+        gather(k, s.kv_width(), b * t, g * d, d, kh);
+        gather(v, s.kv_width(), b * t, g * d, d, vh);
+        dkh.fill(0.0);
+        dvh.fill(0.0);
+        for h in g * s.group()..(g + 1) * s.group() {
+            gather(q, s.q_width(), b * t, h * d, d, qh);
+            gather(out, s.q_width(), b * t, h * d, d, oh);
+            gather(dout, s.q_width(), b * t, h * d, d, doh);
+            let lse_row = &lse[(b * s.heads + h) * t..(b * s.heads + h + 1) * t];
+            for_each_query_block(t, |i0, i1| {
+                let (rows, kv) = (i1 - i0, i1);
+                let kvi = kv as isize;
+                let (p, dp) = (&mut p[..rows * kv], &mut dp[..rows * kv]);
+                let (qb, dob) = (&qh[i0 * d..i1 * d], &doh[i0 * d..i1 * d]);
+                // p = softmax(q·kᵀ), recomputed from the saved log-sum-exp
+                mm((rows, kv, d), qb, (di, 1), &kh[..kv * d], (1, di), p, false);
+                for (i, row) in (i0..i1).zip(p.chunks_mut(kv)) {
+                    let (seen, masked) = row.split_at_mut(i + 1);
+                    for x in seen {
+                        *x = math::exp(*x * scale - lse_row[i]);
                     }
-                    // dV += pᵀ·dO ; dP = dO·Vᵀ
-                    mm(
-                        (kv, d, rows),
-                        p,
-                        (1, kvi),
-                        dob,
-                        (di, 1),
-                        &mut dvh[..kv * d],
-                        true,
-                    );
-                    mm(
-                        (rows, kv, d),
-                        dob,
-                        (di, 1),
-                        &vh[..kv * d],
-                        (1, di),
-                        dp,
-                        false,
-                    );
-                    // dS = p ∘ (dP − rowsum(dO ∘ O)), scaled
-                    for ((i, dpr), pr) in (i0..i1).zip(dp.chunks_mut(kv)).zip(p.chunks(kv)) {
-                        let delta = math::dot(&doh[i * d..(i + 1) * d], &oh[i * d..(i + 1) * d]);
-                        for (x, &pv) in dpr.iter_mut().zip(pr) {
-                            *x = pv * (*x - delta) * scale;
-                        }
+                    masked.fill(0.0);
+                }
+                // dV += pᵀ·dO ; dP = dO·Vᵀ
+                mm(
+                    (kv, d, rows),
+                    p,
+                    (1, kvi),
+                    dob,
+                    (di, 1),
+                    &mut dvh[..kv * d],
+                    true,
+                );
+                mm(
+                    (rows, kv, d),
+                    dob,
+                    (di, 1),
+                    &vh[..kv * d],
+                    (1, di),
+                    dp,
+                    false,
+                );
+                // dS = p ∘ (dP − rowsum(dO ∘ O)), scaled
+                for ((i, dpr), pr) in (i0..i1).zip(dp.chunks_mut(kv)).zip(p.chunks(kv)) {
+                    let delta = math::dot(&doh[i * d..(i + 1) * d], &oh[i * d..(i + 1) * d]);
+                    for (x, &pv) in dpr.iter_mut().zip(pr) {
+                        *x = pv * (*x - delta) * scale;
                     }
-                    // dQ = dS·K ; dK += dSᵀ·Q
-                    mm(
-                        (rows, d, kv),
-                        dp,
-                        (kvi, 1),
-                        &kh[..kv * d],
-                        (di, 1),
-                        &mut dqh[i0 * d..i1 * d],
-                        false,
-                    );
-                    mm(
-                        (kv, d, rows),
-                        dp,
-                        (1, kvi),
-                        qb,
-                        (di, 1),
-                        &mut dkh[..kv * d],
-                        true,
-                    );
-                });
-                // SAFETY: unit (b, g) alone writes rows of batch b in the heads of group g.
-                unsafe { scatter(dq_ptr, s.q_width(), b * t, h * d, d, dqh) };
-            }
-            // SAFETY: as above, for kv-head g.
-            unsafe {
-                scatter(dk_ptr, s.kv_width(), b * t, g * d, d, dkh);
-                scatter(dv_ptr, s.kv_width(), b * t, g * d, d, dvh);
-            }
-        },
-    )
+                }
+                // dQ = dS·K ; dK += dSᵀ·Q
+                mm(
+                    (rows, d, kv),
+                    dp,
+                    (kvi, 1),
+                    &kh[..kv * d],
+                    (di, 1),
+                    &mut dqh[i0 * d..i1 * d],
+                    false,
+                );
+                mm(
+                    (kv, d, rows),
+                    dp,
+                    (1, kvi),
+                    qb,
+                    (di, 1),
+                    &mut dkh[..kv * d],
+                    true,
+                );
+            });
+            // SAFETY: unit (b, g) alone writes rows of batch b in the heads of group g.
+            unsafe { scatter(dq_ptr, s.q_width(), b * t, h * d, d, dqh) };
+        }
+        // SAFETY: as above, for kv-head g.
+        unsafe {
+            scatter(dk_ptr, s.kv_width(), b * t, g * d, d, dkh);
+            scatter(dv_ptr, s.kv_width(), b * t, g * d, d, dvh);
+        }
+    })
 }
 
 #[cfg(test)]
@@ -421,12 +403,10 @@ mod tests {
         let [q, k, v, dout] = inputs;
         let mut out = vec![0.0; q.len()];
         let mut lse = vec![0.0; s.batch * s.heads * s.seq];
-        attention_forward(&dev, s, q, k, v, &mut out, &mut lse).unwrap();
+        forward(&dev, s, q, k, v, &mut out, &mut lse).unwrap();
         let (mut dq, mut dk, mut dv) = (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
-        attention_backward(
-            &dev, s, q, k, v, &out, &lse, dout, &mut dq, &mut dk, &mut dv,
-        )
-        .unwrap();
+        let saved = [&q[..], k, v, &out, dout];
+        backward(&dev, s, saved, &lse, [&mut dq, &mut dk, &mut dv]).unwrap();
         assert_eq!(dev.tracker().allocated(), 0);
         [out, lse, dq, dk, dv]
     }

@@ -1,17 +1,25 @@
-//! Row-wise and element-wise kernels of the Llama block, generic over the stored element type
-//! and computed in f32. Each output row is written by one thread; reductions across rows (weight
-//! gradients) run in a fixed sequential order.
+//! [`Device`] for [`CpuDevice`]: host tensors, and the row-wise and element-wise kernels of the
+//! Llama block, generic over the stored element type and computed in f32. Each output row is
+//! written by one thread; reductions across rows (weight gradients) run in a fixed sequential
+//! order, so results do not depend on the thread count.
 
-use super::{math, CpuDevice};
+use super::{attention, math, matmul, CpuDevice, CpuRope};
+use crate::device::{AdamWArgs, AttnShape, Device, Operand, Out};
+use crate::error::Result;
+use crate::memory::{Category, MemoryTracker};
 use crate::model::dropout::DropoutMask;
-use crate::tensor::Elem;
+use crate::model::loss::IGNORE_INDEX;
+use crate::model::rope::RopeSpec;
+use crate::optim::CHUNK;
+use crate::tensor::{Elem, Tensor};
 use rayon::prelude::*;
+use std::borrow::Cow;
 
 /// Rows handed to a thread at a time: large enough to amortise scheduling.
 const ROWS_PER_TASK: usize = 16;
 
 /// `dst[i] = src[i]` converted between element types.
-pub fn convert<S: Elem, D: Elem>(dev: &CpuDevice, src: &[S], dst: &mut [D]) {
+pub(crate) fn convert<S: Elem, D: Elem>(dev: &CpuDevice, src: &[S], dst: &mut [D]) {
     debug_assert_eq!(src.len(), dst.len());
     dev.install(|| {
         dst.par_chunks_mut(4096)
@@ -24,284 +32,468 @@ pub fn convert<S: Elem, D: Elem>(dev: &CpuDevice, src: &[S], dst: &mut [D]) {
     });
 }
 
-/// `dst[i] += src[i]`.
-pub fn add_assign<E: Elem>(dev: &CpuDevice, dst: &mut [E], src: &[E]) {
-    debug_assert_eq!(src.len(), dst.len());
-    dev.install(|| {
-        dst.par_chunks_mut(4096)
-            .zip(src.par_chunks(4096))
-            .for_each(|(d, s)| {
-                for (d, s) in d.iter_mut().zip(s) {
-                    *d = E::from_f32(d.to_f32() + s.to_f32());
-                }
-            })
-    });
-}
-
-/// RMSNorm as Hugging Face computes it: `y = w · round(x / sqrt(mean(x²) + eps))`, rows of width
-/// `w.len()`. Saves each row's `1 / sqrt(mean(x²) + eps)` in `rinv` for the backward pass.
-pub fn rmsnorm_forward<E: Elem>(
-    dev: &CpuDevice,
-    x: &[E],
-    w: &[E],
-    eps: f32,
-    y: &mut [E],
-    rinv: &mut [f32],
-) {
-    let h = w.len();
-    dev.install(|| {
-        y.par_chunks_mut(h * ROWS_PER_TASK)
-            .zip(x.par_chunks(h * ROWS_PER_TASK))
-            .zip(rinv.par_chunks_mut(ROWS_PER_TASK))
-            .for_each(|((y, x), r)| {
-                for ((y, x), r) in y.chunks_mut(h).zip(x.chunks(h)).zip(r.iter_mut()) {
-                    let ss: f32 = x.iter().map(|v| v.to_f32() * v.to_f32()).sum();
-                    *r = 1.0 / (ss / h as f32 + eps).sqrt();
-                    for ((y, x), w) in y.iter_mut().zip(x).zip(w) {
-                        let normed = E::from_f32(x.to_f32() * *r).to_f32();
-                        *y = E::from_f32(w.to_f32() * normed);
-                    }
-                }
-            })
-    });
-}
-
-/// RMSNorm backward: `dx += ∂L/∂x` (accumulated: the norm reads the residual stream) and
-/// `dw += ∂L/∂w` in f32.
-pub fn rmsnorm_backward<E: Elem>(
-    dev: &CpuDevice,
-    dy: &[E],
-    x: &[E],
-    w: &[E],
-    rinv: &[f32],
-    dx: &mut [E],
-    dw: &mut [f32],
-) {
-    let h = w.len();
-    dev.install(|| {
-        dx.par_chunks_mut(h * ROWS_PER_TASK)
-            .zip(dy.par_chunks(h * ROWS_PER_TASK))
-            .zip(x.par_chunks(h * ROWS_PER_TASK))
-            .zip(rinv.par_chunks(ROWS_PER_TASK))
-            .for_each(|(((dx, dy), x), r)| {
-                for (((dx, dy), x), &r) in
-                    dx.chunks_mut(h).zip(dy.chunks(h)).zip(x.chunks(h)).zip(r)
-                {
-                    // g = dy·w; dx = r·g − r³·x·mean(g·x)
-                    let dot: f32 = dy
-                        .iter()
-                        .zip(w)
-                        .zip(x)
-                        .map(|((d, w), x)| d.to_f32() * w.to_f32() * x.to_f32())
-                        .sum();
-                    let c = r * r * r * dot / h as f32;
-                    for (((dx, dy), w), x) in dx.iter_mut().zip(dy).zip(w).zip(x) {
-                        let g = dy.to_f32() * w.to_f32();
-                        *dx = E::from_f32(dx.to_f32() + r * g - c * x.to_f32());
-                    }
-                }
-            })
-    });
-    // dw[j] = Σ_i dy[i,j]·x[i,j]·r_i, summed over rows in order.
-    for ((dy, x), &r) in dy.chunks(h).zip(x.chunks(h)).zip(rinv) {
-        for ((dw, dy), x) in dw.iter_mut().zip(dy).zip(x) {
-            *dw += dy.to_f32() * E::from_f32(x.to_f32() * r).to_f32();
-        }
+fn softmax_xent_grad<E: Elem>(row: &mut [E], label: i64, scale: f32) -> f32 {
+    if label == IGNORE_INDEX {
+        row.fill(E::default());
+        return 0.0;
     }
+    let label = label as usize;
+    let max = math::max(row);
+    let lse = max + math::sum_exp(row, max).ln();
+    let logit = row[label].to_f32();
+    for x in row.iter_mut() {
+        *x = E::from_f32(scale * math::exp(x.to_f32() - lse));
+    }
+    row[label] = E::from_f32(scale * (math::exp(logit - lse) - 1.0));
+    lse - logit
 }
 
-/// Rotary position tables in Hugging Face's convention: for position `p` and pair `i < d/2`,
-/// angle `p · theta^(−2i/d)`; `cos` and `sin` are `[positions, d/2]`.
-#[derive(Clone, Debug)]
-pub struct RopeTable {
-    /// cos of every angle, `[positions, half]`.
-    pub cos: Vec<f32>,
-    /// sin of every angle, `[positions, half]`.
-    pub sin: Vec<f32>,
-    /// Half the head dimension.
-    pub half: usize,
-}
+impl Device for CpuDevice {
+    type Tensor<E: Elem> = Tensor<E>;
+    type Rope = CpuRope;
+    type Ids = Vec<u32>;
+    type Labels = Vec<i64>;
 
-impl RopeTable {
-    /// Tables for `positions` positions of heads of width `head_dim`.
-    pub fn new(head_dim: usize, theta: f64, positions: usize) -> Self {
-        let half = head_dim / 2;
-        // Hugging Face computes inv_freq and the angles in f32.
-        let inv_freq: Vec<f32> = (0..half)
-            .map(|i| (1.0 / theta.powf((2 * i) as f64 / head_dim as f64)) as f32)
-            .collect();
-        let mut cos = Vec::with_capacity(positions * half);
-        let mut sin = Vec::with_capacity(positions * half);
-        for p in 0..positions {
-            for &f in &inv_freq {
-                let angle = p as f32 * f;
-                cos.push(angle.cos());
-                sin.push(angle.sin());
-            }
-        }
-        RopeTable { cos, sin, half }
+    fn tracker(&self) -> &MemoryTracker {
+        CpuDevice::tracker(self)
     }
 
-    /// Bytes the tables hold.
-    pub fn bytes(&self) -> u64 {
-        ((self.cos.len() + self.sin.len()) * 4) as u64
+    fn host(&self) -> MemoryTracker {
+        CpuDevice::tracker(self).clone()
     }
-}
 
-/// Rotates every head of `x` (`[rows, heads·d]`, row `r` at position `r % seq`) in place;
-/// `inverse` applies the transposed rotation, which is the backward pass.
-pub fn rope<E: Elem>(
-    dev: &CpuDevice,
-    x: &mut [E],
-    width: usize,
-    seq: usize,
-    table: &RopeTable,
-    inverse: bool,
-) {
-    let half = table.half;
-    let sign = if inverse { -1.0 } else { 1.0 };
-    dev.install(|| {
-        x.par_chunks_mut(width).enumerate().for_each(|(row, x)| {
-            let p = row % seq;
-            let cos = &table.cos[p * half..(p + 1) * half];
-            let sin = &table.sin[p * half..(p + 1) * half];
-            for head in x.chunks_mut(2 * half) {
-                let (lo, hi) = head.split_at_mut(half);
-                for i in 0..half {
-                    let (a, b) = (lo[i].to_f32(), hi[i].to_f32());
-                    let s = sign * sin[i];
-                    lo[i] = E::from_f32(a * cos[i] - b * s);
-                    hi[i] = E::from_f32(b * cos[i] + a * s);
-                }
-            }
+    fn zeros<E: Elem>(&self, shape: &[usize], category: Category) -> Result<Tensor<E>> {
+        Ok(CpuDevice::zeros(self, shape, category)?)
+    }
+
+    fn upload<E: Elem>(&self, host: Tensor<E>) -> Result<Tensor<E>> {
+        Ok(host)
+    }
+
+    fn to_host<E: Elem>(&self, t: &Tensor<E>) -> Result<Vec<E>> {
+        Ok(t.as_slice().to_vec())
+    }
+
+    fn raw_bytes<'a, E: Elem>(&self, t: &'a Tensor<E>) -> Result<Cow<'a, [u8]>> {
+        Ok(Cow::Borrowed(t.as_bytes()))
+    }
+
+    fn copy<E: Elem>(&self, src: &Tensor<E>, dst: &mut Tensor<E>) -> Result<()> {
+        dst.as_mut_slice().copy_from_slice(src.as_slice());
+        Ok(())
+    }
+
+    fn fill_zero(&self, t: &mut Tensor<f32>) -> Result<()> {
+        t.fill(0.0);
+        Ok(())
+    }
+
+    fn round<E: Elem>(&self, src: &Tensor<f32>, dst: &mut Tensor<E>) -> Result<()> {
+        convert(self, src.as_slice(), dst.as_mut_slice());
+        Ok(())
+    }
+
+    fn rope_tables(&self, spec: RopeSpec) -> Result<CpuRope> {
+        let bytes = spec.elements() as u64 * 8;
+        let lease = CpuDevice::tracker(self).allocate(bytes, Category::Params)?;
+        Ok(CpuRope {
+            table: spec.table()?,
+            _lease: lease,
         })
-    });
-}
-
-/// SwiGLU: `act = silu(gate) · up`.
-pub fn swiglu_forward<E: Elem>(dev: &CpuDevice, gate: &[E], up: &[E], act: &mut [E]) {
-    dev.install(|| {
-        act.par_chunks_mut(4096)
-            .zip(gate.par_chunks(4096).zip(up.par_chunks(4096)))
-            .for_each(|(a, (g, u))| {
-                for ((a, g), u) in a.iter_mut().zip(g).zip(u) {
-                    let g = g.to_f32();
-                    let silu = E::from_f32(g * math::sigmoid(g)).to_f32();
-                    *a = E::from_f32(silu * u.to_f32());
-                }
-            })
-    });
-}
-
-/// SwiGLU backward: writes `dgate` and `dup` from `dact`.
-pub fn swiglu_backward<E: Elem>(
-    dev: &CpuDevice,
-    dact: &[E],
-    gate: &[E],
-    up: &[E],
-    dgate: &mut [E],
-    dup: &mut [E],
-) {
-    dev.install(|| {
-        dgate
-            .par_chunks_mut(4096)
-            .zip(dup.par_chunks_mut(4096))
-            .zip(dact.par_chunks(4096))
-            .zip(gate.par_chunks(4096).zip(up.par_chunks(4096)))
-            .for_each(|(((dg, du), da), (g, u))| {
-                for ((((dg, du), da), g), u) in dg.iter_mut().zip(du).zip(da).zip(g).zip(u) {
-                    let (g, u, da) = (g.to_f32(), u.to_f32(), da.to_f32());
-                    let s = math::sigmoid(g);
-                    let silu = E::from_f32(g * s).to_f32();
-                    *du = E::from_f32(da * silu);
-                    *dg = E::from_f32(da * u * s * (1.0 + g * (1.0 - s)));
-                }
-            })
-    });
-}
-
-/// Embedding lookup: row `i` of `out` is row `ids[i]` of `table` (`[vocab, width]`).
-pub fn embedding_forward<E: Elem>(dev: &CpuDevice, table: &[E], ids: &[u32], out: &mut [E]) {
-    let width = out.len() / ids.len().max(1);
-    dev.install(|| {
-        out.par_chunks_mut(width)
-            .zip(ids.par_iter())
-            .for_each(|(o, &id)| {
-                let id = id as usize;
-                o.copy_from_slice(&table[id * width..(id + 1) * width]);
-            })
-    });
-}
-
-/// Embedding backward: `dtable[ids[i]] += dout[i]`, in token order.
-pub fn embedding_backward<E: Elem>(dout: &[E], ids: &[u32], dtable: &mut [f32]) {
-    let width = dout.len() / ids.len().max(1);
-    for (row, &id) in dout.chunks(width).zip(ids) {
-        let id = id as usize;
-        for (d, g) in dtable[id * width..(id + 1) * width].iter_mut().zip(row) {
-            *d += g.to_f32();
-        }
     }
-}
 
-/// Residual dropout: `out[i] = x[i] + y[i] · scale` where `mask` keeps element `i`, else `x[i]`.
-pub fn dropout_add<E: Elem>(dev: &CpuDevice, mask: &DropoutMask, x: &[E], y: &[E], out: &mut [E]) {
-    debug_assert_eq!(x.len(), y.len());
-    debug_assert_eq!(x.len(), out.len());
-    let scale = mask.scale();
-    dev.install(|| {
-        out.par_chunks_mut(4096)
-            .zip(x.par_chunks(4096).zip(y.par_chunks(4096)))
-            .enumerate()
-            .for_each(|(c, (o, (x, y)))| {
-                let base = (c * 4096) as u64;
-                for (i, (o, (x, y))) in o.iter_mut().zip(x.iter().zip(y)).enumerate() {
-                    *o = if mask.keeps(base + i as u64) {
-                        E::from_f32(x.to_f32() + y.to_f32() * scale)
-                    } else {
-                        *x
-                    };
+    fn ids(&self, ids: &[u32]) -> Result<Vec<u32>> {
+        Ok(ids.to_vec())
+    }
+
+    fn labels(&self, labels: &[i64]) -> Result<Vec<i64>> {
+        Ok(labels.to_vec())
+    }
+
+    fn matmul<A: Elem, B: Elem, C: Elem>(
+        &self,
+        dims: (usize, usize, usize),
+        a: Operand<'_, Tensor<A>>,
+        b: Operand<'_, Tensor<B>>,
+        c: Out<'_, Tensor<C>>,
+        accumulate: bool,
+    ) -> Result<()> {
+        matmul::matmul(self, dims, a, b, c, accumulate)
+    }
+
+    fn embedding_forward<E: Elem>(
+        &self,
+        table: &Tensor<E>,
+        ids: &Vec<u32>,
+        out: &mut Tensor<E>,
+    ) -> Result<()> {
+        let (dev, table, out) = (self, table.as_slice(), out.as_mut_slice());
+        let width = out.len() / ids.len().max(1);
+        dev.install(|| {
+            out.par_chunks_mut(width)
+                .zip(ids.par_iter())
+                .for_each(|(o, &id)| {
+                    let id = id as usize;
+                    o.copy_from_slice(&table[id * width..(id + 1) * width]);
+                })
+        });
+        Ok(())
+    }
+
+    fn embedding_backward<E: Elem>(
+        &self,
+        dout: &Tensor<E>,
+        ids: &Vec<u32>,
+        dtable: &mut Tensor<f32>,
+    ) -> Result<()> {
+        let (dout, dtable) = (dout.as_slice(), dtable.as_mut_slice());
+        let width = dout.len() / ids.len().max(1);
+        for (row, &id) in dout.chunks(width).zip(ids) {
+            let id = id as usize;
+            for (d, g) in dtable[id * width..(id + 1) * width].iter_mut().zip(row) {
+                *d += g.to_f32();
+            }
+        }
+        Ok(())
+    }
+
+    fn rmsnorm_forward<E: Elem>(
+        &self,
+        x: &Tensor<E>,
+        w: &Tensor<E>,
+        eps: f32,
+        y: &mut Tensor<E>,
+        rinv: &mut Tensor<f32>,
+    ) -> Result<()> {
+        let (dev, x, w) = (self, x.as_slice(), w.as_slice());
+        let (y, rinv) = (y.as_mut_slice(), rinv.as_mut_slice());
+        let h = w.len();
+        dev.install(|| {
+            y.par_chunks_mut(h * ROWS_PER_TASK)
+                .zip(x.par_chunks(h * ROWS_PER_TASK))
+                .zip(rinv.par_chunks_mut(ROWS_PER_TASK))
+                .for_each(|((y, x), r)| {
+                    for ((y, x), r) in y.chunks_mut(h).zip(x.chunks(h)).zip(r.iter_mut()) {
+                        let ss: f32 = x.iter().map(|v| v.to_f32() * v.to_f32()).sum();
+                        *r = 1.0 / (ss / h as f32 + eps).sqrt();
+                        for ((y, x), w) in y.iter_mut().zip(x).zip(w) {
+                            let normed = E::from_f32(x.to_f32() * *r).to_f32();
+                            *y = E::from_f32(w.to_f32() * normed);
+                        }
+                    }
+                })
+        });
+        Ok(())
+    }
+
+    fn rmsnorm_backward<E: Elem>(
+        &self,
+        dy: &Tensor<E>,
+        x: &Tensor<E>,
+        w: &Tensor<E>,
+        rinv: &Tensor<f32>,
+        dx: &mut Tensor<E>,
+        dw: &mut Tensor<f32>,
+    ) -> Result<()> {
+        let (dev, dy, x, w, rinv) = (
+            self,
+            dy.as_slice(),
+            x.as_slice(),
+            w.as_slice(),
+            rinv.as_slice(),
+        );
+        let (dx, dw) = (dx.as_mut_slice(), dw.as_mut_slice());
+        let h = w.len();
+        dev.install(|| {
+            dx.par_chunks_mut(h * ROWS_PER_TASK)
+                .zip(dy.par_chunks(h * ROWS_PER_TASK))
+                .zip(x.par_chunks(h * ROWS_PER_TASK))
+                .zip(rinv.par_chunks(ROWS_PER_TASK))
+                .for_each(|(((dx, dy), x), r)| {
+                    for (((dx, dy), x), &r) in
+                        dx.chunks_mut(h).zip(dy.chunks(h)).zip(x.chunks(h)).zip(r)
+                    {
+                        // g = dy·w; dx = r·g − r³·x·mean(g·x)
+                        let dot: f32 = dy
+                            .iter()
+                            .zip(w)
+                            .zip(x)
+                            .map(|((d, w), x)| d.to_f32() * w.to_f32() * x.to_f32())
+                            .sum();
+                        let c = r * r * r * dot / h as f32;
+                        for (((dx, dy), w), x) in dx.iter_mut().zip(dy).zip(w).zip(x) {
+                            let g = dy.to_f32() * w.to_f32();
+                            *dx = E::from_f32(dx.to_f32() + r * g - c * x.to_f32());
+                        }
+                    }
+                })
+        });
+        // dw[j] = Σ_i dy[i,j]·x[i,j]·r_i, summed over rows in order.
+        for ((dy, x), &r) in dy.chunks(h).zip(x.chunks(h)).zip(rinv) {
+            for ((dw, dy), x) in dw.iter_mut().zip(dy).zip(x) {
+                *dw += dy.to_f32() * E::from_f32(x.to_f32() * r).to_f32();
+            }
+        }
+        Ok(())
+    }
+
+    fn rope<E: Elem>(
+        &self,
+        x: &mut Tensor<E>,
+        (width, seq): (usize, usize),
+        tables: &CpuRope,
+        inverse: bool,
+    ) -> Result<()> {
+        let (dev, x, table) = (self, x.as_mut_slice(), &tables.table);
+        let half = table.half;
+        let sign = if inverse { -1.0 } else { 1.0 };
+        dev.install(|| {
+            x.par_chunks_mut(width).enumerate().for_each(|(row, x)| {
+                let p = row % seq;
+                let cos = &table.cos[p * half..(p + 1) * half];
+                let sin = &table.sin[p * half..(p + 1) * half];
+                for head in x.chunks_mut(2 * half) {
+                    let (lo, hi) = head.split_at_mut(half);
+                    for i in 0..half {
+                        let (a, b) = (lo[i].to_f32(), hi[i].to_f32());
+                        let s = sign * sin[i];
+                        lo[i] = E::from_f32(a * cos[i] - b * s);
+                        hi[i] = E::from_f32(b * cos[i] + a * s);
+                    }
                 }
             })
-    });
-}
+        });
+        Ok(())
+    }
 
-/// Backward of [`dropout_add`] for `y`: `dy[i] = dout[i] · scale` where `mask` keeps element
-/// `i`, else 0.
-pub fn dropout_backward<E: Elem>(dev: &CpuDevice, mask: &DropoutMask, dout: &[E], dy: &mut [E]) {
-    debug_assert_eq!(dout.len(), dy.len());
-    let scale = mask.scale();
-    dev.install(|| {
-        dy.par_chunks_mut(4096)
-            .zip(dout.par_chunks(4096))
-            .enumerate()
-            .for_each(|(c, (d, g))| {
-                let base = (c * 4096) as u64;
-                for (i, (d, g)) in d.iter_mut().zip(g).enumerate() {
-                    *d = if mask.keeps(base + i as u64) {
-                        E::from_f32(g.to_f32() * scale)
-                    } else {
-                        E::default()
-                    };
-                }
-            })
-    });
+    fn swiglu_forward<E: Elem>(
+        &self,
+        gate: &Tensor<E>,
+        up: &Tensor<E>,
+        act: &mut Tensor<E>,
+    ) -> Result<()> {
+        let (dev, gate, up, act) = (self, gate.as_slice(), up.as_slice(), act.as_mut_slice());
+        dev.install(|| {
+            act.par_chunks_mut(4096)
+                .zip(gate.par_chunks(4096).zip(up.par_chunks(4096)))
+                .for_each(|(a, (g, u))| {
+                    for ((a, g), u) in a.iter_mut().zip(g).zip(u) {
+                        let g = g.to_f32();
+                        let silu = E::from_f32(g * math::sigmoid(g)).to_f32();
+                        *a = E::from_f32(silu * u.to_f32());
+                    }
+                })
+        });
+        Ok(())
+    }
+
+    fn swiglu_backward<E: Elem>(
+        &self,
+        dact: &Tensor<E>,
+        (gate, up): (&Tensor<E>, &Tensor<E>),
+        dgate: &mut Tensor<E>,
+        dup: &mut Tensor<E>,
+    ) -> Result<()> {
+        let (dev, dact, gate, up) = (self, dact.as_slice(), gate.as_slice(), up.as_slice());
+        let (dgate, dup) = (dgate.as_mut_slice(), dup.as_mut_slice());
+        dev.install(|| {
+            dgate
+                .par_chunks_mut(4096)
+                .zip(dup.par_chunks_mut(4096))
+                .zip(dact.par_chunks(4096))
+                .zip(gate.par_chunks(4096).zip(up.par_chunks(4096)))
+                .for_each(|(((dg, du), da), (g, u))| {
+                    for ((((dg, du), da), g), u) in dg.iter_mut().zip(du).zip(da).zip(g).zip(u) {
+                        let (g, u, da) = (g.to_f32(), u.to_f32(), da.to_f32());
+                        let s = math::sigmoid(g);
+                        let silu = E::from_f32(g * s).to_f32();
+                        *du = E::from_f32(da * silu);
+                        *dg = E::from_f32(da * u * s * (1.0 + g * (1.0 - s)));
+                    }
+                })
+        });
+        Ok(())
+    }
+
+    fn dropout_add<E: Elem>(
+        &self,
+        mask: &DropoutMask,
+        x: &Tensor<E>,
+        y: &Tensor<E>,
+        out: &mut Tensor<E>,
+    ) -> Result<()> {
+        let (dev, x, y, out) = (self, x.as_slice(), y.as_slice(), out.as_mut_slice());
+        debug_assert_eq!(x.len(), y.len());
+        debug_assert_eq!(x.len(), out.len());
+        let scale = mask.scale();
+        dev.install(|| {
+            out.par_chunks_mut(4096)
+                .zip(x.par_chunks(4096).zip(y.par_chunks(4096)))
+                .enumerate()
+                .for_each(|(c, (o, (x, y)))| {
+                    let base = (c * 4096) as u64;
+                    for (i, (o, (x, y))) in o.iter_mut().zip(x.iter().zip(y)).enumerate() {
+                        *o = if mask.keeps(base + i as u64) {
+                            E::from_f32(x.to_f32() + y.to_f32() * scale)
+                        } else {
+                            *x
+                        };
+                    }
+                })
+        });
+        Ok(())
+    }
+
+    fn dropout_backward<E: Elem>(
+        &self,
+        mask: &DropoutMask,
+        dout: &Tensor<E>,
+        dy: &mut Tensor<E>,
+    ) -> Result<()> {
+        let (dev, dout, dy) = (self, dout.as_slice(), dy.as_mut_slice());
+        debug_assert_eq!(dout.len(), dy.len());
+        let scale = mask.scale();
+        dev.install(|| {
+            dy.par_chunks_mut(4096)
+                .zip(dout.par_chunks(4096))
+                .enumerate()
+                .for_each(|(c, (d, g))| {
+                    let base = (c * 4096) as u64;
+                    for (i, (d, g)) in d.iter_mut().zip(g).enumerate() {
+                        *d = if mask.keeps(base + i as u64) {
+                            E::from_f32(g.to_f32() * scale)
+                        } else {
+                            E::default()
+                        };
+                    }
+                })
+        });
+        Ok(())
+    }
+
+    fn attention_forward<E: Elem>(
+        &self,
+        s: AttnShape,
+        q: &Tensor<E>,
+        k: &Tensor<E>,
+        v: &Tensor<E>,
+        out: &mut Tensor<E>,
+        lse: &mut Tensor<f32>,
+    ) -> Result<()> {
+        let (q, k, v) = (q.as_slice(), k.as_slice(), v.as_slice());
+        attention::forward(self, s, q, k, v, out.as_mut_slice(), lse.as_mut_slice())
+    }
+
+    fn attention_backward<E: Elem>(
+        &self,
+        s: AttnShape,
+        q: &Tensor<E>,
+        k: &Tensor<E>,
+        v: &Tensor<E>,
+        (out, lse): (&Tensor<E>, &Tensor<f32>),
+        dout: &Tensor<E>,
+        dq: &mut Tensor<E>,
+        dk: &mut Tensor<E>,
+        dv: &mut Tensor<E>,
+    ) -> Result<()> {
+        let saved = [q, k, v, out, dout].map(|t| t.as_slice());
+        let grads = [dq, dk, dv].map(|t| t.as_mut_slice());
+        attention::backward(self, s, saved, lse.as_slice(), grads)
+    }
+
+    fn cross_entropy_rows<E: Elem>(
+        &self,
+        logits: &mut Tensor<E>,
+        labels: &Vec<i64>,
+        row_loss: &mut Tensor<f32>,
+        (start, len, vocab): (usize, usize, usize),
+        scale: f32,
+    ) -> Result<()> {
+        let logits = &mut logits.as_mut_slice()[..len * vocab];
+        let labels = &labels[start..start + len];
+        let row_loss = &mut row_loss.as_mut_slice()[start..start + len];
+        self.install(|| {
+            logits
+                .par_chunks_mut(vocab)
+                .zip(row_loss.par_iter_mut())
+                .zip(labels.par_iter())
+                .for_each(|((row, loss), &label)| *loss = softmax_xent_grad(row, label, scale))
+        });
+        Ok(())
+    }
+
+    fn norm(&self, tensors: &[&Tensor<f32>]) -> Result<f64> {
+        let mut total = 0.0f64;
+        for t in tensors {
+            let partial: Vec<f64> = self.install(|| {
+                t.as_slice()
+                    .par_chunks(CHUNK)
+                    .map(|c| c.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>())
+                    .collect()
+            });
+            total += partial.iter().sum::<f64>();
+        }
+        Ok(total.sqrt())
+    }
+
+    fn scale(&self, x: &mut Tensor<f32>, coef: f32) -> Result<()> {
+        x.as_mut_slice().iter_mut().for_each(|v| *v *= coef);
+        Ok(())
+    }
+
+    fn adamw(
+        &self,
+        p: &mut Tensor<f32>,
+        g: &Tensor<f32>,
+        (m, v): (&mut Tensor<f32>, &mut Tensor<f32>),
+        a: AdamWArgs,
+    ) -> Result<()> {
+        let (dev, p, g) = (self, p.as_mut_slice(), g.as_slice());
+        let (m, v) = (m.as_mut_slice(), v.as_mut_slice());
+        dev.install(|| {
+            p.par_chunks_mut(CHUNK)
+                .zip(g.par_chunks(CHUNK))
+                .zip(m.par_chunks_mut(CHUNK).zip(v.par_chunks_mut(CHUNK)))
+                .for_each(|((p, g), (m, v))| {
+                    for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m).zip(v) {
+                        *p *= a.decay;
+                        *m += (g - *m) * a.one_minus_b1;
+                        *v = *v * a.b2 + a.one_minus_b2 * g * g;
+                        let denom = v.sqrt() / a.bc2_sqrt + a.eps;
+                        *p -= a.step_size * *m / denom;
+                    }
+                })
+        });
+        Ok(())
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// The inverse rotation undoes the rotation, and the rotation is Hugging Face's: the first
+    /// pair of a head at position 1 turns by angle 1 (`theta^0`).
     #[test]
     fn rope_inverse_undoes_rope() {
         let dev = CpuDevice::new(2, u64::MAX).unwrap();
-        let table = RopeTable::new(8, 10000.0, 4);
-        let x: Vec<f32> = (0..4 * 16).map(|i| (i as f32 * 0.37).sin()).collect();
-        let mut y = x.clone();
-        rope(&dev, &mut y, 16, 4, &table, false);
-        assert_ne!(x, y);
-        rope(&dev, &mut y, 16, 4, &table, true);
-        for (a, b) in x.iter().zip(&y) {
+        let spec = RopeSpec {
+            head_dim: 8,
+            theta: 10000.0,
+            positions: 4,
+        };
+        let tables = dev.rope_tables(spec).unwrap();
+        let values: Vec<f32> = (0..4 * 16).map(|i| (i as f32 * 0.37).sin()).collect();
+        let mut y =
+            Tensor::<f32>::from_f32(dev.tracker(), &[4, 16], &values, Category::Activations)
+                .unwrap();
+        dev.rope(&mut y, (16, 4), &tables, false).unwrap();
+        let (a, b) = (values[16], values[16 + 4]);
+        let (c, s) = (1f32.cos(), 1f32.sin());
+        assert!((y.as_slice()[16] - (a * c - b * s)).abs() < 1e-6);
+        assert!((y.as_slice()[16 + 4] - (b * c + a * s)).abs() < 1e-6);
+        dev.rope(&mut y, (16, 4), &tables, true).unwrap();
+        for (a, b) in values.iter().zip(y.as_slice()) {
             assert!((a - b).abs() < 1e-6);
         }
     }

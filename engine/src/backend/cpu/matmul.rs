@@ -5,107 +5,87 @@
 //! accumulation.
 
 use super::CpuDevice;
-use crate::memory::{Category, OutOfMemory};
+use crate::device::{Device, Operand, Out};
+use crate::error::Result;
+use crate::memory::Category;
 use crate::tensor::{DType, Elem, Tensor};
 use gemm::Parallelism;
 
-/// How an operand is stored relative to the product that uses it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Layout {
-    /// Row-major as used: `[rows, cols]`.
-    Normal,
-    /// Row-major transposed: stored `[cols, rows]`.
-    Transposed,
+/// The f32 workspace a product takes on the CPU, in allocation order: each bf16 operand
+/// widened, then a bf16 output's accumulator. The CPU's product allocates exactly this, and the
+/// counting device imitating the CPU allocates it too.
+pub(crate) struct Workspace<T> {
+    a: Option<T>,
+    b: Option<T>,
+    c: Option<T>,
 }
 
-/// One operand of a product: its elements and how they are laid out.
-pub struct Operand<'a, E: Elem> {
+/// Allocates the workspace of a `[m, k] · [k, n]` product of operands and output of `dtypes`.
+pub(crate) fn workspace<D: Device>(
+    dev: &D,
+    dtypes: [DType; 3],
+    (m, n, k): (usize, usize, usize),
+) -> Result<Workspace<D::Tensor<f32>>> {
+    let wide = |dtype: DType, len: usize| match dtype {
+        DType::F32 => Ok(None),
+        DType::Bf16 => dev.zeros::<f32>(&[len], Category::Workspace).map(Some),
+    };
+    Ok(Workspace {
+        a: wide(dtypes[0], m * k)?,
+        b: wide(dtypes[1], k * n)?,
+        c: wide(dtypes[2], m * n)?,
+    })
+}
+
+/// `data` as f32: itself when it is f32, else widened into its workspace buffer.
+fn widen<'a, E: Elem>(
+    dev: &CpuDevice,
     data: &'a [E],
-    layout: Layout,
-}
-
-/// `data` used as stored (row-major).
-pub fn n<E: Elem>(data: &[E]) -> Operand<'_, E> {
-    Operand {
-        data,
-        layout: Layout::Normal,
-    }
-}
-
-/// `data` used transposed.
-pub fn t<E: Elem>(data: &[E]) -> Operand<'_, E> {
-    Operand {
-        data,
-        layout: Layout::Transposed,
-    }
-}
-
-/// An operand as f32: borrowed when it already is, else a tracked workspace copy.
-enum Wide<'a> {
-    Borrowed(&'a [f32]),
-    Owned(Tensor<f32>),
-}
-
-impl Wide<'_> {
-    fn get(&self) -> &[f32] {
-        match self {
-            Wide::Borrowed(s) => s,
-            Wide::Owned(t) => t.as_slice(),
+    ws: &'a mut Option<Tensor<f32>>,
+) -> &'a [f32] {
+    match ws {
+        None => bytemuck::cast_slice(data),
+        Some(t) => {
+            super::kernels::convert(dev, data, t.as_mut_slice());
+            t.as_slice()
         }
     }
 }
 
-fn widen<'a, E: Elem>(dev: &CpuDevice, data: &'a [E]) -> Result<Wide<'a>, OutOfMemory> {
-    if E::DTYPE == DType::F32 {
-        return Ok(Wide::Borrowed(bytemuck::cast_slice(data)));
-    }
-    let mut ws = dev.zeros::<f32>(&[data.len()], Category::Workspace)?;
-    super::kernels::convert(dev, data, ws.as_mut_slice());
-    Ok(Wide::Owned(ws))
+/// The `len` elements of an operand from its offset.
+fn elements<'a, E: Elem>(o: &Operand<'a, Tensor<E>>, len: usize) -> &'a [E] {
+    &o.tensor.as_slice()[o.offset..o.offset + len]
 }
 
 /// `c[m, n] (+)= a[m, k] · b[k, n]`, each operand laid out as given; `accumulate` adds to `c`.
 pub fn matmul<A: Elem, B: Elem, C: Elem>(
     dev: &CpuDevice,
     (m, n, k): (usize, usize, usize),
-    a: Operand<'_, A>,
-    b: Operand<'_, B>,
-    c: &mut [C],
+    a: Operand<'_, Tensor<A>>,
+    b: Operand<'_, Tensor<B>>,
+    c: Out<'_, Tensor<C>>,
     accumulate: bool,
-) -> Result<(), OutOfMemory> {
-    debug_assert_eq!(a.data.len(), m * k);
-    debug_assert_eq!(b.data.len(), k * n);
-    debug_assert_eq!(c.len(), m * n);
-    let a32 = widen(dev, a.data)?;
-    let b32 = widen(dev, b.data)?;
-    let (a32, b32) = (a32.get(), b32.get());
-    let (a_rs, a_cs) = strides(a.layout, k, m);
-    let (b_rs, b_cs) = strides(b.layout, n, k);
+) -> Result<()> {
+    let mut ws = workspace(dev, [A::DTYPE, B::DTYPE, C::DTYPE], (m, n, k))?;
+    let a32 = widen(dev, elements(&a, m * k), &mut ws.a);
+    let b32 = widen(dev, elements(&b, k * n), &mut ws.b);
+    let (a_rs, a_cs) = strides(a.transposed, k, m);
+    let (b_rs, b_cs) = strides(b.transposed, n, k);
     let parallelism = if dev.threads() > 1 {
         Parallelism::Rayon(dev.threads())
     } else {
         Parallelism::None
     };
-    if C::DTYPE == DType::F32 {
-        let c32: &mut [f32] = bytemuck::cast_slice_mut(c);
-        dev.install(|| {
-            gemm_f32(
-                (m, n, k),
-                a32,
-                (a_rs, a_cs),
-                b32,
-                (b_rs, b_cs),
-                c32,
-                accumulate,
-                parallelism,
-            )
-        });
-        return Ok(());
-    }
-    let mut out = dev.zeros::<f32>(&[m * n], Category::Workspace)?;
-    if accumulate {
-        super::kernels::convert(dev, c, out.as_mut_slice());
-    }
+    let c = &mut c.tensor.as_mut_slice()[c.offset..c.offset + m * n];
+    let c32: &mut [f32] = match &mut ws.c {
+        None => bytemuck::cast_slice_mut(c),
+        Some(out) => {
+            if accumulate {
+                super::kernels::convert(dev, c, out.as_mut_slice());
+            }
+            out.as_mut_slice()
+        }
+    };
     dev.install(|| {
         gemm_f32(
             (m, n, k),
@@ -113,20 +93,23 @@ pub fn matmul<A: Elem, B: Elem, C: Elem>(
             (a_rs, a_cs),
             b32,
             (b_rs, b_cs),
-            out.as_mut_slice(),
+            c32,
             accumulate,
             parallelism,
         )
     });
-    super::kernels::convert(dev, out.as_slice(), c);
+    if let Some(out) = &ws.c {
+        super::kernels::convert(dev, out.as_slice(), c);
+    }
     Ok(())
 }
 
 /// (row stride, column stride) of an operand used as `[rows, cols]` with `cols` columns.
-fn strides(layout: Layout, cols: usize, rows: usize) -> (isize, isize) {
-    match layout {
-        Layout::Normal => (cols as isize, 1),
-        Layout::Transposed => (1, rows as isize),
+fn strides(transposed: bool, cols: usize, rows: usize) -> (isize, isize) {
+    if transposed {
+        (1, rows as isize)
+    } else {
+        (cols as isize, 1)
     }
 }
 
@@ -199,37 +182,61 @@ mod tests {
         c
     }
 
-    #[test]
-    fn every_layout_matches_a_naive_product() {
-        let dev = CpuDevice::new(2, u64::MAX).unwrap();
-        let (m, n, k) = (5, 7, 3);
-        let a: Vec<f32> = (0..m * k).map(|i| i as f32 * 0.5 - 3.0).collect();
-        let b: Vec<f32> = (0..k * n).map(|i| (i as f32).sin()).collect();
-        let want = naive(m, n, k, |i, p| a[i * k + p], |p, j| b[p * n + j]);
-        let mut c = vec![0.0f32; m * n];
-        matmul(&dev, (m, n, k), n_(&a), n_(&b), &mut c, false).unwrap();
-        assert_close(&c, &want);
-        // a stored transposed: [k, m]
-        let at: Vec<f32> = (0..k * m).map(|idx| a[(idx % m) * k + idx / m]).collect();
-        let bt: Vec<f32> = (0..n * k).map(|idx| b[(idx % k) * n + idx / k]).collect();
-        let mut c2 = vec![1.0f32; m * n];
-        matmul(&dev, (m, n, k), t(&at), t(&bt), &mut c2, true).unwrap();
-        let want2: Vec<f32> = want.iter().map(|x| x + 1.0).collect();
-        assert_close(&c2, &want2);
-        // bf16 operands and output go through workspace, which is returned afterwards
-        let ab: Vec<bf16> = a.iter().map(|&x| bf16::from_f32(x)).collect();
-        let mut cb = vec![bf16::ZERO; m * n];
-        matmul(&dev, (m, n, k), n_(&ab), n_(&b), &mut cb, false).unwrap();
-        let got: Vec<f32> = cb.iter().map(|x| x.to_f32()).collect();
-        for (g, w) in got.iter().zip(&want) {
-            assert!((g - w).abs() <= 0.02 * w.abs().max(1.0), "{g} vs {w}");
-        }
-        assert_eq!(dev.tracker().allocated(), 0);
-        assert!(dev.tracker().stats().peak_by_category.workspace > 0);
+    fn tensor<E: Elem>(dev: &CpuDevice, values: &[f32]) -> Tensor<E> {
+        Tensor::from_f32(
+            dev.tracker(),
+            &[values.len()],
+            values,
+            Category::Activations,
+        )
+        .unwrap()
     }
 
-    fn n_(x: &[impl Elem]) -> Operand<'_, impl Elem> {
-        n(x)
+    #[test]
+    fn every_layout_matches_a_naive_product() {
+        use crate::device::{n, out, t};
+        let dev = CpuDevice::new(2, u64::MAX).unwrap();
+        let (m, nn, k) = (5, 7, 3);
+        let a: Vec<f32> = (0..m * k).map(|i| i as f32 * 0.5 - 3.0).collect();
+        let b: Vec<f32> = (0..k * nn).map(|i| (i as f32).sin()).collect();
+        let want = naive(m, nn, k, |i, p| a[i * k + p], |p, j| b[p * nn + j]);
+        let (ta, tb) = (tensor::<f32>(&dev, &a), tensor::<f32>(&dev, &b));
+        let mut c = tensor::<f32>(&dev, &vec![0.0; m * nn]);
+        matmul(&dev, (m, nn, k), n(&ta), n(&tb), out(&mut c), false).unwrap();
+        assert_close(c.as_slice(), &want);
+        // a stored transposed: [k, m]
+        let at: Vec<f32> = (0..k * m).map(|idx| a[(idx % m) * k + idx / m]).collect();
+        let bt: Vec<f32> = (0..nn * k).map(|idx| b[(idx % k) * nn + idx / k]).collect();
+        let (tat, tbt) = (tensor::<f32>(&dev, &at), tensor::<f32>(&dev, &bt));
+        let mut c2 = tensor::<f32>(&dev, &vec![1.0; m * nn]);
+        matmul(&dev, (m, nn, k), t(&tat), t(&tbt), out(&mut c2), true).unwrap();
+        let want2: Vec<f32> = want.iter().map(|x| x + 1.0).collect();
+        assert_close(c2.as_slice(), &want2);
+        // a block of rows from an offset: the last two rows of a
+        let mut c3 = tensor::<f32>(&dev, &vec![0.0; 2 * nn]);
+        matmul(
+            &dev,
+            (2, nn, k),
+            n(&ta).at(3 * k),
+            n(&tb),
+            out(&mut c3),
+            false,
+        )
+        .unwrap();
+        assert_close(c3.as_slice(), &want[3 * nn..]);
+        // bf16 operands and output go through workspace, which is returned afterwards
+        let ab = tensor::<bf16>(&dev, &a);
+        let mut cb = tensor::<bf16>(&dev, &vec![0.0; m * nn]);
+        matmul(&dev, (m, nn, k), n(&ab), n(&tb), out(&mut cb), false).unwrap();
+        for (g, w) in cb.to_f32_vec().iter().zip(&want) {
+            assert!((g - w).abs() <= 0.02 * w.abs().max(1.0), "{g} vs {w}");
+        }
+        let stats = dev.tracker().stats();
+        assert_eq!(stats.current.workspace, 0);
+        assert_eq!(
+            stats.peak_by_category.workspace,
+            ((m * k + m * nn) * 4) as u64
+        );
     }
 
     fn assert_close(a: &[f32], b: &[f32]) {

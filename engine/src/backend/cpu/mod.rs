@@ -1,12 +1,16 @@
-//! The CPU device: a memory tracker with a configurable capacity and a private thread pool.
+//! The CPU device: a memory tracker with a configurable capacity and a private thread pool; its
+//! operations (`kernels`, `attention`, `matmul`) split outputs across threads, never a
+//! reduction, so results do not depend on the thread count.
 
 pub mod attention;
 pub mod kernels;
 pub(crate) mod math;
 pub mod matmul;
 
+use crate::device::DeviceTensor;
 use crate::error::{EngineError, Result};
-use crate::memory::{Category, MemoryTracker, OutOfMemory};
+use crate::memory::{Category, Lease, MemoryTracker, OutOfMemory};
+use crate::model::rope::RopeTable;
 use crate::tensor::{Elem, Tensor};
 use std::sync::Arc;
 
@@ -17,6 +21,15 @@ pub struct CpuDevice {
     tracker: MemoryTracker,
     pool: Arc<rayon::ThreadPool>,
     threads: usize,
+}
+
+/// The host's available memory in bytes (`MemAvailable` of `/proc/meminfo`), where the platform
+/// reports it.
+pub fn host_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
 }
 
 impl CpuDevice {
@@ -42,6 +55,15 @@ impl CpuDevice {
         })
     }
 
+    /// A device whose capacity is `capacity`, or else the host's available memory: a run too
+    /// large for the machine is refused with [`OutOfMemory`] before the host runs out.
+    pub fn with_host_capacity(threads: usize, capacity: Option<u64>) -> Result<Self> {
+        Self::new(
+            threads,
+            capacity.or_else(host_available).unwrap_or(u64::MAX),
+        )
+    }
+
     /// The tracker counting this device's bytes.
     pub fn tracker(&self) -> &MemoryTracker {
         &self.tracker
@@ -63,30 +85,7 @@ impl CpuDevice {
         shape: &[usize],
         category: Category,
     ) -> Result<Tensor<E>, OutOfMemory> {
-        let numel: usize = shape.iter().product();
-        let lease = self
-            .tracker
-            .allocate((numel * E::DTYPE.size()) as u64, category)?;
-        Ok(Tensor::from_parts(
-            vec![E::default(); numel],
-            shape.to_vec(),
-            lease,
-        ))
-    }
-
-    /// A tensor holding `values` rounded to `E`, counted under `category`.
-    pub fn from_f32<E: Elem>(
-        &self,
-        shape: &[usize],
-        values: &[f32],
-        category: Category,
-    ) -> Result<Tensor<E>, OutOfMemory> {
-        let mut t = self.zeros::<E>(shape, category)?;
-        debug_assert_eq!(values.len(), t.numel());
-        for (d, &v) in t.as_mut_slice().iter_mut().zip(values) {
-            *d = E::from_f32(v);
-        }
-        Ok(t)
+        Tensor::zeros(&self.tracker, shape, category)
     }
 
     /// A copy of `src` converted to `E`, counted under `category`.
@@ -105,6 +104,24 @@ impl std::fmt::Debug for CpuDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "CpuDevice({} threads)", self.threads)
     }
+}
+
+impl<E: Elem> DeviceTensor for Tensor<E> {
+    fn shape(&self) -> &[usize] {
+        Tensor::shape(self)
+    }
+    fn bytes(&self) -> u64 {
+        Tensor::bytes(self)
+    }
+    fn category(&self) -> Category {
+        Tensor::category(self)
+    }
+}
+
+/// The rotary tables on the host, their bytes counted as params.
+pub struct CpuRope {
+    pub(crate) table: RopeTable,
+    pub(crate) _lease: Lease,
 }
 
 /// A raw pointer that kernels share across threads to write disjoint parts of one output.

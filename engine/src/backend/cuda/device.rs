@@ -3,7 +3,6 @@
 
 use super::nvrtc;
 use super::tensor::{Buffer, CudaTensor};
-use crate::backend::CpuDevice;
 use crate::error::{EngineError, Result};
 use crate::memory::{Category, MemoryTracker, OutOfMemory};
 use crate::tensor::{Elem, Tensor};
@@ -73,7 +72,7 @@ struct Inner {
     stream: Arc<CudaStream>,
     ctx: Arc<CudaContext>,
     tracker: MemoryTracker,
-    staging: CpuDevice,
+    staging: MemoryTracker,
     name: String,
 }
 
@@ -172,7 +171,9 @@ impl CudaDevice {
                 stream,
                 ctx,
                 tracker: MemoryTracker::new(capacity.unwrap_or(total)),
-                staging: CpuDevice::new(0, u64::MAX)?,
+                staging: MemoryTracker::new(
+                    crate::backend::cpu::host_available().unwrap_or(u64::MAX),
+                ),
                 name,
             }),
         })
@@ -188,8 +189,8 @@ impl CudaDevice {
         &self.inner.name
     }
 
-    /// The host device tensors are read into before they are uploaded.
-    pub fn staging(&self) -> &CpuDevice {
+    /// The tracker of the host tensors read or drawn before they are uploaded.
+    pub fn staging(&self) -> &MemoryTracker {
         &self.inner.staging
     }
 
@@ -294,7 +295,7 @@ impl CudaDevice {
     }
 
     /// A device copy of the host tensor `t`, counted under `category`.
-    pub fn upload<E: Elem>(&self, t: &Tensor<E>, category: Category) -> Result<CudaTensor<E>> {
+    pub fn upload_copy<E: Elem>(&self, t: &Tensor<E>, category: Category) -> Result<CudaTensor<E>> {
         let buf = self.upload_slice(t.as_slice(), category)?;
         Ok(CudaTensor::from_parts(buf, t.shape().to_vec()))
     }

@@ -4,6 +4,7 @@
 
 use super::device::CudaDevice;
 use super::tensor::CudaTensor;
+use crate::device;
 use crate::error::{EngineError, Result};
 use crate::tensor::{DType, Elem};
 use cudarc::cublas::{result as blas, sys};
@@ -19,30 +20,13 @@ pub(crate) struct Operand {
     transposed: bool,
 }
 
-impl Operand {
-    /// The same matrix starting `elems` elements further on (a block of rows).
-    pub(crate) fn offset(self, elems: usize) -> Self {
+impl<E: Elem> From<device::Operand<'_, CudaTensor<E>>> for Operand {
+    fn from(o: device::Operand<'_, CudaTensor<E>>) -> Self {
         Operand {
-            ptr: self.ptr + (elems * self.dtype.size()) as u64,
-            ..self
+            ptr: o.tensor.ptr() + (o.offset * E::DTYPE.size()) as u64,
+            dtype: E::DTYPE,
+            transposed: o.transposed,
         }
-    }
-}
-
-/// `t` used as stored.
-pub(crate) fn n<E: Elem>(t: &CudaTensor<E>) -> Operand {
-    Operand {
-        ptr: t.ptr(),
-        dtype: E::DTYPE,
-        transposed: false,
-    }
-}
-
-/// `t` used transposed.
-pub(crate) fn t<E: Elem>(t: &CudaTensor<E>) -> Operand {
-    Operand {
-        transposed: true,
-        ..n(t)
     }
 }
 

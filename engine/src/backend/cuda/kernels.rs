@@ -1,23 +1,24 @@
-//! Typed launches of the kernels in `kernels.cu`: each wrapper passes exactly the parameter types
-//! its kernel declares (`u64` for addresses and sizes, `u32`, `f32`, and the `#[repr(C)]`
-//! structs below).
+//! [`Device`] for [`CudaDevice`]: typed launches of the kernels in `kernels.cu`, each passing
+//! exactly the parameter types its kernel declares (`u64` for addresses and sizes, `u32`, `f32`,
+//! and the `#[repr(C)]` structs), and cuBLAS products.
 
+use super::attention::{attention_delta, attention_tiles, dkv_shared, dq_shared, forward_shared};
+use super::attention::{check_attention, Attn};
 use super::device::CudaDevice;
-use super::tensor::{Buffer, CudaTensor};
-use crate::backend::cpu::attention::AttnShape;
-use crate::backend::cpu::kernels::RopeTable;
+use super::gemm;
+use super::tensor::{from_bytes, Buffer, CudaTensor};
+use crate::device::{AdamWArgs, AttnShape, Device, DeviceTensor, Operand, Out};
 use crate::error::{EngineError, Result};
-use crate::memory::Category;
+use crate::memory::{Category, MemoryTracker};
 use crate::model::dropout::{DropoutMask, DRAW_SHIFT};
-use crate::tensor::{DType, Elem};
-use cudarc::driver::sys::CUdeviceptr;
-use half::bf16;
+use crate::model::rope::RopeSpec;
+use crate::optim::CHUNK;
+use crate::tensor::{DType, Elem, Tensor};
+use std::borrow::Cow;
 use std::ffi::c_void;
 
 /// Threads per block (`BLOCK` in kernels.cu).
-const BLOCK: u32 = 256;
-/// Dynamic shared memory a block may use without opting in, less the kernels' static arrays.
-const SHARED_BYTES: usize = 48 * 1024 - 3 * BLOCK as usize * 4;
+pub(crate) const BLOCK: u32 = 256;
 
 /// Pointers to each argument, in order, as `cuLaunchKernel` takes them.
 macro_rules! args {
@@ -34,171 +35,46 @@ fn kernel<E: Elem>(base: &str) -> String {
     format!("{base}_{suffix}")
 }
 
-fn blocks(n: usize) -> Result<(u32, u32, u32)> {
-    let b = n.div_ceil(BLOCK as usize);
-    let b = u32::try_from(b).map_err(|_| {
-        EngineError::Config(format!("{n} elements are too many for one kernel launch"))
+fn grid(n: usize, what: &str) -> Result<(u32, u32, u32)> {
+    let b = u32::try_from(n).map_err(|_| {
+        EngineError::Config(format!("{n} {what} are too many for one kernel launch"))
     })?;
     Ok((b, 1, 1))
 }
 
-fn rows_grid(rows: usize) -> Result<(u32, u32, u32)> {
-    let r = u32::try_from(rows).map_err(|_| {
-        EngineError::Config(format!("{rows} rows are too many for one kernel launch"))
-    })?;
-    Ok((r, 1, 1))
+/// One thread per element.
+fn blocks(n: usize) -> Result<(u32, u32, u32)> {
+    grid(n.div_ceil(BLOCK as usize), "elements")
 }
 
-/// The rotary tables of [`RopeTable`] on the device (counted as params).
-pub(crate) struct RopeTables {
+/// One block per row.
+fn rows_grid(rows: usize) -> Result<(u32, u32, u32)> {
+    grid(rows, "rows")
+}
+
+/// The lengths (u32 elements) of the three uploads of the embedding's backward pass: the token
+/// positions grouped by id, the group starts, and the groups' ids, padded to the batch's length
+/// so that their size does not depend on the data.
+pub(crate) fn grouped_lengths(rows: usize) -> [usize; 3] {
+    [rows, rows + 1, rows]
+}
+
+/// The bytes of the gradient norm's partial sums: one f64 per [`CHUNK`] elements of each tensor.
+pub(crate) fn norm_partials_bytes(numels: impl Iterator<Item = usize>) -> u64 {
+    numels.map(|n| n.div_ceil(CHUNK) as u64 * 8).sum()
+}
+
+/// The rotary tables on the device (counted as params).
+pub struct RopeTables {
     cos: Buffer,
     sin: Buffer,
     half: usize,
 }
 
-impl RopeTables {
-    pub(crate) fn upload(dev: &CudaDevice, t: &RopeTable) -> Result<Self> {
-        Ok(RopeTables {
-            cos: dev.upload_slice(&t.cos, Category::Params)?,
-            sin: dev.upload_slice(&t.sin, Category::Params)?,
-            half: t.half,
-        })
-    }
-}
-
-/// Row `i` of `out` is row `ids[i]` of `table`.
-pub(crate) fn embedding_forward<E: Elem>(
-    dev: &CudaDevice,
-    table: &CudaTensor<E>,
-    ids: &Buffer,
-    out: &mut CudaTensor<E>,
-) -> Result<()> {
-    let rows = (ids.bytes() / 4) as u64;
-    let width = out.numel() as u64 / rows.max(1);
-    let (t, i, o) = (table.ptr(), ids.ptr(), out.ptr());
-    dev.launch(
-        &kernel::<E>("embedding_fwd"),
-        blocks(out.numel())?,
-        BLOCK,
-        0,
-        args![t, i, o, rows, width],
-    )
-}
-
-/// `dtable[ids[p]] += dout[p]`, each id's rows summed in token order by one block. The
-/// positions are grouped by id here on the host, where the ids are known; the group starts and
-/// ids are padded to the batch's length, so the bytes uploaded do not depend on the data (the
-/// memory model counts them).
-pub(crate) fn embedding_backward<E: Elem>(
-    dev: &CudaDevice,
-    dout: &CudaTensor<E>,
-    ids: &[u32],
-    dtable: &mut CudaTensor<f32>,
-) -> Result<()> {
-    let mut order: Vec<u32> = (0..ids.len() as u32).collect();
-    order.sort_by_key(|&p| (ids[p as usize], p));
-    let mut distinct = Vec::new();
-    let mut starts = Vec::new();
-    for (k, &p) in order.iter().enumerate() {
-        let id = ids[p as usize];
-        if distinct.last() != Some(&id) {
-            distinct.push(id);
-            starts.push(k as u32);
-        }
-    }
-    let groups = distinct.len();
-    starts.resize(ids.len() + 1, order.len() as u32);
-    distinct.resize(ids.len(), 0);
-    let positions = dev.upload_slice(&order, Category::Io)?;
-    let starts = dev.upload_slice(&starts, Category::Io)?;
-    let id_buf = dev.upload_slice(&distinct, Category::Io)?;
-    let width = dout.numel() as u64 / ids.len().max(1) as u64;
-    let (d, p, s, i, t) = (
-        dout.ptr(),
-        positions.ptr(),
-        starts.ptr(),
-        id_buf.ptr(),
-        dtable.ptr(),
-    );
-    dev.launch(
-        &kernel::<E>("embedding_bwd"),
-        rows_grid(groups)?,
-        BLOCK,
-        0,
-        args![d, p, s, i, t, width],
-    )
-}
-
-/// RMSNorm of every row: `y = w · round(x / rms(x))`, `rinv = 1 / rms(x)`.
-pub(crate) fn rmsnorm_forward<E: Elem>(
-    dev: &CudaDevice,
-    x: &CudaTensor<E>,
-    w: &CudaTensor<E>,
-    eps: f32,
-    y: &mut CudaTensor<E>,
-    rinv: &mut CudaTensor<f32>,
-) -> Result<()> {
-    let h = w.numel() as u32;
-    let (xp, wp, yp, rp) = (x.ptr(), w.ptr(), y.ptr(), rinv.ptr());
-    dev.launch(
-        &kernel::<E>("rmsnorm_fwd"),
-        rows_grid(rinv.numel())?,
-        BLOCK,
-        0,
-        args![xp, wp, yp, rp, h, eps],
-    )
-}
-
-/// RMSNorm backward: `dx += ∂L/∂x`, `dw += ∂L/∂w` (rows summed in order per column).
-pub(crate) fn rmsnorm_backward<E: Elem>(
-    dev: &CudaDevice,
-    dy: &CudaTensor<E>,
-    x: &CudaTensor<E>,
-    w: &CudaTensor<E>,
-    rinv: &CudaTensor<f32>,
-    dx: &mut CudaTensor<E>,
-    dw: &mut CudaTensor<f32>,
-) -> Result<()> {
-    let h = w.numel() as u32;
-    let rows = rinv.numel() as u64;
-    let (dyp, xp, wp, rp, dxp, dwp) = (dy.ptr(), x.ptr(), w.ptr(), rinv.ptr(), dx.ptr(), dw.ptr());
-    dev.launch(
-        &kernel::<E>("rmsnorm_bwd_dx"),
-        rows_grid(rinv.numel())?,
-        BLOCK,
-        0,
-        args![dyp, xp, wp, rp, dxp, h],
-    )?;
-    dev.launch(
-        &kernel::<E>("rmsnorm_bwd_dw"),
-        blocks(w.numel())?,
-        BLOCK,
-        0,
-        args![dyp, xp, rp, dwp, rows, h],
-    )
-}
-
-/// Rotates every head of `x` (`[rows, width]`, row `r` at position `r % seq`); `inverse` is the
-/// backward pass.
-pub(crate) fn rope<E: Elem>(
-    dev: &CudaDevice,
-    x: &mut CudaTensor<E>,
-    width: usize,
-    seq: usize,
-    tables: &RopeTables,
-    inverse: bool,
-) -> Result<()> {
-    let rows = (x.numel() / width) as u64;
-    let (w, s, half) = (width as u32, seq as u32, tables.half as u32);
-    let sign: f32 = if inverse { -1.0 } else { 1.0 };
-    let (xp, c, sn) = (x.ptr(), tables.cos.ptr(), tables.sin.ptr());
-    dev.launch(
-        &kernel::<E>("rope"),
-        blocks(x.numel() / 2)?,
-        BLOCK,
-        0,
-        args![xp, c, sn, rows, w, s, half, sign],
-    )
+/// Token ids on the device, and on the host for the embedding's backward grouping.
+pub struct DeviceIds {
+    host: Vec<u32>,
+    buf: Buffer,
 }
 
 /// A dropout mask as kernels.cu's `DropoutMask`.
@@ -222,372 +98,394 @@ impl DeviceMask {
     }
 }
 
-/// `out = x + dropout(y)`: `x[i] + y[i] · scale` where `mask` keeps element `i`, else `x[i]`
-/// (the CPU's `kernels::dropout_add`, the same masks).
-pub(crate) fn dropout_add<E: Elem>(
-    dev: &CudaDevice,
-    mask: &DropoutMask,
-    x: &CudaTensor<E>,
-    y: &CudaTensor<E>,
-    out: &mut CudaTensor<E>,
-) -> Result<()> {
-    let (n, m) = (out.numel() as u64, DeviceMask::new(mask));
-    let (xp, yp, op) = (x.ptr(), y.ptr(), out.ptr());
-    dev.launch(
-        &kernel::<E>("dropout_add"),
-        blocks(out.numel())?,
-        BLOCK,
-        0,
-        args![xp, yp, op, n, m],
-    )
+impl CudaDevice {
+    /// Launches an element-wise kernel over `n` elements.
+    fn each(&self, name: &str, n: usize, args: &mut [*mut c_void]) -> Result<()> {
+        self.launch(name, blocks(n)?, BLOCK, 0, args)
+    }
 }
 
-/// Backward of [`dropout_add`] for `y`: `dy[i] = dout[i] · scale` where `mask` keeps element
-/// `i`, else 0.
-pub(crate) fn dropout_backward<E: Elem>(
-    dev: &CudaDevice,
-    mask: &DropoutMask,
-    dout: &CudaTensor<E>,
-    dy: &mut CudaTensor<E>,
-) -> Result<()> {
-    let (n, m) = (dy.numel() as u64, DeviceMask::new(mask));
-    let (dp, yp) = (dout.ptr(), dy.ptr());
-    dev.launch(
-        &kernel::<E>("dropout_bwd"),
-        blocks(dy.numel())?,
-        BLOCK,
-        0,
-        args![dp, yp, n, m],
-    )
-}
+impl Device for CudaDevice {
+    type Tensor<E: Elem> = CudaTensor<E>;
+    type Rope = RopeTables;
+    type Ids = DeviceIds;
+    type Labels = Buffer;
 
-/// `act = silu(gate) · up`.
-pub(crate) fn swiglu_forward<E: Elem>(
-    dev: &CudaDevice,
-    gate: &CudaTensor<E>,
-    up: &CudaTensor<E>,
-    act: &mut CudaTensor<E>,
-) -> Result<()> {
-    let n = act.numel() as u64;
-    let (g, u, a) = (gate.ptr(), up.ptr(), act.ptr());
-    dev.launch(
-        &kernel::<E>("swiglu_fwd"),
-        blocks(act.numel())?,
-        BLOCK,
-        0,
-        args![g, u, a, n],
-    )
-}
+    fn tracker(&self) -> &MemoryTracker {
+        CudaDevice::tracker(self)
+    }
 
-/// SwiGLU backward: `dgate` and `dup` from `dact`.
-pub(crate) fn swiglu_backward<E: Elem>(
-    dev: &CudaDevice,
-    dact: &CudaTensor<E>,
-    gate: &CudaTensor<E>,
-    up: &CudaTensor<E>,
-    dgate: &mut CudaTensor<E>,
-    dup: &mut CudaTensor<E>,
-) -> Result<()> {
-    let n = dact.numel() as u64;
-    let (da, g, u, dg, du) = (dact.ptr(), gate.ptr(), up.ptr(), dgate.ptr(), dup.ptr());
-    dev.launch(
-        &kernel::<E>("swiglu_bwd"),
-        blocks(dact.numel())?,
-        BLOCK,
-        0,
-        args![da, g, u, dg, du, n],
-    )
-}
+    fn host(&self) -> MemoryTracker {
+        self.staging().clone()
+    }
 
-/// The attention shape as kernels.cu's `Attn`, with the tile of one kernel: `br` query rows
-/// and `bc` key rows.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct Attn {
-    batch: u32,
-    seq: u32,
-    heads: u32,
-    kv_heads: u32,
-    d: u32,
-    scale: f32,
-    br: u32,
-    bc: u32,
-}
+    fn zeros<E: Elem>(&self, shape: &[usize], category: Category) -> Result<CudaTensor<E>> {
+        CudaDevice::zeros(self, shape, category)
+    }
 
-/// Most columns of a head one thread of a tiled attention kernel owns (`MAX_COLS` in
-/// kernels.cu).
-const MAX_COLS: usize = 16;
+    fn upload<E: Elem>(&self, host: Tensor<E>) -> Result<CudaTensor<E>> {
+        self.upload_copy(&host, host.category())
+    }
 
-/// Tile sizes tried, largest first.
-const TILE_ROWS: [usize; 6] = [64, 32, 16, 8, 4, 2];
+    fn to_host<E: Elem>(&self, t: &CudaTensor<E>) -> Result<Vec<E>> {
+        self.download(t)
+    }
 
-/// The dynamic shared memory, in bytes, of the kernels' tiles for head width `d`.
-fn forward_shared(d: usize, br: usize, bc: usize) -> usize {
-    (br * (d + 1) + 2 * bc * (d + 1) + br * (bc + 1)) * 4
-}
+    fn raw_bytes<'a, E: Elem>(&self, t: &'a CudaTensor<E>) -> Result<Cow<'a, [u8]>> {
+        Ok(Cow::Owned(self.download_bytes(t.buffer())?))
+    }
 
-fn dq_shared(d: usize, br: usize, bc: usize) -> usize {
-    (2 * br * (d + 1) + 2 * bc * (d + 1) + br * (bc + 1)) * 4
-}
+    fn copy<E: Elem>(&self, src: &CudaTensor<E>, dst: &mut CudaTensor<E>) -> Result<()> {
+        CudaDevice::copy(self, src.ptr(), dst.ptr(), dst.bytes() as usize)
+    }
 
-fn dkv_shared(d: usize, br: usize, bc: usize) -> usize {
-    (2 * bc * (d + 1) + 2 * br * (d + 1) + 2 * br * (bc + 1) + 2 * br) * 4
-}
+    fn fill_zero(&self, t: &mut CudaTensor<f32>) -> Result<()> {
+        self.memset_zero(t.ptr(), t.bytes() as usize)
+    }
 
-/// Whether `rows` rows of width `d` per block leave each thread at most [`MAX_COLS`] columns.
-fn columns_fit(d: usize, rows: usize) -> bool {
-    d.div_ceil(BLOCK as usize / rows) <= MAX_COLS
-}
-
-/// The forward tile for head width `d`: the most query rows, then the most key rows, that fit.
-fn forward_tile(d: usize) -> Option<(usize, usize)> {
-    let br = TILE_ROWS.into_iter().find(|&br| columns_fit(d, br))?;
-    let bc = TILE_ROWS
-        .into_iter()
-        .find(|&bc| forward_shared(d, br, bc) <= SHARED_BYTES)?;
-    Some((br, bc))
-}
-
-/// The backward kernels' square tile for head width `d` (dq owns query rows, dk/dv key rows).
-fn backward_tile(d: usize) -> Option<usize> {
-    TILE_ROWS.into_iter().skip(1).find(|&t| {
-        columns_fit(d, t)
-            && dq_shared(d, t, t) <= SHARED_BYTES
-            && dkv_shared(d, t, t) <= SHARED_BYTES
-    })
-}
-
-impl Attn {
-    fn new(s: AttnShape, (br, bc): (usize, usize)) -> Self {
-        Attn {
-            batch: s.batch as u32,
-            seq: s.seq as u32,
-            heads: s.heads as u32,
-            kv_heads: s.kv_heads as u32,
-            d: s.head_dim as u32,
-            scale: 1.0 / (s.head_dim as f32).sqrt(),
-            br: br as u32,
-            bc: bc as u32,
+    fn round<E: Elem>(&self, src: &CudaTensor<f32>, dst: &mut CudaTensor<E>) -> Result<()> {
+        let (n, s, d) = (src.numel() as u64, src.ptr(), dst.ptr());
+        match E::DTYPE {
+            DType::F32 => CudaDevice::copy(self, s, d, dst.bytes() as usize),
+            DType::Bf16 => self.each("f32_to_bf16", src.numel(), args![s, d, n]),
         }
     }
 
-    /// One block per tile of `rows` rows of each of `heads` heads of each sequence.
-    fn grid(&self, rows: u32, heads: u32) -> (u32, u32, u32) {
-        (self.seq.div_ceil(rows), heads, self.batch)
+    fn rope_tables(&self, spec: RopeSpec) -> Result<RopeTables> {
+        let table = spec.table()?;
+        Ok(RopeTables {
+            cos: self.upload_slice(&table.cos, Category::Params)?,
+            sin: self.upload_slice(&table.sin, Category::Params)?,
+            half: table.half,
+        })
     }
-}
 
-/// The tiles of the attention kernels for one head width.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct AttentionTiles {
-    /// Query rows of a forward block.
-    pub forward_queries: usize,
-    /// Key rows the forward pass streams at a time.
-    pub forward_keys: usize,
-    /// Query rows of a `dq` block, and key rows of a `dk`/`dv` block (and what each streams).
-    pub backward: usize,
-}
-
-/// The tiles the attention kernels use for heads `head_dim` wide; `None` where they cannot run.
-pub fn attention_tiles(head_dim: usize) -> Option<AttentionTiles> {
-    if head_dim == 0 || head_dim > BLOCK as usize {
-        return None;
+    fn ids(&self, ids: &[u32]) -> Result<DeviceIds> {
+        Ok(DeviceIds {
+            buf: self.upload_slice(ids, Category::Io)?,
+            host: ids.to_vec(),
+        })
     }
-    let (forward_queries, forward_keys) = forward_tile(head_dim)?;
-    Some(AttentionTiles {
-        forward_queries,
-        forward_keys,
-        backward: backward_tile(head_dim)?,
-    })
-}
 
-/// Checks the attention kernels can run `s`: a head is at most [`BLOCK`] wide, so that its
-/// tiles fit in shared memory and its columns among a row's threads.
-pub(crate) fn check_attention(s: AttnShape) -> Result<()> {
-    if attention_tiles(s.head_dim).is_none() {
-        return Err(EngineError::Config(format!(
-            "head dimension {} is 0 or exceeds {BLOCK}, the most the CUDA attention kernels support",
-            s.head_dim
-        )));
+    fn labels(&self, labels: &[i64]) -> Result<Buffer> {
+        self.upload_slice(labels, Category::Io)
     }
-    Ok(())
-}
 
-/// Causal attention forward; `lse` receives each row's log-sum-exp.
-pub(crate) fn attention_forward<E: Elem>(
-    dev: &CudaDevice,
-    s: AttnShape,
-    q: &CudaTensor<E>,
-    k: &CudaTensor<E>,
-    v: &CudaTensor<E>,
-    out: &mut CudaTensor<E>,
-    lse: &mut CudaTensor<f32>,
-) -> Result<()> {
-    let tiles = attention_tiles(s.head_dim).expect("checked by check_attention");
-    let (br, bc) = (tiles.forward_queries, tiles.forward_keys);
-    let a = Attn::new(s, (br, bc));
-    let shared = forward_shared(s.head_dim, br, bc) as u32;
-    let (qp, kp, vp, op, lp) = (q.ptr(), k.ptr(), v.ptr(), out.ptr(), lse.ptr());
-    dev.launch(
-        &kernel::<E>("attn_fwd"),
-        a.grid(a.br, a.heads),
-        BLOCK,
-        shared,
-        args![qp, kp, vp, op, lp, a],
-    )
-}
+    fn check_attention(&self, shape: AttnShape) -> Result<()> {
+        check_attention(shape)
+    }
 
-/// Backward of [`attention_forward`]: `dq`, `dk`, `dv` from `dout`, the probabilities
-/// recomputed from the saved log-sum-exp.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn attention_backward<E: Elem>(
-    dev: &CudaDevice,
-    s: AttnShape,
-    q: &CudaTensor<E>,
-    k: &CudaTensor<E>,
-    v: &CudaTensor<E>,
-    out: &CudaTensor<E>,
-    lse: &CudaTensor<f32>,
-    dout: &CudaTensor<E>,
-    dq: &mut CudaTensor<E>,
-    dk: &mut CudaTensor<E>,
-    dv: &mut CudaTensor<E>,
-) -> Result<()> {
-    let t = attention_tiles(s.head_dim)
-        .expect("checked by check_attention")
-        .backward;
-    let a = Attn::new(s, (t, t));
-    let delta = dev.zeros::<f32>(&[s.batch, s.heads, s.seq], Category::Workspace)?;
-    let (qp, kp, vp, op, lp, dop, dp) = (
-        q.ptr(),
-        k.ptr(),
-        v.ptr(),
-        out.ptr(),
-        lse.ptr(),
-        dout.ptr(),
-        delta.ptr(),
-    );
-    let (dqp, dkp, dvp) = (dq.ptr(), dk.ptr(), dv.ptr());
-    dev.launch(
-        &kernel::<E>("attn_delta"),
-        blocks(delta.numel())?,
-        BLOCK,
-        0,
-        args![op, dop, dp, a],
-    )?;
-    dev.launch(
-        &kernel::<E>("attn_bwd_dq"),
-        a.grid(a.br, a.heads),
-        BLOCK,
-        dq_shared(s.head_dim, t, t) as u32,
-        args![qp, kp, vp, dop, lp, dp, dqp, a],
-    )?;
-    dev.launch(
-        &kernel::<E>("attn_bwd_dkv"),
-        a.grid(a.bc, a.kv_heads),
-        BLOCK,
-        dkv_shared(s.head_dim, t, t) as u32,
-        args![qp, kp, vp, dop, lp, dp, dkp, dvp, a],
-    )
-}
+    fn matmul<A: Elem, B: Elem, C: Elem>(
+        &self,
+        dims: (usize, usize, usize),
+        a: Operand<'_, CudaTensor<A>>,
+        b: Operand<'_, CudaTensor<B>>,
+        c: Out<'_, CudaTensor<C>>,
+        accumulate: bool,
+    ) -> Result<()> {
+        let c = Operand {
+            tensor: &*c.tensor,
+            offset: c.offset,
+            transposed: false,
+        };
+        gemm::matmul(self, dims, a.into(), b.into(), c.into(), accumulate)
+    }
 
-/// Replaces `rows` rows of logits at `logits` by `scale · (softmax − onehot(label))` and writes
-/// each row's loss at `row_loss`; ignored rows become zeros.
-pub(crate) fn softmax_xent_grad<E: Elem>(
-    dev: &CudaDevice,
-    logits: CUdeviceptr,
-    labels: CUdeviceptr,
-    row_loss: CUdeviceptr,
-    (rows, vocab): (usize, usize),
-    scale: f32,
-) -> Result<()> {
-    let v = vocab as u32;
-    dev.launch(
-        &kernel::<E>("xent"),
-        rows_grid(rows)?,
-        BLOCK,
-        0,
-        args![logits, labels, row_loss, v, scale],
-    )
-}
+    fn embedding_forward<E: Elem>(
+        &self,
+        table: &CudaTensor<E>,
+        ids: &DeviceIds,
+        out: &mut CudaTensor<E>,
+    ) -> Result<()> {
+        let rows = ids.host.len() as u64;
+        let width = out.numel() as u64 / rows.max(1);
+        let (t, i, o) = (table.ptr(), ids.buf.ptr(), out.ptr());
+        self.each(
+            &kernel::<E>("embedding_fwd"),
+            out.numel(),
+            args![t, i, o, rows, width],
+        )
+    }
 
-/// `dst = src` rounded to bf16.
-pub(crate) fn to_bf16(
-    dev: &CudaDevice,
-    src: &CudaTensor<f32>,
-    dst: &mut CudaTensor<bf16>,
-) -> Result<()> {
-    let n = src.numel() as u64;
-    let (s, d) = (src.ptr(), dst.ptr());
-    dev.launch(
-        "f32_to_bf16",
-        blocks(src.numel())?,
-        BLOCK,
-        0,
-        args![s, d, n],
-    )
-}
+    /// Each id's rows are summed in token order by one block. The positions are grouped by id
+    /// here on the host, where the ids are known.
+    fn embedding_backward<E: Elem>(
+        &self,
+        dout: &CudaTensor<E>,
+        ids: &DeviceIds,
+        dtable: &mut CudaTensor<f32>,
+    ) -> Result<()> {
+        let ids = &ids.host;
+        let mut order: Vec<u32> = (0..ids.len() as u32).collect();
+        order.sort_by_key(|&p| (ids[p as usize], p));
+        let mut distinct = Vec::new();
+        let mut starts = Vec::new();
+        for (k, &p) in order.iter().enumerate() {
+            let id = ids[p as usize];
+            if distinct.last() != Some(&id) {
+                distinct.push(id);
+                starts.push(k as u32);
+            }
+        }
+        let groups = distinct.len();
+        let [_, starts_len, ids_len] = grouped_lengths(ids.len());
+        starts.resize(starts_len, order.len() as u32);
+        distinct.resize(ids_len, 0);
+        let positions = self.upload_slice(&order, Category::Io)?;
+        let starts = self.upload_slice(&starts, Category::Io)?;
+        let id_buf = self.upload_slice(&distinct, Category::Io)?;
+        let width = dout.numel() as u64 / ids.len().max(1) as u64;
+        let (d, p, s, i, t) = (
+            dout.ptr(),
+            positions.ptr(),
+            starts.ptr(),
+            id_buf.ptr(),
+            dtable.ptr(),
+        );
+        self.launch(
+            &kernel::<E>("embedding_bwd"),
+            rows_grid(groups)?,
+            BLOCK,
+            0,
+            args![d, p, s, i, t, width],
+        )
+    }
 
-/// AdamW's per-step scalars, as kernels.cu's `AdamWArgs`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub(crate) struct AdamWArgs {
-    pub decay: f32,
-    pub one_minus_b1: f32,
-    pub b2: f32,
-    pub one_minus_b2: f32,
-    pub eps: f32,
-    pub step_size: f32,
-    pub bc2_sqrt: f32,
-}
+    fn rmsnorm_forward<E: Elem>(
+        &self,
+        x: &CudaTensor<E>,
+        w: &CudaTensor<E>,
+        eps: f32,
+        y: &mut CudaTensor<E>,
+        rinv: &mut CudaTensor<f32>,
+    ) -> Result<()> {
+        let h = w.numel() as u32;
+        let (xp, wp, yp, rp) = (x.ptr(), w.ptr(), y.ptr(), rinv.ptr());
+        self.launch(
+            &kernel::<E>("rmsnorm_fwd"),
+            rows_grid(rinv.numel())?,
+            BLOCK,
+            0,
+            args![xp, wp, yp, rp, h, eps],
+        )
+    }
 
-/// One AdamW update of `p` and its moments `m`, `v` with gradient `g`.
-pub(crate) fn adamw(
-    dev: &CudaDevice,
-    p: &mut CudaTensor<f32>,
-    g: &CudaTensor<f32>,
-    m: &mut CudaTensor<f32>,
-    v: &mut CudaTensor<f32>,
-    a: AdamWArgs,
-) -> Result<()> {
-    let n = p.numel() as u64;
-    let (pp, gp, mp, vp) = (p.ptr(), g.ptr(), m.ptr(), v.ptr());
-    dev.launch(
-        "adamw",
-        blocks(p.numel())?,
-        BLOCK,
-        0,
-        args![pp, gp, mp, vp, n, a],
-    )
-}
+    /// `dw`'s rows are summed in order per column.
+    fn rmsnorm_backward<E: Elem>(
+        &self,
+        dy: &CudaTensor<E>,
+        x: &CudaTensor<E>,
+        w: &CudaTensor<E>,
+        rinv: &CudaTensor<f32>,
+        dx: &mut CudaTensor<E>,
+        dw: &mut CudaTensor<f32>,
+    ) -> Result<()> {
+        let h = w.numel() as u32;
+        let rows = rinv.numel() as u64;
+        let (dyp, xp, wp, rp) = (dy.ptr(), x.ptr(), w.ptr(), rinv.ptr());
+        let (dxp, dwp) = (dx.ptr(), dw.ptr());
+        self.launch(
+            &kernel::<E>("rmsnorm_bwd_dx"),
+            rows_grid(rinv.numel())?,
+            BLOCK,
+            0,
+            args![dyp, xp, wp, rp, dxp, h],
+        )?;
+        self.each(
+            &kernel::<E>("rmsnorm_bwd_dw"),
+            w.numel(),
+            args![dyp, xp, rp, dwp, rows, h],
+        )
+    }
 
-/// Writes at `partial` the f64 sum of squares of each `chunk`-element chunk of `x`, in order.
-pub(crate) fn sum_squares(
-    dev: &CudaDevice,
-    x: &CudaTensor<f32>,
-    partial: CUdeviceptr,
-    chunk: usize,
-) -> Result<()> {
-    let (n, c) = (x.numel() as u64, chunk as u64);
-    let xp = x.ptr();
-    dev.launch(
-        "sumsq_chunks",
-        blocks(x.numel().div_ceil(chunk))?,
-        BLOCK,
-        0,
-        args![xp, partial, n, c],
-    )
-}
+    fn rope<E: Elem>(
+        &self,
+        x: &mut CudaTensor<E>,
+        (width, seq): (usize, usize),
+        tables: &RopeTables,
+        inverse: bool,
+    ) -> Result<()> {
+        let rows = (x.numel() / width) as u64;
+        let (w, s, half) = (width as u32, seq as u32, tables.half as u32);
+        let sign: f32 = if inverse { -1.0 } else { 1.0 };
+        let (xp, c, sn) = (x.ptr(), tables.cos.ptr(), tables.sin.ptr());
+        self.each(
+            &kernel::<E>("rope"),
+            x.numel() / 2,
+            args![xp, c, sn, rows, w, s, half, sign],
+        )
+    }
 
-/// `x *= coef`.
-pub(crate) fn scale(dev: &CudaDevice, x: &mut CudaTensor<f32>, coef: f32) -> Result<()> {
-    let n = x.numel() as u64;
-    let xp = x.ptr();
-    dev.launch(
-        "scale_f32",
-        blocks(x.numel())?,
-        BLOCK,
-        0,
-        args![xp, n, coef],
-    )
+    fn swiglu_forward<E: Elem>(
+        &self,
+        gate: &CudaTensor<E>,
+        up: &CudaTensor<E>,
+        act: &mut CudaTensor<E>,
+    ) -> Result<()> {
+        let n = act.numel() as u64;
+        let (g, u, a) = (gate.ptr(), up.ptr(), act.ptr());
+        self.each(&kernel::<E>("swiglu_fwd"), act.numel(), args![g, u, a, n])
+    }
+
+    fn swiglu_backward<E: Elem>(
+        &self,
+        dact: &CudaTensor<E>,
+        (gate, up): (&CudaTensor<E>, &CudaTensor<E>),
+        dgate: &mut CudaTensor<E>,
+        dup: &mut CudaTensor<E>,
+    ) -> Result<()> {
+        let n = dact.numel() as u64;
+        let (da, g, u, dg, du) = (dact.ptr(), gate.ptr(), up.ptr(), dgate.ptr(), dup.ptr());
+        let name = kernel::<E>("swiglu_bwd");
+        self.each(&name, dact.numel(), args![da, g, u, dg, du, n])
+    }
+
+    fn dropout_add<E: Elem>(
+        &self,
+        mask: &DropoutMask,
+        x: &CudaTensor<E>,
+        y: &CudaTensor<E>,
+        out: &mut CudaTensor<E>,
+    ) -> Result<()> {
+        let (n, m) = (out.numel() as u64, DeviceMask::new(mask));
+        let (xp, yp, op) = (x.ptr(), y.ptr(), out.ptr());
+        let name = kernel::<E>("dropout_add");
+        self.each(&name, out.numel(), args![xp, yp, op, n, m])
+    }
+
+    fn dropout_backward<E: Elem>(
+        &self,
+        mask: &DropoutMask,
+        dout: &CudaTensor<E>,
+        dy: &mut CudaTensor<E>,
+    ) -> Result<()> {
+        let (n, m) = (dy.numel() as u64, DeviceMask::new(mask));
+        let (dp, yp) = (dout.ptr(), dy.ptr());
+        self.each(&kernel::<E>("dropout_bwd"), dy.numel(), args![dp, yp, n, m])
+    }
+
+    fn attention_forward<E: Elem>(
+        &self,
+        s: AttnShape,
+        q: &CudaTensor<E>,
+        k: &CudaTensor<E>,
+        v: &CudaTensor<E>,
+        out: &mut CudaTensor<E>,
+        lse: &mut CudaTensor<f32>,
+    ) -> Result<()> {
+        check_attention(s)?;
+        let tiles = attention_tiles(s.head_dim).expect("checked above");
+        let (br, bc) = (tiles.forward_queries, tiles.forward_keys);
+        let a = Attn::new(s, (br, bc));
+        let shared = forward_shared(s.head_dim, br, bc) as u32;
+        let (qp, kp, vp, op, lp) = (q.ptr(), k.ptr(), v.ptr(), out.ptr(), lse.ptr());
+        self.launch(
+            &kernel::<E>("attn_fwd"),
+            a.grid(a.br, a.heads),
+            BLOCK,
+            shared,
+            args![qp, kp, vp, op, lp, a],
+        )
+    }
+
+    fn attention_backward<E: Elem>(
+        &self,
+        s: AttnShape,
+        q: &CudaTensor<E>,
+        k: &CudaTensor<E>,
+        v: &CudaTensor<E>,
+        (out, lse): (&CudaTensor<E>, &CudaTensor<f32>),
+        dout: &CudaTensor<E>,
+        dq: &mut CudaTensor<E>,
+        dk: &mut CudaTensor<E>,
+        dv: &mut CudaTensor<E>,
+    ) -> Result<()> {
+        check_attention(s)?;
+        let t = attention_tiles(s.head_dim).expect("checked above").backward;
+        let a = Attn::new(s, (t, t));
+        let delta = attention_delta(self, &s)?;
+        let (qp, kp, vp, op, lp) = (q.ptr(), k.ptr(), v.ptr(), out.ptr(), lse.ptr());
+        let (dop, dp, dqp, dkp, dvp) = (dout.ptr(), delta.ptr(), dq.ptr(), dk.ptr(), dv.ptr());
+        self.each(
+            &kernel::<E>("attn_delta"),
+            delta.numel(),
+            args![op, dop, dp, a],
+        )?;
+        self.launch(
+            &kernel::<E>("attn_bwd_dq"),
+            a.grid(a.br, a.heads),
+            BLOCK,
+            dq_shared(s.head_dim, t, t) as u32,
+            args![qp, kp, vp, dop, lp, dp, dqp, a],
+        )?;
+        self.launch(
+            &kernel::<E>("attn_bwd_dkv"),
+            a.grid(a.bc, a.kv_heads),
+            BLOCK,
+            dkv_shared(s.head_dim, t, t) as u32,
+            args![qp, kp, vp, dop, lp, dp, dkp, dvp, a],
+        )
+    }
+
+    fn cross_entropy_rows<E: Elem>(
+        &self,
+        logits: &mut CudaTensor<E>,
+        labels: &Buffer,
+        row_loss: &mut CudaTensor<f32>,
+        (start, len, vocab): (usize, usize, usize),
+        scale: f32,
+    ) -> Result<()> {
+        let v = vocab as u32;
+        let l = logits.ptr();
+        let lab = labels.ptr() + (start * 8) as u64;
+        let r = row_loss.ptr() + (start * 4) as u64;
+        self.launch(
+            &kernel::<E>("xent"),
+            rows_grid(len)?,
+            BLOCK,
+            0,
+            args![l, lab, r, v, scale],
+        )
+    }
+
+    fn norm(&self, tensors: &[&CudaTensor<f32>]) -> Result<f64> {
+        let numels = || tensors.iter().map(|t| t.numel());
+        let partial = self.alloc(norm_partials_bytes(numels()) as usize, Category::Workspace)?;
+        let mut at = partial.ptr();
+        for g in tensors {
+            let (x, out, n, c) = (g.ptr(), at, g.numel() as u64, CHUNK as u64);
+            self.each(
+                "sumsq_chunks",
+                g.numel().div_ceil(CHUNK),
+                args![x, out, n, c],
+            )?;
+            at += norm_partials_bytes(std::iter::once(g.numel()));
+        }
+        let partial: Vec<f64> = from_bytes(&self.download_bytes(&partial)?);
+        let mut total = 0.0f64;
+        let mut rest = partial.as_slice();
+        for n in numels() {
+            let (mine, tail) = rest.split_at(n.div_ceil(CHUNK));
+            total += mine.iter().sum::<f64>();
+            rest = tail;
+        }
+        Ok(total.sqrt())
+    }
+
+    fn scale(&self, x: &mut CudaTensor<f32>, coef: f32) -> Result<()> {
+        let (xp, n) = (x.ptr(), x.numel() as u64);
+        self.each("scale_f32", x.numel(), args![xp, n, coef])
+    }
+
+    fn adamw(
+        &self,
+        p: &mut CudaTensor<f32>,
+        g: &CudaTensor<f32>,
+        (m, v): (&mut CudaTensor<f32>, &mut CudaTensor<f32>),
+        a: AdamWArgs,
+    ) -> Result<()> {
+        let n = p.numel() as u64;
+        let (pp, gp, mp, vp) = (p.ptr(), g.ptr(), m.ptr(), v.ptr());
+        self.each("adamw", p.numel(), args![pp, gp, mp, vp, n, a])
+    }
 }

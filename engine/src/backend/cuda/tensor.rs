@@ -2,6 +2,7 @@
 //! [`CudaTensor`] is a buffer of one element type with a row-major shape.
 
 use super::device::CudaDevice;
+use crate::device::DeviceTensor;
 use crate::memory::{Category, Lease};
 use crate::tensor::Elem;
 use cudarc::driver::sys::CUdeviceptr;
@@ -59,26 +60,6 @@ impl<E: Elem> CudaTensor<E> {
         }
     }
 
-    /// The dimensions, outermost first.
-    pub fn shape(&self) -> &[usize] {
-        &self.shape
-    }
-
-    /// Number of elements.
-    pub fn numel(&self) -> usize {
-        self.shape.iter().product()
-    }
-
-    /// Bytes the tensor holds.
-    pub fn bytes(&self) -> u64 {
-        self.buf.bytes() as u64
-    }
-
-    /// The category its bytes are counted under.
-    pub fn category(&self) -> Category {
-        self.buf.lease.category()
-    }
-
     pub(crate) fn buffer(&self) -> &Buffer {
         &self.buf
     }
@@ -86,6 +67,18 @@ impl<E: Elem> CudaTensor<E> {
     /// The device address of the first element.
     pub(crate) fn ptr(&self) -> CUdeviceptr {
         self.buf.ptr
+    }
+}
+
+impl<E: Elem> DeviceTensor for CudaTensor<E> {
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn bytes(&self) -> u64 {
+        self.buf.bytes() as u64
+    }
+    fn category(&self) -> Category {
+        self.buf.lease.category()
     }
 }
 

@@ -1,0 +1,324 @@
+//! The counting device: tensors are sizes only, and every operation allocates what the backend
+//! it imitates allocates, through the very functions that backend allocates with (the CPU's
+//! product and attention workspace, the CUDA backend's uploads and scratch). Running the
+//! model's step on it is the memory model: the tracker's figures are the prediction.
+
+use crate::backend::{cpu, cuda};
+use crate::device::{
+    AdamWArgs, AttnShape, Device, DeviceKind, DeviceTensor, Operand, Out, StepPhase,
+};
+use crate::error::{EngineError, Result};
+use crate::memory::{Breakdown, Category, Lease, MemoryTracker};
+use crate::model::dropout::DropoutMask;
+use crate::model::rope::RopeSpec;
+use crate::tensor::{Elem, Tensor};
+use std::borrow::Cow;
+use std::marker::PhantomData;
+use std::sync::{Arc, Mutex};
+
+/// The backend a counting device imitates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Like {
+    /// The CPU backend with this many worker threads (its attention scratch is per thread).
+    Cpu {
+        /// Worker threads, at least 1.
+        threads: usize,
+    },
+    /// The CUDA backend.
+    Cuda,
+}
+
+impl Like {
+    /// The backend of `kind`, with `threads` CPU worker threads.
+    pub fn new(kind: DeviceKind, threads: usize) -> Self {
+        match kind {
+            DeviceKind::Cpu => Like::Cpu { threads },
+            DeviceKind::Cuda => Like::Cuda,
+        }
+    }
+}
+
+/// The peak of each [`StepPhase`] and what was held when it began.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PhaseLog {
+    current: Option<usize>,
+    /// Bytes held at each phase's start, in [`StepPhase`] order.
+    pub start: [Breakdown; 4],
+    /// Each phase's peak, in [`StepPhase`] order.
+    pub peak: [u64; 4],
+}
+
+impl PhaseLog {
+    fn index(phase: StepPhase) -> usize {
+        phase as usize
+    }
+
+    /// The peak of `phase`.
+    pub fn peak_of(&self, phase: StepPhase) -> u64 {
+        self.peak[Self::index(phase)]
+    }
+
+    /// What was held when `phase` began.
+    pub fn start_of(&self, phase: StepPhase) -> Breakdown {
+        self.start[Self::index(phase)]
+    }
+}
+
+/// A device that holds no data: each tensor is a lease of its bytes on the tracker.
+#[derive(Clone, Debug)]
+pub struct CountingDevice {
+    tracker: MemoryTracker,
+    like: Like,
+    log: Arc<Mutex<PhaseLog>>,
+}
+
+/// A tensor of the counting device: its shape and the lease of its bytes.
+#[derive(Debug)]
+pub struct CountTensor<E> {
+    lease: Lease,
+    shape: Vec<usize>,
+    _elem: PhantomData<E>,
+}
+
+impl<E: Elem> DeviceTensor for CountTensor<E> {
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn bytes(&self) -> u64 {
+        self.lease.bytes()
+    }
+    fn category(&self) -> Category {
+        self.lease.category()
+    }
+}
+
+/// Token ids or labels: their count, and the bytes the imitated backend uploads for them.
+pub struct CountIndices {
+    len: usize,
+    _upload: Option<Lease>,
+}
+
+impl CountingDevice {
+    /// A device imitating `like`, with no capacity limit.
+    pub fn new(like: Like) -> Self {
+        CountingDevice {
+            tracker: MemoryTracker::unlimited(),
+            like,
+            log: Arc::default(),
+        }
+    }
+
+    /// The peaks of the step phases since the last [`CountingDevice::reset_log`].
+    pub fn log(&self) -> PhaseLog {
+        *self.log.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Forgets the phases recorded so far.
+    pub fn reset_log(&self) {
+        *self.log.lock().unwrap_or_else(|e| e.into_inner()) = PhaseLog::default();
+    }
+
+    /// Takes `bytes` under `category` and counts them in the current phase's peak.
+    fn lease(&self, bytes: u64, category: Category) -> Result<Lease> {
+        let lease = self.tracker.allocate(bytes, category)?;
+        let held = self.tracker.allocated();
+        let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = log.current {
+            log.peak[i] = log.peak[i].max(held);
+        }
+        Ok(lease)
+    }
+
+    /// Uploads of `len` elements of `T` on CUDA, nothing on the CPU.
+    fn indices<T>(&self, len: usize) -> Result<CountIndices> {
+        let upload = match self.like {
+            Like::Cpu { .. } => None,
+            Like::Cuda => Some(self.lease((len * std::mem::size_of::<T>()) as u64, Category::Io)?),
+        };
+        Ok(CountIndices {
+            len,
+            _upload: upload,
+        })
+    }
+}
+
+/// A tensor of the counting device, in the signatures below.
+type T<E> = CountTensor<E>;
+/// The `(start, len, vocab)` of a block of logits rows.
+type Rows = (usize, usize, usize);
+
+/// Operations that only read and write values: the counting device has none to compute and
+/// nothing to allocate for them.
+macro_rules! values_only {
+    ($(fn $name:ident$(<$e:ident>)?(&self $(, $ty:ty)*);)*) => {$(
+        fn $name$(<$e: Elem>)?(&self $(, _: $ty)*) -> Result<()> {
+            Ok(())
+        }
+    )*};
+}
+
+impl Device for CountingDevice {
+    values_only! {
+        fn copy<E>(&self, &T<E>, &mut T<E>);
+        fn fill_zero(&self, &mut T<f32>);
+        fn round<E>(&self, &T<f32>, &mut T<E>);
+        fn embedding_forward<E>(&self, &T<E>, &CountIndices, &mut T<E>);
+        fn rmsnorm_forward<E>(&self, &T<E>, &T<E>, f32, &mut T<E>, &mut T<f32>);
+        fn rmsnorm_backward<E>(&self, &T<E>, &T<E>, &T<E>, &T<f32>, &mut T<E>, &mut T<f32>);
+        fn rope<E>(&self, &mut T<E>, (usize, usize), &Vec<Lease>, bool);
+        fn swiglu_forward<E>(&self, &T<E>, &T<E>, &mut T<E>);
+        fn swiglu_backward<E>(&self, &T<E>, (&T<E>, &T<E>), &mut T<E>, &mut T<E>);
+        fn dropout_add<E>(&self, &DropoutMask, &T<E>, &T<E>, &mut T<E>);
+        fn dropout_backward<E>(&self, &DropoutMask, &T<E>, &mut T<E>);
+        fn cross_entropy_rows<E>(&self, &mut T<E>, &CountIndices, &mut T<f32>, Rows, f32);
+        fn scale(&self, &mut T<f32>, f32);
+        fn adamw(&self, &mut T<f32>, &T<f32>, (&mut T<f32>, &mut T<f32>), AdamWArgs);
+    }
+
+    type Tensor<E: Elem> = CountTensor<E>;
+    type Rope = Vec<Lease>;
+    type Ids = CountIndices;
+    type Labels = CountIndices;
+
+    fn tracker(&self) -> &MemoryTracker {
+        &self.tracker
+    }
+
+    fn host(&self) -> MemoryTracker {
+        MemoryTracker::new(0)
+    }
+
+    fn enter(&self, phase: StepPhase) {
+        let stats = self.tracker.stats();
+        let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
+        let i = PhaseLog::index(phase);
+        log.current = Some(i);
+        log.start[i] = stats.current;
+        log.peak[i] = stats.allocated.current;
+    }
+
+    fn zeros<E: Elem>(&self, shape: &[usize], category: Category) -> Result<T<E>> {
+        let numel: usize = shape.iter().product();
+        Ok(CountTensor {
+            lease: self.lease((numel * E::DTYPE.size()) as u64, category)?,
+            shape: shape.to_vec(),
+            _elem: PhantomData,
+        })
+    }
+
+    fn upload<E: Elem>(&self, host: Tensor<E>) -> Result<T<E>> {
+        self.zeros(host.shape(), host.category())
+    }
+
+    fn to_host<E: Elem>(&self, t: &T<E>) -> Result<Vec<E>> {
+        Ok(vec![E::default(); t.numel()])
+    }
+
+    fn raw_bytes<'a, E: Elem>(&self, _: &'a T<E>) -> Result<Cow<'a, [u8]>> {
+        Err(EngineError::Config(
+            "the counting device holds no tensor data to save".into(),
+        ))
+    }
+
+    fn rope_tables(&self, spec: RopeSpec) -> Result<Vec<Lease>> {
+        let table = spec.elements() as u64 * 4;
+        match self.like {
+            Like::Cpu { .. } => Ok(vec![self.lease(2 * table, Category::Params)?]),
+            Like::Cuda => (0..2)
+                .map(|_| self.lease(table, Category::Params))
+                .collect(),
+        }
+    }
+
+    fn ids(&self, ids: &[u32]) -> Result<CountIndices> {
+        self.indices::<u32>(ids.len())
+    }
+
+    fn labels(&self, labels: &[i64]) -> Result<CountIndices> {
+        self.indices::<i64>(labels.len())
+    }
+
+    fn check_attention(&self, shape: AttnShape) -> Result<()> {
+        match self.like {
+            Like::Cpu { .. } => Ok(()),
+            Like::Cuda => cuda::check_attention(shape),
+        }
+    }
+
+    fn matmul<A: Elem, B: Elem, C: Elem>(
+        &self,
+        dims: (usize, usize, usize),
+        _: Operand<'_, T<A>>,
+        _: Operand<'_, T<B>>,
+        _: Out<'_, T<C>>,
+        _: bool,
+    ) -> Result<()> {
+        if let Like::Cpu { .. } = self.like {
+            cpu::matmul::workspace(self, [A::DTYPE, B::DTYPE, C::DTYPE], dims)?;
+        }
+        Ok(())
+    }
+
+    fn embedding_backward<E: Elem>(
+        &self,
+        _: &T<E>,
+        ids: &CountIndices,
+        _: &mut T<f32>,
+    ) -> Result<()> {
+        if self.like == Like::Cuda {
+            let uploads = cuda::grouped_lengths(ids.len)
+                .map(|len| self.lease(len as u64 * 4, Category::Io))
+                .into_iter()
+                .collect::<Result<Vec<_>>>()?;
+            drop(uploads);
+        }
+        Ok(())
+    }
+
+    fn attention_forward<E: Elem>(
+        &self,
+        s: AttnShape,
+        _: &T<E>,
+        _: &T<E>,
+        _: &T<E>,
+        _: &mut T<E>,
+        _: &mut T<f32>,
+    ) -> Result<()> {
+        if let Like::Cpu { threads } = self.like {
+            cpu::attention::scratch(self, threads, &s, cpu::attention::Pass::Forward)?;
+        }
+        Ok(())
+    }
+
+    fn attention_backward<E: Elem>(
+        &self,
+        s: AttnShape,
+        _: &T<E>,
+        _: &T<E>,
+        _: &T<E>,
+        _: (&T<E>, &T<f32>),
+        _: &T<E>,
+        _: &mut T<E>,
+        _: &mut T<E>,
+        _: &mut T<E>,
+    ) -> Result<()> {
+        match self.like {
+            Like::Cpu { threads } => {
+                cpu::attention::scratch(self, threads, &s, cpu::attention::Pass::Backward)?;
+            }
+            Like::Cuda => {
+                cuda::attention_delta(self, &s)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn norm(&self, tensors: &[&T<f32>]) -> Result<f64> {
+        if self.like == Like::Cuda {
+            let numels = tensors.iter().map(|t| t.numel());
+            self.lease(cuda::norm_partials_bytes(numels), Category::Workspace)?;
+        }
+        Ok(0.0)
+    }
+}

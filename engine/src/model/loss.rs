@@ -1,0 +1,86 @@
+//! The LM head and cross-entropy, fused: logits are produced, turned into their gradient in
+//! place, and consumed, either all at once (`standard`) or a chunk of tokens at a time
+//! (`chunked`) so the full `[tokens, vocab]` logits never exist. Row losses are summed on the
+//! host in f64, in row order.
+
+use crate::device::{n, out, t, Device, DeviceTensor, Out};
+use crate::error::Result;
+use crate::memory::Category;
+use crate::tensor::Elem;
+use serde::{Deserialize, Serialize};
+
+/// Labels equal to this are ignored, as in PyTorch.
+pub const IGNORE_INDEX: i64 = -100;
+
+/// How the LM head and loss hold their logits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum LossKind {
+    /// Materialise all `[tokens, vocab]` logits (counted as activations).
+    Standard,
+    /// Process `chunk_tokens` tokens at a time (counted as workspace).
+    Chunked {
+        /// Tokens per chunk.
+        chunk_tokens: usize,
+    },
+}
+
+impl LossKind {
+    /// Tokens per chunk of logits for a batch of `rows` tokens, and the chunk's category.
+    pub fn chunk(self, rows: usize) -> (usize, Category) {
+        match self {
+            LossKind::Standard => (rows.max(1), Category::Activations),
+            LossKind::Chunked { chunk_tokens } => {
+                (chunk_tokens.clamp(1, rows.max(1)), Category::Workspace)
+            }
+        }
+    }
+}
+
+/// Mean cross-entropy over labels that are not [`IGNORE_INDEX`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LossOutput {
+    /// The mean loss (0 when every label is ignored).
+    pub loss: f32,
+    /// Labels counted.
+    pub tokens: usize,
+}
+
+/// Computes the loss of `hn` (`[rows, hidden]`, the final-norm output) through the head `w`
+/// (`[vocab, hidden]`); writes `dhn` and adds the head's gradient to `dw`.
+pub fn linear_cross_entropy<D: Device, E: Elem>(
+    dev: &D,
+    hn: &D::Tensor<E>,
+    w: &D::Tensor<E>,
+    labels: &[i64],
+    kind: LossKind,
+    dhn: &mut D::Tensor<E>,
+    dw: &mut D::Tensor<f32>,
+) -> Result<LossOutput> {
+    let (vocab, hidden) = (w.shape()[0], w.shape()[1]);
+    let rows = labels.len();
+    let tokens = labels.iter().filter(|&&l| l != IGNORE_INDEX).count();
+    let (chunk, category) = kind.chunk(rows);
+    let mut row_loss = dev.zeros::<f32>(&[rows], Category::Workspace)?;
+    let label_buf = dev.labels(labels)?;
+    let scale = 1.0 / tokens.max(1) as f32;
+    let mut logits = dev.zeros::<E>(&[chunk, vocab], category)?;
+    for start in (0..rows).step_by(chunk) {
+        let len = chunk.min(rows - start);
+        let x = n(hn).at(start * hidden);
+        dev.matmul((len, vocab, hidden), x, t(w), out(&mut logits), false)?;
+        let span = (start, len, vocab);
+        dev.cross_entropy_rows(&mut logits, &label_buf, &mut row_loss, span, scale)?;
+        let dx = Out {
+            tensor: &mut *dhn,
+            offset: start * hidden,
+        };
+        dev.matmul((len, hidden, vocab), n(&logits), n(w), dx, false)?;
+        dev.matmul((vocab, hidden, len), t(&logits), x, out(&mut *dw), true)?;
+    }
+    let total: f64 = dev.to_host(&row_loss)?.iter().map(|&l| l as f64).sum();
+    Ok(LossOutput {
+        loss: (total * scale as f64) as f32,
+        tokens,
+    })
+}

@@ -1,0 +1,260 @@
+//! The training state on one device, written once over [`Device`]: the weights the passes read
+//! (and their f32 masters in bf16-mixed), the gradients and AdamW's moments; one step's
+//! arithmetic on them; what a checkpoint holds of them; and the faults that act on them.
+
+use crate::checkpoint::Entry;
+use crate::config::{Precision, TrainConfig};
+use crate::device::{safetensors_dtype, Device, DeviceTensor, StepPhase};
+use crate::error::Result;
+use crate::fault::Fault;
+use crate::memory::Category;
+use crate::model::{
+    param_specs, Batch, Dropout, LlamaConfig, Model, Params, PassConfig, PassOutput,
+};
+use crate::optim::{clip_grad_norm, AdamW, Moments};
+use crate::tensor::Elem;
+use half::bf16;
+
+/// The weights a step reads and the optimizer writes.
+pub enum Weights<D: Device> {
+    /// f32 parameters, used directly.
+    Fp32(Params<D::Tensor<f32>>),
+    /// f32 master weights (optimizer state) and their bf16 copy used by the passes.
+    Bf16Mixed {
+        /// What AdamW updates.
+        master: Params<D::Tensor<f32>>,
+        /// What forward and backward read.
+        compute: Params<D::Tensor<bf16>>,
+    },
+}
+
+impl<D: Device> Weights<D> {
+    /// The f32 weights the optimizer owns.
+    pub fn master(&self) -> &Params<D::Tensor<f32>> {
+        match self {
+            Weights::Fp32(p) => p,
+            Weights::Bf16Mixed { master, .. } => master,
+        }
+    }
+}
+
+/// A copy of f32 weights rounded to `E`, counted as params.
+pub fn rounded<D: Device, E: Elem>(
+    dev: &D,
+    cfg: &LlamaConfig,
+    master: &Params<D::Tensor<f32>>,
+) -> Result<Params<D::Tensor<E>>> {
+    let mut src = master.tensors().into_iter();
+    Params::try_new(cfg, |spec| {
+        let mut t = dev.zeros::<E>(&spec.shape, Category::Params)?;
+        dev.round(src.next().expect("same layout"), &mut t)?;
+        Ok(t)
+    })
+}
+
+/// A run's tensors on one device and the step arithmetic over them.
+pub struct State<D: Device> {
+    dev: D,
+    cfg: TrainConfig,
+    model: Model<D>,
+    weights: Weights<D>,
+    grads: Params<D::Tensor<f32>>,
+    optimizer: AdamW<D>,
+    /// Tensors a fault keeps past their pass ([`Fault::RecomputeInputsKept`]), freed on drop.
+    kept: Vec<Box<dyn std::any::Any + Send>>,
+}
+
+impl<D: Device> State<D> {
+    /// The state of a run from its f32 `master` weights on `dev` and, when resuming, the saved
+    /// moments with their step count.
+    pub fn new(
+        cfg: &TrainConfig,
+        dev: D,
+        master: Params<D::Tensor<f32>>,
+        moments: Option<(Moments<D>, u64)>,
+    ) -> Result<Self> {
+        let model = Model::new(&dev, cfg.model.clone())?;
+        let weights = match cfg.precision {
+            Precision::Fp32 => Weights::Fp32(master),
+            Precision::Bf16Mixed => Weights::Bf16Mixed {
+                compute: rounded(&dev, &cfg.model, &master)?,
+                master,
+            },
+        };
+        let grads = Params::try_new(&cfg.model, |s| dev.zeros::<f32>(&s.shape, Category::Grads))?;
+        let mut optimizer = AdamW::new(cfg.optimizer.clone());
+        if let Some((moments, step)) = moments {
+            optimizer.set_state(moments, step);
+        }
+        Ok(State {
+            dev,
+            cfg: cfg.clone(),
+            model,
+            weights,
+            grads,
+            optimizer,
+            kept: Vec::new(),
+        })
+    }
+
+    /// A fresh state whose master weights are zeros (the memory model's; the counting device
+    /// holds no values anyway).
+    pub fn zeros(cfg: &TrainConfig, dev: D) -> Result<Self> {
+        let category = cfg.master_category();
+        let master = Params::try_new(&cfg.model, |s| dev.zeros::<f32>(&s.shape, category))?;
+        Self::new(cfg, dev, master, None)
+    }
+
+    /// The device.
+    pub fn device(&self) -> &D {
+        &self.dev
+    }
+
+    /// The weights.
+    pub fn weights(&self) -> &Weights<D> {
+        &self.weights
+    }
+
+    /// The gradients of the last pass.
+    pub fn grads(&self) -> &Params<D::Tensor<f32>> {
+        &self.grads
+    }
+
+    /// The optimizer and its state.
+    pub fn optimizer(&self) -> &AdamW<D> {
+        &self.optimizer
+    }
+
+    /// Zeroes the gradients, then runs one forward and backward pass over `batch` with
+    /// `dropout` (if any), adding every parameter's gradient.
+    pub fn forward_backward(
+        &mut self,
+        batch: &Batch,
+        dropout: Option<Dropout>,
+    ) -> Result<PassOutput> {
+        for g in self.grads.tensors_mut() {
+            self.dev.fill_zero(g)?;
+        }
+        let pass = PassConfig {
+            checkpointing: self.cfg.checkpointing,
+            loss: self.cfg.loss,
+            dropout,
+            faults: &self.cfg.faults,
+        };
+        let (dev, model, grads) = (&self.dev, &self.model, &mut self.grads);
+        let out = match &self.weights {
+            Weights::Fp32(p) => {
+                let (out, kept) = model.forward_backward_with(dev, p, grads, batch, &pass)?;
+                self.kept.extend(kept.into_iter().map(|t| Box::new(t) as _));
+                out
+            }
+            Weights::Bf16Mixed { compute, .. } => {
+                let (out, kept) = model.forward_backward_with(dev, compute, grads, batch, &pass)?;
+                self.kept.extend(kept.into_iter().map(|t| Box::new(t) as _));
+                out
+            }
+        };
+        Ok(out)
+    }
+
+    /// The global L2 norm of the gradients before clipping; scales them down to the run's
+    /// `grad_clip` as `torch.nn.utils.clip_grad_norm_` does.
+    pub fn clip_grad_norm(&mut self) -> Result<f64> {
+        clip_grad_norm(&self.dev, &mut self.grads, self.cfg.optimizer.grad_clip)
+    }
+
+    /// One AdamW update at learning rate `lr` (the moments are allocated at the first), then the
+    /// compute weights refreshed from the master weights.
+    pub fn adamw_step(&mut self, lr: f64) -> Result<()> {
+        let (dev, model) = (&self.dev, &self.cfg.model);
+        match &mut self.weights {
+            Weights::Fp32(p) => self.optimizer.update(dev, model, p, &self.grads, lr),
+            Weights::Bf16Mixed { master, compute } => {
+                self.optimizer.update(dev, model, master, &self.grads, lr)?;
+                for (c, m) in compute.tensors_mut().into_iter().zip(master.tensors()) {
+                    dev.round(m, c)?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// One training step's arithmetic: the pass, clipping and the update at `lr`; returns the
+    /// pass's output and the gradient norm before clipping.
+    pub fn train_step(
+        &mut self,
+        batch: &Batch,
+        dropout: Option<Dropout>,
+        lr: f64,
+    ) -> Result<(PassOutput, f64)> {
+        let pass = self.forward_backward(batch, dropout)?;
+        self.dev.enter(StepPhase::Optimizer);
+        let grad_norm = self.clip_grad_norm()?;
+        self.adamw_step(lr)?;
+        Ok((pass, grad_norm))
+    }
+
+    /// AdamW updates taken so far.
+    pub fn optimizer_steps(&self) -> u64 {
+        self.optimizer.step_count()
+    }
+
+    /// What a checkpoint holds: `model.safetensors` entries (the weights the passes read, in
+    /// Hugging Face names) and `optimizer.safetensors` entries (`<name>.master` in bf16-mixed,
+    /// `<name>.exp_avg` and `<name>.exp_avg_sq` once the moments exist).
+    pub fn checkpoint_entries(&self) -> Result<(Vec<Entry<'_>>, Vec<Entry<'_>>)> {
+        let specs = param_specs(&self.cfg.model);
+        let mut model = Vec::new();
+        let mut optimizer = Vec::new();
+        let (dev, names) = (&self.dev, specs.iter().map(|s| s.name.as_str()));
+        match &self.weights {
+            Weights::Fp32(p) => entries(dev, names, "", p, &mut model)?,
+            Weights::Bf16Mixed { master, compute } => {
+                entries(dev, names.clone(), "", compute, &mut model)?;
+                entries(dev, names, ".master", master, &mut optimizer)?;
+            }
+        }
+        if let Some(m) = self.optimizer.moments() {
+            let names = || specs.iter().map(|s| s.name.as_str());
+            let mut avg = Vec::new();
+            let mut avg_sq = Vec::new();
+            entries(dev, names(), ".exp_avg", &m.exp_avg, &mut avg)?;
+            entries(dev, names(), ".exp_avg_sq", &m.exp_avg_sq, &mut avg_sq)?;
+            for (a, b) in avg.into_iter().zip(avg_sq) {
+                optimizer.extend([a, b]);
+            }
+        }
+        Ok((model, optimizer))
+    }
+}
+
+/// Appends an entry `<name><suffix>` for each tensor of `params` to `out`.
+fn entries<'a, 'n, D: Device, E: Elem>(
+    dev: &D,
+    names: impl Iterator<Item = &'n str>,
+    suffix: &str,
+    params: &'a Params<D::Tensor<E>>,
+    out: &mut Vec<Entry<'a>>,
+) -> Result<()> {
+    for (name, t) in names.zip(params.tensors()) {
+        out.push(Entry {
+            name: format!("{name}{suffix}"),
+            dtype: safetensors_dtype::<E>(),
+            shape: t.shape().to_vec(),
+            data: dev.raw_bytes(t)?,
+        });
+    }
+    Ok(())
+}
+
+impl<D: Device> Drop for State<D> {
+    /// Frees everything, except that [`Fault::OptimizerStateRetained`] leaks the AdamW moments:
+    /// their bytes stay counted on the tracker after the trainer is gone.
+    fn drop(&mut self) {
+        if self.cfg.faults.has(Fault::OptimizerStateRetained) {
+            if let Some(moments) = self.optimizer.take_moments() {
+                std::mem::forget(moments);
+            }
+        }
+    }
+}
