@@ -126,10 +126,10 @@ impl<D: Device> Trainer<D> {
         let master = loaded.master.try_map(|t| dev.upload(t))?;
         let upload = |p: Params<_>| p.try_map(|t| dev.upload(t));
         let moments = match loaded.moments {
-            Some(m) => Some((
+            Some([exp_avg, exp_avg_sq]) => Some((
                 Moments {
-                    exp_avg: upload(m.exp_avg)?,
-                    exp_avg_sq: upload(m.exp_avg_sq)?,
+                    exp_avg: upload(exp_avg)?,
+                    exp_avg_sq: upload(exp_avg_sq)?,
                 },
                 loaded.state.optimizer_step,
             )),

@@ -7,11 +7,9 @@ use super::state::{first_difference, FileRecord, TrainerState};
 use super::{
     fingerprint, read_state, resolve, CONFIG_FILE, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE,
 };
-use crate::backend::CpuDevice;
 use crate::error::{EngineError, Result};
 use crate::memory::{Category, MemoryTracker};
 use crate::model::{param_specs, LlamaConfig, ParamSpec, Params};
-use crate::optim::Moments;
 use crate::tensor::Tensor;
 use safetensors::tensor::Metadata;
 use safetensors::{Dtype, SafeTensors};
@@ -24,8 +22,8 @@ pub struct Loaded {
     pub state: TrainerState,
     /// f32 master weights (from the optimizer file in bf16-mixed, else from the model file).
     pub master: Params<Tensor<f32>>,
-    /// AdamW moments, if the optimizer had taken a step.
-    pub moments: Option<Moments<CpuDevice>>,
+    /// AdamW's first and second moments, if the optimizer had taken a step.
+    pub moments: Option<[Params<Tensor<f32>>; 2]>,
 }
 
 /// What the loading run expects of a checkpoint.
@@ -134,10 +132,10 @@ pub fn load(host: &MemoryTracker, dir: &Path, req: &LoadRequest<'_>) -> Result<L
     let mut master = Params::try_new(req.config, zeros(req.master_category))?;
     let fresh_moments = state.optimizer_step > 0 && moments_at.is_none();
     let mut moments = if moments_at.is_some() || fresh_moments {
-        Some(Moments {
-            exp_avg: Params::try_new(req.config, zeros(Category::Optimizer))?,
-            exp_avg_sq: Params::try_new(req.config, zeros(Category::Optimizer))?,
-        })
+        Some([
+            Params::try_new(req.config, zeros(Category::Optimizer))?,
+            Params::try_new(req.config, zeros(Category::Optimizer))?,
+        ])
     } else {
         None
     };
@@ -151,10 +149,10 @@ pub fn load(host: &MemoryTracker, dir: &Path, req: &LoadRequest<'_>) -> Result<L
         .entry(master_name)
         .or_default()
         .extend(master_at.into_iter().zip(byte_slices(&mut master)));
-    if let (Some(m), Some([avg_at, sq_at])) = (moments.as_mut(), moments_at) {
+    if let (Some([avg, sq]), Some([avg_at, sq_at])) = (moments.as_mut(), moments_at) {
         let opt_regions = regions.entry(OPTIMIZER_FILE).or_default();
-        opt_regions.extend(avg_at.into_iter().zip(byte_slices(&mut m.exp_avg)));
-        opt_regions.extend(sq_at.into_iter().zip(byte_slices(&mut m.exp_avg_sq)));
+        opt_regions.extend(avg_at.into_iter().zip(byte_slices(avg)));
+        opt_regions.extend(sq_at.into_iter().zip(byte_slices(sq)));
     }
     let reads: Vec<(&PathBuf, Result<bool>)> = std::thread::scope(|scope| {
         let running: Vec<_> = mapped
@@ -183,12 +181,7 @@ pub fn load(host: &MemoryTracker, dir: &Path, req: &LoadRequest<'_>) -> Result<L
         let tensors = master
             .tensors_mut()
             .into_iter()
-            .chain(moments.iter_mut().flat_map(|m| {
-                m.exp_avg
-                    .tensors_mut()
-                    .into_iter()
-                    .chain(m.exp_avg_sq.tensors_mut())
-            }));
+            .chain(moments.iter_mut().flatten().flat_map(|m| m.tensors_mut()));
         for t in tensors {
             t.as_mut_slice()
                 .iter_mut()

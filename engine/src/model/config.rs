@@ -220,14 +220,6 @@ impl LlamaConfig {
         }
         Ok(())
     }
-
-    /// Parameters in the model (tied embeddings counted once).
-    pub fn num_params(&self) -> usize {
-        super::params::param_specs(self)
-            .iter()
-            .map(|s| s.numel())
-            .sum()
-    }
 }
 
 #[cfg(test)]

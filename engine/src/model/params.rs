@@ -57,6 +57,13 @@ pub struct Params<T> {
     pub lm_head: Option<T>,
 }
 
+impl LlamaConfig {
+    /// Parameters in the model (tied embeddings counted once).
+    pub fn num_params(&self) -> usize {
+        param_specs(self).iter().map(|s| s.numel()).sum()
+    }
+}
+
 /// Every parameter's name and shape, in Hugging Face's `named_parameters()` order.
 pub fn param_specs(cfg: &LlamaConfig) -> Vec<ParamSpec> {
     let (h, f, v) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);

@@ -3,6 +3,7 @@
 //! written by one thread; reductions across rows (weight gradients) run in a fixed sequential
 //! order, so results do not depend on the thread count.
 
+use super::math::convert;
 use super::{attention, math, matmul, CpuDevice, CpuRope};
 use crate::device::{AdamWArgs, AttnShape, Device, Operand, Out};
 use crate::error::Result;
@@ -17,20 +18,6 @@ use std::borrow::Cow;
 
 /// Rows handed to a thread at a time: large enough to amortise scheduling.
 const ROWS_PER_TASK: usize = 16;
-
-/// `dst[i] = src[i]` converted between element types.
-pub(crate) fn convert<S: Elem, D: Elem>(dev: &CpuDevice, src: &[S], dst: &mut [D]) {
-    debug_assert_eq!(src.len(), dst.len());
-    dev.install(|| {
-        dst.par_chunks_mut(4096)
-            .zip(src.par_chunks(4096))
-            .for_each(|(d, s)| {
-                for (d, s) in d.iter_mut().zip(s) {
-                    *d = D::from_f32(s.to_f32());
-                }
-            })
-    });
-}
 
 fn softmax_xent_grad<E: Elem>(row: &mut [E], label: i64, scale: f32) -> f32 {
     if label == IGNORE_INDEX {

@@ -1,8 +1,11 @@
 //! Branch-free f32 math that the compiler vectorises: `exp`, and sums, maxima and dot products
-//! over fixed lanes (any element type, computed in f32). Every function gives the same bits for the same inputs on every thread
-//! count: lanes are combined in one fixed order.
+//! over fixed lanes (any element type, computed in f32), and conversions between element types.
+//! Every function gives the same bits for the same inputs on every thread count: lanes are
+//! combined in one fixed order.
 
+use super::CpuDevice;
 use crate::tensor::Elem;
+use rayon::prelude::*;
 
 /// Lanes of the partial sums and maxima.
 const LANES: usize = 8;
@@ -111,6 +114,20 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
         *s += x * y;
     }
     acc.into_iter().fold(0.0, |s, v| s + v)
+}
+
+/// `dst[i] = src[i]` converted between element types.
+pub(crate) fn convert<S: Elem, D: Elem>(dev: &CpuDevice, src: &[S], dst: &mut [D]) {
+    debug_assert_eq!(src.len(), dst.len());
+    dev.install(|| {
+        dst.par_chunks_mut(4096)
+            .zip(src.par_chunks(4096))
+            .for_each(|(d, s)| {
+                for (d, s) in d.iter_mut().zip(s) {
+                    *d = D::from_f32(s.to_f32());
+                }
+            })
+    });
 }
 
 #[cfg(test)]

@@ -46,7 +46,7 @@ fn widen<'a, E: Elem>(
     match ws {
         None => bytemuck::cast_slice(data),
         Some(t) => {
-            super::kernels::convert(dev, data, t.as_mut_slice());
+            super::math::convert(dev, data, t.as_mut_slice());
             t.as_slice()
         }
     }
@@ -81,7 +81,7 @@ pub fn matmul<A: Elem, B: Elem, C: Elem>(
         None => bytemuck::cast_slice_mut(c),
         Some(out) => {
             if accumulate {
-                super::kernels::convert(dev, c, out.as_mut_slice());
+                super::math::convert(dev, c, out.as_mut_slice());
             }
             out.as_mut_slice()
         }
@@ -99,7 +99,7 @@ pub fn matmul<A: Elem, B: Elem, C: Elem>(
         )
     });
     if let Some(out) = &ws.c {
-        super::kernels::convert(dev, out.as_slice(), c);
+        super::math::convert(dev, out.as_slice(), c);
     }
     Ok(())
 }

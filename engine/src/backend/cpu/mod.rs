@@ -95,7 +95,7 @@ impl CpuDevice {
         category: Category,
     ) -> Result<Tensor<E>, OutOfMemory> {
         let mut t = self.zeros::<E>(src.shape(), category)?;
-        kernels::convert(self, src.as_slice(), t.as_mut_slice());
+        math::convert(self, src.as_slice(), t.as_mut_slice());
         Ok(t)
     }
 }

@@ -2,10 +2,13 @@
 //! `attn_*` kernels holds in shared memory for a head width, and the scratch the backward pass
 //! takes from the tracker.
 
-use super::kernels::BLOCK;
 use crate::device::{AttnShape, Device};
 use crate::error::{EngineError, Result};
 use crate::memory::Category;
+
+/// Threads per block of every kernel (`BLOCK` in kernels.cu); a head's columns are spread over
+/// a row's share of them.
+pub(crate) const BLOCK: u32 = 256;
 
 /// Dynamic shared memory a block may use without opting in, less the kernels' static arrays.
 const SHARED_BYTES: usize = 48 * 1024 - 3 * BLOCK as usize * 4;

@@ -3,7 +3,7 @@
 //! and the `#[repr(C)]` structs), and cuBLAS products.
 
 use super::attention::{attention_delta, attention_tiles, dkv_shared, dq_shared, forward_shared};
-use super::attention::{check_attention, Attn};
+use super::attention::{check_attention, Attn, BLOCK};
 use super::device::CudaDevice;
 use super::gemm;
 use super::tensor::{from_bytes, Buffer, CudaTensor};
@@ -16,9 +16,6 @@ use crate::optim::CHUNK;
 use crate::tensor::{DType, Elem, Tensor};
 use std::borrow::Cow;
 use std::ffi::c_void;
-
-/// Threads per block (`BLOCK` in kernels.cu).
-pub(crate) const BLOCK: u32 = 256;
 
 /// Pointers to each argument, in order, as `cuLaunchKernel` takes them.
 macro_rules! args {
