@@ -278,7 +278,12 @@ fn anatomy(cfg: &EstimateConfig, seq: usize) -> Anatomy {
     let n = m.num_params() as u64;
     let rope = (m.max_position_embeddings * (m.head_dim() / 2) * 2 * 4) as u64;
     let lse = (a.batch * a.heads * a.seq * 4) as u64;
-    let products = rows * e * (2 * qw + 2 * kvw + hidden + 2 * ffn) + lse;
+    // Qwen3's per-head norms keep the queries and keys before them, and each head's 1 / rms.
+    let head_norms = match m.qk_norm {
+        true => rows * (qw + kvw) * e + rows * (a.heads + a.kv_heads) as u64 * 4,
+        false => 0,
+    };
+    let products = rows * e * (2 * qw + 2 * kvw + hidden + 2 * ffn) + lse + head_norms;
     let norm = rows * (hidden * e + 4);
     let act = rows * ffn * e;
     let input = rows * hidden * e;
@@ -332,6 +337,7 @@ mod tests {
                 rope_theta: 10000.0,
                 tie_word_embeddings: false,
                 max_position_embeddings: 8,
+                qk_norm: false,
             },
             init: Init::Random { seed: 0, std: 0.02 },
             precision,
@@ -365,13 +371,18 @@ mod tests {
     /// last output and the final norm.
     #[test]
     fn saved_activations_are_what_the_forward_pass_leaves() {
-        for precision in [Precision::Fp32, Precision::Bf16Mixed] {
+        for (precision, qk_norm) in [
+            (Precision::Fp32, false),
+            (Precision::Bf16Mixed, false),
+            (Precision::Fp32, true),
+        ] {
             for policy in [
                 Checkpointing::None,
                 Checkpointing::Full,
                 Checkpointing::Selective,
             ] {
-                let cfg = config(policy, precision);
+                let mut cfg = config(policy, precision);
+                cfg.run.model.qk_norm = qk_norm;
                 let e = estimate(&cfg).unwrap();
                 let elem = if precision == Precision::Fp32 { 4 } else { 2 };
                 let (rows, h) = (10, 24);

@@ -23,7 +23,8 @@ struct Case {
 
 /// Shapes: 1-4 query heads with any dividing number of key/value heads, head width 2-6, residual
 /// width 4-24 (set apart from the heads or derived from them), 1-2 layers, tied or untied
-/// embeddings, 1-2 rows of 1-5 tokens with about one label in four ignored (at least one counted).
+/// embeddings, with or without per-head query and key norms (Qwen3), 1-2 rows of 1-5 tokens
+/// with about one label in four ignored (at least one counted).
 fn cases() -> impl Strategy<Value = Case> {
     (1usize..=4)
         .prop_flat_map(|heads| {
@@ -36,13 +37,24 @@ fn cases() -> impl Strategy<Value = Case> {
                 3usize..=24,
                 2usize..=12,
                 1usize..=2,
-                any::<bool>(),
+                (any::<bool>(), any::<bool>()),
                 (1usize..=2, 1usize..=5),
                 any::<u64>(),
             )
         })
         .prop_flat_map(
-            |(heads, kv, head_dim, hidden, vocab, ffn, layers, tied, (batch, seq), seed)| {
+            |(
+                heads,
+                kv,
+                head_dim,
+                hidden,
+                vocab,
+                ffn,
+                layers,
+                (tied, qk_norm),
+                (batch, seq),
+                seed,
+            )| {
                 // RMSNorm's 1/rms makes the loss arbitrarily steep where a row's rms nears zero,
                 // and random tiny shapes get there: rows narrower than 4 are left out, and the
                 // epsilon is large enough to bound 1/rms by 10, so that finite differences
@@ -64,6 +76,7 @@ fn cases() -> impl Strategy<Value = Case> {
                     rope_theta: 10000.0,
                     tie_word_embeddings: tied,
                     max_position_embeddings: 16,
+                    qk_norm,
                 };
                 let rows = batch * seq;
                 let label = prop_oneof![3 => 0..vocab as i64, 1 => Just(IGNORE_INDEX)];

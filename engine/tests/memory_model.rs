@@ -34,6 +34,7 @@ fn tiny() -> LlamaConfig {
         rope_theta: 10000.0,
         tie_word_embeddings: false,
         max_position_embeddings: 16,
+        qk_norm: false,
     }
 }
 
@@ -235,7 +236,7 @@ fn case() -> impl Strategy<Value = Case> {
         (1usize..=4, 1usize..=4, 1usize..=3), // kv heads, group, head_dim / 2
         (3usize..=50, 1usize..=40, 1usize..=3), // vocab, ffn, layers
         (1usize..=3, 1usize..=9, 0usize..=4), // batch, seq, extra positions
-        any::<bool>(),                        // tied embeddings
+        (any::<bool>(), any::<bool>()),       // tied embeddings, per-head q/k norms
     );
     let run = (
         prop_oneof![Just(Precision::Fp32), Just(Precision::Bf16Mixed)],
@@ -252,7 +253,11 @@ fn case() -> impl Strategy<Value = Case> {
         prop::option::of((0u64..=2, 0usize..=4)), // long rows: first step, extra tokens
     );
     (shape, run, step).prop_map(
-        |(((kv, group, half), (vocab, ffn, layers), (rows, seq, extra), tied), run, step)| {
+        |(
+            ((kv, group, half), (vocab, ffn, layers), (rows, seq, extra), (tied, qk_norm)),
+            run,
+            step,
+        )| {
             let (precision, checkpointing, loss, threads, seed) = run;
             let (dropout, long) = step;
             let heads = kv * group;
@@ -268,6 +273,7 @@ fn case() -> impl Strategy<Value = Case> {
                 rope_theta: 10000.0,
                 tie_word_embeddings: tied,
                 max_position_embeddings: seq + extra,
+                qk_norm,
             };
             let train = TrainConfig {
                 model,

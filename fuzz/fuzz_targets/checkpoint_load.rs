@@ -39,6 +39,7 @@ fn fixture() -> &'static Fixture {
                 rope_theta: 10000.0,
                 tie_word_embeddings: false,
                 max_position_embeddings: 8,
+                qk_norm: false,
             },
             init: Init::Random { seed: 0, std: 0.1 },
             precision: Precision::Bf16Mixed,

@@ -88,6 +88,7 @@ fn main() {
             rope_theta: 10000.0,
             tie_word_embeddings: false,
             max_position_embeddings: 64,
+            qk_norm: false,
         },
         init: Init::Random { seed: 0, std: 0.02 },
         precision: Precision::Fp32,

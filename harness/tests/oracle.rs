@@ -1,5 +1,6 @@
-//! The engine against PyTorch: golden/oracle/llama_tiny holds a Hugging Face Llama, a batch, and
-//! PyTorch's loss, gradients (float64 math) and parameters after 3 AdamW steps.
+//! The engine against PyTorch: golden/oracle/llama_tiny (a Hugging Face Llama) and qwen3_tiny (a
+//! Qwen3: per-head query and key norms) each hold the model, a batch, and PyTorch's loss,
+//! gradients (float64 math) and parameters after 3 AdamW steps.
 
 use ckpt_engine::model::weights;
 use ckpt_engine::optim::AdamWConfig;
@@ -7,21 +8,26 @@ use ckpt_engine::Precision;
 use ckpt_harness::eval::{run, EvalRequest};
 use std::path::{Path, PathBuf};
 
-fn oracle_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../golden/oracle/llama_tiny")
+const LLAMA: &str = "llama_tiny";
+const QWEN3: &str = "qwen3_tiny";
+
+fn oracle_dir(family: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../golden/oracle")
+        .join(family)
 }
 
-fn expected_json() -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(oracle_dir().join("expected.json")).unwrap())
-        .unwrap()
+fn expected_json(family: &str) -> serde_json::Value {
+    let text = std::fs::read_to_string(oracle_dir(family).join("expected.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
 }
 
-fn request(precision: Precision, out: &Path, threads: usize) -> EvalRequest {
-    let e = expected_json();
+fn request(family: &str, precision: Precision, out: &Path, threads: usize) -> EvalRequest {
+    let e = expected_json(family);
     let a = &e["adamw"];
     EvalRequest {
-        model: oracle_dir(),
-        batch: oracle_dir().join("batch.safetensors"),
+        model: oracle_dir(family),
+        batch: oracle_dir(family).join("batch.safetensors"),
         grads_out: Some(out.to_path_buf()),
         adamw_steps: a["steps"].as_u64().unwrap() as usize,
         adamw: AdamWConfig {
@@ -40,8 +46,8 @@ fn request(precision: Precision, out: &Path, threads: usize) -> EvalRequest {
 }
 
 /// ‖a − b‖ / ‖b‖ for every tensor of `expected`, keyed by name.
-fn relative_errors(ours: &Path) -> Vec<(String, f64)> {
-    let exp_path = oracle_dir().join("expected.safetensors");
+fn relative_errors(family: &str, ours: &Path) -> Vec<(String, f64)> {
+    let exp_path = oracle_dir(family).join("expected.safetensors");
     let exp_bytes = std::fs::read(&exp_path).unwrap();
     let exp = weights::parse_safetensors(&exp_path, &exp_bytes).unwrap();
     let our_bytes = std::fs::read(ours).unwrap();
@@ -72,12 +78,13 @@ fn relative_errors(ours: &Path) -> Vec<(String, f64)> {
         .collect()
 }
 
-#[test]
-fn fp32_loss_gradients_and_adamw_match_pytorch() {
+/// fp32 loss, every gradient and the parameters after 3 AdamW steps of `family` against
+/// PyTorch's; returns the gradients' names.
+fn fp32_matches_pytorch(family: &str) -> Vec<String> {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("ours.safetensors");
-    let report = run(&request(Precision::Fp32, &out, 2)).unwrap();
-    let e = expected_json();
+    let report = run(&request(family, Precision::Fp32, &out, 2)).unwrap();
+    let e = expected_json(family);
     let loss64 = e["loss_f64"].as_f64().unwrap();
     let rel = ((report.loss as f64 - loss64) / loss64).abs();
     eprintln!("fp32 loss relative error {rel:e}");
@@ -98,9 +105,30 @@ fn fp32_loss_gradients_and_adamw_match_pytorch() {
             "AdamW loss {got} vs {want}"
         );
     }
-    for (name, err) in relative_errors(&out) {
-        eprintln!("fp32 {name}: {err:e}");
-        assert!(err <= 1e-4, "{name}: relative L2 error {err:e} > 1e-4");
+    let errors = relative_errors(family, &out);
+    for (name, err) in &errors {
+        eprintln!("{family} fp32 {name}: {err:e}");
+        assert!(*err <= 1e-4, "{name}: relative L2 error {err:e} > 1e-4");
+    }
+    errors.into_iter().map(|(name, _)| name).collect()
+}
+
+#[test]
+fn fp32_loss_gradients_and_adamw_match_pytorch() {
+    fp32_matches_pytorch(LLAMA);
+}
+
+/// Qwen3 is Llama with an RMSNorm on each head's queries and keys: its norms' gradients and
+/// updates are compared too.
+#[test]
+fn qwen3_fp32_matches_pytorch() {
+    let names = fp32_matches_pytorch(QWEN3);
+    for norm in ["q_norm", "k_norm"] {
+        let compared = names.iter().filter(|n| n.contains(norm)).count();
+        assert_eq!(
+            compared, 4,
+            "{norm}: a gradient and an update per layer, got {names:?}"
+        );
     }
 }
 
@@ -110,11 +138,11 @@ fn fp32_loss_gradients_and_adamw_match_pytorch() {
 fn bf16_mixed_stays_within_the_documented_tolerance() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("ours.safetensors");
-    let report = run(&request(Precision::Bf16Mixed, &out, 2)).unwrap();
-    let loss64 = expected_json()["loss_f64"].as_f64().unwrap();
+    let report = run(&request(LLAMA, Precision::Bf16Mixed, &out, 2)).unwrap();
+    let loss64 = expected_json(LLAMA)["loss_f64"].as_f64().unwrap();
     let rel = ((report.loss as f64 - loss64) / loss64).abs();
     eprintln!("bf16-mixed loss relative error {rel:e}");
-    let errors = relative_errors(&out);
+    let errors = relative_errors(LLAMA, &out);
     for (name, err) in &errors {
         eprintln!("bf16-mixed {name}: {err:e}");
     }
@@ -142,16 +170,16 @@ const BF16_PARAM_TOL: f64 = 5e-2;
 #[test]
 fn bad_inputs_are_one_line_errors() {
     let dir = tempfile::tempdir().unwrap();
-    let mut req = request(Precision::Fp32, &dir.path().join("x.safetensors"), 1);
+    let mut req = request(LLAMA, Precision::Fp32, &dir.path().join("x.safetensors"), 1);
     req.batch = dir.path().join("absent.safetensors");
     let err = format!("{:#}", run(&req).unwrap_err());
     assert!(err.contains("absent.safetensors"), "{err}");
     // the model file as a batch: no input_ids
-    req.batch = oracle_dir().join("model.safetensors");
+    req.batch = oracle_dir(LLAMA).join("model.safetensors");
     let err = format!("{:#}", run(&req).unwrap_err());
     assert!(err.contains("input_ids is missing"), "{err}");
     // the weights as labels dtype: the expected file holds f32 only
-    req.batch = oracle_dir().join("batch.safetensors");
+    req.batch = oracle_dir(LLAMA).join("batch.safetensors");
     req.model = dir.path().to_path_buf();
     let err = format!("{:#}", run(&req).unwrap_err());
     assert!(err.contains("config.json"), "{err}");

@@ -79,6 +79,8 @@ pub struct Norm<D: Device, E: Elem> {
 pub struct BlockActivations<D: Device, E: Elem> {
     q: D::Tensor<E>,
     k: D::Tensor<E>,
+    q_norm: Option<HeadNorm<D, E>>,
+    k_norm: Option<HeadNorm<D, E>>,
     v: D::Tensor<E>,
     att: D::Tensor<E>,
     lse: D::Tensor<f32>,
@@ -187,6 +189,52 @@ pub fn norm<D: Device, E: Elem>(
     Ok(Norm { rinv, out })
 }
 
+/// What the backward pass of a per-head RMSNorm reads: its input and each head's `1 / rms`.
+struct HeadNorm<D: Device, E: Elem> {
+    input: D::Tensor<E>,
+    rinv: D::Tensor<f32>,
+}
+
+/// A tensor after an optional per-head RMSNorm, and what the norm's backward pass reads.
+type Normed<D, E> = (<D as Device>::Tensor<E>, Option<HeadNorm<D, E>>);
+
+/// The RMSNorm of each head of `x` (`[rows, heads·d]`, rows of `d` against a weight of `d`), when
+/// the layer has one (Qwen3's `q_norm`, `k_norm`): the normed heads, and the input with its
+/// `1 / rms` per head for the backward pass. Without one, `x` itself.
+fn head_norm<D: Device, E: Elem>(
+    ctx: BlockCtx<'_, D>,
+    x: D::Tensor<E>,
+    w: Option<&D::Tensor<E>>,
+) -> Result<Normed<D, E>> {
+    let Some(w) = w else {
+        return Ok((x, None));
+    };
+    let heads = x.numel() / w.numel();
+    let mut rinv = ctx.dev.zeros::<f32>(&[heads], Activations)?;
+    let mut out = ctx.act(x.numel() / ctx.dims.rows)?;
+    ctx.dev
+        .rmsnorm_forward(&x, w, ctx.dims.eps, &mut out, &mut rinv)?;
+    Ok((out, Some(HeadNorm { input: x, rinv })))
+}
+
+/// Backward of [`head_norm`]: the gradient of its input from `dy`, the gradient of its output;
+/// the weight's gradient is added to `dw`.
+fn head_norm_backward<D: Device, E: Elem>(
+    ctx: BlockCtx<'_, D>,
+    dy: D::Tensor<E>,
+    saved: Option<HeadNorm<D, E>>,
+    w: Option<&D::Tensor<E>>,
+    dw: Option<&mut D::Tensor<f32>>,
+) -> Result<D::Tensor<E>> {
+    let (Some(HeadNorm { input, rinv }), Some(w), Some(dw)) = (saved, w, dw) else {
+        return Ok(dy);
+    };
+    let mut dx = ctx.act(input.numel() / ctx.dims.rows)?;
+    ctx.dev
+        .rmsnorm_backward(&dy, &input, w, &rinv, &mut dx, dw)?;
+    Ok(dx)
+}
+
 /// `silu(gate) · up`.
 fn swiglu<D: Device, E: Elem>(
     ctx: BlockCtx<'_, D>,
@@ -226,6 +274,8 @@ pub fn activations<D: Device, E: Elem>(
     linear(dev, &norm1.out, &w.q, &mut q, false)?;
     linear(dev, &norm1.out, &w.k, &mut k, false)?;
     linear(dev, &norm1.out, &w.v, &mut v, false)?;
+    let (mut q, q_norm) = head_norm(ctx, q, w.q_norm.as_ref())?;
+    let (mut k, k_norm) = head_norm(ctx, k, w.k_norm.as_ref())?;
     ctx.rotate(&mut q, qw, false)?;
     ctx.rotate(&mut k, kw, false)?;
     let mut att = ctx.act(qw)?;
@@ -242,6 +292,8 @@ pub fn activations<D: Device, E: Elem>(
     Ok(BlockActivations {
         q,
         k,
+        q_norm,
+        k_norm,
         v,
         att,
         lse,
@@ -270,6 +322,8 @@ pub fn backward<D: Device, E: Elem>(
     let BlockActivations {
         q,
         k,
+        q_norm,
+        k_norm,
         v,
         att,
         lse,
@@ -332,6 +386,8 @@ pub fn backward<D: Device, E: Elem>(
     drop((datt, att, lse, q, k, v));
     ctx.rotate(&mut dq, qw, true)?;
     ctx.rotate(&mut dk, kw, true)?;
+    let dq = head_norm_backward(ctx, dq, q_norm, w.q_norm.as_ref(), g.q_norm.as_mut())?;
+    let dk = head_norm_backward(ctx, dk, k_norm, w.k_norm.as_ref(), g.k_norm.as_mut())?;
     let Norm {
         rinv: rinv1,
         out: n1,

@@ -1,4 +1,5 @@
-//! The Llama architecture's shape, read from a Hugging Face `config.json` or written inline.
+//! The shape of a Llama-family decoder, read from a Hugging Face `config.json` (`model_type`
+//! `llama`, or `qwen3`: Llama with an RMSNorm on each head's queries and keys) or written inline.
 
 use crate::error::{EngineError, Result};
 use serde::{Deserialize, Serialize};
@@ -35,6 +36,10 @@ pub struct LlamaConfig {
     /// Longest sequence the model is configured for.
     #[serde(default = "default_positions")]
     pub max_position_embeddings: usize,
+    /// Whether each head's queries and keys pass an RMSNorm of their own before the rotary
+    /// embedding (`q_norm`, `k_norm`: Qwen3).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub qk_norm: bool,
 }
 
 fn default_eps() -> f64 {
@@ -67,6 +72,7 @@ struct HfConfig {
     attention_bias: Option<bool>,
     mlp_bias: Option<bool>,
     hidden_act: Option<String>,
+    use_sliding_window: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -85,10 +91,17 @@ impl LlamaConfig {
     /// Parses the text of a Hugging Face Llama `config.json`.
     pub fn from_hf_json(text: &str) -> Result<Self, String> {
         let hf: HfConfig = serde_json::from_str(text).map_err(|e| e.to_string())?;
-        if let Some(t) = hf.model_type.as_deref().filter(|t| *t != "llama") {
-            return Err(format!(
-                "model_type is \"{t}\"; only \"llama\" is supported"
-            ));
+        let qk_norm = match hf.model_type.as_deref() {
+            None | Some("llama") => false,
+            Some("qwen3") => true,
+            Some(t) => {
+                return Err(format!(
+                    "model_type is \"{t}\"; the engine trains \"llama\" and \"qwen3\""
+                ))
+            }
+        };
+        if hf.use_sliding_window == Some(true) {
+            return Err("use_sliding_window is true; only full attention is supported".into());
         }
         let rope_type = hf
             .rope_parameters
@@ -133,16 +146,23 @@ impl LlamaConfig {
                 .unwrap_or_else(default_theta),
             tie_word_embeddings: hf.tie_word_embeddings.unwrap_or(false),
             max_position_embeddings: hf.max_position_embeddings.unwrap_or_else(default_positions),
+            qk_norm,
         };
         cfg.validate()?;
         Ok(cfg)
     }
 
-    /// A Hugging Face `config.json` for this shape, which `LlamaForCausalLM` loads.
+    /// A Hugging Face `config.json` for this shape, which `LlamaForCausalLM` (or
+    /// `Qwen3ForCausalLM`) loads.
     pub fn to_hf_json(&self) -> serde_json::Value {
+        let (architecture, model_type) = if self.qk_norm {
+            ("Qwen3ForCausalLM", "qwen3")
+        } else {
+            ("LlamaForCausalLM", "llama")
+        };
         let mut json = serde_json::json!({
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
+            "architectures": [architecture],
+            "model_type": model_type,
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,

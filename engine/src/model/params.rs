@@ -32,6 +32,10 @@ pub struct LayerParams<T> {
     pub v: T,
     /// Output projection `[hidden, heads·d]`.
     pub o: T,
+    /// RMSNorm of each query head `[d]` (Qwen3).
+    pub q_norm: Option<T>,
+    /// RMSNorm of each key head `[d]` (Qwen3).
+    pub k_norm: Option<T>,
     /// MLP gate projection `[ffn, hidden]`.
     pub gate: T,
     /// MLP up projection `[ffn, hidden]`.
@@ -81,6 +85,14 @@ pub fn param_specs(cfg: &LlamaConfig) -> Vec<ParamSpec> {
         out.push(spec(format!("{p}.self_attn.k_proj.weight"), vec![kvw, h]));
         out.push(spec(format!("{p}.self_attn.v_proj.weight"), vec![kvw, h]));
         out.push(spec(format!("{p}.self_attn.o_proj.weight"), vec![h, qw]));
+        if cfg.qk_norm {
+            for name in ["q_norm", "k_norm"] {
+                out.push(spec(
+                    format!("{p}.self_attn.{name}.weight"),
+                    vec![cfg.head_dim()],
+                ));
+            }
+        }
         out.push(spec(format!("{p}.mlp.gate_proj.weight"), vec![f, h]));
         out.push(spec(format!("{p}.mlp.up_proj.weight"), vec![f, h]));
         out.push(spec(format!("{p}.mlp.down_proj.weight"), vec![h, f]));
@@ -114,6 +126,8 @@ impl<T> Params<T> {
                 k: next()?,
                 v: next()?,
                 o: next()?,
+                q_norm: cfg.qk_norm.then(&mut next).transpose()?,
+                k_norm: cfg.qk_norm.then(&mut next).transpose()?,
                 gate: next()?,
                 up: next()?,
                 down: next()?,
@@ -139,17 +153,9 @@ impl<T> Params<T> {
     pub fn tensors(&self) -> Vec<&T> {
         let mut out = vec![&self.embed];
         for l in &self.layers {
-            out.extend([
-                &l.q,
-                &l.k,
-                &l.v,
-                &l.o,
-                &l.gate,
-                &l.up,
-                &l.down,
-                &l.input_norm,
-                &l.post_norm,
-            ]);
+            out.extend([&l.q, &l.k, &l.v, &l.o]);
+            out.extend(l.q_norm.iter().chain(&l.k_norm));
+            out.extend([&l.gate, &l.up, &l.down, &l.input_norm, &l.post_norm]);
         }
         out.push(&self.final_norm);
         out.extend(self.lm_head.as_ref());
@@ -160,11 +166,9 @@ impl<T> Params<T> {
     pub fn tensors_mut(&mut self) -> Vec<&mut T> {
         let mut out = vec![&mut self.embed];
         for l in &mut self.layers {
+            out.extend([&mut l.q, &mut l.k, &mut l.v, &mut l.o]);
+            out.extend(l.q_norm.iter_mut().chain(&mut l.k_norm));
             out.extend([
-                &mut l.q,
-                &mut l.k,
-                &mut l.v,
-                &mut l.o,
                 &mut l.gate,
                 &mut l.up,
                 &mut l.down,
@@ -187,6 +191,8 @@ impl<T> Params<T> {
                 k: f(l.k)?,
                 v: f(l.v)?,
                 o: f(l.o)?,
+                q_norm: l.q_norm.map(&mut f).transpose()?,
+                k_norm: l.k_norm.map(&mut f).transpose()?,
                 gate: f(l.gate)?,
                 up: f(l.up)?,
                 down: f(l.down)?,
