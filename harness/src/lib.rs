@@ -4,6 +4,7 @@
 pub mod checks;
 pub mod devices;
 pub mod eval;
+pub mod exit_codes;
 pub mod host_memory;
 pub mod phases;
 pub mod plan;

@@ -7,6 +7,7 @@ use crate::plan::{self, DeviceChoice, TierFilter};
 use crate::report::{Skipped, Summary};
 use crate::trial::{self, GoldenMode};
 use anyhow::{Context, Result};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// What `run` was asked to do.
@@ -28,8 +29,9 @@ pub struct RunOptions {
     pub bless: bool,
 }
 
-/// Runs the trials; returns the summary (the caller decides the exit status).
-pub fn run(opts: &RunOptions) -> Result<Summary> {
+/// Runs the trials, printing to `out`; returns the summary (the caller decides the exit status).
+/// A failed write to `out` (a closed pipe) stops the run after the trial it happened in.
+pub fn run(opts: &RunOptions, out: &mut impl Write) -> Result<Summary> {
     let suites = plan::load(&plan::files(&opts.paths)?)?;
     let planned = plan::plan(&suites, opts.tier, opts.device)?;
     let mode = if opts.bless {
@@ -50,9 +52,14 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
         }
         let suite = &suites[p.suite];
         let name = p.name.clone();
+        let mut written = Ok(());
         let result = trial::run(suite, p.device, &opts.golden, mode, |ph| {
+            if written.is_err() {
+                return;
+            }
             let last = ph.steps.last();
-            println!(
+            written = writeln!(
+                out,
                 "{name:<w$} {:<10} {:>3} steps  last loss {:>9}  peak {}{}",
                 ph.phase.to_string(),
                 ph.steps.len(),
@@ -66,14 +73,14 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
                 ph.oom
                     .as_ref()
                     .map_or(String::new(), |e| format!("  OOM: {e}")),
-            )
+            );
         })
         .with_context(|| format!("{}: {}", p.name, suite.path.display()))?;
+        written?;
         trials.push(result);
     }
     let summary = Summary::new(trials, skipped);
-    println!();
-    print!("{}", summary.table());
+    write!(out, "\n{}", summary.table())?;
     summary.write_json(&opts.report)?;
     if let Some(file) = &opts.junit {
         write_file(file, &summary.junit())?;

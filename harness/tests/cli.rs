@@ -1,8 +1,10 @@
 //! The command-line tool: `run` over a suite, its summary, JUnit and exit statuses; `list` and
 //! `validate`.
 
+use ckpt_harness::exit_codes;
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 
 const BIN: &str = env!("CARGO_BIN_EXE_ckpt-harness");
 
@@ -204,4 +206,43 @@ fn verify_reports_intact_and_damaged_files() {
 
     let out = harness(&["verify"], &[dir.path()]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+}
+
+/// Runs the tool with `args`, reads `lines` lines of its output, then closes it.
+fn closing_stdout_after(args: &[&str], lines: usize) -> Output {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .current_dir(root())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut reader = BufReader::new(child.stdout.take().unwrap());
+    for _ in 0..lines {
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+    }
+    drop(reader);
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn a_closed_stdout_ends_the_command_quietly() {
+    let report = tempfile::tempdir().unwrap();
+    let report = report.path().to_str().unwrap();
+    let runs: [(&[&str], usize); 3] = [
+        (&["run", "--report", report, "suites/"], 1),
+        (&["list", "suites/"], 0),
+        (&["validate", "suites/"], 0),
+    ];
+    for (args, lines) in runs {
+        let out = closing_stdout_after(args, lines);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(exit_codes::BROKEN_PIPE.into()),
+            "{args:?}: {stderr}"
+        );
+        assert!(stderr.is_empty(), "{args:?}: {stderr}");
+    }
 }

@@ -1,0 +1,98 @@
+//! The exit statuses of every `ckpt-harness` command, in one place, and the text each command's
+//! `--help` lists them with.
+
+use std::fmt::Write;
+
+/// The command did what it was asked and everything it checked passed.
+pub const SUCCESS: u8 = 0;
+/// The command ran and what it checked failed: a trial failed, a checkpoint is damaged.
+pub const FAILED: u8 = 1;
+/// Bad input kept the command from running, or from finishing: an invalid suite or argument, a
+/// missing or unreadable file, no suites found (the status clap gives a bad argument too).
+pub const INVALID: u8 = 2;
+/// Standard output was closed before the command finished writing (`ckpt-harness run | head`):
+/// the command stops quietly with the status a shell reports for a process ended by SIGPIPE.
+pub const BROKEN_PIPE: u8 = 141;
+
+/// The `Exit status:` section of a command's help: `codes` and their meanings, then bad input
+/// (`INVALID`, with `also` for what else the command counts as bad input) and a closed output.
+fn help(codes: &[(u8, &str)], also: &str) -> String {
+    let mut out = String::from("Exit status:\n");
+    let invalid =
+        format!("bad input: an invalid suite or argument, a missing or unreadable file{also}");
+    let shared = [
+        (INVALID, invalid.as_str()),
+        (
+            BROKEN_PIPE,
+            "standard output was closed before the command finished",
+        ),
+    ];
+    for (code, meaning) in codes.iter().chain(&shared) {
+        let _ = writeln!(out, "  {code:>3}  {meaning}");
+    }
+    out
+}
+
+/// `run`'s exit statuses.
+pub fn run_help() -> String {
+    help(
+        &[
+            (
+                SUCCESS,
+                "every trial passed (a negative control passes when exactly its expected checks fail)",
+            ),
+            (FAILED, "a trial failed"),
+        ],
+        "",
+    )
+}
+
+/// `validate`'s exit statuses.
+pub fn validate_help() -> String {
+    help(
+        &[(SUCCESS, "every suite is valid")],
+        " (each invalid suite is named with its place)",
+    )
+}
+
+/// `verify`'s exit statuses.
+pub fn verify_help() -> String {
+    help(
+        &[
+            (SUCCESS, "every file of every checkpoint is intact"),
+            (FAILED, "a file is damaged"),
+        ],
+        ", a checkpoint whose state cannot be read",
+    )
+}
+
+/// The exit statuses of the commands that either do their job or stop on bad input (`list`,
+/// `train`, `estimate`, `eval`).
+pub fn plain_help() -> String {
+    help(&[(SUCCESS, "done")], "")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_help_lists_its_statuses_and_the_shared_ones() {
+        let run = run_help();
+        for line in [
+            "    0  every trial",
+            "    1  a trial failed",
+            "    2  bad input",
+            "  141  standard output was closed",
+        ] {
+            assert!(run.contains(line), "{run}");
+        }
+        let verify = verify_help();
+        assert!(verify.contains("    1  a file is damaged"), "{verify}");
+        assert!(
+            plain_help().contains("    2  bad input"),
+            "{}",
+            plain_help()
+        );
+    }
+}
