@@ -41,7 +41,7 @@ pub fn run_help() -> String {
                 SUCCESS,
                 "every trial passed (a negative control passes when exactly its expected checks fail)",
             ),
-            (FAILED, "a trial failed"),
+            (FAILED, "a trial failed, or could not run; the reports are written all the same"),
         ],
         "",
     )

@@ -3,6 +3,7 @@
 
 pub mod checks;
 pub mod devices;
+pub mod error_text;
 pub mod eval;
 pub mod exit_codes;
 pub mod host_memory;

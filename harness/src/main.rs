@@ -5,7 +5,7 @@ use ckpt_engine::optim::AdamWConfig;
 use ckpt_engine::trainer::Precision;
 use ckpt_harness::plan::{self, DeviceChoice, TierFilter};
 use ckpt_harness::suite::Suite;
-use ckpt_harness::{eval, exit_codes, run_cmd, train_cmd};
+use ckpt_harness::{error_text, eval, exit_codes, run_cmd, train_cmd};
 use clap::{Parser, Subcommand, ValueEnum};
 use std::io::Write;
 use std::path::PathBuf;
@@ -182,7 +182,7 @@ fn validate(paths: &[PathBuf]) -> Result<u8> {
             Ok(_) => writeln!(out, "ok {}", f.display())?,
             Err(e) => {
                 bad += 1;
-                eprintln!("error: {e:#}");
+                eprintln!("error: {}", error_text::one_line(&e));
             }
         }
     }
@@ -336,7 +336,7 @@ fn main() -> ExitCode {
         Ok(code) => ExitCode::from(code),
         Err(e) if broken_pipe(&e) => ExitCode::from(exit_codes::BROKEN_PIPE),
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", error_text::one_line(&e));
             ExitCode::from(exit_codes::INVALID)
         }
     }

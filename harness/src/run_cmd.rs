@@ -74,8 +74,7 @@ pub fn run(opts: &RunOptions, out: &mut impl Write) -> Result<Summary> {
                     .as_ref()
                     .map_or(String::new(), |e| format!("  OOM: {e}")),
             );
-        })
-        .with_context(|| format!("{}: {}", p.name, suite.path.display()))?;
+        });
         written?;
         trials.push(result);
     }

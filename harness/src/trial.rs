@@ -3,6 +3,7 @@
 
 use crate::checks::{self, golden, Check, Outcome};
 use crate::devices::DeviceKind;
+use crate::error_text;
 use crate::phases::{self, PhaseRecord, RunRecord};
 use crate::suite::Suite;
 use anyhow::{Context, Result};
@@ -105,16 +106,21 @@ pub fn verdict(expect_fail: &[Check], failed: &[Check]) -> Result<(), String> {
     Err(why)
 }
 
-/// Runs `suite` on `device` with checkpoints in a temporary directory; `golden_dir` holds the
-/// snapshots; `progress` is told when each phase ends.
-pub fn run(
+/// What a trial that ran to its checks observed and concluded.
+struct Observed {
+    record: RunRecord,
+    checks: Vec<Outcome>,
+}
+
+/// The phases of `suite` on `device`, then the checks, with checkpoints in a temporary
+/// directory.
+fn observe(
     suite: &Suite,
     device: DeviceKind,
     golden_dir: &Path,
     mode: GoldenMode,
     progress: impl FnMut(&PhaseRecord),
-) -> Result<TrialResult> {
-    let started = Instant::now();
+) -> Result<Observed> {
     let work = tempfile::tempdir().context("cannot create a temporary directory")?;
     let record = phases::run(suite, device, work.path(), progress)?;
     if mode == GoldenMode::Bless && suite.file.checks.golden {
@@ -122,24 +128,52 @@ pub fn run(
     }
     let stored = golden::load(golden_dir, &record.device, &record.suite)?;
     let checks = checks::run_all(&record, &suite.file.checks, &stored);
+    Ok(Observed { record, checks })
+}
+
+/// Runs `suite` on `device` with checkpoints in a temporary directory; `golden_dir` holds the
+/// snapshots; `progress` is told when each phase ends. A trial that cannot run (the engine
+/// refuses its configuration, a file is missing, a phase fails other than by running out of
+/// memory) fails with the reason as its verdict; it never stops the caller's other trials.
+pub fn run(
+    suite: &Suite,
+    device: DeviceKind,
+    golden_dir: &Path,
+    mode: GoldenMode,
+    progress: impl FnMut(&PhaseRecord),
+) -> TrialResult {
+    let started = Instant::now();
     let expect_fail = suite.expect_fail();
-    let failed: Vec<Check> = checks
-        .iter()
-        .filter(|o| o.failed())
-        .map(|o| o.check)
-        .collect();
-    let v = verdict(&expect_fail, &failed);
-    Ok(TrialResult {
+    let (verdict, checks, record) = match observe(suite, device, golden_dir, mode, progress) {
+        Ok(Observed { record, checks }) => {
+            let failed: Vec<Check> = checks
+                .iter()
+                .filter(|o| o.failed())
+                .map(|o| o.check)
+                .collect();
+            (verdict(&expect_fail, &failed), checks, record)
+        }
+        Err(e) => (
+            Err(format!(
+                "could not run: {}: {}",
+                suite.path.display(),
+                error_text::one_line(&e)
+            )),
+            Vec::new(),
+            RunRecord::default(),
+        ),
+    };
+    TrialResult {
         name: name(suite, device),
         suite: suite.file.name.clone(),
         device,
-        passed: v.is_ok(),
+        passed: verdict.is_ok(),
         expect_fail,
-        verdict: v.err().unwrap_or_default(),
+        verdict: verdict.err().unwrap_or_default(),
         checks,
         seconds: started.elapsed().as_secs_f64(),
         record,
-    })
+    }
 }
 
 #[cfg(test)]

@@ -29,6 +29,25 @@ fn text(out: &Output) -> String {
     )
 }
 
+/// `suites/tiny-fp32.yaml` renamed `name`, with `extra` keys after the name and each `(from, to)`
+/// replaced, written into `dir`.
+fn tiny_suite(dir: &Path, name: &str, extra: &str, replace: &[(&str, &str)]) -> PathBuf {
+    let mut text = std::fs::read_to_string(root().join("suites/tiny-fp32.yaml"))
+        .unwrap()
+        .replace("name: tiny-fp32", &format!("name: {name}\n{extra}"));
+    for (from, to) in replace {
+        assert!(text.contains(from), "{from}");
+        text = text.replace(from, to);
+    }
+    let path = dir.join(format!("{name}.yaml"));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn summary_json(dir: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(dir.join("summary.json")).unwrap()).unwrap()
+}
+
 #[test]
 fn run_writes_the_summary_and_junit() {
     let dir = tempfile::tempdir().unwrap();
@@ -55,8 +74,7 @@ fn run_writes_the_summary_and_junit() {
         );
     }
     assert!(stdout.contains("cuda::tiny-fp32"), "{stdout}");
-    let summary: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.path().join("summary.json")).unwrap()).unwrap();
+    let summary = summary_json(dir.path());
     assert_eq!(summary["passed"], 1, "{summary}");
     let trial = &summary["trials"][0];
     assert_eq!(trial["name"], "cpu::tiny-fp32");
@@ -75,14 +93,12 @@ fn run_writes_the_summary_and_junit() {
 #[test]
 fn a_failed_check_exits_1_and_says_where() {
     let dir = tempfile::tempdir().unwrap();
-    let text_in = std::fs::read_to_string(root().join("suites/tiny-fp32.yaml"))
-        .unwrap()
-        .replace(
-            "name: tiny-fp32",
-            "name: tiny-budget\ndevices: [cpu]\nmemory: {budget: 4096}\nchecks: {golden: false}",
-        );
-    let suite = dir.path().join("tiny-budget.yaml");
-    std::fs::write(&suite, text_in).unwrap();
+    let suite = tiny_suite(
+        dir.path(),
+        "tiny-budget",
+        "devices: [cpu]\nmemory: {budget: 4096}\nchecks: {golden: false}",
+        &[],
+    );
     let out = harness(
         &["run", "--report", dir.path().to_str().unwrap()],
         &[&suite],
@@ -99,14 +115,12 @@ fn a_failed_check_exits_1_and_says_where() {
 #[test]
 fn a_negative_control_passes_when_exactly_its_check_fails() {
     let dir = tempfile::tempdir().unwrap();
-    let text_in = std::fs::read_to_string(root().join("suites/tiny-fp32.yaml"))
-        .unwrap()
-        .replace(
-            "name: tiny-fp32",
-            "name: tiny-over-budget\ndevices: [cpu]\nmemory: {budget: 4096}\nchecks: {golden: false}\nexpect_fail: [peak_budget]",
-        );
-    let suite = dir.path().join("tiny-over-budget.yaml");
-    std::fs::write(&suite, text_in).unwrap();
+    let suite = tiny_suite(
+        dir.path(),
+        "tiny-over-budget",
+        "devices: [cpu]\nmemory: {budget: 4096}\nchecks: {golden: false}\nexpect_fail: [peak_budget]",
+        &[],
+    );
     let out = harness(
         &["run", "--report", dir.path().to_str().unwrap()],
         &[&suite],
@@ -133,6 +147,74 @@ fn an_invalid_suite_is_an_error_with_its_location() {
         assert!(stderr.contains("typo.yaml:15:1"), "{stderr}");
         assert!(stderr.contains("batch_sise"), "{stderr}");
     }
+}
+
+#[test]
+fn a_suite_that_cannot_start_fails_its_trial_and_the_run_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let cpu = "devices: [cpu]\nchecks: {golden: false}";
+    let synthetic = "data: {kind: synthetic, seed: 3, samples: 256}";
+    let bad = [
+        (
+            "a-long-rows",
+            (
+                synthetic,
+                "data: {kind: synthetic, seed: 3, samples: 256, min_len: 100}",
+            ),
+        ),
+        ("b-no-samples", ("samples: 256", "samples: 0")),
+        ("c-no-rows", ("batch_size: 4", "batch_size: 0")),
+        (
+            "d-no-weights",
+            (
+                "init: {kind: random, seed: 1, std: 0.1}",
+                "init: {kind: hf_dir, path: nope}",
+            ),
+        ),
+        (
+            "e-no-tokens",
+            (
+                synthetic,
+                "data: {kind: token_file, path: nope.bin, dtype: u16}",
+            ),
+        ),
+    ];
+    for (name, change) in bad {
+        tiny_suite(dir.path(), name, cpu, &[change]);
+    }
+    tiny_suite(dir.path(), "f-fine", cpu, &[]);
+    let report = dir.path().join("report");
+    let junit = dir.path().join("junit.xml");
+    let out = harness(
+        &[
+            "run",
+            "--report",
+            report.to_str().unwrap(),
+            "--junit",
+            junit.to_str().unwrap(),
+        ],
+        &[dir.path()],
+    );
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(exit_codes::FAILED.into()), "{all}");
+    assert!(all.contains("1 passed, 5 failed"), "{all}");
+    let summary = summary_json(&report);
+    let trials = summary["trials"].as_array().unwrap();
+    assert_eq!(trials.len(), 6, "{summary}");
+    for t in &trials[..5] {
+        assert_eq!(t["passed"], false, "{t}");
+        let verdict = t["verdict"].as_str().unwrap();
+        assert!(verdict.starts_with("could not run: "), "{t}");
+        assert!(all.contains(verdict), "{all}");
+    }
+    assert_eq!(trials[5]["name"], "cpu::f-fine");
+    assert_eq!(trials[5]["passed"], true, "{}", trials[5]);
+    let xml = std::fs::read_to_string(&junit).unwrap();
+    assert_eq!(
+        xml.matches("<failure message=\"could not run: ").count(),
+        5,
+        "{xml}"
+    );
 }
 
 #[test]
@@ -208,21 +290,29 @@ fn verify_reports_intact_and_damaged_files() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
 }
 
-/// Runs the tool with `args`, reads `lines` lines of its output, then closes it.
+/// Runs the tool with `args`, reads `lines` lines of its output, then closes it. The tool starts
+/// only once its standard input closes, so that with `lines` 0 no write can come before the close.
 fn closing_stdout_after(args: &[&str], lines: usize) -> Output {
-    let mut child = Command::new(BIN)
+    let mut child = Command::new("sh")
+        .args(["-c", "read _; exec \"$0\" \"$@\"", BIN])
         .args(args)
         .current_dir(root())
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut reader = BufReader::new(child.stdout.take().unwrap());
-    for _ in 0..lines {
-        let mut line = String::new();
-        reader.read_line(&mut line).unwrap();
+    let gate = child.stdin.take().unwrap();
+    let reader = BufReader::new(child.stdout.take().unwrap());
+    if lines == 0 {
+        drop(reader);
+        drop(gate);
+    } else {
+        drop(gate);
+        for line in reader.lines().take(lines) {
+            line.unwrap();
+        }
     }
-    drop(reader);
     child.wait_with_output().unwrap()
 }
 
