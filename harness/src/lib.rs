@@ -11,6 +11,7 @@ pub mod phases;
 pub mod plan;
 pub mod report;
 pub mod run_cmd;
+pub mod snapshot;
 pub mod suite;
 pub mod train_cmd;
 pub mod trial;

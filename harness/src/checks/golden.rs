@@ -1,15 +1,14 @@
 //! `golden`: the reference trajectory (losses to 6 significant digits, learning rates, and the
 //! bytes of every category at each step's peak and end) equals its snapshot in `golden/`.
 //!
-//! Snapshots are insta `.snap` files, `golden/<device>/<suite>.snap`. Checking never writes
-//! them, as insta does with `INSTA_UPDATE=no`; `ckpt-harness run --bless` rewrites them.
+//! Snapshots are `golden/<device>/<suite>.snap` files in the `.snap` layout (see
+//! [`crate::snapshot`]). Checking never writes them; `ckpt-harness run --bless` rewrites them.
 
 use super::{Check, Failure, GoldenInput, Outcome};
 use crate::phases::{Phase, RunRecord};
+use crate::snapshot::{normalise, Snapshot};
 use anyhow::{Context, Result};
 use ckpt_engine::memory::{Breakdown, Category};
-use insta::internals::TextSnapshotContents;
-use insta::{Snapshot, TextSnapshotKind};
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
 
@@ -49,11 +48,7 @@ pub fn render(r: &RunRecord) -> String {
             categories(&s.memory.current)
         );
     }
-    normalise(out)
-}
-
-fn normalise(text: String) -> String {
-    TextSnapshotContents::new(text, TextSnapshotKind::File).to_string()
+    normalise(&out)
 }
 
 /// Where the snapshot of `device`/`suite` lives under `dir`.
@@ -65,12 +60,11 @@ pub fn path(dir: &Path, device: &str, suite: &str) -> PathBuf {
 pub fn load(dir: &Path, device: &str, suite: &str) -> Result<GoldenInput> {
     let file = path(dir, device, suite);
     let stored = if file.exists() {
-        let snap = Snapshot::from_file(&file)
-            .map_err(|e| anyhow::anyhow!("{}: not an insta snapshot: {e}", file.display()))?;
-        let text = snap
-            .as_text()
-            .with_context(|| format!("{}: a binary snapshot, expected text", file.display()))?;
-        Some(text.to_string())
+        let content = std::fs::read_to_string(&file)
+            .with_context(|| format!("{}: cannot read", file.display()))?;
+        let snap =
+            Snapshot::parse(&content).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+        Some(snap.text)
     } else {
         None
     };
@@ -80,19 +74,20 @@ pub fn load(dir: &Path, device: &str, suite: &str) -> Result<GoldenInput> {
     })
 }
 
-/// Writes the run's snapshot under `dir` in insta's file format; returns its path.
+/// Writes the run's snapshot under `dir`; returns its path.
 pub fn bless(dir: &Path, r: &RunRecord) -> Result<PathBuf> {
     let file = path(dir, &r.device, &r.suite);
     if let Some(parent) = file.parent() {
         std::fs::create_dir_all(parent)
             .with_context(|| format!("{}: cannot create", parent.display()))?;
     }
-    let text = format!(
-        "---\nsource: harness/src/checks/golden.rs\nexpression: reference trajectory of {}\n---\n{}\n",
-        r.trial(),
-        render(r)
-    );
-    std::fs::write(&file, text).with_context(|| format!("{}: cannot write", file.display()))?;
+    let snap = Snapshot {
+        source: "harness/src/checks/golden.rs".into(),
+        expression: format!("reference trajectory of {}", r.trial()),
+        text: render(r),
+    };
+    std::fs::write(&file, snap.to_file())
+        .with_context(|| format!("{}: cannot write", file.display()))?;
     Ok(file)
 }
 
@@ -176,6 +171,16 @@ mod tests {
             ),
             "{m}"
         );
+    }
+
+    #[test]
+    fn a_file_that_is_not_a_snapshot_is_an_error_naming_it_and_the_fix() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("cpu")).unwrap();
+        std::fs::write(dir.path().join("cpu/s.snap"), "step | loss\n0 | 1\n").unwrap();
+        let e = format!("{:#}", load(dir.path(), "cpu", "s").unwrap_err());
+        assert!(e.contains("cpu/s.snap: line 1:"), "{e}");
+        assert!(e.contains("ckpt-harness run --bless"), "{e}");
     }
 
     #[test]
