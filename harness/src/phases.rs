@@ -118,6 +118,8 @@ pub struct PredictedStep {
 /// Everything a trial observed; checks read only this.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct RunRecord {
+    /// The trial's name: `device::suite`, or `device::faults::suite` for a negative control.
+    pub name: String,
     /// Suite name.
     pub suite: String,
     /// Device name (`cpu`, `cuda`).
@@ -148,9 +150,9 @@ impl RunRecord {
         self.phases.iter().find(|p| p.phase == Phase::Reference)
     }
 
-    /// `device::suite`, as trial names write it.
+    /// The trial's name, as failures and reports write it.
     pub fn trial(&self) -> String {
-        format!("{}::{}", self.device, self.suite)
+        self.name.clone()
     }
 }
 
@@ -272,6 +274,7 @@ pub fn run(
         }
     }
     Ok(RunRecord {
+        name: crate::trial::name(suite, kind),
         suite: suite.file.name.clone(),
         device: kind.name().into(),
         layers: suite.train.model.num_hidden_layers,

@@ -45,6 +45,23 @@ pub struct TrialResult {
 }
 
 impl TrialResult {
+    /// Its failures as lines, at most `most` per check; the rest of a check's as one line,
+    /// `… and K more <check> failures`.
+    pub fn failure_lines(&self, most: usize) -> Vec<String> {
+        let mut out = Vec::new();
+        for o in &self.checks {
+            out.extend(o.failures.iter().take(most).map(|f| f.to_string()));
+            if o.failures.len() > most {
+                out.push(format!(
+                    "… and {} more {} failures",
+                    o.failures.len() - most,
+                    o.check
+                ));
+            }
+        }
+        out
+    }
+
     /// The checks that failed, in report order.
     pub fn failed_checks(&self) -> Vec<Check> {
         self.checks

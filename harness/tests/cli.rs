@@ -44,6 +44,23 @@ fn tiny_suite(dir: &Path, name: &str, extra: &str, replace: &[(&str, &str)]) -> 
     path
 }
 
+/// `run` over `paths` with `summary.json` and `junit.xml` written into `dir`; the JUnit file.
+fn run_reporting(dir: &Path, paths: &[&Path]) -> (Output, PathBuf) {
+    let junit = dir.join("junit.xml");
+    let report = dir.to_str().unwrap();
+    let out = harness(
+        &[
+            "run",
+            "--report",
+            report,
+            "--junit",
+            junit.to_str().unwrap(),
+        ],
+        paths,
+    );
+    (out, junit)
+}
+
 fn summary_json(dir: &Path) -> serde_json::Value {
     serde_json::from_slice(&std::fs::read(dir.join("summary.json")).unwrap()).unwrap()
 }
@@ -51,18 +68,7 @@ fn summary_json(dir: &Path) -> serde_json::Value {
 #[test]
 fn run_writes_the_summary_and_junit() {
     let dir = tempfile::tempdir().unwrap();
-    let junit = dir.path().join("junit.xml");
-    let suite = root().join("suites/tiny-fp32.yaml");
-    let out = harness(
-        &[
-            "run",
-            "--report",
-            dir.path().to_str().unwrap(),
-            "--junit",
-            junit.to_str().unwrap(),
-        ],
-        &[&suite],
-    );
+    let (out, junit) = run_reporting(dir.path(), &[&root().join("suites/tiny-fp32.yaml")]);
     assert!(out.status.success(), "{}", text(&out));
     let stdout = String::from_utf8_lossy(&out.stdout);
     for phase in ["reference", "resume-mid", "resume-end"] {
@@ -183,22 +189,11 @@ fn a_suite_that_cannot_start_fails_its_trial_and_the_run_goes_on() {
         tiny_suite(dir.path(), name, cpu, &[change]);
     }
     tiny_suite(dir.path(), "f-fine", cpu, &[]);
-    let report = dir.path().join("report");
-    let junit = dir.path().join("junit.xml");
-    let out = harness(
-        &[
-            "run",
-            "--report",
-            report.to_str().unwrap(),
-            "--junit",
-            junit.to_str().unwrap(),
-        ],
-        &[dir.path()],
-    );
+    let (out, junit) = run_reporting(dir.path(), &[dir.path()]);
     let all = text(&out);
     assert_eq!(out.status.code(), Some(exit_codes::FAILED.into()), "{all}");
     assert!(all.contains("1 passed, 5 failed"), "{all}");
-    let summary = summary_json(&report);
+    let summary = summary_json(dir.path());
     let trials = summary["trials"].as_array().unwrap();
     assert_eq!(trials.len(), 6, "{summary}");
     for t in &trials[..5] {
@@ -215,6 +210,46 @@ fn a_suite_that_cannot_start_fails_its_trial_and_the_run_goes_on() {
         5,
         "{xml}"
     );
+}
+
+#[test]
+fn failures_name_the_whole_trial_and_long_lists_are_cut_short() {
+    let dir = tempfile::tempdir().unwrap();
+    let faults = dir.path().join("faults");
+    std::fs::create_dir(&faults).unwrap();
+    tiny_suite(
+        &faults,
+        "over-budget",
+        "devices: [cpu]\nmemory: {budget: 4096}\nchecks: {golden: false}\nexpect_fail: [no_leak]",
+        &[],
+    );
+    let (out, junit) = run_reporting(dir.path(), &[dir.path()]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(exit_codes::FAILED.into()),
+        "{}",
+        text(&out)
+    );
+    let summary = summary_json(dir.path());
+    let failures = summary["trials"][0]["checks"][3]["failures"]
+        .as_array()
+        .unwrap();
+    let total = failures.len();
+    assert!(total > 20, "{total}");
+    assert_eq!(failures[0]["trial"], "cpu::faults::over-budget");
+    let shown = "    peak_budget: cpu::faults::over-budget ";
+    assert_eq!(stdout.matches(shown).count(), 10, "{stdout}");
+    let more = format!("… and {} more peak_budget failures", total - 10);
+    assert!(stdout.contains(&more), "{stdout}");
+    let xml = std::fs::read_to_string(&junit).unwrap();
+    assert_eq!(
+        xml.matches("peak_budget: cpu::faults::over-budget ")
+            .count(),
+        10,
+        "{xml}"
+    );
+    assert!(xml.contains(&more), "{xml}");
 }
 
 #[test]

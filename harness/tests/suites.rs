@@ -7,6 +7,7 @@
 //! is the process's.
 
 use ckpt_harness::plan::{self, DeviceChoice, TierFilter};
+use ckpt_harness::report;
 use ckpt_harness::suite::Suite;
 use ckpt_harness::trial::{self, GoldenMode};
 use libtest_mimic::{Arguments, Trial};
@@ -43,10 +44,8 @@ fn trials(root: &Path) -> Result<Vec<Trial>, String> {
                     return Ok(());
                 }
                 let mut msg = t.verdict.clone();
-                for o in &t.checks {
-                    for f in &o.failures {
-                        msg.push_str(&format!("\n  {f}"));
-                    }
+                for line in t.failure_lines(report::FAILURES_SHOWN) {
+                    msg.push_str(&format!("\n  {line}"));
                 }
                 Err(msg.into())
             })

@@ -156,6 +156,7 @@ mod tests {
     fn cuda_run_off_by(fraction: f64) -> RunRecord {
         let mut r = fixtures::run();
         r.device = "cuda".into();
+        r.name = "cuda::s".into();
         let want = r.predicted[1].peak;
         let delta = (want as f64 * fraction) as u64;
         for s in &mut r.phases[0].steps[1..] {

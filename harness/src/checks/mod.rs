@@ -84,7 +84,7 @@ impl fmt::Display for Check {
 pub struct Failure {
     /// The check that failed.
     pub check: Check,
-    /// `device::suite`.
+    /// The trial's name: `device::suite`, or `device::faults::suite` for a negative control.
     pub trial: String,
     /// The phase, when the failure belongs to one.
     pub phase: Option<Phase>,
@@ -407,6 +407,7 @@ pub(crate) mod fixtures {
         let later = first.clone();
         first.start.optimizer = 0;
         let mut r = RunRecord {
+            name: "cpu::s".into(),
             suite: "s".into(),
             device: "cpu".into(),
             layers: 2,
