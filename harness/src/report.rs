@@ -60,12 +60,15 @@ impl Summary {
         );
         for t in &self.trials {
             let failed: Vec<&str> = t.failed_checks().iter().map(|c| c.name()).collect();
+            let not_run: Vec<&str> = t.not_run_checks().iter().map(|c| c.name()).collect();
             let result = if t.passed { "PASS" } else { "FAIL" };
-            let note = if t.expect_fail.is_empty() {
-                String::new()
-            } else {
-                " (negative control)".to_string()
-            };
+            let mut note = String::new();
+            if !not_run.is_empty() {
+                note = format!("  not run: {}", not_run.join(", "));
+            }
+            if !t.expect_fail.is_empty() {
+                note.push_str(" (negative control)");
+            }
             let _ = writeln!(
                 out,
                 "{:<w$} {result:<6} {:>7.2}  {}{note}",

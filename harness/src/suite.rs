@@ -393,6 +393,11 @@ pub struct SuiteFile {
     /// The checks that must fail: the trial passes only when exactly these fail.
     #[serde(default)]
     pub expect_fail: Option<Spanned<Vec<Check>>>,
+    /// The checks that must have nothing to compare (`not_run`), such as those an
+    /// out-of-memory leaves without resumed steps: the trial passes only when exactly these did
+    /// not run.
+    #[serde(default)]
+    pub expect_not_run: Option<Spanned<Vec<Check>>>,
 }
 
 /// A parsed, validated suite.
@@ -442,6 +447,15 @@ fn model_error_place(path: &Path, text: &str, message: &str) -> String {
         Ok(m) => place(path, m.model.referenced),
         Err(_) => path.display().to_string(),
     }
+}
+
+/// The checks a list names, in report order.
+fn in_report_order(list: &Option<Spanned<Vec<Check>>>) -> Vec<Check> {
+    let listed = list.as_ref().map_or(&[][..], |e| &e.value[..]);
+    Check::ALL
+        .into_iter()
+        .filter(|c| listed.contains(c))
+        .collect()
 }
 
 impl Suite {
@@ -599,14 +613,26 @@ impl Suite {
                 path.display()
             );
         }
-        if let Some(e) = expect {
-            for c in &e.value {
+        let lists = [
+            ("expect_fail", expect),
+            ("expect_not_run", file.expect_not_run.as_ref()),
+        ];
+        for (key, list) in lists {
+            for c in list.iter().flat_map(|e| &e.value) {
                 if !file.checks.enabled(*c) {
                     bail!(
-                        "{}: expect_fail names {c}, which checks: turns off; enable it or remove it from expect_fail",
-                        place(path, e.referenced)
+                        "{}: {key} names {c}, which checks: turns off; enable it or remove it from {key}",
+                        place(path, list.map_or(Location::UNKNOWN, |e| e.referenced))
                     );
                 }
+            }
+        }
+        if let (Some(fail), Some(not_run)) = (expect, &file.expect_not_run) {
+            if let Some(c) = fail.value.iter().find(|c| not_run.value.contains(c)) {
+                bail!(
+                    "{}: expect_not_run names {c}, which expect_fail names too; a check either fails or does not run: keep it in one of them",
+                    place(path, not_run.referenced)
+                );
             }
         }
         Ok(())
@@ -640,15 +666,12 @@ impl Suite {
 
     /// The checks that must fail, in report order (empty for an ordinary suite).
     pub fn expect_fail(&self) -> Vec<Check> {
-        let listed = self
-            .file
-            .expect_fail
-            .as_ref()
-            .map_or(&[][..], |e| &e.value[..]);
-        Check::ALL
-            .into_iter()
-            .filter(|c| listed.contains(c))
-            .collect()
+        in_report_order(&self.file.expect_fail)
+    }
+
+    /// The checks that must not run, in report order (empty for most suites).
+    pub fn expect_not_run(&self) -> Vec<Check> {
+        in_report_order(&self.file.expect_not_run)
     }
 
     /// The simulated capacity, if the suite sets one.
@@ -796,6 +819,23 @@ expect_fail: [state_digest, loss_continuity]
         assert!(e.contains("add capacity"), "{e}");
         let e = error("devices: [cpu, tpu]\n");
         assert!(e.contains("cuda"), "{e}");
+    }
+
+    #[test]
+    fn expected_not_run_checks_are_enabled_and_not_expected_to_fail() {
+        let s = parse("expect_not_run: [state_digest, loss_continuity]\n").unwrap();
+        assert_eq!(
+            s.expect_not_run(),
+            vec![Check::LossContinuity, Check::StateDigest]
+        );
+        let e = error("checks: {no_leak: false}\nexpect_not_run: [no_leak]\n");
+        assert!(
+            e.starts_with("s.yaml:10:17:") && e.contains("turns off"),
+            "{e}"
+        );
+        let e = error("expect_fail: [oom_free, no_leak]\nexpect_not_run: [no_leak]\n");
+        assert!(e.starts_with("s.yaml:10:17:"), "{e}");
+        assert!(e.contains("either fails or does not run"), "{e}");
     }
 
     #[test]

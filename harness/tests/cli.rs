@@ -253,6 +253,33 @@ fn failures_name_the_whole_trial_and_long_lists_are_cut_short() {
 }
 
 #[test]
+fn checks_an_out_of_memory_left_without_steps_did_not_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let oom = "devices: [cpu]\nmemory: {capacity: 1000000}\nchecks: {golden: false}\nexpect_fail: [oom_free]";
+    tiny_suite(dir.path(), "a-unexpected", oom, &[]);
+    let expected = format!("{oom}\nexpect_not_run: [loss_continuity, state_digest, no_leak]");
+    tiny_suite(dir.path(), "b-expected", &expected, &[]);
+    let out = harness(
+        &["run", "--report", dir.path().to_str().unwrap()],
+        &[dir.path()],
+    );
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(exit_codes::FAILED.into()), "{all}");
+    assert!(all.contains("1 passed, 1 failed"), "{all}");
+    assert!(
+        all.contains("not run: loss_continuity, state_digest, no_leak"),
+        "{all}"
+    );
+    let summary = summary_json(dir.path());
+    let trials = summary["trials"].as_array().unwrap();
+    assert_eq!(trials[0]["passed"], false, "{}", trials[0]);
+    assert_eq!(trials[1]["passed"], true, "{}", trials[1]);
+    let continuity = &trials[0]["checks"][0];
+    assert_eq!(continuity["status"], "not_run", "{continuity}");
+    assert_eq!(continuity["compared"], 0, "{continuity}");
+}
+
+#[test]
 fn list_and_validate_cover_every_suite() {
     let suites = root().join("suites");
     let out = harness(&["validate"], &[&suites]);

@@ -91,7 +91,8 @@ pub fn bless(dir: &Path, r: &RunRecord) -> Result<PathBuf> {
     Ok(file)
 }
 
-/// Compares the run's reference trajectory with the stored snapshot.
+/// Compares the run's reference trajectory with the stored snapshot; `compared` counts the
+/// reference steps.
 pub fn check(r: &RunRecord, golden: &GoldenInput) -> Outcome {
     let fresh = render(r);
     let fail = |what: &str| Failure::new(Check::Golden, r, what).phase(Phase::Reference);
@@ -124,7 +125,8 @@ pub fn check(r: &RunRecord, golden: &GoldenInput) -> Outcome {
             }
         }
     };
-    Outcome::new(Check::Golden, failures).with("snapshot", golden.file.clone())
+    let compared = r.reference().map_or(0, |p| p.steps.len() as u64);
+    Outcome::new(Check::Golden, compared, failures).with("snapshot", golden.file.clone())
 }
 
 #[cfg(test)]

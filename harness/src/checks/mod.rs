@@ -170,6 +170,9 @@ pub enum Status {
     Passed,
     /// It ran and found failures.
     Failed,
+    /// It had nothing to compare: what it compares was never recorded (a phase ended early, a
+    /// later one never ran). Fails the trial unless the suite lists it in `expect_not_run`.
+    NotRun,
     /// The suite turned it off.
     Off,
 }
@@ -181,6 +184,8 @@ pub struct Outcome {
     pub check: Check,
     /// The verdict.
     pub status: Status,
+    /// How many things it compared (steps, resume points, phases, ...; see each check).
+    pub compared: u64,
     /// What it measured, by name.
     pub figures: BTreeMap<&'static str, serde_json::Value>,
     /// What it found wrong.
@@ -188,17 +193,31 @@ pub struct Outcome {
 }
 
 impl Outcome {
-    /// The verdict of `check` given its failures.
-    pub fn new(check: Check, failures: Vec<Failure>) -> Self {
+    /// The verdict of `check` given how many things it compared and its failures: failed with
+    /// any failure, not run when it compared nothing, passed otherwise.
+    pub fn new(check: Check, compared: u64, failures: Vec<Failure>) -> Self {
+        let status = if !failures.is_empty() {
+            Status::Failed
+        } else if compared == 0 {
+            Status::NotRun
+        } else {
+            Status::Passed
+        };
         Outcome {
             check,
-            status: if failures.is_empty() {
-                Status::Passed
-            } else {
-                Status::Failed
-            },
+            status,
+            compared,
             figures: BTreeMap::new(),
             failures,
+        }
+    }
+
+    /// A check the suite asks nothing of (`peak_budget` without budgets): passed, having
+    /// compared nothing.
+    pub fn nothing_asked(check: Check) -> Self {
+        Outcome {
+            status: Status::Passed,
+            ..Outcome::off(check)
         }
     }
 
@@ -207,6 +226,7 @@ impl Outcome {
         Outcome {
             check,
             status: Status::Off,
+            compared: 0,
             figures: BTreeMap::new(),
             failures: Vec::new(),
         }
@@ -221,6 +241,11 @@ impl Outcome {
     /// Whether the check ran and failed.
     pub fn failed(&self) -> bool {
         self.status == Status::Failed
+    }
+
+    /// Whether the check had nothing to compare.
+    pub fn not_run(&self) -> bool {
+        self.status == Status::NotRun
     }
 }
 
@@ -434,16 +459,69 @@ mod tests {
     use super::*;
     use crate::suite::ChecksSpec;
 
-    #[test]
-    fn a_faithful_run_passes_every_check() {
-        let r = fixtures::run();
+    /// Every check over `r`, with its own trajectory as the snapshot.
+    fn outcomes(r: &RunRecord) -> Vec<Outcome> {
         let golden = GoldenInput {
             file: "g.snap".into(),
-            stored: Some(golden::render(&r)),
+            stored: Some(golden::render(r)),
         };
-        for o in run_all(&r, &ChecksSpec::default(), &golden) {
+        run_all(r, &ChecksSpec::default(), &golden)
+    }
+
+    #[test]
+    fn a_faithful_run_passes_every_check() {
+        for o in outcomes(&fixtures::run()) {
             assert_eq!(o.status, Status::Passed, "{:?}", o.failures);
         }
+    }
+
+    #[test]
+    fn every_check_says_how_much_it_compared() {
+        let compared: Vec<(Check, u64)> = outcomes(&fixtures::run())
+            .iter()
+            .map(|o| (o.check, o.compared))
+            .collect();
+        use Check::*;
+        assert_eq!(
+            compared,
+            [
+                (LossContinuity, 6),
+                (StateDigest, 2),
+                (MemoryReclaimed, 3),
+                (PeakBudget, 0),
+                (NoLeak, 9),
+                (AcCoverage, 12),
+                (MemoryModel, 14),
+                (OomFree, 15),
+                (Golden, 6),
+            ]
+        );
+    }
+
+    #[test]
+    fn checks_left_with_nothing_to_compare_after_an_out_of_memory_did_not_run() {
+        let mut r = fixtures::run();
+        r.phases.truncate(1);
+        r.phases[0].steps.truncate(1);
+        r.phases[0].oom = Some("step 1: out of memory".into());
+        let status: Vec<(Check, Status)> =
+            outcomes(&r).iter().map(|o| (o.check, o.status)).collect();
+        use Check::*;
+        use Status::*;
+        assert_eq!(
+            status,
+            [
+                (LossContinuity, NotRun),
+                (StateDigest, NotRun),
+                (MemoryReclaimed, Passed),
+                (PeakBudget, Passed),
+                (NoLeak, NotRun),
+                (AcCoverage, Passed),
+                (MemoryModel, Passed),
+                (OomFree, Failed),
+                (Golden, Passed),
+            ]
+        );
     }
 
     #[test]

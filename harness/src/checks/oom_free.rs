@@ -3,7 +3,8 @@
 use super::{Check, Failure, Outcome};
 use crate::phases::RunRecord;
 
-/// Reads the refusals recorded in every phase.
+/// Reads the refusals recorded in every phase; `compared` counts the trainers built and the
+/// steps.
 pub fn check(r: &RunRecord) -> Outcome {
     let mut out = Vec::new();
     let mut refused = 0u64;
@@ -29,7 +30,8 @@ pub fn check(r: &RunRecord) -> Outcome {
             );
         }
     }
-    Outcome::new(Check::OomFree, out).with("oom_count", refused)
+    let compared = r.phases.iter().map(|p| 1 + p.steps.len() as u64).sum();
+    Outcome::new(Check::OomFree, compared, out).with("oom_count", refused)
 }
 
 #[cfg(test)]

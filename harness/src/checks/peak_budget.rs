@@ -5,15 +5,20 @@
 use super::{bytes, memory_detail, Check, Failure, Outcome};
 use crate::phases::{Phase, RunRecord};
 
-/// Compares every peak with the suite's budgets; passes when the suite sets none.
+/// Compares every peak with the suite's budgets; `compared` counts the peaks compared (each
+/// trainer built and each step under `memory.budget`, each phase's host peak under
+/// `memory.rss_budget`). A suite without budgets asks nothing of it.
 pub fn check(r: &RunRecord) -> Outcome {
     let mut out = Vec::new();
+    let mut compared = 0u64;
     let mut max_peak = 0u64;
     let mut max_rss = 0u64;
     for p in &r.phases {
-        max_peak = max_peak.max(p.setup.peak);
         max_rss = max_rss.max(p.host.peak_rss.unwrap_or(0));
+        let peaks = p.steps.iter().map(|s| s.memory.allocated.peak);
+        max_peak = peaks.fold(max_peak.max(p.setup.peak), u64::max);
         if let Some(budget) = r.budget {
+            compared += 1 + p.steps.len() as u64;
             if p.setup.peak > budget {
                 let what = if p.phase == Phase::Reference {
                     "peak while building the trainer"
@@ -27,27 +32,21 @@ pub fn check(r: &RunRecord) -> Outcome {
                         .detail(memory_detail(&p.setup.at_peak)),
                 );
             }
-            for s in &p.steps {
-                let peak = s.memory.allocated.peak;
-                max_peak = max_peak.max(peak);
-                if peak > budget {
-                    out.push(
-                        Failure::new(Check::PeakBudget, r, "step peak")
-                            .phase(p.phase)
-                            .step(s.step)
-                            .saw(format!("at most {}", bytes(budget)), bytes(peak))
-                            .detail(memory_detail(&s.memory.at_peak)),
-                    );
-                }
+            for s in p.steps.iter().filter(|s| s.memory.allocated.peak > budget) {
+                out.push(
+                    Failure::new(Check::PeakBudget, r, "step peak")
+                        .phase(p.phase)
+                        .step(s.step)
+                        .saw(
+                            format!("at most {}", bytes(budget)),
+                            bytes(s.memory.allocated.peak),
+                        )
+                        .detail(memory_detail(&s.memory.at_peak)),
+                );
             }
-        } else {
-            max_peak = p
-                .steps
-                .iter()
-                .map(|s| s.memory.allocated.peak)
-                .fold(max_peak, u64::max);
         }
         if let (Some(limit), Some(rss)) = (r.rss_budget, p.host.peak_rss) {
+            compared += 1;
             if rss > limit {
                 let scope = if p.host.reset {
                     "over the phase"
@@ -65,7 +64,12 @@ pub fn check(r: &RunRecord) -> Outcome {
             }
         }
     }
-    Outcome::new(Check::PeakBudget, out)
+    let outcome = if r.budget.is_none() && r.rss_budget.is_none() {
+        Outcome::nothing_asked(Check::PeakBudget)
+    } else {
+        Outcome::new(Check::PeakBudget, compared, out)
+    };
+    outcome
         .with("budget", r.budget)
         .with("max_peak", max_peak)
         .with("rss_budget", r.rss_budget)
