@@ -10,7 +10,7 @@ use crate::suite::Suite;
 use anyhow::Result;
 use ckpt_engine::checkpoint::step_dir_name;
 use ckpt_engine::estimate::{estimate, Backend, EstimateConfig};
-use ckpt_engine::memory::Breakdown;
+use ckpt_engine::memory::{Breakdown, OutOfMemory};
 use ckpt_engine::{EngineError, MemoryStats, StateDigest, Trainer};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -101,7 +101,36 @@ pub struct PhaseRecord {
     /// Its steps.
     pub steps: Vec<StepRecord>,
     /// The out-of-memory error that ended the phase early, if one did.
-    pub oom: Option<String>,
+    pub oom: Option<Oom>,
+}
+
+/// An allocation the device refused, ending a phase early.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Oom {
+    /// The error as the engine words it, with where it happened.
+    pub message: String,
+    /// The step that was refused; `None` while the trainer was being built.
+    pub step: Option<u64>,
+    /// Bytes asked for.
+    pub requested: u64,
+    /// Bytes held when they were asked for.
+    pub allocated: u64,
+    /// Bytes held per category when they were asked for.
+    pub by_category: Breakdown,
+}
+
+impl Oom {
+    /// The refusal `e`, at `step` (`None`: while building the trainer).
+    fn new(step: Option<u64>, e: &OutOfMemory) -> Self {
+        let at = step.map_or("building the trainer".into(), |s| format!("step {s}"));
+        Oom {
+            message: format!("{at}: {e}"),
+            step,
+            requested: e.requested,
+            allocated: e.allocated,
+            by_category: e.by_category,
+        }
+    }
 }
 
 /// The memory model's prediction of one step.
@@ -246,7 +275,7 @@ pub fn run(
                             memory: s.memory,
                         }),
                         Err(EngineError::OutOfMemory(e)) => {
-                            record.oom = Some(format!("step {}: {e}", trainer.step_index()));
+                            record.oom = Some(Oom::new(Some(trainer.step_index()), &e));
                             break;
                         }
                         Err(e) => return Err(e.into()),
@@ -257,7 +286,7 @@ pub fn run(
                 }
             }
             Err(EngineError::OutOfMemory(e)) => {
-                record.oom = Some(format!("building the trainer: {e}"));
+                record.oom = Some(Oom::new(None, &e));
             }
             Err(e) => return Err(e.into()),
         }

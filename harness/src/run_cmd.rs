@@ -72,7 +72,7 @@ pub fn run(opts: &RunOptions, out: &mut impl Write) -> Result<Summary> {
                 ),
                 ph.oom
                     .as_ref()
-                    .map_or(String::new(), |e| format!("  OOM: {e}")),
+                    .map_or(String::new(), |e| format!("  OOM: {}", e.message)),
             );
         });
         written?;

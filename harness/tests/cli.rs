@@ -44,6 +44,12 @@ fn tiny_suite(dir: &Path, name: &str, extra: &str, replace: &[(&str, &str)]) -> 
     path
 }
 
+/// Writes a tiny suite `name` with `extra` keys into `dir` and runs it, its report in `dir`.
+fn run_tiny(dir: &Path, name: &str, extra: &str) -> Output {
+    let suite = tiny_suite(dir, name, extra, &[]);
+    harness(&["run", "--report", dir.to_str().unwrap()], &[&suite])
+}
+
 /// `run` over `paths` with `summary.json` and `junit.xml` written into `dir`; the JUnit file.
 fn run_reporting(dir: &Path, paths: &[&Path]) -> (Output, PathBuf) {
     let junit = dir.join("junit.xml");
@@ -99,15 +105,10 @@ fn run_writes_the_summary_and_junit() {
 #[test]
 fn a_failed_check_exits_1_and_says_where() {
     let dir = tempfile::tempdir().unwrap();
-    let suite = tiny_suite(
+    let out = run_tiny(
         dir.path(),
         "tiny-budget",
         "devices: [cpu]\nmemory: {budget: 4096}\nchecks: {golden: false}",
-        &[],
-    );
-    let out = harness(
-        &["run", "--report", dir.path().to_str().unwrap()],
-        &[&suite],
     );
     let all = text(&out);
     assert_eq!(out.status.code(), Some(1), "{all}");
@@ -121,16 +122,7 @@ fn a_failed_check_exits_1_and_says_where() {
 #[test]
 fn a_negative_control_passes_when_exactly_its_check_fails() {
     let dir = tempfile::tempdir().unwrap();
-    let suite = tiny_suite(
-        dir.path(),
-        "tiny-over-budget",
-        "devices: [cpu]\nmemory: {budget: 4096}\nchecks: {golden: false}\nexpect_fail: [peak_budget]",
-        &[],
-    );
-    let out = harness(
-        &["run", "--report", dir.path().to_str().unwrap()],
-        &[&suite],
-    );
+    let out = run_tiny(dir.path(), "tiny-over-budget", "devices: [cpu]\nmemory: {budget: 4096}\nchecks: {golden: false}\nexpect_fail: [peak_budget]");
     assert!(out.status.success(), "{}", text(&out));
     assert!(text(&out).contains("(negative control)"), "{}", text(&out));
 }
@@ -277,6 +269,24 @@ fn checks_an_out_of_memory_left_without_steps_did_not_run() {
     let continuity = &trials[0]["checks"][0];
     assert_eq!(continuity["status"], "not_run", "{continuity}");
     assert_eq!(continuity["compared"], 0, "{continuity}");
+}
+
+#[test]
+fn the_step_an_allocation_was_refused_in_counts_against_the_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run_tiny(dir.path(), "refused", "devices: [cpu]\nmemory: {capacity: 1000000, budget: 950000}\nchecks: {golden: false}\nexpect_fail: [peak_budget, oom_free]\nexpect_not_run: [loss_continuity, state_digest, no_leak]");
+    assert!(out.status.success(), "{}", text(&out));
+    let summary = summary_json(dir.path());
+    let budget = &summary["trials"][0]["checks"][3];
+    assert_eq!(budget["check"], "peak_budget", "{budget}");
+    let f = &budget["failures"][0];
+    assert_eq!(f["what"], "peak when an allocation was refused", "{f}");
+    assert_eq!(
+        (&f["phase"], &f["step"]),
+        (&"reference".into(), &1.into()),
+        "{f}"
+    );
+    assert_eq!(f["expected"], "at most 927.7 KiB (950000 bytes)", "{f}");
 }
 
 #[test]

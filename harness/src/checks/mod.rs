@@ -333,7 +333,7 @@ pub fn bytes(n: u64) -> String {
 pub(crate) mod fixtures {
     //! Hand-made records: a faithful run that every check passes.
 
-    use crate::phases::{Phase, PhaseRecord, PredictedStep, RunRecord, StepRecord, Window};
+    use crate::phases::{Oom, Phase, PhaseRecord, PredictedStep, RunRecord, StepRecord, Window};
     use ckpt_engine::checkpoint::state::RngState;
     use ckpt_engine::data::LoaderState;
     use ckpt_engine::memory::{Breakdown, MemoryStats, Usage};
@@ -383,6 +383,21 @@ pub(crate) mod fixtures {
                 capacity: u64::MAX,
                 alloc_count: 10,
                 oom_count: 0,
+            },
+        }
+    }
+
+    /// An allocation of `requested` bytes refused at `step` (`None`: building the trainer) with
+    /// `allocated` bytes held, most of them activations.
+    pub fn oom(step: Option<u64>, allocated: u64, requested: u64) -> Oom {
+        Oom {
+            message: "out of memory".into(),
+            step,
+            requested,
+            allocated,
+            by_category: Breakdown {
+                activations: allocated,
+                ..Breakdown::default()
             },
         }
     }
@@ -503,7 +518,7 @@ mod tests {
         let mut r = fixtures::run();
         r.phases.truncate(1);
         r.phases[0].steps.truncate(1);
-        r.phases[0].oom = Some("step 1: out of memory".into());
+        r.phases[0].oom = Some(fixtures::oom(Some(1), 4000, 1000));
         let status: Vec<(Check, Status)> =
             outcomes(&r).iter().map(|o| (o.check, o.status)).collect();
         use Check::*;

@@ -6,8 +6,9 @@ use super::{bytes, memory_detail, Check, Failure, Outcome};
 use crate::phases::{Phase, RunRecord};
 
 /// Compares every peak with the suite's budgets; `compared` counts the peaks compared (each
-/// trainer built and each step under `memory.budget`, each phase's host peak under
-/// `memory.rss_budget`). A suite without budgets asks nothing of it.
+/// trainer built, each step and each refused step under `memory.budget`, each phase's host peak
+/// under `memory.rss_budget`). A refused step's peak is the bytes held plus the refused
+/// request. A suite without budgets asks nothing of it.
 pub fn check(r: &RunRecord) -> Outcome {
     let mut out = Vec::new();
     let mut compared = 0u64;
@@ -31,6 +32,25 @@ pub fn check(r: &RunRecord) -> Outcome {
                         .saw(format!("at most {}", bytes(budget)), bytes(p.setup.peak))
                         .detail(memory_detail(&p.setup.at_peak)),
                 );
+            }
+            if let Some(oom) = &p.oom {
+                compared += 1;
+                let held = oom.allocated + oom.requested;
+                max_peak = max_peak.max(held);
+                if held > budget {
+                    let mut f =
+                        Failure::new(Check::PeakBudget, r, "peak when an allocation was refused")
+                            .phase(p.phase)
+                            .saw(format!("at most {}", bytes(budget)), bytes(held))
+                            .detail(format!(
+                                "{} held and {} refused; {}",
+                                bytes(oom.allocated),
+                                bytes(oom.requested),
+                                memory_detail(&oom.by_category)
+                            ));
+                    f.step = oom.step;
+                    out.push(f);
+                }
             }
             for s in p.steps.iter().filter(|s| s.memory.allocated.peak > budget) {
                 out.push(
@@ -99,6 +119,26 @@ mod tests {
             m.contains("activations dominate: enable activation checkpointing"),
             "{m}"
         );
+    }
+
+    #[test]
+    fn the_refused_step_counts_with_its_request() {
+        let mut r = fixtures::run();
+        let budget = fixtures::AT_PEAK.total();
+        r.budget = Some(budget);
+        r.phases.truncate(1);
+        r.phases[0].steps.truncate(3);
+        r.phases[0].oom = Some(fixtures::oom(Some(3), budget - 100, 101));
+        let o = check(&r);
+        assert_eq!(o.failures.len(), 1);
+        assert_eq!(o.compared, 5);
+        let m = o.failures[0].to_string();
+        assert!(
+            m.starts_with("peak_budget: cpu::s reference step 3: peak when an allocation was refused: expected at most 7.3 KiB (7500 bytes), got 7.3 KiB (7501 bytes); 7.2 KiB (7400 bytes) held and 101 B refused; by category:"),
+            "{m}"
+        );
+        r.phases[0].oom = Some(fixtures::oom(Some(3), budget - 100, 100));
+        assert!(!check(&r).failed());
     }
 
     #[test]
