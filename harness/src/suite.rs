@@ -295,6 +295,9 @@ pub struct ChecksSpec {
     /// The reference trajectory equal to its snapshot in `golden/`.
     #[serde(default = "on")]
     pub golden: bool,
+    /// Every step's loss and gradient norm finite.
+    #[serde(default = "on")]
+    pub finite: bool,
 }
 
 impl Default for ChecksSpec {
@@ -309,6 +312,7 @@ impl Default for ChecksSpec {
             memory_model: true,
             oom_free: true,
             golden: true,
+            finite: true,
         }
     }
 }
@@ -326,6 +330,7 @@ impl ChecksSpec {
             Check::MemoryModel => self.memory_model,
             Check::OomFree => self.oom_free,
             Check::Golden => self.golden,
+            Check::Finite => self.finite,
         }
     }
 }

@@ -44,9 +44,10 @@ fn tiny_suite(dir: &Path, name: &str, extra: &str, replace: &[(&str, &str)]) -> 
     path
 }
 
-/// Writes a tiny suite `name` with `extra` keys into `dir` and runs it, its report in `dir`.
-fn run_tiny(dir: &Path, name: &str, extra: &str) -> Output {
-    let suite = tiny_suite(dir, name, extra, &[]);
+/// Writes a tiny suite `name` with `extra` keys and `replace`d text into `dir` and runs it, its
+/// report in `dir`.
+fn run_tiny(dir: &Path, name: &str, extra: &str, replace: &[(&str, &str)]) -> Output {
+    let suite = tiny_suite(dir, name, extra, replace);
     harness(&["run", "--report", dir.to_str().unwrap()], &[&suite])
 }
 
@@ -91,7 +92,7 @@ fn run_writes_the_summary_and_junit() {
     let trial = &summary["trials"][0];
     assert_eq!(trial["name"], "cpu::tiny-fp32");
     let checks = trial["checks"].as_array().unwrap();
-    assert_eq!(checks.len(), 9);
+    assert_eq!(checks.len(), 10);
     for c in checks {
         assert_eq!(c["status"], "passed", "{c}");
     }
@@ -109,6 +110,7 @@ fn a_failed_check_exits_1_and_says_where() {
         dir.path(),
         "tiny-budget",
         "devices: [cpu]\nmemory: {budget: 4096}\nchecks: {golden: false}",
+        &[],
     );
     let all = text(&out);
     assert_eq!(out.status.code(), Some(1), "{all}");
@@ -122,7 +124,7 @@ fn a_failed_check_exits_1_and_says_where() {
 #[test]
 fn a_negative_control_passes_when_exactly_its_check_fails() {
     let dir = tempfile::tempdir().unwrap();
-    let out = run_tiny(dir.path(), "tiny-over-budget", "devices: [cpu]\nmemory: {budget: 4096}\nchecks: {golden: false}\nexpect_fail: [peak_budget]");
+    let out = run_tiny(dir.path(), "tiny-over-budget", "devices: [cpu]\nmemory: {budget: 4096}\nchecks: {golden: false}\nexpect_fail: [peak_budget]", &[]);
     assert!(out.status.success(), "{}", text(&out));
     assert!(text(&out).contains("(negative control)"), "{}", text(&out));
 }
@@ -274,7 +276,7 @@ fn checks_an_out_of_memory_left_without_steps_did_not_run() {
 #[test]
 fn the_step_an_allocation_was_refused_in_counts_against_the_budget() {
     let dir = tempfile::tempdir().unwrap();
-    let out = run_tiny(dir.path(), "refused", "devices: [cpu]\nmemory: {capacity: 1000000, budget: 950000}\nchecks: {golden: false}\nexpect_fail: [peak_budget, oom_free]\nexpect_not_run: [loss_continuity, state_digest, no_leak]");
+    let out = run_tiny(dir.path(), "refused", "devices: [cpu]\nmemory: {capacity: 1000000, budget: 950000}\nchecks: {golden: false}\nexpect_fail: [peak_budget, oom_free]\nexpect_not_run: [loss_continuity, state_digest, no_leak]", &[]);
     assert!(out.status.success(), "{}", text(&out));
     let summary = summary_json(dir.path());
     let budget = &summary["trials"][0]["checks"][3];
@@ -287,6 +289,29 @@ fn the_step_an_allocation_was_refused_in_counts_against_the_budget() {
         "{f}"
     );
     assert_eq!(f["expected"], "at most 927.7 KiB (950000 bytes)", "{f}");
+}
+
+#[test]
+fn a_run_that_diverges_fails_finite_at_its_first_non_finite_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = tiny_suite(
+        dir.path(),
+        "diverges",
+        "devices: [cpu]\nchecks: {golden: false}",
+        &[("optimizer: {lr: 0.003,", "optimizer: {lr: 1.0e6,")],
+    );
+    let out = harness(
+        &["run", "--report", dir.path().to_str().unwrap()],
+        &[&suite],
+    );
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(exit_codes::FAILED.into()), "{all}");
+    assert!(
+        all.contains(
+            "finite: cpu::diverges reference step 1: grad_norm: expected a finite number, got NaN"
+        ),
+        "{all}"
+    );
 }
 
 #[test]

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 pub mod ac_coverage;
+pub mod finite;
 pub mod golden;
 pub mod loss_continuity;
 pub mod memory_model;
@@ -41,11 +42,13 @@ pub enum Check {
     OomFree,
     /// The reference trajectory equals its snapshot.
     Golden,
+    /// Every step's loss and gradient norm are finite.
+    Finite,
 }
 
 impl Check {
     /// Every check, in report order.
-    pub const ALL: [Check; 9] = [
+    pub const ALL: [Check; 10] = [
         Check::LossContinuity,
         Check::StateDigest,
         Check::MemoryReclaimed,
@@ -55,6 +58,7 @@ impl Check {
         Check::MemoryModel,
         Check::OomFree,
         Check::Golden,
+        Check::Finite,
     ];
 
     /// The name used in suites and reports.
@@ -69,6 +73,7 @@ impl Check {
             Check::MemoryModel => "memory_model",
             Check::OomFree => "oom_free",
             Check::Golden => "golden",
+            Check::Finite => "finite",
         }
     }
 }
@@ -278,6 +283,7 @@ pub fn run_all(r: &RunRecord, spec: &ChecksSpec, golden: &GoldenInput) -> Vec<Ou
                 Check::MemoryModel => memory_model::check(r),
                 Check::OomFree => oom_free::check(r),
                 Check::Golden => golden::check(r, golden),
+                Check::Finite => finite::check(r),
             }
         })
         .collect()
@@ -509,6 +515,7 @@ mod tests {
                 (MemoryModel, 14),
                 (OomFree, 15),
                 (Golden, 6),
+                (Finite, 12),
             ]
         );
     }
@@ -535,6 +542,7 @@ mod tests {
                 (MemoryModel, Passed),
                 (OomFree, Failed),
                 (Golden, Passed),
+                (Finite, Passed),
             ]
         );
     }
