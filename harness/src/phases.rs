@@ -281,7 +281,7 @@ pub fn run(
                         Err(e) => return Err(e.into()),
                     }
                     if phase == Phase::Reference && suite.saves_at(trainer.step_index()) {
-                        trainer.save(&run_dir, None)?;
+                        trainer.save(&run_dir, suite.file.training.keep_last)?;
                     }
                 }
             }

@@ -431,10 +431,35 @@ struct ModelKeys {
     model: BTreeMap<String, Spanned<IgnoredAny>>,
 }
 
-/// Where the model is.
-#[derive(Deserialize)]
-struct ModelPlace {
-    model: Spanned<IgnoredAny>,
+/// Where keys validated after parsing are written: a second, lenient pass over the text.
+#[derive(Default, Deserialize)]
+struct Places {
+    #[serde(default)]
+    model: Option<Spanned<IgnoredAny>>,
+    #[serde(default)]
+    training: TrainingPlaces,
+}
+
+/// Where keys under `training:` are written.
+#[derive(Default, Deserialize)]
+struct TrainingPlaces {
+    #[serde(default)]
+    keep_last: Option<Spanned<IgnoredAny>>,
+}
+
+impl Places {
+    /// The places in `text`; none when it cannot be read so.
+    fn of(text: &str) -> Self {
+        serde_saphyr::from_str(text).unwrap_or_default()
+    }
+}
+
+/// Where `key` is, or the file alone when it is not written.
+fn place_of(path: &Path, key: &Option<Spanned<IgnoredAny>>) -> String {
+    place(
+        path,
+        key.as_ref().map_or(Location::UNKNOWN, |k| k.referenced),
+    )
 }
 
 fn model_error_place(path: &Path, text: &str, message: &str) -> String {
@@ -448,10 +473,21 @@ fn model_error_place(path: &Path, text: &str, message: &str) -> String {
             return place(path, loc);
         }
     }
-    match serde_saphyr::from_str::<ModelPlace>(text) {
-        Ok(m) => place(path, m.model.referenced),
-        Err(_) => path.display().to_string(),
-    }
+    place_of(path, &Places::of(text).model)
+}
+
+/// The mid-run checkpoint step: `resume_from`, or half of `max_steps`.
+fn resume_from(t: &Training) -> u64 {
+    t.resume_from
+        .as_ref()
+        .map_or(t.max_steps.value / 2, |r| r.value)
+}
+
+/// Whether a run trained as `t` says saves after `steps` completed steps.
+fn saves_at(t: &Training, steps: u64) -> bool {
+    steps == resume_from(t)
+        || steps == t.max_steps.value
+        || t.save_every.is_some_and(|n| n > 0 && steps % n == 0)
 }
 
 /// The checks a list names, in report order.
@@ -489,6 +525,7 @@ impl Suite {
             .validate()
             .map_err(|m| anyhow::anyhow!("{}: model: {m}", model_error_place(path, text, &m)))?;
         Self::validate(path, &file, &model)?;
+        Self::validate_retention(path, text, &file)?;
         let t = &file.training;
         let schedule = match &file.schedule {
             None => Schedule::Constant,
@@ -643,12 +680,31 @@ impl Suite {
         Ok(())
     }
 
+    /// `keep_last` must keep the mid-run checkpoint `resume-mid` loads (and so the later one
+    /// `resume-end` loads): the reference phase saves with it, pruning as it goes.
+    fn validate_retention(path: &Path, text: &str, file: &SuiteFile) -> Result<()> {
+        let t = &file.training;
+        let Some(keep) = t.keep_last else {
+            return Ok(());
+        };
+        let from = resume_from(t);
+        let end = t.max_steps.value + t.extra_steps;
+        let later: Vec<u64> = (from..=end).filter(|&s| saves_at(t, s)).collect();
+        if keep < later.len() {
+            let steps: Vec<String> = later.iter().map(u64::to_string).collect();
+            bail!(
+                "{}: training.keep_last ({keep}) would delete the checkpoint of step {from}, which resume-mid loads: the reference saves at steps {} from then on; write keep_last: {} or more",
+                place_of(path, &Places::of(text).training.keep_last),
+                steps.join(", "),
+                later.len()
+            );
+        }
+        Ok(())
+    }
+
     /// The mid-run checkpoint step.
     pub fn resume_from(&self) -> u64 {
-        let t = &self.file.training;
-        t.resume_from
-            .as_ref()
-            .map_or(t.max_steps.value / 2, |r| r.value)
+        resume_from(&self.file.training)
     }
 
     /// Steps of the nominal run.
@@ -658,10 +714,7 @@ impl Suite {
 
     /// Whether the run saves after `steps` completed steps.
     pub fn saves_at(&self, steps: u64) -> bool {
-        let t = &self.file.training;
-        steps == self.resume_from()
-            || steps == self.max_steps()
-            || t.save_every.is_some_and(|n| n > 0 && steps % n == 0)
+        saves_at(&self.file.training, steps)
     }
 
     /// The devices the suite runs on.
@@ -781,6 +834,16 @@ expect_fail: [state_digest, loss_continuity]
             "{e}"
         );
         assert!(e.contains("resume_from: 4"), "{e}");
+    }
+
+    #[test]
+    fn keep_last_must_keep_the_checkpoints_the_resumes_load() {
+        let e = error("  save_every: 2\n  keep_last: 3\n");
+        assert!(e.starts_with("s.yaml:10:14: training.keep_last (3)"), "{e}");
+        assert!(e.contains("step 4"), "{e}");
+        assert!(e.contains("4, 6, 8, 10"), "{e}");
+        assert!(e.contains("keep_last: 4"), "{e}");
+        assert!(parse("  save_every: 2\n  keep_last: 4\n").is_ok());
     }
 
     #[test]
