@@ -177,14 +177,22 @@ fn validate(paths: &[PathBuf]) -> Result<u8> {
     let files = plan::files(paths)?;
     let mut out = std::io::stdout().lock();
     let mut bad = 0;
+    let mut valid = Vec::new();
     for f in &files {
         match Suite::load(f) {
-            Ok(_) => writeln!(out, "ok {}", f.display())?,
+            Ok(suite) => {
+                writeln!(out, "ok {}", f.display())?;
+                valid.push(suite);
+            }
             Err(e) => {
                 bad += 1;
                 eprintln!("error: {}", error_text::one_line(&e));
             }
         }
+    }
+    if let Err(e) = plan::unique_names(&valid) {
+        bad += 1;
+        eprintln!("error: {e}");
     }
     writeln!(out, "{} valid, {bad} invalid", files.len() - bad)?;
     Ok(if bad == 0 {

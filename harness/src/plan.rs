@@ -53,7 +53,8 @@ pub struct Planned {
 }
 
 /// Suite files under `paths`: files as given; directories searched for `*.yaml`, then their
-/// `faults/` directory (the negative controls); sorted within each directory.
+/// `faults/` directory (the negative controls); sorted within each directory; a file reached
+/// twice listed once.
 pub fn files(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
     fn yaml_in(dir: &Path) -> Result<Vec<PathBuf>> {
         let entries =
@@ -66,26 +67,53 @@ pub fn files(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
         found.sort();
         Ok(found)
     }
-    let mut out = Vec::new();
+    let mut found = Vec::new();
     for p in paths {
         if p.is_dir() {
-            out.extend(yaml_in(p)?);
+            found.extend(yaml_in(p)?);
             let faults = p.join("faults");
             if faults.is_dir() {
-                out.extend(yaml_in(&faults)?);
+                found.extend(yaml_in(&faults)?);
             }
         } else if p.exists() {
-            out.push(p.clone());
+            found.push(p.clone());
         } else {
             bail!("{}: no such file or directory", p.display());
         }
     }
-    Ok(out)
+    let mut seen = Vec::new();
+    found.retain(|f| {
+        let same = f.canonicalize().unwrap_or_else(|_| f.clone());
+        let new = !seen.contains(&same);
+        seen.push(same);
+        new
+    });
+    Ok(found)
 }
 
-/// Loads every suite file, failing on the first invalid one.
+/// Loads every suite file, failing on the first invalid one, or on two of one name.
 pub fn load(files: &[PathBuf]) -> Result<Vec<Suite>> {
-    files.iter().map(|f| Suite::load(f)).collect()
+    let suites: Vec<Suite> = files
+        .iter()
+        .map(|f| Suite::load(f))
+        .collect::<Result<_>>()?;
+    unique_names(&suites)?;
+    Ok(suites)
+}
+
+/// Refuses two suites of one name: they would share trial names and golden snapshots.
+pub fn unique_names(suites: &[Suite]) -> Result<()> {
+    for (i, s) in suites.iter().enumerate() {
+        if let Some(first) = suites[..i].iter().find(|o| o.file.name == s.file.name) {
+            bail!(
+                "{}: name {} is taken by {}; give each suite its own name (it names the trials and the golden snapshots)",
+                s.name_place(),
+                s.file.name,
+                first.name_place()
+            );
+        }
+    }
+    Ok(())
 }
 
 /// The trials of `suites` for `tier` and `device`.

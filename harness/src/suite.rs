@@ -51,12 +51,51 @@ pub struct Training {
     /// The mid-run checkpoint to resume from; `max_steps / 2` when absent.
     #[serde(default)]
     pub resume_from: Option<Spanned<u64>>,
-    /// Also save every this many steps.
-    #[serde(default)]
+    /// Also save every this many steps (at least 1).
+    #[serde(default, deserialize_with = "save_every")]
     pub save_every: Option<u64>,
-    /// Checkpoints to keep.
-    #[serde(default)]
+    /// Checkpoints to keep (at least 1).
+    #[serde(default, deserialize_with = "keep_last")]
     pub keep_last: Option<usize>,
+}
+
+/// A count of at least 1, or absent; `zero` says what to write instead of 0.
+fn at_least_one<'de, D, T>(d: D, zero: &str) -> Result<Option<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de> + Default + PartialEq,
+{
+    let n = Option::<T>::deserialize(d)?;
+    if n == Some(T::default()) {
+        return Err(de::Error::custom(zero));
+    }
+    Ok(n)
+}
+
+fn save_every<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    at_least_one(
+        d,
+        "save_every is 0; write save_every: 1 or more, or leave it out to save only at resume_from and max_steps",
+    )
+}
+
+fn keep_last<'de, D: Deserializer<'de>>(d: D) -> Result<Option<usize>, D::Error> {
+    at_least_one(
+        d,
+        "keep_last is 0, but the newest checkpoint is always kept; write keep_last: 1 or more, or leave it out to keep every checkpoint",
+    )
+}
+
+/// A suite name, which names trials and golden snapshot files: `[A-Za-z0-9._-]+`.
+fn suite_name<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    let name = String::deserialize(d)?;
+    let allowed = |c: char| c.is_ascii_alphanumeric() || "._-".contains(c);
+    if name.is_empty() || !name.chars().all(allowed) {
+        return Err(de::Error::custom(format!(
+            "name {name:?} may hold only letters, digits, '.', '_' and '-' (it names the trials and the golden snapshot files); write e.g. name: tiny-fp32"
+        )));
+    }
+    Ok(name)
 }
 
 fn default_extra() -> u64 {
@@ -339,7 +378,9 @@ impl ChecksSpec {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SuiteFile {
-    /// The suite's name, used in trial names (`cpu::<name>`).
+    /// The suite's name, used in trial names (`cpu::<name>`) and snapshot files:
+    /// `[A-Za-z0-9._-]+`, unique among the suites of a run.
+    #[serde(deserialize_with = "suite_name")]
     pub name: String,
     /// `ci` (every test run, the default) or `nightly`.
     #[serde(default)]
@@ -414,6 +455,8 @@ pub struct Suite {
     pub file: SuiteFile,
     /// The engine configuration it describes.
     pub train: TrainConfig,
+    /// Where its name is written.
+    name_at: Location,
 }
 
 /// `file:line:column`, or the file alone when the place is unknown.
@@ -434,6 +477,8 @@ struct ModelKeys {
 /// Where keys validated after parsing are written: a second, lenient pass over the text.
 #[derive(Default, Deserialize)]
 struct Places {
+    #[serde(default)]
+    name: Option<Spanned<IgnoredAny>>,
     #[serde(default)]
     model: Option<Spanned<IgnoredAny>>,
     #[serde(default)]
@@ -567,6 +612,9 @@ impl Suite {
             path: path.to_path_buf(),
             file,
             train,
+            name_at: Places::of(text)
+                .name
+                .map_or(Location::UNKNOWN, |n| n.referenced),
         })
     }
 
@@ -700,6 +748,11 @@ impl Suite {
             );
         }
         Ok(())
+    }
+
+    /// `file:line:column` of its name.
+    pub fn name_place(&self) -> String {
+        place(&self.path, self.name_at)
     }
 
     /// The mid-run checkpoint step.
@@ -844,6 +897,33 @@ expect_fail: [state_digest, loss_continuity]
         assert!(e.contains("4, 6, 8, 10"), "{e}");
         assert!(e.contains("keep_last: 4"), "{e}");
         assert!(parse("  save_every: 2\n  keep_last: 4\n").is_ok());
+    }
+
+    #[test]
+    fn names_are_file_names_and_counts_are_positive() {
+        for (text, at, says) in [
+            ("name: ../../../x\n", "s.yaml:1:7:", "letters, digits"),
+            ("name: \"\"\n", "s.yaml:1:7:", "letters, digits"),
+            ("name: a/b\n", "s.yaml:1:7:", "name: tiny-fp32"),
+        ] {
+            let text = BASE.replace("name: t\n", text);
+            let e = format!(
+                "{:#}",
+                Suite::parse(Path::new("s.yaml"), &text).unwrap_err()
+            );
+            assert!(e.starts_with(at) && e.contains(says), "{e}");
+        }
+        let e = error("  keep_last: 0\n");
+        assert!(
+            e.starts_with("s.yaml:9:14:") && e.contains("keep_last: 1"),
+            "{e}"
+        );
+        let e = error("  save_every: 0\n");
+        assert!(
+            e.starts_with("s.yaml:9:15:") && e.contains("save_every: 1"),
+            "{e}"
+        );
+        assert!(parse("  save_every: 1\n  keep_last: 12\n").is_ok());
     }
 
     #[test]

@@ -8,7 +8,7 @@ use crate::phases::{self, PhaseRecord, RunRecord};
 use crate::suite::Suite;
 use anyhow::{Context, Result};
 use serde::Serialize;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 /// How a trial handles its golden snapshot.
@@ -27,6 +27,8 @@ pub struct TrialResult {
     pub name: String,
     /// The suite's name.
     pub suite: String,
+    /// The suite file.
+    pub path: PathBuf,
     /// The device.
     pub device: DeviceKind,
     /// Whether the trial passed.
@@ -234,6 +236,7 @@ pub fn run(
     TrialResult {
         name: name(suite, device),
         suite: suite.file.name.clone(),
+        path: suite.path.clone(),
         device,
         passed: verdict.is_ok(),
         expect_fail,

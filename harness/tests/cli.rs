@@ -294,15 +294,11 @@ fn the_step_an_allocation_was_refused_in_counts_against_the_budget() {
 #[test]
 fn a_run_that_diverges_fails_finite_at_its_first_non_finite_step() {
     let dir = tempfile::tempdir().unwrap();
-    let suite = tiny_suite(
+    let out = run_tiny(
         dir.path(),
         "diverges",
         "devices: [cpu]\nchecks: {golden: false}",
         &[("optimizer: {lr: 0.003,", "optimizer: {lr: 1.0e6,")],
-    );
-    let out = harness(
-        &["run", "--report", dir.path().to_str().unwrap()],
-        &[&suite],
     );
     let all = text(&out);
     assert_eq!(out.status.code(), Some(exit_codes::FAILED.into()), "{all}");
@@ -311,6 +307,100 @@ fn a_run_that_diverges_fails_finite_at_its_first_non_finite_step() {
             "finite: cpu::diverges reference step 1: grad_norm: expected a finite number, got NaN"
         ),
         "{all}"
+    );
+}
+
+#[test]
+fn a_name_that_leaves_golden_is_refused_before_anything_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let suites = dir.path().join("suites");
+    std::fs::create_dir(&suites).unwrap();
+    tiny_suite(
+        &suites,
+        "escape",
+        "devices: [cpu]",
+        &[("name: escape", "name: ../../escaped")],
+    );
+    let golden = dir.path().join("golden");
+    let report = dir.path().join("report");
+    let out = harness(
+        &[
+            "run",
+            "--bless",
+            "--golden",
+            golden.to_str().unwrap(),
+            "--report",
+            report.to_str().unwrap(),
+        ],
+        &[&suites],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(exit_codes::INVALID.into()),
+        "{}",
+        text(&out)
+    );
+    assert!(stderr.contains("escape.yaml:2:7: name"), "{stderr}");
+    assert!(!dir.path().join("escaped.snap").exists());
+    assert!(!golden.exists());
+}
+
+#[test]
+fn two_suites_of_one_name_are_refused_naming_both_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = tiny_suite(
+        dir.path(),
+        "a",
+        "devices: [cpu]",
+        &[("name: a", "name: twin")],
+    );
+    let second = tiny_suite(
+        dir.path(),
+        "b",
+        "devices: [cpu]",
+        &[("name: b", "name: twin")],
+    );
+    for cmd in ["run", "validate", "list"] {
+        let out = harness(&[cmd], &[dir.path()]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(exit_codes::INVALID.into()),
+            "{cmd}: {stderr}"
+        );
+        assert!(
+            stderr.contains(&format!("{}:2:7: name twin", second.display())),
+            "{cmd}: {stderr}"
+        );
+        assert!(
+            stderr.contains(&format!("{}:2:7", first.display())),
+            "{cmd}: {stderr}"
+        );
+    }
+    let out = harness(&["validate"], &[&first, dir.path(), &first]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        stdout.matches("ok ").count(),
+        2,
+        "a file named twice is one suite: {stdout}"
+    );
+}
+
+#[test]
+fn the_summary_names_each_trial_s_suite_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = root().join("suites/tiny-fp32.yaml");
+    let out = harness(
+        &["run", "--report", dir.path().to_str().unwrap()],
+        &[&suite],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let summary = summary_json(dir.path());
+    assert_eq!(
+        summary["trials"][0]["path"],
+        suite.to_str().unwrap(),
+        "{summary}"
     );
 }
 
