@@ -43,7 +43,7 @@ pub fn run_help() -> String {
             ),
             (FAILED, "a trial failed, or could not run; the reports are written all the same"),
         ],
-        "",
+        ", no suite file found under the paths given",
     )
 }
 
@@ -83,6 +83,7 @@ mod tests {
             "    0  every trial",
             "    1  a trial failed",
             "    2  bad input",
+            "no suite file found",
             "  141  standard output was closed",
         ] {
             assert!(run.contains(line), "{run}");

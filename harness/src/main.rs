@@ -75,7 +75,7 @@ enum Command {
         /// Devices: each suite's that are present (auto), or one.
         #[arg(long, value_enum, default_value_t = DeviceChoice::Auto)]
         device: DeviceChoice,
-        /// Tiers to run.
+        /// Tiers to run from directories (a suite file named runs whatever its tier).
         #[arg(long, value_enum, default_value_t = TierFilter::Ci)]
         tier: TierFilter,
         /// Where to write summary.json.
@@ -157,7 +157,7 @@ fn default_paths(paths: Vec<PathBuf>) -> Vec<PathBuf> {
 fn list(paths: &[PathBuf], tier: TierFilter, device: DeviceChoice) -> Result<u8> {
     let suites = plan::load(&plan::files(paths)?)?;
     let mut out = std::io::stdout().lock();
-    for p in plan::plan(&suites, tier, device)? {
+    for p in plan::plan(&suites, paths, tier, device)? {
         let s = &suites[p.suite];
         let state = p
             .skip

@@ -54,7 +54,7 @@ pub struct Planned {
 
 /// Suite files under `paths`: files as given; directories searched for `*.yaml`, then their
 /// `faults/` directory (the negative controls); sorted within each directory; a file reached
-/// twice listed once.
+/// twice listed once. Finding none is an error.
 pub fn files(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
     fn yaml_in(dir: &Path) -> Result<Vec<PathBuf>> {
         let entries =
@@ -80,6 +80,13 @@ pub fn files(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
         } else {
             bail!("{}: no such file or directory", p.display());
         }
+    }
+    if found.is_empty() {
+        let names: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+        bail!(
+            "no suite files (*.yaml, *.yml) in {}; name suite files, or directories that hold them (their faults/ is searched too)",
+            names.join(", ")
+        );
     }
     let mut seen = Vec::new();
     found.retain(|f| {
@@ -116,8 +123,24 @@ pub fn unique_names(suites: &[Suite]) -> Result<()> {
     Ok(())
 }
 
-/// The trials of `suites` for `tier` and `device`.
-pub fn plan(suites: &[Suite], tier: TierFilter, device: DeviceChoice) -> Result<Vec<Planned>> {
+/// Whether `paths` name `file` itself, not a directory holding it.
+fn named(paths: &[PathBuf], file: &Path) -> bool {
+    let Ok(file) = file.canonicalize() else {
+        return false;
+    };
+    paths
+        .iter()
+        .any(|p| p.is_file() && p.canonicalize().is_ok_and(|p| p == file))
+}
+
+/// The trials of `suites`, found under `paths`, for `tier` and `device`. A suite file `paths`
+/// name itself runs whatever its tier; the tier filters the suites found in directories.
+pub fn plan(
+    suites: &[Suite],
+    paths: &[PathBuf],
+    tier: TierFilter,
+    device: DeviceChoice,
+) -> Result<Vec<Planned>> {
     if device == DeviceChoice::Cuda {
         if let Err(why) = DeviceKind::Cuda.probe() {
             bail!("--device cuda: no CUDA device: {why}");
@@ -134,7 +157,7 @@ pub fn plan(suites: &[Suite], tier: TierFilter, device: DeviceChoice) -> Result<
             if !wanted {
                 continue;
             }
-            let skip = if !tier.admits(s.file.tier) {
+            let skip = if !tier.admits(s.file.tier) && !named(paths, &s.path) {
                 Some(format!("tier {:?} not selected", s.file.tier).to_lowercase())
             } else {
                 d.probe().err().map(|why| format!("no {d} device: {why}"))

@@ -33,7 +33,7 @@ pub struct RunOptions {
 /// A failed write to `out` (a closed pipe) stops the run after the trial it happened in.
 pub fn run(opts: &RunOptions, out: &mut impl Write) -> Result<Summary> {
     let suites = plan::load(&plan::files(&opts.paths)?)?;
-    let planned = plan::plan(&suites, opts.tier, opts.device)?;
+    let planned = plan::plan(&suites, &opts.paths, opts.tier, opts.device)?;
     let mode = if opts.bless {
         GoldenMode::Bless
     } else {

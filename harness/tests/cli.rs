@@ -405,6 +405,49 @@ fn the_summary_names_each_trial_s_suite_file() {
 }
 
 #[test]
+fn a_suite_file_named_runs_whatever_its_tier() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = tiny_suite(
+        dir.path(),
+        "late",
+        "tier: nightly\ndevices: [cpu]\nchecks: {golden: false}",
+        &[],
+    );
+    let report = dir.path().join("report");
+    let report = report.to_str().unwrap();
+    let out = harness(&["run", "--report", report], &[&suite]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("1 passed, 0 failed, 0 skipped"),
+        "{}",
+        text(&out)
+    );
+    let out = harness(&["run", "--report", report], &[dir.path()]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("0 passed, 0 failed, 1 skipped"),
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn no_suites_found_is_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    for cmd in ["run", "list", "validate"] {
+        let out = harness(&[cmd], &[dir.path()]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(exit_codes::INVALID.into()),
+            "{cmd}: {}",
+            text(&out)
+        );
+        assert!(stderr.contains("no suite files"), "{cmd}: {stderr}");
+    }
+}
+
+#[test]
 fn list_and_validate_cover_every_suite() {
     let suites = root().join("suites");
     let out = harness(&["validate"], &[&suites]);

@@ -27,10 +27,12 @@ fn tier() -> Result<TierFilter, String> {
 
 fn trials(root: &Path) -> Result<Vec<Trial>, String> {
     let tier = tier()?;
-    let files = plan::files(&[root.join("suites")]).map_err(|e| format!("{e:#}"))?;
+    let paths = [root.join("suites")];
+    let files = plan::files(&paths).map_err(|e| format!("{e:#}"))?;
     let suites: Arc<Vec<Suite>> = Arc::new(plan::load(&files).map_err(|e| format!("{e:#}"))?);
     let golden: Arc<PathBuf> = Arc::new(root.join("golden"));
-    let planned = plan::plan(&suites, tier, DeviceChoice::Auto).map_err(|e| format!("{e:#}"))?;
+    let planned =
+        plan::plan(&suites, &paths, tier, DeviceChoice::Auto).map_err(|e| format!("{e:#}"))?;
     Ok(planned
         .into_iter()
         .map(|p| {
