@@ -84,9 +84,11 @@ enum Command {
         /// Also write JUnit XML to this file.
         #[arg(long)]
         junit: Option<PathBuf>,
-        /// The golden snapshot directory.
-        #[arg(long, default_value = "golden")]
-        golden: PathBuf,
+        /// The golden snapshot directory [default: the nearest golden/ in or above each suite
+        /// file's directory; without one, golden/ beside the directory of suites (where --bless
+        /// creates it), whatever the working directory].
+        #[arg(long)]
+        golden: Option<PathBuf>,
         /// Rewrite the golden snapshots from this run.
         #[arg(long)]
         bless: bool,

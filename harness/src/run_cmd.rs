@@ -2,7 +2,7 @@
 //! summary table, `summary.json` in the report directory, optionally JUnit XML; the caller exits
 //! non-zero on any failure.
 
-use crate::checks::bytes;
+use crate::checks::{bytes, golden};
 use crate::plan::{self, DeviceChoice, TierFilter};
 use crate::report::{Skipped, Summary};
 use crate::trial::{self, GoldenMode};
@@ -23,8 +23,9 @@ pub struct RunOptions {
     pub report: PathBuf,
     /// Where JUnit XML goes, if anywhere.
     pub junit: Option<PathBuf>,
-    /// Where the golden snapshots live.
-    pub golden: PathBuf,
+    /// Where the golden snapshots live; by default found from each suite file
+    /// ([`golden::dir_for`]).
+    pub golden: Option<PathBuf>,
     /// Rewrite the golden snapshots from this run.
     pub bless: bool,
 }
@@ -51,9 +52,13 @@ pub fn run(opts: &RunOptions, out: &mut impl Write) -> Result<Summary> {
             continue;
         }
         let suite = &suites[p.suite];
+        let golden = opts
+            .golden
+            .clone()
+            .unwrap_or_else(|| golden::dir_for(&suite.path));
         let name = p.name.clone();
         let mut written = Ok(());
-        let result = trial::run(suite, p.device, &opts.golden, mode, |ph| {
+        let result = trial::run(suite, p.device, &golden, mode, |ph| {
             if written.is_err() {
                 return;
             }

@@ -448,6 +448,46 @@ fn no_suites_found_is_bad_input() {
 }
 
 #[test]
+fn the_golden_directory_is_found_from_the_suite_not_the_working_directory() {
+    let elsewhere = tempfile::tempdir().unwrap();
+    let report = elsewhere.path().join("report");
+    let out = Command::new(BIN)
+        .args([
+            "run",
+            "--device",
+            "cpu",
+            "--report",
+            report.to_str().unwrap(),
+        ])
+        .arg(root().join("suites/tiny-fp32.yaml"))
+        .current_dir(elsewhere.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let summary = summary_json(&report);
+    let golden = &summary["trials"][0]["checks"][8];
+    assert_eq!(golden["status"], "passed", "{golden}");
+
+    let project = tempfile::tempdir().unwrap();
+    let faults = project.path().join("suites/faults");
+    std::fs::create_dir_all(&faults).unwrap();
+    tiny_suite(&faults, "fresh", "devices: [cpu]", &[]);
+    let out = Command::new(BIN)
+        .args([
+            "run",
+            "--bless",
+            "--report",
+            report.to_str().unwrap(),
+            "suites",
+        ])
+        .current_dir(project.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(project.path().join("golden/cpu/fresh.snap").is_file());
+}
+
+#[test]
 fn list_and_validate_cover_every_suite() {
     let suites = root().join("suites");
     let out = harness(&["validate"], &[&suites]);

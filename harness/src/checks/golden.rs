@@ -51,6 +51,36 @@ pub fn render(r: &RunRecord) -> String {
     normalise(&out)
 }
 
+/// The golden directory of the suite file `suite`: the nearest `golden/` directory in the
+/// suite's directory or above it; without one, `golden/` beside the suite's directory (beside
+/// `suites/` for `suites/faults/x.yaml` too), where `run --bless` creates it. Shown relative to
+/// the working directory when it lies under it.
+pub fn dir_for(suite: &Path) -> PathBuf {
+    let Ok(file) = suite.canonicalize() else {
+        return PathBuf::from("golden");
+    };
+    let found = file
+        .ancestors()
+        .skip(1)
+        .map(|d| d.join("golden"))
+        .find(|g| g.is_dir());
+    let dir = found.unwrap_or_else(|| {
+        let mut home = file.parent().unwrap_or(&file);
+        if home.file_name().is_some_and(|n| n == "faults") {
+            home = home.parent().unwrap_or(home);
+        }
+        home.parent().unwrap_or(home).join("golden")
+    });
+    let cwd = std::env::current_dir().and_then(|d| d.canonicalize());
+    match cwd
+        .ok()
+        .and_then(|cwd| dir.strip_prefix(cwd).ok().map(Path::to_path_buf))
+    {
+        Some(relative) => relative,
+        None => dir,
+    }
+}
+
 /// Where the snapshot of `device`/`suite` lives under `dir`.
 pub fn path(dir: &Path, device: &str, suite: &str) -> PathBuf {
     dir.join(device).join(format!("{suite}.snap"))
