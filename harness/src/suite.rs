@@ -10,21 +10,44 @@ use ckpt_engine::loss::LossKind;
 use ckpt_engine::optim::{AdamWConfig, Schedule};
 use ckpt_engine::trainer::{Init, Precision, TrainConfig};
 use ckpt_engine::{Checkpointing, LlamaConfig};
-use serde::de::{self, IgnoredAny, MapAccess, Visitor};
+use places::{location, model_error_place, place, place_of, yaml_error, Places};
+use serde::de::{self, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_saphyr::{Location, Spanned};
-use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+mod places;
+
 /// The model: written inline, or a Hugging Face `config.json` path relative to the suite.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(untagged)]
+#[derive(Clone, Debug)]
 pub enum ModelSpec {
     /// A path to a Hugging Face `config.json`.
     Path(PathBuf),
     /// The shape written out.
     Inline(LlamaConfig),
+}
+
+/// A path is a string, an inline model a mapping: each read as what it is, so that a mistyped
+/// key inside an inline model is named at its place.
+impl<'de> Deserialize<'de> for ModelSpec {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = ModelSpec;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("the path of a Hugging Face config.json relative to the suite, or the model's keys such as {vocab_size: 64, hidden_size: 32, ...}")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<ModelSpec, E> {
+                Ok(ModelSpec::Path(PathBuf::from(v)))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<ModelSpec, A::Error> {
+                LlamaConfig::deserialize(de::value::MapAccessDeserializer::new(map))
+                    .map(ModelSpec::Inline)
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 /// Learning-rate warmup and decay; the harness pins the decay's horizon at `max_steps`.
@@ -459,68 +482,6 @@ pub struct Suite {
     name_at: Location,
 }
 
-/// `file:line:column`, or the file alone when the place is unknown.
-fn place(path: &Path, loc: Location) -> String {
-    if loc == Location::UNKNOWN {
-        path.display().to_string()
-    } else {
-        format!("{}:{}:{}", path.display(), loc.line(), loc.column())
-    }
-}
-
-/// Where the inline model's keys are, to point model errors at the key they name.
-#[derive(Deserialize)]
-struct ModelKeys {
-    model: BTreeMap<String, Spanned<IgnoredAny>>,
-}
-
-/// Where keys validated after parsing are written: a second, lenient pass over the text.
-#[derive(Default, Deserialize)]
-struct Places {
-    #[serde(default)]
-    name: Option<Spanned<IgnoredAny>>,
-    #[serde(default)]
-    model: Option<Spanned<IgnoredAny>>,
-    #[serde(default)]
-    training: TrainingPlaces,
-}
-
-/// Where keys under `training:` are written.
-#[derive(Default, Deserialize)]
-struct TrainingPlaces {
-    #[serde(default)]
-    keep_last: Option<Spanned<IgnoredAny>>,
-}
-
-impl Places {
-    /// The places in `text`; none when it cannot be read so.
-    fn of(text: &str) -> Self {
-        serde_saphyr::from_str(text).unwrap_or_default()
-    }
-}
-
-/// Where `key` is, or the file alone when it is not written.
-fn place_of(path: &Path, key: &Option<Spanned<IgnoredAny>>) -> String {
-    place(
-        path,
-        key.as_ref().map_or(Location::UNKNOWN, |k| k.referenced),
-    )
-}
-
-fn model_error_place(path: &Path, text: &str, message: &str) -> String {
-    if let Ok(keys) = serde_saphyr::from_str::<ModelKeys>(text) {
-        let named = keys
-            .model
-            .iter()
-            .filter_map(|(k, v)| message.find(k.as_str()).map(|at| (at, v.referenced)))
-            .min_by_key(|(at, _)| *at);
-        if let Some((_, loc)) = named {
-            return place(path, loc);
-        }
-    }
-    place_of(path, &Places::of(text).model)
-}
-
 /// The mid-run checkpoint step: `resume_from`, or half of `max_steps`.
 fn resume_from(t: &Training) -> u64 {
     t.resume_from
@@ -554,23 +515,30 @@ impl Suite {
 
     /// Parses suite text read from `path` (used in messages and to resolve relative paths).
     pub fn parse(path: &Path, text: &str) -> Result<Self> {
-        let file: SuiteFile = serde_saphyr::from_str(text).map_err(|e| {
-            let at = e
-                .location()
-                .map(|l| place(path, l))
-                .unwrap_or_else(|| path.display().to_string());
-            anyhow::anyhow!("{at}: {}", e.without_snippet())
-        })?;
+        let file: SuiteFile = serde_saphyr::from_str(text)
+            .map_err(|e| anyhow::anyhow!(yaml_error(path, text, &e)))?;
+        let places = Places::of(text);
         let base = path.parent().unwrap_or(Path::new("."));
         let model = match &file.model {
             ModelSpec::Inline(cfg) => cfg.clone(),
-            ModelSpec::Path(p) => LlamaConfig::from_hf_file(&base.join(p))?,
+            ModelSpec::Path(p) => LlamaConfig::from_hf_file(&base.join(p)).map_err(|e| {
+                anyhow::anyhow!(
+                    "{}: model: {e}; write the path of a Hugging Face config.json relative to the suite file, or the model's keys inline",
+                    place_of(path, &places.model)
+                )
+            })?,
         };
-        model
-            .validate()
-            .map_err(|m| anyhow::anyhow!("{}: model: {m}", model_error_place(path, text, &m)))?;
-        Self::validate(path, &file, &model)?;
-        Self::validate_retention(path, text, &file)?;
+        let problem = model.validate().err().or_else(|| {
+            let longest = file.long_batch.map_or(0, |l| l.seq_len).max(file.seq_len);
+            (model.max_position_embeddings == 0).then(|| {
+                format!("max_position_embeddings is 0; write max_position_embeddings: {longest} or more (the longest row the suite trains on)")
+            })
+        });
+        if let Some(m) = problem {
+            bail!("{}: model: {m}", model_error_place(path, text, &m));
+        }
+        Self::validate(path, &places, &file, &model)?;
+        Self::validate_retention(path, &places, &file)?;
         let t = &file.training;
         let schedule = match &file.schedule {
             None => Schedule::Constant,
@@ -612,13 +580,11 @@ impl Suite {
             path: path.to_path_buf(),
             file,
             train,
-            name_at: Places::of(text)
-                .name
-                .map_or(Location::UNKNOWN, |n| n.referenced),
+            name_at: location(&places.name),
         })
     }
 
-    fn validate(path: &Path, file: &SuiteFile, model: &LlamaConfig) -> Result<()> {
+    fn validate(path: &Path, places: &Places, file: &SuiteFile, model: &LlamaConfig) -> Result<()> {
         let t = &file.training;
         let max_steps = t.max_steps.value;
         if max_steps < 2 {
@@ -641,29 +607,26 @@ impl Suite {
         if !(0.0..1.0).contains(&file.dropout) {
             bail!(
                 "{}: dropout ({}) must be at least 0 and below 1; write e.g. dropout: 0.1",
-                path.display(),
+                place_of(path, &places.dropout),
                 file.dropout
             );
         }
-        if let Some(long) = &file.long_batch {
-            if long.seq_len > model.max_position_embeddings {
+        let rows = [
+            (
+                "long_batch.seq_len",
+                file.long_batch.map(|l| l.seq_len),
+                &places.long_batch.seq_len,
+            ),
+            ("seq_len", Some(file.seq_len), &places.seq_len),
+        ];
+        let positions = model.max_position_embeddings;
+        for (key, len, at) in rows {
+            if let Some(len) = len.filter(|&l| l > positions) {
                 bail!(
-                    "{}: long_batch.seq_len ({}) exceeds the model's max_position_embeddings ({}); write seq_len: {} or less",
-                    path.display(),
-                    long.seq_len,
-                    model.max_position_embeddings,
-                    model.max_position_embeddings
+                    "{}: {key} ({len}) exceeds the model's max_position_embeddings ({positions}); write seq_len: {positions} or less, or max_position_embeddings: {len} or more",
+                    place_of(path, at)
                 );
             }
-        }
-        if file.seq_len > model.max_position_embeddings {
-            bail!(
-                "{}: seq_len ({}) exceeds the model's max_position_embeddings ({}); write seq_len: {} or less",
-                path.display(),
-                file.seq_len,
-                model.max_position_embeddings,
-                model.max_position_embeddings
-            );
         }
         let devices = &file.devices;
         if devices.value.is_empty() {
@@ -700,7 +663,7 @@ impl Suite {
         if !file.faults.is_empty() && expect.is_none_or(|e| e.value.is_empty()) {
             bail!(
                 "{}: faults are injected but expect_fail is empty; list the checks the faults must fail, e.g. expect_fail: [loss_continuity]",
-                path.display()
+                place_of(path, &places.faults)
             );
         }
         let lists = [
@@ -730,7 +693,7 @@ impl Suite {
 
     /// `keep_last` must keep the mid-run checkpoint `resume-mid` loads (and so the later one
     /// `resume-end` loads): the reference phase saves with it, pruning as it goes.
-    fn validate_retention(path: &Path, text: &str, file: &SuiteFile) -> Result<()> {
+    fn validate_retention(path: &Path, places: &Places, file: &SuiteFile) -> Result<()> {
         let t = &file.training;
         let Some(keep) = t.keep_last else {
             return Ok(());
@@ -742,7 +705,7 @@ impl Suite {
             let steps: Vec<String> = later.iter().map(u64::to_string).collect();
             bail!(
                 "{}: training.keep_last ({keep}) would delete the checkpoint of step {from}, which resume-mid loads: the reference saves at steps {} from then on; write keep_last: {} or more",
-                place_of(path, &Places::of(text).training.keep_last),
+                place_of(path, &places.training.keep_last),
                 steps.join(", "),
                 later.len()
             );
@@ -984,6 +947,97 @@ expect_fail: [state_digest, loss_continuity]
         let e = error("expect_fail: [oom_free, no_leak]\nexpect_not_run: [no_leak]\n");
         assert!(e.starts_with("s.yaml:10:17:"), "{e}");
         assert!(e.contains("either fails or does not run"), "{e}");
+    }
+
+    /// The error of BASE with `from` replaced by `to`.
+    fn error_replacing(from: &str, to: &str) -> String {
+        assert!(BASE.contains(from), "{from}");
+        let text = BASE.replace(from, to);
+        format!(
+            "{:#}",
+            Suite::parse(Path::new("s.yaml"), &text).unwrap_err()
+        )
+    }
+
+    /// The library's own words, which say nothing to a suite's author.
+    fn no_library_words(e: &str) {
+        for word in ["untagged", "Policy", "Options", "from_str", " at line "] {
+            assert!(!e.contains(word), "{word}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_mistyped_key_inside_an_inline_model_is_named_at_its_place() {
+        let e = error_replacing("hidden_size: 32", "hidden_sise: 32");
+        assert!(e.starts_with("s.yaml:2:"), "{e}");
+        assert!(
+            e.contains("hidden_sise") && e.contains("hidden_size"),
+            "{e}"
+        );
+        no_library_words(&e);
+        let e = error_replacing("num_hidden_layers: 2", "num_hidden_layers: two");
+        assert!(e.starts_with("s.yaml:2:") && e.contains("two"), "{e}");
+        no_library_words(&e);
+    }
+
+    #[test]
+    fn no_positions_says_to_raise_them() {
+        let e = error_replacing("max_position_embeddings: 64", "max_position_embeddings: 0");
+        assert!(e.starts_with("s.yaml:2:"), "{e}");
+        assert!(e.contains("max_position_embeddings: 16 or more"), "{e}");
+        assert!(!e.contains("seq_len: 0"), "{e}");
+        let e = error_replacing("max_position_embeddings: 64", "max_position_embeddings: 8");
+        assert!(e.starts_with("s.yaml:5:10: seq_len (16)"), "{e}");
+        assert!(
+            e.contains("seq_len: 8 or less, or max_position_embeddings: 16"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_missing_model_file_is_said_once_at_the_model_key() {
+        let model = &BASE[BASE.find("model:").unwrap()..BASE.find("data:").unwrap()];
+        let e = error_replacing(model, "model: nope/config.json\n");
+        assert!(
+            e.starts_with("s.yaml:2:8: model: nope/config.json: "),
+            "{e}"
+        );
+        assert_eq!(e.matches("os error").count(), 1, "{e}");
+        assert!(e.contains("config.json relative to the suite"), "{e}");
+    }
+
+    #[test]
+    fn duplicate_keys_and_second_documents_name_the_key_place_and_fix() {
+        let e = error("batch_size: 3\n");
+        assert!(e.starts_with("s.yaml:9:1:"), "{e}");
+        assert!(e.contains("batch_size") && e.contains("keep one"), "{e}");
+        no_library_words(&e);
+        let e = error("---\nname: u\n");
+        assert!(e.starts_with("s.yaml:9:1:"), "{e}");
+        assert!(e.contains("one document") && e.contains("remove"), "{e}");
+        no_library_words(&e);
+    }
+
+    #[test]
+    fn values_checked_after_parsing_are_located() {
+        let e = error("dropout: 1.5\n");
+        assert!(e.starts_with("s.yaml:9:10: dropout"), "{e}");
+        let e = error("long_batch: {from_step: 2, seq_len: 128}\n");
+        assert!(e.starts_with("s.yaml:9:37: long_batch.seq_len"), "{e}");
+        let e = error("faults: [schedule_reset]\n");
+        assert!(e.starts_with("s.yaml:9:9: faults"), "{e}");
+    }
+
+    proptest::proptest! {
+        /// Any damage to a suite's text parses or gives a located error; nothing panics.
+        #[test]
+        fn damaged_text_never_panics(at in 0usize..400, junk in "[ :,{}\\[\\]\\-#a-z0-9\n]{0,6}") {
+            let at = BASE.char_indices().map(|(i, _)| i).nth(at).unwrap_or(BASE.len());
+            let text = format!("{}{junk}{}", &BASE[..at], &BASE[at..]);
+            if let Err(e) = Suite::parse(Path::new("s.yaml"), &text) {
+                proptest::prop_assert!(format!("{e:#}").starts_with("s.yaml"), "{e:#}");
+            }
+        }
     }
 
     #[test]
