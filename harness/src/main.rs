@@ -206,19 +206,18 @@ fn validate(paths: &[PathBuf]) -> Result<u8> {
 
 /// Prints each file's verdict per checkpoint; exit status 1 if any file is damaged, 2 if a
 /// checkpoint's state cannot be read.
-fn verify(paths: &[PathBuf]) -> Result<u8> {
-    let mut out = std::io::stdout().lock();
+fn verify(paths: &[PathBuf]) -> u8 {
     let (mut intact, mut damaged, mut unreadable) = (0, 0, 0);
     for path in paths {
         match ckpt_engine::checkpoint::verify(path) {
             Ok((dir, verdicts)) => {
-                writeln!(out, "{}", dir.display())?;
+                println!("{}", dir.display());
                 let bad = verdicts.iter().filter(|v| v.problem.is_some()).count();
                 for v in verdicts {
                     let size = format!("{} bytes", v.bytes);
                     match v.problem {
-                        None => writeln!(out, "  ok       {:<24} {size}", v.name)?,
-                        Some(why) => writeln!(out, "  DAMAGED  {:<24} {size}: {why}", v.name)?,
+                        None => println!("  ok       {:<24} {size}", v.name),
+                        Some(why) => println!("  DAMAGED  {:<24} {size}: {why}", v.name),
                     }
                 }
                 if bad == 0 {
@@ -233,15 +232,12 @@ fn verify(paths: &[PathBuf]) -> Result<u8> {
             }
         }
     }
-    writeln!(
-        out,
-        "{intact} intact, {damaged} damaged, {unreadable} unreadable"
-    )?;
-    Ok(match (damaged, unreadable) {
+    println!("{intact} intact, {damaged} damaged, {unreadable} unreadable");
+    match (damaged, unreadable) {
         (0, 0) => exit_codes::SUCCESS,
         (_, 0) => exit_codes::FAILED,
         _ => exit_codes::INVALID,
-    })
+    }
 }
 
 /// Whether `e` is a write to a closed standard output.
@@ -336,7 +332,7 @@ fn dispatch(command: Command) -> Result<u8> {
             write!(std::io::stdout(), "{table}")?;
             Ok(exit_codes::SUCCESS)
         }
-        Command::Verify { paths } => verify(&paths),
+        Command::Verify { paths } => Ok(verify(&paths)),
     }
 }
 
