@@ -181,7 +181,7 @@ fn validate(paths: &[PathBuf]) -> Result<u8> {
     let mut bad = 0;
     let mut valid = Vec::new();
     for f in &files {
-        match Suite::load(f) {
+        match plan::load_one(f) {
             Ok(suite) => {
                 writeln!(out, "ok {}", f.display())?;
                 valid.push(suite);

@@ -98,12 +98,16 @@ pub fn files(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
     Ok(found)
 }
 
-/// Loads every suite file, failing on the first invalid one, or on two of one name.
+/// Loads a suite file for `run`: valid, and resumable under its `keep_last`.
+pub fn load_one(file: &Path) -> Result<Suite> {
+    let suite = Suite::load(file)?;
+    suite.check_retention()?;
+    Ok(suite)
+}
+
+/// Loads every suite file for `run`, failing on the first invalid one, or on two of one name.
 pub fn load(files: &[PathBuf]) -> Result<Vec<Suite>> {
-    let suites: Vec<Suite> = files
-        .iter()
-        .map(|f| Suite::load(f))
-        .collect::<Result<_>>()?;
+    let suites: Vec<Suite> = files.iter().map(|f| load_one(f)).collect::<Result<_>>()?;
     unique_names(&suites)?;
     Ok(suites)
 }

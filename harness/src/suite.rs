@@ -480,20 +480,8 @@ pub struct Suite {
     pub train: TrainConfig,
     /// Where its name is written.
     name_at: Location,
-}
-
-/// The mid-run checkpoint step: `resume_from`, or half of `max_steps`.
-fn resume_from(t: &Training) -> u64 {
-    t.resume_from
-        .as_ref()
-        .map_or(t.max_steps.value / 2, |r| r.value)
-}
-
-/// Whether a run trained as `t` says saves after `steps` completed steps.
-fn saves_at(t: &Training, steps: u64) -> bool {
-    steps == resume_from(t)
-        || steps == t.max_steps.value
-        || t.save_every.is_some_and(|n| n > 0 && steps % n == 0)
+    /// Where `training.keep_last` is written.
+    keep_last_at: Location,
 }
 
 /// The checks a list names, in report order.
@@ -538,7 +526,6 @@ impl Suite {
             bail!("{}: model: {m}", model_error_place(path, text, &m));
         }
         Self::validate(path, &places, &file, &model)?;
-        Self::validate_retention(path, &places, &file)?;
         let t = &file.training;
         let schedule = match &file.schedule {
             None => Schedule::Constant,
@@ -581,6 +568,7 @@ impl Suite {
             file,
             train,
             name_at: location(&places.name),
+            keep_last_at: location(&places.training.keep_last),
         })
     }
 
@@ -691,23 +679,26 @@ impl Suite {
         Ok(())
     }
 
-    /// `keep_last` must keep the mid-run checkpoint `resume-mid` loads (and so the later one
-    /// `resume-end` loads): the reference phase saves with it, pruning as it goes.
-    fn validate_retention(path: &Path, places: &Places, file: &SuiteFile) -> Result<()> {
-        let t = &file.training;
+    /// Whether `run` can resume the suite under its `keep_last`: its reference phase saves with
+    /// it, pruning as it goes, so `keep_last` must keep the mid-run checkpoint `resume-mid` loads
+    /// (and so the later one `resume-end` loads). `train` asks nothing of it.
+    pub fn check_retention(&self) -> Result<()> {
+        let t = &self.file.training;
         let Some(keep) = t.keep_last else {
             return Ok(());
         };
-        let from = resume_from(t);
-        let end = t.max_steps.value + t.extra_steps;
-        let later: Vec<u64> = (from..=end).filter(|&s| saves_at(t, s)).collect();
-        if keep < later.len() {
-            let steps: Vec<String> = later.iter().map(u64::to_string).collect();
+        let from = self.resume_from();
+        let end = self.max_steps().saturating_add(t.extra_steps);
+        let multiples = t.save_every.map_or(0, |n| end / n - (from - 1) / n);
+        let unaligned = [from, self.max_steps()]
+            .into_iter()
+            .filter(|&s| t.save_every.is_none_or(|n| s % n != 0))
+            .count() as u64;
+        let saves = multiples + unaligned;
+        if (keep as u64) < saves {
             bail!(
-                "{}: training.keep_last ({keep}) would delete the checkpoint of step {from}, which resume-mid loads: the reference saves at steps {} from then on; write keep_last: {} or more",
-                place_of(path, &places.training.keep_last),
-                steps.join(", "),
-                later.len()
+                "{}: training.keep_last ({keep}) would delete the checkpoint of step {from}, which resume-mid loads: the reference saves {saves} times from step {from} to step {end}; write keep_last: {saves} or more",
+                place(&self.path, self.keep_last_at)
             );
         }
         Ok(())
@@ -720,7 +711,10 @@ impl Suite {
 
     /// The mid-run checkpoint step.
     pub fn resume_from(&self) -> u64 {
-        resume_from(&self.file.training)
+        let t = &self.file.training;
+        t.resume_from
+            .as_ref()
+            .map_or(t.max_steps.value / 2, |r| r.value)
     }
 
     /// Steps of the nominal run.
@@ -730,7 +724,10 @@ impl Suite {
 
     /// Whether the run saves after `steps` completed steps.
     pub fn saves_at(&self, steps: u64) -> bool {
-        saves_at(&self.file.training, steps)
+        let t = &self.file.training;
+        steps == self.resume_from()
+            || steps == self.max_steps()
+            || t.save_every.is_some_and(|n| n > 0 && steps % n == 0)
     }
 
     /// The devices the suite runs on.
@@ -854,12 +851,28 @@ expect_fail: [state_digest, loss_continuity]
 
     #[test]
     fn keep_last_must_keep_the_checkpoints_the_resumes_load() {
-        let e = error("  save_every: 2\n  keep_last: 3\n");
+        let retained = |extra: &str| parse(extra).unwrap().check_retention();
+        let e = format!(
+            "{:#}",
+            retained("  save_every: 2\n  keep_last: 3\n").unwrap_err()
+        );
         assert!(e.starts_with("s.yaml:10:14: training.keep_last (3)"), "{e}");
-        assert!(e.contains("step 4"), "{e}");
-        assert!(e.contains("4, 6, 8, 10"), "{e}");
-        assert!(e.contains("keep_last: 4"), "{e}");
-        assert!(parse("  save_every: 2\n  keep_last: 4\n").is_ok());
+        assert!(e.contains("saves 4 times from step 4 to step 11"), "{e}");
+        assert!(e.contains("keep_last: 4 or more"), "{e}");
+        assert!(retained("  save_every: 2\n  keep_last: 4\n").is_ok());
+        let e = format!(
+            "{:#}",
+            retained("  save_every: 3\n  keep_last: 3\n").unwrap_err()
+        );
+        assert!(e.contains("saves 4 times"), "steps 4, 6, 8, 9: {e}");
+        assert!(retained("  keep_last: 2\n").is_ok());
+        let e = format!("{:#}", retained("  keep_last: 1\n").unwrap_err());
+        assert!(e.contains("saves 2 times"), "steps 4 and 8: {e}");
+        let long = "  max_steps: 1000000\n  save_every: 1\n  keep_last: 2\n";
+        let text = BASE.replace("  max_steps: 8\n", long);
+        let s = Suite::parse(Path::new("s.yaml"), &text).unwrap();
+        let e = format!("{:#}", s.check_retention().unwrap_err());
+        assert!(e.contains("keep_last: 500004 or more"), "{e}");
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! One trial: a suite on one device through the phases and the checks, and its verdict. A suite
-//! with `expect_fail` passes only when exactly those checks fail.
+//! One trial: a suite on one device through the phases and the checks, and its verdict. A trial
+//! passes only when exactly the checks of `expect_fail` fail and exactly those of
+//! `expect_not_run` had nothing to compare; a suite that cannot run fails with the reason.
 
 use crate::checks::{self, golden, Check, Outcome, Status};
 use crate::devices::DeviceKind;
@@ -101,6 +102,7 @@ fn with_status(outcomes: &[Outcome], status: Status) -> Vec<Check> {
         .collect()
 }
 
+/// `a, b, c`.
 fn list(checks: &[Check]) -> String {
     checks
         .iter()

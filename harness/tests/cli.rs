@@ -488,6 +488,33 @@ fn the_golden_directory_is_found_from_the_suite_not_the_working_directory() {
 }
 
 #[test]
+fn a_keep_last_that_would_prune_a_resume_point_is_refused_by_run_not_by_train() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = tiny_suite(
+        dir.path(),
+        "pruned",
+        "devices: [cpu]",
+        &[(
+            "extra_steps: 3}",
+            "extra_steps: 3, save_every: 2, keep_last: 3}",
+        )],
+    );
+    for cmd in ["run", "validate"] {
+        let out = harness(&[cmd], &[&suite]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(exit_codes::INVALID.into()),
+            "{cmd}: {stderr}"
+        );
+        assert!(stderr.contains("keep_last: 4 or more"), "{cmd}: {stderr}");
+    }
+    let run = dir.path().join("run");
+    let out = harness(&["train", "--out", run.to_str().unwrap()], &[&suite]);
+    assert!(out.status.success(), "{}", text(&out));
+}
+
+#[test]
 fn list_and_validate_cover_every_suite() {
     let suites = root().join("suites");
     let out = harness(&["validate"], &[&suites]);
