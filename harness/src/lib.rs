@@ -3,12 +3,15 @@
 
 pub mod checks;
 pub mod devices;
+pub mod error_text;
 pub mod eval;
+pub mod exit_codes;
 pub mod host_memory;
 pub mod phases;
 pub mod plan;
 pub mod report;
 pub mod run_cmd;
+pub mod snapshot;
 pub mod suite;
 pub mod train_cmd;
 pub mod trial;

@@ -1,11 +1,13 @@
 //! The `ckpt-harness` command-line tool.
 
+use anyhow::Result;
 use ckpt_engine::optim::AdamWConfig;
 use ckpt_engine::{DeviceKind, Precision};
 use ckpt_harness::plan::{self, DeviceChoice, TierFilter};
 use ckpt_harness::suite::Suite;
-use ckpt_harness::{eval, run_cmd, train_cmd};
+use ckpt_harness::{error_text, eval, exit_codes, run_cmd, train_cmd};
 use clap::{Parser, Subcommand};
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -25,6 +27,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Loss and gradients of a Hugging Face Llama on one batch; optionally N AdamW steps on it.
+    #[command(after_help = exit_codes::plain_help())]
     Eval {
         /// Hugging Face Llama directory (config.json + model.safetensors).
         #[arg(long)]
@@ -58,6 +61,7 @@ enum Command {
         threads: usize,
     },
     /// Runs suites through train -> save -> resume -> resume past the end, and checks them.
+    #[command(after_help = exit_codes::run_help())]
     Run {
         /// Suite files or directories; a directory's faults/ holds negative controls (default:
         /// suites/).
@@ -65,7 +69,7 @@ enum Command {
         /// Devices: each suite's that are present (auto), or one.
         #[arg(long, value_enum, default_value_t = DeviceChoice::Auto)]
         device: DeviceChoice,
-        /// Tiers to run.
+        /// Tiers to run from directories (a suite file named runs whatever its tier).
         #[arg(long, value_enum, default_value_t = TierFilter::Ci)]
         tier: TierFilter,
         /// Where to write summary.json.
@@ -74,14 +78,17 @@ enum Command {
         /// Also write JUnit XML to this file.
         #[arg(long)]
         junit: Option<PathBuf>,
-        /// The golden snapshot directory.
-        #[arg(long, default_value = "golden")]
-        golden: PathBuf,
+        /// The golden snapshot directory [default: the nearest golden/ in or above each suite
+        /// file's directory; without one, golden/ beside the directory of suites (where --bless
+        /// creates it), whatever the working directory].
+        #[arg(long)]
+        golden: Option<PathBuf>,
         /// Rewrite the golden snapshots from this run.
         #[arg(long)]
         bless: bool,
     },
     /// Lists the trials the suites hold, and which cannot run here.
+    #[command(after_help = exit_codes::plain_help())]
     List {
         /// Suite files or directories (default: suites/).
         paths: Vec<PathBuf>,
@@ -93,12 +100,14 @@ enum Command {
         tier: TierFilter,
     },
     /// Checks suite files without running them.
+    #[command(after_help = exit_codes::validate_help())]
     Validate {
         /// Suite files or directories.
         #[arg(required = true)]
         paths: Vec<PathBuf>,
     },
     /// Trains a suite's model, saving checkpoints as the suite says; one JSON line per step.
+    #[command(after_help = exit_codes::plain_help())]
     Train {
         /// The suite file.
         suite: PathBuf,
@@ -116,8 +125,10 @@ enum Command {
         device: DeviceKind,
     },
     /// Predicted memory of a training step, part by part and phase by phase.
+    #[command(after_help = exit_codes::estimate_help())]
     Estimate(estimate_cmd::EstimateArgs),
     /// Checks checkpoints' files against their recorded sizes, sha256 and XXH3-128 checksums.
+    #[command(after_help = exit_codes::verify_help())]
     Verify {
         /// Checkpoint directories, or run directories (their `latest` is checked).
         #[arg(required = true)]
@@ -142,52 +153,57 @@ fn default_paths(paths: Vec<PathBuf>) -> Vec<PathBuf> {
     }
 }
 
-fn list(paths: &[PathBuf], tier: TierFilter, device: DeviceChoice) -> anyhow::Result<()> {
+fn list(paths: &[PathBuf], tier: TierFilter, device: DeviceChoice) -> Result<u8> {
     let suites = plan::load(&plan::files(paths)?)?;
-    for p in plan::plan(&suites, tier, device)? {
+    let mut out = std::io::stdout().lock();
+    for p in plan::plan(&suites, paths, tier, device)? {
         let s = &suites[p.suite];
         let state = p
             .skip
             .map_or("runs".to_string(), |why| format!("skipped: {why}"));
-        println!(
+        writeln!(
+            out,
             "{:<40} {:<8} {}  {state}",
             p.name,
             format!("{:?}", s.file.tier).to_lowercase(),
             s.path.display()
-        );
+        )?;
     }
-    Ok(())
+    Ok(exit_codes::SUCCESS)
 }
 
-fn validate(paths: &[PathBuf]) -> ExitCode {
-    let files = match plan::files(paths) {
-        Ok(f) => f,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            return ExitCode::from(2);
-        }
-    };
+fn validate(paths: &[PathBuf]) -> Result<u8> {
+    let files = plan::files(paths)?;
+    let mut out = std::io::stdout().lock();
     let mut bad = 0;
+    let mut valid = Vec::new();
     for f in &files {
-        match Suite::load(f) {
-            Ok(_) => println!("ok {}", f.display()),
+        match plan::load_one(f) {
+            Ok(suite) => {
+                writeln!(out, "ok {}", f.display())?;
+                valid.push(suite);
+            }
             Err(e) => {
                 bad += 1;
-                eprintln!("error: {e:#}");
+                eprintln!("error: {}", error_text::one_line(&e));
             }
         }
     }
-    println!("{} valid, {bad} invalid", files.len() - bad);
-    if bad == 0 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(2)
+    if let Err(e) = plan::unique_names(&valid) {
+        bad += 1;
+        eprintln!("error: {e}");
     }
+    writeln!(out, "{} valid, {bad} invalid", files.len() - bad)?;
+    Ok(if bad == 0 {
+        exit_codes::SUCCESS
+    } else {
+        exit_codes::INVALID
+    })
 }
 
 /// Prints each file's verdict per checkpoint; exit status 1 if any file is damaged, 2 if a
 /// checkpoint's state cannot be read.
-fn verify(paths: &[PathBuf]) -> ExitCode {
+fn verify(paths: &[PathBuf]) -> u8 {
     let (mut intact, mut damaged, mut unreadable) = (0, 0, 0);
     for path in paths {
         match ckpt_engine::checkpoint::verify(path) {
@@ -215,15 +231,23 @@ fn verify(paths: &[PathBuf]) -> ExitCode {
     }
     println!("{intact} intact, {damaged} damaged, {unreadable} unreadable");
     match (damaged, unreadable) {
-        (0, 0) => ExitCode::SUCCESS,
-        (_, 0) => ExitCode::from(1),
-        _ => ExitCode::from(2),
+        (0, 0) => exit_codes::SUCCESS,
+        (_, 0) => exit_codes::FAILED,
+        _ => exit_codes::INVALID,
     }
 }
 
-fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let result = match cli.command {
+/// Whether `e` is a write to a closed standard output.
+fn broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// Runs `command`; its exit status, or the error that stopped it.
+fn dispatch(command: Command) -> Result<u8> {
+    match command {
         Command::Eval {
             model,
             batch,
@@ -251,8 +275,10 @@ fn main() -> ExitCode {
                 precision,
                 threads,
             };
-            eval::run(&req)
-                .map(|r| println!("{}", serde_json::to_string(&r).expect("plain numbers")))
+            let result = eval::run(&req)?;
+            let line = serde_json::to_string(&result)?;
+            writeln!(std::io::stdout(), "{line}")?;
+            Ok(exit_codes::SUCCESS)
         }
         Command::Run {
             paths,
@@ -272,43 +298,51 @@ fn main() -> ExitCode {
                 golden,
                 bless,
             };
-            match run_cmd::run(&opts) {
-                Ok(summary) if summary.failed == 0 => Ok(()),
-                Ok(_) => return ExitCode::from(1),
-                Err(e) => Err(e),
-            }
+            let summary = run_cmd::run(&opts, &mut std::io::stdout().lock())?;
+            Ok(if summary.failed == 0 {
+                exit_codes::SUCCESS
+            } else {
+                exit_codes::FAILED
+            })
         }
         Command::List {
             paths,
             device,
             tier,
         } => list(&default_paths(paths), tier, device),
-        Command::Validate { paths } => return validate(&paths),
+        Command::Validate { paths } => validate(&paths),
         Command::Train {
             suite,
             out,
             resume,
             steps,
             device,
-        } => Suite::load(&suite)
-            .and_then(|s| train_cmd::run(&s, device, &out, resume.as_deref(), steps)),
-        Command::Estimate(args) => match estimate_cmd::table(&args) {
-            Ok(report) => {
-                print!("{}", report.text);
-                if !report.within_budget {
-                    return ExitCode::from(1);
-                }
-                Ok(())
-            }
-            Err(e) => Err(e),
-        },
-        Command::Verify { paths } => return verify(&paths),
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
+        } => {
+            let suite = Suite::load(&suite)?;
+            train_cmd::run(&suite, device, &out, resume.as_deref(), steps)?;
+            Ok(exit_codes::SUCCESS)
+        }
+        Command::Estimate(args) => {
+            let report = estimate_cmd::table(&args)?;
+            write!(std::io::stdout(), "{}", report.text)?;
+            Ok(if report.within_budget {
+                exit_codes::SUCCESS
+            } else {
+                exit_codes::FAILED
+            })
+        }
+        Command::Verify { paths } => Ok(verify(&paths)),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match dispatch(cli.command) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) if broken_pipe(&e) => ExitCode::from(exit_codes::BROKEN_PIPE),
         Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::from(2)
+            eprintln!("error: {}", error_text::one_line(&e));
+            ExitCode::from(exit_codes::INVALID)
         }
     }
 }

@@ -11,7 +11,7 @@ use anyhow::Result;
 use ckpt_engine::backend::count::Like;
 use ckpt_engine::checkpoint::step_dir_name;
 use ckpt_engine::estimate::{estimate, EstimateConfig};
-use ckpt_engine::memory::Breakdown;
+use ckpt_engine::memory::{Breakdown, OutOfMemory};
 use ckpt_engine::{Device, EngineError, MemoryStats, StateDigest, Trainer};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -102,7 +102,36 @@ pub struct PhaseRecord {
     /// Its steps.
     pub steps: Vec<StepRecord>,
     /// The out-of-memory error that ended the phase early, if one did.
-    pub oom: Option<String>,
+    pub oom: Option<Oom>,
+}
+
+/// An allocation the device refused, ending a phase early.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Oom {
+    /// The error as the engine words it, with where it happened.
+    pub message: String,
+    /// The step that was refused; `None` while the trainer was being built.
+    pub step: Option<u64>,
+    /// Bytes asked for.
+    pub requested: u64,
+    /// Bytes held when they were asked for.
+    pub allocated: u64,
+    /// Bytes held per category when they were asked for.
+    pub by_category: Breakdown,
+}
+
+impl Oom {
+    /// The refusal `e`, at `step` (`None`: while building the trainer).
+    fn new(step: Option<u64>, e: &OutOfMemory) -> Self {
+        let at = step.map_or("building the trainer".into(), |s| format!("step {s}"));
+        Oom {
+            message: format!("{at}: {e}"),
+            step,
+            requested: e.requested,
+            allocated: e.allocated,
+            by_category: e.by_category,
+        }
+    }
 }
 
 /// The memory model's prediction of one step.
@@ -119,6 +148,8 @@ pub struct PredictedStep {
 /// Everything a trial observed; checks read only this.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct RunRecord {
+    /// The trial's name: `device::suite`, or `device::faults::suite` for a negative control.
+    pub name: String,
     /// Suite name.
     pub suite: String,
     /// Device name (`cpu`, `cuda`).
@@ -149,9 +180,9 @@ impl RunRecord {
         self.phases.iter().find(|p| p.phase == Phase::Reference)
     }
 
-    /// `device::suite`, as trial names write it.
+    /// The trial's name, as failures and reports write it.
     pub fn trial(&self) -> String {
-        format!("{}::{}", self.device, self.suite)
+        self.name.clone()
     }
 }
 
@@ -267,18 +298,18 @@ impl<P: FnMut(&PhaseRecord)> OnDevice for Phases<'_, P> {
                                 memory: s.memory,
                             }),
                             Err(EngineError::OutOfMemory(e)) => {
-                                record.oom = Some(format!("step {}: {e}", trainer.step_index()));
+                                record.oom = Some(Oom::new(Some(trainer.step_index()), &e));
                                 break;
                             }
                             Err(e) => return Err(e.into()),
                         }
                         if phase == Phase::Reference && suite.saves_at(trainer.step_index()) {
-                            trainer.save(&run_dir, None)?;
+                            trainer.save(&run_dir, suite.file.training.keep_last)?;
                         }
                     }
                 }
                 Err(EngineError::OutOfMemory(e)) => {
-                    record.oom = Some(format!("building the trainer: {e}"));
+                    record.oom = Some(Oom::new(None, &e));
                 }
                 Err(e) => return Err(e.into()),
             }
@@ -295,6 +326,7 @@ impl<P: FnMut(&PhaseRecord)> OnDevice for Phases<'_, P> {
             }
         }
         Ok(RunRecord {
+            name: crate::trial::name(suite, kind),
             suite: suite.file.name.clone(),
             device: kind.name().into(),
             layers: suite.train.model.num_hidden_layers,

@@ -53,7 +53,8 @@ pub struct Planned {
 }
 
 /// Suite files under `paths`: files as given; directories searched for `*.yaml`, then their
-/// `faults/` directory (the negative controls); sorted within each directory.
+/// `faults/` directory (the negative controls); sorted within each directory; a file reached
+/// twice listed once. Finding none is an error.
 pub fn files(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
     fn yaml_in(dir: &Path) -> Result<Vec<PathBuf>> {
         let entries =
@@ -66,30 +67,84 @@ pub fn files(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
         found.sort();
         Ok(found)
     }
-    let mut out = Vec::new();
+    let mut found = Vec::new();
     for p in paths {
         if p.is_dir() {
-            out.extend(yaml_in(p)?);
+            found.extend(yaml_in(p)?);
             let faults = p.join("faults");
             if faults.is_dir() {
-                out.extend(yaml_in(&faults)?);
+                found.extend(yaml_in(&faults)?);
             }
         } else if p.exists() {
-            out.push(p.clone());
+            found.push(p.clone());
         } else {
             bail!("{}: no such file or directory", p.display());
         }
     }
-    Ok(out)
+    if found.is_empty() {
+        let names: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+        bail!(
+            "no suite files (*.yaml, *.yml) in {}; name suite files, or directories that hold them (their faults/ is searched too)",
+            names.join(", ")
+        );
+    }
+    let mut seen = Vec::new();
+    found.retain(|f| {
+        let same = f.canonicalize().unwrap_or_else(|_| f.clone());
+        let new = !seen.contains(&same);
+        seen.push(same);
+        new
+    });
+    Ok(found)
 }
 
-/// Loads every suite file, failing on the first invalid one.
+/// Loads a suite file for `run`: valid, and resumable under its `keep_last`.
+pub fn load_one(file: &Path) -> Result<Suite> {
+    let suite = Suite::load(file)?;
+    suite.check_retention()?;
+    Ok(suite)
+}
+
+/// Loads every suite file for `run`, failing on the first invalid one, or on two of one name.
 pub fn load(files: &[PathBuf]) -> Result<Vec<Suite>> {
-    files.iter().map(|f| Suite::load(f)).collect()
+    let suites: Vec<Suite> = files.iter().map(|f| load_one(f)).collect::<Result<_>>()?;
+    unique_names(&suites)?;
+    Ok(suites)
 }
 
-/// The trials of `suites` for `tier` and `device`.
-pub fn plan(suites: &[Suite], tier: TierFilter, device: DeviceChoice) -> Result<Vec<Planned>> {
+/// Refuses two suites of one name: they would share trial names and golden snapshots.
+pub fn unique_names(suites: &[Suite]) -> Result<()> {
+    for (i, s) in suites.iter().enumerate() {
+        if let Some(first) = suites[..i].iter().find(|o| o.file.name == s.file.name) {
+            bail!(
+                "{}: name {} is taken by {}; give each suite its own name (it names the trials and the golden snapshots)",
+                s.name_place(),
+                s.file.name,
+                first.name_place()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Whether `paths` name `file` itself, not a directory holding it.
+fn named(paths: &[PathBuf], file: &Path) -> bool {
+    let Ok(file) = file.canonicalize() else {
+        return false;
+    };
+    paths
+        .iter()
+        .any(|p| p.is_file() && p.canonicalize().is_ok_and(|p| p == file))
+}
+
+/// The trials of `suites`, found under `paths`, for `tier` and `device`. A suite file `paths`
+/// name itself runs whatever its tier; the tier filters the suites found in directories.
+pub fn plan(
+    suites: &[Suite],
+    paths: &[PathBuf],
+    tier: TierFilter,
+    device: DeviceChoice,
+) -> Result<Vec<Planned>> {
     if device == DeviceChoice::Cuda {
         if let Err(why) = devices::probe(DeviceKind::Cuda) {
             bail!("--device cuda: no CUDA device: {why}");
@@ -106,7 +161,7 @@ pub fn plan(suites: &[Suite], tier: TierFilter, device: DeviceChoice) -> Result<
             if !wanted {
                 continue;
             }
-            let skip = if !tier.admits(s.file.tier) {
+            let skip = if !tier.admits(s.file.tier) && !named(paths, &s.path) {
                 Some(format!("tier {:?} not selected", s.file.tier).to_lowercase())
             } else {
                 devices::probe(d)

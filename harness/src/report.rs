@@ -1,11 +1,13 @@
 //! Reports of a run: the summary table, `summary.json` and JUnit XML.
 
-use crate::checks::Status;
 use crate::trial::TrialResult;
 use anyhow::{Context, Result};
 use serde::Serialize;
 use std::fmt::Write;
 use std::path::Path;
+
+/// The most failures of one check the table and JUnit show; `summary.json` keeps every one.
+pub const FAILURES_SHOWN: usize = 10;
 
 /// A trial that did not run, and why.
 #[derive(Clone, Debug, Serialize)]
@@ -41,8 +43,8 @@ impl Summary {
         }
     }
 
-    /// The table printed at the end of a run: one row per trial, its failed checks, then each
-    /// failure.
+    /// The table printed at the end of a run: one row per trial, its failed checks, then its
+    /// failures (at most [`FAILURES_SHOWN`] per check).
     pub fn table(&self) -> String {
         let mut out = String::new();
         let w = self
@@ -58,12 +60,15 @@ impl Summary {
         );
         for t in &self.trials {
             let failed: Vec<&str> = t.failed_checks().iter().map(|c| c.name()).collect();
+            let not_run: Vec<&str> = t.not_run_checks().iter().map(|c| c.name()).collect();
             let result = if t.passed { "PASS" } else { "FAIL" };
-            let note = if t.expect_fail.is_empty() {
-                String::new()
-            } else {
-                " (negative control)".to_string()
-            };
+            let mut note = String::new();
+            if !not_run.is_empty() {
+                note = format!("  not run: {}", not_run.join(", "));
+            }
+            if !t.expect_fail.is_empty() {
+                note.push_str(" (negative control)");
+            }
             let _ = writeln!(
                 out,
                 "{:<w$} {result:<6} {:>7.2}  {}{note}",
@@ -73,10 +78,8 @@ impl Summary {
             );
             if !t.passed {
                 let _ = writeln!(out, "    {}", t.verdict);
-                for o in &t.checks {
-                    for f in &o.failures {
-                        let _ = writeln!(out, "    {f}");
-                    }
+                for line in t.failure_lines(FAILURES_SHOWN) {
+                    let _ = writeln!(out, "    {line}");
                 }
             }
         }
@@ -102,7 +105,8 @@ impl Summary {
             .with_context(|| format!("{}: cannot write", file.display()))
     }
 
-    /// The run as JUnit XML: one test case per trial.
+    /// The run as JUnit XML: one test case per trial, with at most [`FAILURES_SHOWN`] failures
+    /// per check.
     pub fn junit(&self) -> String {
         let mut out = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
         let seconds: f64 = self.trials.iter().map(|t| t.seconds).sum();
@@ -133,17 +137,11 @@ impl Summary {
                 continue;
             }
             out.push_str(">\n");
-            let body: Vec<String> = t
-                .checks
-                .iter()
-                .filter(|o| o.status == Status::Failed)
-                .flat_map(|o| o.failures.iter().map(|f| f.to_string()))
-                .collect();
             let _ = writeln!(
                 out,
                 "      <failure message=\"{}\">{}</failure>",
                 xml_escape(&t.verdict),
-                xml_escape(&body.join("\n"))
+                xml_escape(&t.failure_lines(FAILURES_SHOWN).join("\n"))
             );
             out.push_str("    </testcase>\n");
         }

@@ -2,11 +2,12 @@
 //! summary table, `summary.json` in the report directory, optionally JUnit XML; the caller exits
 //! non-zero on any failure.
 
-use crate::checks::bytes;
+use crate::checks::{bytes, golden};
 use crate::plan::{self, DeviceChoice, TierFilter};
 use crate::report::{Skipped, Summary};
 use crate::trial::{self, GoldenMode};
 use anyhow::{Context, Result};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// What `run` was asked to do.
@@ -22,16 +23,18 @@ pub struct RunOptions {
     pub report: PathBuf,
     /// Where JUnit XML goes, if anywhere.
     pub junit: Option<PathBuf>,
-    /// Where the golden snapshots live.
-    pub golden: PathBuf,
+    /// Where the golden snapshots live; by default found from each suite file
+    /// ([`golden::dir_for`]).
+    pub golden: Option<PathBuf>,
     /// Rewrite the golden snapshots from this run.
     pub bless: bool,
 }
 
-/// Runs the trials; returns the summary (the caller decides the exit status).
-pub fn run(opts: &RunOptions) -> Result<Summary> {
+/// Runs the trials, printing to `out`; returns the summary (the caller decides the exit status).
+/// A failed write to `out` (a closed pipe) stops the run after the trial it happened in.
+pub fn run(opts: &RunOptions, out: &mut impl Write) -> Result<Summary> {
     let suites = plan::load(&plan::files(&opts.paths)?)?;
-    let planned = plan::plan(&suites, opts.tier, opts.device)?;
+    let planned = plan::plan(&suites, &opts.paths, opts.tier, opts.device)?;
     let mode = if opts.bless {
         GoldenMode::Bless
     } else {
@@ -49,10 +52,19 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
             continue;
         }
         let suite = &suites[p.suite];
+        let golden = opts
+            .golden
+            .clone()
+            .unwrap_or_else(|| golden::dir_for(&suite.path));
         let name = p.name.clone();
-        let result = trial::run(suite, p.device, &opts.golden, mode, |ph| {
+        let mut written = Ok(());
+        let result = trial::run(suite, p.device, &golden, mode, |ph| {
+            if written.is_err() {
+                return;
+            }
             let last = ph.steps.last();
-            println!(
+            written = writeln!(
+                out,
                 "{name:<w$} {:<10} {:>3} steps  last loss {:>9}  peak {}{}",
                 ph.phase.to_string(),
                 ph.steps.len(),
@@ -65,15 +77,14 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
                 ),
                 ph.oom
                     .as_ref()
-                    .map_or(String::new(), |e| format!("  OOM: {e}")),
-            )
-        })
-        .with_context(|| format!("{}: {}", p.name, suite.path.display()))?;
+                    .map_or(String::new(), |e| format!("  OOM: {}", e.message)),
+            );
+        });
+        written?;
         trials.push(result);
     }
     let summary = Summary::new(trials, skipped);
-    println!();
-    print!("{}", summary.table());
+    write!(out, "\n{}", summary.table())?;
     summary.write_json(&opts.report)?;
     if let Some(file) = &opts.junit {
         write_file(file, &summary.junit())?;

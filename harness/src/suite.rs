@@ -10,21 +10,44 @@ use ckpt_engine::fault::Fault;
 use ckpt_engine::model::loss::LossKind;
 use ckpt_engine::optim::{AdamWConfig, Schedule};
 use ckpt_engine::{Checkpointing, LlamaConfig};
-use serde::de::{self, IgnoredAny, MapAccess, Visitor};
+use places::{location, model_error_place, place, place_of, yaml_error, Places};
+use serde::de::{self, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_saphyr::{Location, Spanned};
-use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+mod places;
+
 /// The model: written inline, or a Hugging Face `config.json` path relative to the suite.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(untagged)]
+#[derive(Clone, Debug)]
 pub enum ModelSpec {
     /// A path to a Hugging Face `config.json`.
     Path(PathBuf),
     /// The shape written out.
     Inline(LlamaConfig),
+}
+
+/// A path is a string, an inline model a mapping: each read as what it is, so that a mistyped
+/// key inside an inline model is named at its place.
+impl<'de> Deserialize<'de> for ModelSpec {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = ModelSpec;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("the path of a Hugging Face config.json relative to the suite, or the model's keys such as {vocab_size: 64, hidden_size: 32, ...}")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<ModelSpec, E> {
+                Ok(ModelSpec::Path(PathBuf::from(v)))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<ModelSpec, A::Error> {
+                LlamaConfig::deserialize(de::value::MapAccessDeserializer::new(map))
+                    .map(ModelSpec::Inline)
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 /// Learning-rate warmup and decay; the harness pins the decay's horizon at `max_steps`.
@@ -51,12 +74,51 @@ pub struct Training {
     /// The mid-run checkpoint to resume from; `max_steps / 2` when absent.
     #[serde(default)]
     pub resume_from: Option<Spanned<u64>>,
-    /// Also save every this many steps.
-    #[serde(default)]
+    /// Also save every this many steps (at least 1).
+    #[serde(default, deserialize_with = "save_every")]
     pub save_every: Option<u64>,
-    /// Checkpoints to keep.
-    #[serde(default)]
+    /// Checkpoints to keep (at least 1).
+    #[serde(default, deserialize_with = "keep_last")]
     pub keep_last: Option<usize>,
+}
+
+/// A count of at least 1, or absent; `zero` says what to write instead of 0.
+fn at_least_one<'de, D, T>(d: D, zero: &str) -> Result<Option<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de> + Default + PartialEq,
+{
+    let n = Option::<T>::deserialize(d)?;
+    if n == Some(T::default()) {
+        return Err(de::Error::custom(zero));
+    }
+    Ok(n)
+}
+
+fn save_every<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    at_least_one(
+        d,
+        "save_every is 0; write save_every: 1 or more, or leave it out to save only at resume_from and max_steps",
+    )
+}
+
+fn keep_last<'de, D: Deserializer<'de>>(d: D) -> Result<Option<usize>, D::Error> {
+    at_least_one(
+        d,
+        "keep_last is 0, but the newest checkpoint is always kept; write keep_last: 1 or more, or leave it out to keep every checkpoint",
+    )
+}
+
+/// A suite name, which names trials and golden snapshot files: `[A-Za-z0-9._-]+`.
+fn suite_name<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    let name = String::deserialize(d)?;
+    let allowed = |c: char| c.is_ascii_alphanumeric() || "._-".contains(c);
+    if name.is_empty() || !name.chars().all(allowed) {
+        return Err(de::Error::custom(format!(
+            "name {name:?} may hold only letters, digits, '.', '_' and '-' (it names the trials and the golden snapshot files); write e.g. name: tiny-fp32"
+        )));
+    }
+    Ok(name)
 }
 
 fn default_extra() -> u64 {
@@ -295,6 +357,9 @@ pub struct ChecksSpec {
     /// The reference trajectory equal to its snapshot in `golden/`.
     #[serde(default = "on")]
     pub golden: bool,
+    /// Every step's loss and gradient norm finite.
+    #[serde(default = "on")]
+    pub finite: bool,
 }
 
 impl Default for ChecksSpec {
@@ -309,6 +374,7 @@ impl Default for ChecksSpec {
             memory_model: true,
             oom_free: true,
             golden: true,
+            finite: true,
         }
     }
 }
@@ -326,6 +392,7 @@ impl ChecksSpec {
             Check::MemoryModel => self.memory_model,
             Check::OomFree => self.oom_free,
             Check::Golden => self.golden,
+            Check::Finite => self.finite,
         }
     }
 }
@@ -334,7 +401,9 @@ impl ChecksSpec {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SuiteFile {
-    /// The suite's name, used in trial names (`cpu::<name>`).
+    /// The suite's name, used in trial names (`cpu::<name>`) and snapshot files:
+    /// `[A-Za-z0-9._-]+`, unique among the suites of a run.
+    #[serde(deserialize_with = "suite_name")]
     pub name: String,
     /// `ci` (every test run, the default) or `nightly`.
     #[serde(default)]
@@ -393,6 +462,11 @@ pub struct SuiteFile {
     /// The checks that must fail: the trial passes only when exactly these fail.
     #[serde(default)]
     pub expect_fail: Option<Spanned<Vec<Check>>>,
+    /// The checks that must have nothing to compare (`not_run`), such as those an
+    /// out-of-memory leaves without resumed steps: the trial passes only when exactly these did
+    /// not run.
+    #[serde(default)]
+    pub expect_not_run: Option<Spanned<Vec<Check>>>,
 }
 
 /// A parsed, validated suite.
@@ -404,44 +478,19 @@ pub struct Suite {
     pub file: SuiteFile,
     /// The engine configuration it describes.
     pub train: TrainConfig,
+    /// Where its name is written.
+    name_at: Location,
+    /// Where `training.keep_last` is written.
+    keep_last_at: Location,
 }
 
-/// `file:line:column`, or the file alone when the place is unknown.
-fn place(path: &Path, loc: Location) -> String {
-    if loc == Location::UNKNOWN {
-        path.display().to_string()
-    } else {
-        format!("{}:{}:{}", path.display(), loc.line(), loc.column())
-    }
-}
-
-/// Where the inline model's keys are, to point model errors at the key they name.
-#[derive(Deserialize)]
-struct ModelKeys {
-    model: BTreeMap<String, Spanned<IgnoredAny>>,
-}
-
-/// Where the model is.
-#[derive(Deserialize)]
-struct ModelPlace {
-    model: Spanned<IgnoredAny>,
-}
-
-fn model_error_place(path: &Path, text: &str, message: &str) -> String {
-    if let Ok(keys) = serde_saphyr::from_str::<ModelKeys>(text) {
-        let named = keys
-            .model
-            .iter()
-            .filter_map(|(k, v)| message.find(k.as_str()).map(|at| (at, v.referenced)))
-            .min_by_key(|(at, _)| *at);
-        if let Some((_, loc)) = named {
-            return place(path, loc);
-        }
-    }
-    match serde_saphyr::from_str::<ModelPlace>(text) {
-        Ok(m) => place(path, m.model.referenced),
-        Err(_) => path.display().to_string(),
-    }
+/// The checks a list names, in report order.
+fn in_report_order(list: &Option<Spanned<Vec<Check>>>) -> Vec<Check> {
+    let listed = list.as_ref().map_or(&[][..], |e| &e.value[..]);
+    Check::ALL
+        .into_iter()
+        .filter(|c| listed.contains(c))
+        .collect()
 }
 
 impl Suite {
@@ -454,22 +503,29 @@ impl Suite {
 
     /// Parses suite text read from `path` (used in messages and to resolve relative paths).
     pub fn parse(path: &Path, text: &str) -> Result<Self> {
-        let file: SuiteFile = serde_saphyr::from_str(text).map_err(|e| {
-            let at = e
-                .location()
-                .map(|l| place(path, l))
-                .unwrap_or_else(|| path.display().to_string());
-            anyhow::anyhow!("{at}: {}", e.without_snippet())
-        })?;
+        let file: SuiteFile = serde_saphyr::from_str(text)
+            .map_err(|e| anyhow::anyhow!(yaml_error(path, text, &e)))?;
+        let places = Places::of(text);
         let base = path.parent().unwrap_or(Path::new("."));
         let model = match &file.model {
             ModelSpec::Inline(cfg) => cfg.clone(),
-            ModelSpec::Path(p) => LlamaConfig::from_hf_file(&base.join(p))?,
+            ModelSpec::Path(p) => LlamaConfig::from_hf_file(&base.join(p)).map_err(|e| {
+                anyhow::anyhow!(
+                    "{}: model: {e}; write the path of a Hugging Face config.json relative to the suite file, or the model's keys inline",
+                    place_of(path, &places.model)
+                )
+            })?,
         };
-        model
-            .validate()
-            .map_err(|m| anyhow::anyhow!("{}: model: {m}", model_error_place(path, text, &m)))?;
-        Self::validate(path, &file, &model)?;
+        let problem = model.validate().err().or_else(|| {
+            let longest = file.long_batch.map_or(0, |l| l.seq_len).max(file.seq_len);
+            (model.max_position_embeddings == 0).then(|| {
+                format!("max_position_embeddings is 0; write max_position_embeddings: {longest} or more (the longest row the suite trains on)")
+            })
+        });
+        if let Some(m) = problem {
+            bail!("{}: model: {m}", model_error_place(path, text, &m));
+        }
+        Self::validate(path, &places, &file, &model)?;
         let t = &file.training;
         let schedule = match &file.schedule {
             None => Schedule::Constant,
@@ -511,10 +567,12 @@ impl Suite {
             path: path.to_path_buf(),
             file,
             train,
+            name_at: location(&places.name),
+            keep_last_at: location(&places.training.keep_last),
         })
     }
 
-    fn validate(path: &Path, file: &SuiteFile, model: &LlamaConfig) -> Result<()> {
+    fn validate(path: &Path, places: &Places, file: &SuiteFile, model: &LlamaConfig) -> Result<()> {
         let t = &file.training;
         let max_steps = t.max_steps.value;
         if max_steps < 2 {
@@ -537,29 +595,26 @@ impl Suite {
         if !(0.0..1.0).contains(&file.dropout) {
             bail!(
                 "{}: dropout ({}) must be at least 0 and below 1; write e.g. dropout: 0.1",
-                path.display(),
+                place_of(path, &places.dropout),
                 file.dropout
             );
         }
-        if let Some(long) = &file.long_batch {
-            if long.seq_len > model.max_position_embeddings {
+        let rows = [
+            (
+                "long_batch.seq_len",
+                file.long_batch.map(|l| l.seq_len),
+                &places.long_batch.seq_len,
+            ),
+            ("seq_len", Some(file.seq_len), &places.seq_len),
+        ];
+        let positions = model.max_position_embeddings;
+        for (key, len, at) in rows {
+            if let Some(len) = len.filter(|&l| l > positions) {
                 bail!(
-                    "{}: long_batch.seq_len ({}) exceeds the model's max_position_embeddings ({}); write seq_len: {} or less",
-                    path.display(),
-                    long.seq_len,
-                    model.max_position_embeddings,
-                    model.max_position_embeddings
+                    "{}: {key} ({len}) exceeds the model's max_position_embeddings ({positions}); write seq_len: {positions} or less, or max_position_embeddings: {len} or more",
+                    place_of(path, at)
                 );
             }
-        }
-        if file.seq_len > model.max_position_embeddings {
-            bail!(
-                "{}: seq_len ({}) exceeds the model's max_position_embeddings ({}); write seq_len: {} or less",
-                path.display(),
-                file.seq_len,
-                model.max_position_embeddings,
-                model.max_position_embeddings
-            );
         }
         let devices = &file.devices;
         if devices.value.is_empty() {
@@ -596,20 +651,62 @@ impl Suite {
         if !file.faults.is_empty() && expect.is_none_or(|e| e.value.is_empty()) {
             bail!(
                 "{}: faults are injected but expect_fail is empty; list the checks the faults must fail, e.g. expect_fail: [loss_continuity]",
-                path.display()
+                place_of(path, &places.faults)
             );
         }
-        if let Some(e) = expect {
-            for c in &e.value {
+        let lists = [
+            ("expect_fail", expect),
+            ("expect_not_run", file.expect_not_run.as_ref()),
+        ];
+        for (key, list) in lists {
+            for c in list.iter().flat_map(|e| &e.value) {
                 if !file.checks.enabled(*c) {
                     bail!(
-                        "{}: expect_fail names {c}, which checks: turns off; enable it or remove it from expect_fail",
-                        place(path, e.referenced)
+                        "{}: {key} names {c}, which checks: turns off; enable it or remove it from {key}",
+                        place(path, list.map_or(Location::UNKNOWN, |e| e.referenced))
                     );
                 }
             }
         }
+        if let (Some(fail), Some(not_run)) = (expect, &file.expect_not_run) {
+            if let Some(c) = fail.value.iter().find(|c| not_run.value.contains(c)) {
+                bail!(
+                    "{}: expect_not_run names {c}, which expect_fail names too; a check either fails or does not run: keep it in one of them",
+                    place(path, not_run.referenced)
+                );
+            }
+        }
         Ok(())
+    }
+
+    /// Whether `run` can resume the suite under its `keep_last`: its reference phase saves with
+    /// it, pruning as it goes, so `keep_last` must keep the mid-run checkpoint `resume-mid` loads
+    /// (and so the later one `resume-end` loads). `train` asks nothing of it.
+    pub fn check_retention(&self) -> Result<()> {
+        let t = &self.file.training;
+        let Some(keep) = t.keep_last else {
+            return Ok(());
+        };
+        let from = self.resume_from();
+        let end = self.max_steps().saturating_add(t.extra_steps);
+        let multiples = t.save_every.map_or(0, |n| end / n - (from - 1) / n);
+        let unaligned = [from, self.max_steps()]
+            .into_iter()
+            .filter(|&s| t.save_every.is_none_or(|n| s % n != 0))
+            .count() as u64;
+        let saves = multiples + unaligned;
+        if (keep as u64) < saves {
+            bail!(
+                "{}: training.keep_last ({keep}) would delete the checkpoint of step {from}, which resume-mid loads: the reference saves {saves} times from step {from} to step {end}; write keep_last: {saves} or more",
+                place(&self.path, self.keep_last_at)
+            );
+        }
+        Ok(())
+    }
+
+    /// `file:line:column` of its name.
+    pub fn name_place(&self) -> String {
+        place(&self.path, self.name_at)
     }
 
     /// The mid-run checkpoint step.
@@ -640,15 +737,12 @@ impl Suite {
 
     /// The checks that must fail, in report order (empty for an ordinary suite).
     pub fn expect_fail(&self) -> Vec<Check> {
-        let listed = self
-            .file
-            .expect_fail
-            .as_ref()
-            .map_or(&[][..], |e| &e.value[..]);
-        Check::ALL
-            .into_iter()
-            .filter(|c| listed.contains(c))
-            .collect()
+        in_report_order(&self.file.expect_fail)
+    }
+
+    /// The checks that must not run, in report order (empty for most suites).
+    pub fn expect_not_run(&self) -> Vec<Check> {
+        in_report_order(&self.file.expect_not_run)
     }
 
     /// The simulated capacity, if the suite sets one.
@@ -756,6 +850,59 @@ expect_fail: [state_digest, loss_continuity]
     }
 
     #[test]
+    fn keep_last_must_keep_the_checkpoints_the_resumes_load() {
+        let retained = |extra: &str| parse(extra).unwrap().check_retention();
+        let e = format!(
+            "{:#}",
+            retained("  save_every: 2\n  keep_last: 3\n").unwrap_err()
+        );
+        assert!(e.starts_with("s.yaml:10:14: training.keep_last (3)"), "{e}");
+        assert!(e.contains("saves 4 times from step 4 to step 11"), "{e}");
+        assert!(e.contains("keep_last: 4 or more"), "{e}");
+        assert!(retained("  save_every: 2\n  keep_last: 4\n").is_ok());
+        let e = format!(
+            "{:#}",
+            retained("  save_every: 3\n  keep_last: 3\n").unwrap_err()
+        );
+        assert!(e.contains("saves 4 times"), "steps 4, 6, 8, 9: {e}");
+        assert!(retained("  keep_last: 2\n").is_ok());
+        let e = format!("{:#}", retained("  keep_last: 1\n").unwrap_err());
+        assert!(e.contains("saves 2 times"), "steps 4 and 8: {e}");
+        let long = "  max_steps: 1000000\n  save_every: 1\n  keep_last: 2\n";
+        let text = BASE.replace("  max_steps: 8\n", long);
+        let s = Suite::parse(Path::new("s.yaml"), &text).unwrap();
+        let e = format!("{:#}", s.check_retention().unwrap_err());
+        assert!(e.contains("keep_last: 500004 or more"), "{e}");
+    }
+
+    #[test]
+    fn names_are_file_names_and_counts_are_positive() {
+        for (text, at, says) in [
+            ("name: ../../../x\n", "s.yaml:1:7:", "letters, digits"),
+            ("name: \"\"\n", "s.yaml:1:7:", "letters, digits"),
+            ("name: a/b\n", "s.yaml:1:7:", "name: tiny-fp32"),
+        ] {
+            let text = BASE.replace("name: t\n", text);
+            let e = format!(
+                "{:#}",
+                Suite::parse(Path::new("s.yaml"), &text).unwrap_err()
+            );
+            assert!(e.starts_with(at) && e.contains(says), "{e}");
+        }
+        let e = error("  keep_last: 0\n");
+        assert!(
+            e.starts_with("s.yaml:9:14:") && e.contains("keep_last: 1"),
+            "{e}"
+        );
+        let e = error("  save_every: 0\n");
+        assert!(
+            e.starts_with("s.yaml:9:15:") && e.contains("save_every: 1"),
+            "{e}"
+        );
+        assert!(parse("  save_every: 1\n  keep_last: 12\n").is_ok());
+    }
+
+    #[test]
     fn budget_above_capacity_is_located() {
         let e = error("memory:\n  capacity: 1000\n  budget: 2000\n");
         assert!(e.starts_with("s.yaml:11:11: memory.budget"), "{e}");
@@ -796,6 +943,114 @@ expect_fail: [state_digest, loss_continuity]
         assert!(e.contains("add capacity"), "{e}");
         let e = error("devices: [cpu, tpu]\n");
         assert!(e.contains("cuda"), "{e}");
+    }
+
+    #[test]
+    fn expected_not_run_checks_are_enabled_and_not_expected_to_fail() {
+        let s = parse("expect_not_run: [state_digest, loss_continuity]\n").unwrap();
+        assert_eq!(
+            s.expect_not_run(),
+            vec![Check::LossContinuity, Check::StateDigest]
+        );
+        let e = error("checks: {no_leak: false}\nexpect_not_run: [no_leak]\n");
+        assert!(
+            e.starts_with("s.yaml:10:17:") && e.contains("turns off"),
+            "{e}"
+        );
+        let e = error("expect_fail: [oom_free, no_leak]\nexpect_not_run: [no_leak]\n");
+        assert!(e.starts_with("s.yaml:10:17:"), "{e}");
+        assert!(e.contains("either fails or does not run"), "{e}");
+    }
+
+    /// The error of BASE with `from` replaced by `to`.
+    fn error_replacing(from: &str, to: &str) -> String {
+        assert!(BASE.contains(from), "{from}");
+        let text = BASE.replace(from, to);
+        format!(
+            "{:#}",
+            Suite::parse(Path::new("s.yaml"), &text).unwrap_err()
+        )
+    }
+
+    /// The library's own words, which say nothing to a suite's author.
+    fn no_library_words(e: &str) {
+        for word in ["untagged", "Policy", "Options", "from_str", " at line "] {
+            assert!(!e.contains(word), "{word}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_mistyped_key_inside_an_inline_model_is_named_at_its_place() {
+        let e = error_replacing("hidden_size: 32", "hidden_sise: 32");
+        assert!(e.starts_with("s.yaml:2:"), "{e}");
+        assert!(
+            e.contains("hidden_sise") && e.contains("hidden_size"),
+            "{e}"
+        );
+        no_library_words(&e);
+        let e = error_replacing("num_hidden_layers: 2", "num_hidden_layers: two");
+        assert!(e.starts_with("s.yaml:2:") && e.contains("two"), "{e}");
+        no_library_words(&e);
+    }
+
+    #[test]
+    fn no_positions_says_to_raise_them() {
+        let e = error_replacing("max_position_embeddings: 64", "max_position_embeddings: 0");
+        assert!(e.starts_with("s.yaml:2:"), "{e}");
+        assert!(e.contains("max_position_embeddings: 16 or more"), "{e}");
+        assert!(!e.contains("seq_len: 0"), "{e}");
+        let e = error_replacing("max_position_embeddings: 64", "max_position_embeddings: 8");
+        assert!(e.starts_with("s.yaml:5:10: seq_len (16)"), "{e}");
+        assert!(
+            e.contains("seq_len: 8 or less, or max_position_embeddings: 16"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_missing_model_file_is_said_once_at_the_model_key() {
+        let model = &BASE[BASE.find("model:").unwrap()..BASE.find("data:").unwrap()];
+        let e = error_replacing(model, "model: nope/config.json\n");
+        assert!(
+            e.starts_with("s.yaml:2:8: model: nope/config.json: "),
+            "{e}"
+        );
+        assert_eq!(e.matches("os error").count(), 1, "{e}");
+        assert!(e.contains("config.json relative to the suite"), "{e}");
+    }
+
+    #[test]
+    fn duplicate_keys_and_second_documents_name_the_key_place_and_fix() {
+        let e = error("batch_size: 3\n");
+        assert!(e.starts_with("s.yaml:9:1:"), "{e}");
+        assert!(e.contains("batch_size") && e.contains("keep one"), "{e}");
+        no_library_words(&e);
+        let e = error("---\nname: u\n");
+        assert!(e.starts_with("s.yaml:9:1:"), "{e}");
+        assert!(e.contains("one document") && e.contains("remove"), "{e}");
+        no_library_words(&e);
+    }
+
+    #[test]
+    fn values_checked_after_parsing_are_located() {
+        let e = error("dropout: 1.5\n");
+        assert!(e.starts_with("s.yaml:9:10: dropout"), "{e}");
+        let e = error("long_batch: {from_step: 2, seq_len: 128}\n");
+        assert!(e.starts_with("s.yaml:9:37: long_batch.seq_len"), "{e}");
+        let e = error("faults: [schedule_reset]\n");
+        assert!(e.starts_with("s.yaml:9:9: faults"), "{e}");
+    }
+
+    proptest::proptest! {
+        /// Any damage to a suite's text parses or gives a located error; nothing panics.
+        #[test]
+        fn damaged_text_never_panics(at in 0usize..400, junk in "[ :,{}\\[\\]\\-#a-z0-9\n]{0,6}") {
+            let at = BASE.char_indices().map(|(i, _)| i).nth(at).unwrap_or(BASE.len());
+            let text = format!("{}{junk}{}", &BASE[..at], &BASE[at..]);
+            if let Err(e) = Suite::parse(Path::new("s.yaml"), &text) {
+                proptest::prop_assert!(format!("{e:#}").starts_with("s.yaml"), "{e:#}");
+            }
+        }
     }
 
     #[test]

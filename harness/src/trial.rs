@@ -1,13 +1,15 @@
-//! One trial: a suite on one device through the phases and the checks, and its verdict. A suite
-//! with `expect_fail` passes only when exactly those checks fail.
+//! One trial: a suite on one device through the phases and the checks, and its verdict. A trial
+//! passes only when exactly the checks of `expect_fail` fail and exactly those of
+//! `expect_not_run` had nothing to compare; a suite that cannot run fails with the reason.
 
-use crate::checks::{self, golden, Check, Outcome};
+use crate::checks::{self, golden, Check, Outcome, Status};
 use crate::devices::DeviceKind;
+use crate::error_text;
 use crate::phases::{self, PhaseRecord, RunRecord};
 use crate::suite::Suite;
 use anyhow::{Context, Result};
 use serde::Serialize;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 /// How a trial handles its golden snapshot.
@@ -26,12 +28,16 @@ pub struct TrialResult {
     pub name: String,
     /// The suite's name.
     pub suite: String,
+    /// The suite file.
+    pub path: PathBuf,
     /// The device.
     pub device: DeviceKind,
     /// Whether the trial passed.
     pub passed: bool,
     /// The checks that had to fail (empty for an ordinary suite).
     pub expect_fail: Vec<Check>,
+    /// The checks that had to have nothing to compare (usually empty).
+    pub expect_not_run: Vec<Check>,
     /// Why the trial failed, in one line; empty when it passed.
     pub verdict: String,
     /// Every check's outcome.
@@ -44,13 +50,31 @@ pub struct TrialResult {
 }
 
 impl TrialResult {
+    /// Its failures as lines, at most `most` per check; the rest of a check's as one line,
+    /// `… and K more <check> failures`.
+    pub fn failure_lines(&self, most: usize) -> Vec<String> {
+        let mut out = Vec::new();
+        for o in &self.checks {
+            out.extend(o.failures.iter().take(most).map(|f| f.to_string()));
+            if o.failures.len() > most {
+                out.push(format!(
+                    "… and {} more {} failures",
+                    o.failures.len() - most,
+                    o.check
+                ));
+            }
+        }
+        out
+    }
+
     /// The checks that failed, in report order.
     pub fn failed_checks(&self) -> Vec<Check> {
-        self.checks
-            .iter()
-            .filter(|o| o.failed())
-            .map(|o| o.check)
-            .collect()
+        with_status(&self.checks, Status::Failed)
+    }
+
+    /// The checks that had nothing to compare, in report order.
+    pub fn not_run_checks(&self) -> Vec<Check> {
+        with_status(&self.checks, Status::NotRun)
     }
 }
 
@@ -69,25 +93,67 @@ pub fn name(suite: &Suite, device: DeviceKind) -> String {
     }
 }
 
+/// The checks of `outcomes` with `status`, in their order.
+fn with_status(outcomes: &[Outcome], status: Status) -> Vec<Check> {
+    outcomes
+        .iter()
+        .filter(|o| o.status == status)
+        .map(|o| o.check)
+        .collect()
+}
+
+/// `a, b, c`.
+fn list(checks: &[Check]) -> String {
+    checks
+        .iter()
+        .map(|c| c.name())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The checks of `a` that `b` lacks.
+fn missing(a: &[Check], b: &[Check]) -> Vec<Check> {
+    a.iter().copied().filter(|c| !b.contains(c)).collect()
+}
+
+/// The verdict given the checks that had to have nothing to compare and those that had: `Ok`
+/// or why not.
+pub fn not_run_verdict(expected: &[Check], not_run: &[Check]) -> Result<(), String> {
+    if expected == not_run {
+        return Ok(());
+    }
+    if expected.is_empty() {
+        return Err(format!(
+            "not run: {} (nothing recorded to compare; list them in expect_not_run if the suite means it)",
+            list(not_run)
+        ));
+    }
+    let mut why = format!(
+        "expected exactly [{}] not to run, got [{}]",
+        list(expected),
+        list(not_run)
+    );
+    let ran = missing(expected, not_run);
+    if !ran.is_empty() {
+        why.push_str(&format!("; ran though expected not to: {}", list(&ran)));
+    }
+    let extra = missing(not_run, expected);
+    if !extra.is_empty() {
+        why.push_str(&format!("; also not run: {}", list(&extra)));
+    }
+    Err(why)
+}
+
 /// The verdict given the checks that had to fail and those that did: `Ok` or why not.
 pub fn verdict(expect_fail: &[Check], failed: &[Check]) -> Result<(), String> {
-    let list = |c: &[Check]| c.iter().map(|c| c.name()).collect::<Vec<_>>().join(", ");
     if expect_fail == failed {
         return Ok(());
     }
     if expect_fail.is_empty() {
         return Err(format!("failed: {}", list(failed)));
     }
-    let missed: Vec<Check> = expect_fail
-        .iter()
-        .copied()
-        .filter(|c| !failed.contains(c))
-        .collect();
-    let extra: Vec<Check> = failed
-        .iter()
-        .copied()
-        .filter(|c| !expect_fail.contains(c))
-        .collect();
+    let missed = missing(expect_fail, failed);
+    let extra = missing(failed, expect_fail);
     let mut why = format!(
         "negative control: expected exactly [{}] to fail, got [{}]",
         list(expect_fail),
@@ -105,16 +171,21 @@ pub fn verdict(expect_fail: &[Check], failed: &[Check]) -> Result<(), String> {
     Err(why)
 }
 
-/// Runs `suite` on `device` with checkpoints in a temporary directory; `golden_dir` holds the
-/// snapshots; `progress` is told when each phase ends.
-pub fn run(
+/// What a trial that ran to its checks observed and concluded.
+struct Observed {
+    record: RunRecord,
+    checks: Vec<Outcome>,
+}
+
+/// The phases of `suite` on `device`, then the checks, with checkpoints in a temporary
+/// directory.
+fn observe(
     suite: &Suite,
     device: DeviceKind,
     golden_dir: &Path,
     mode: GoldenMode,
     progress: impl FnMut(&PhaseRecord),
-) -> Result<TrialResult> {
-    let started = Instant::now();
+) -> Result<Observed> {
     let work = tempfile::tempdir().context("cannot create a temporary directory")?;
     let record = phases::run(suite, device, work.path(), progress)?;
     if mode == GoldenMode::Bless && suite.file.checks.golden {
@@ -122,24 +193,61 @@ pub fn run(
     }
     let stored = golden::load(golden_dir, &record.device, &record.suite)?;
     let checks = checks::run_all(&record, &suite.file.checks, &stored);
+    Ok(Observed { record, checks })
+}
+
+/// Runs `suite` on `device` with checkpoints in a temporary directory; `golden_dir` holds the
+/// snapshots; `progress` is told when each phase ends. A trial that cannot run (the engine
+/// refuses its configuration, a file is missing, a phase fails other than by running out of
+/// memory) fails with the reason as its verdict; it never stops the caller's other trials.
+pub fn run(
+    suite: &Suite,
+    device: DeviceKind,
+    golden_dir: &Path,
+    mode: GoldenMode,
+    progress: impl FnMut(&PhaseRecord),
+) -> TrialResult {
+    let started = Instant::now();
     let expect_fail = suite.expect_fail();
-    let failed: Vec<Check> = checks
-        .iter()
-        .filter(|o| o.failed())
-        .map(|o| o.check)
-        .collect();
-    let v = verdict(&expect_fail, &failed);
-    Ok(TrialResult {
+    let expect_not_run = suite.expect_not_run();
+    let (verdict, checks, record) = match observe(suite, device, golden_dir, mode, progress) {
+        Ok(Observed { record, checks }) => {
+            let failed = verdict(&expect_fail, &with_status(&checks, Status::Failed));
+            let not_run = not_run_verdict(&expect_not_run, &with_status(&checks, Status::NotRun));
+            let why: Vec<String> = [failed, not_run]
+                .into_iter()
+                .filter_map(Result::err)
+                .collect();
+            let verdict = if why.is_empty() {
+                Ok(())
+            } else {
+                Err(why.join("; "))
+            };
+            (verdict, checks, record)
+        }
+        Err(e) => (
+            Err(format!(
+                "could not run: {}: {}",
+                suite.path.display(),
+                error_text::one_line(&e)
+            )),
+            Vec::new(),
+            RunRecord::default(),
+        ),
+    };
+    TrialResult {
         name: name(suite, device),
         suite: suite.file.name.clone(),
+        path: suite.path.clone(),
         device,
-        passed: v.is_ok(),
+        passed: verdict.is_ok(),
         expect_fail,
-        verdict: v.err().unwrap_or_default(),
+        expect_not_run,
+        verdict: verdict.err().unwrap_or_default(),
         checks,
         seconds: started.elapsed().as_secs_f64(),
         record,
-    })
+    }
 }
 
 #[cfg(test)]
@@ -173,5 +281,19 @@ mod tests {
         let e = verdict(&[MemoryReclaimed], &[MemoryReclaimed, MemoryModel]).unwrap_err();
         assert!(e.contains("also failed: memory_model"), "{e}");
         assert!(verdict(&[PeakBudget], &[]).is_err());
+    }
+
+    #[test]
+    fn checks_that_did_not_run_fail_the_trial_unless_expected() {
+        assert_eq!(not_run_verdict(&[], &[]), Ok(()));
+        let e = not_run_verdict(&[], &[LossContinuity, StateDigest]).unwrap_err();
+        assert!(
+            e.starts_with("not run: loss_continuity, state_digest"),
+            "{e}"
+        );
+        assert!(e.contains("expect_not_run"), "{e}");
+        assert_eq!(not_run_verdict(&[StateDigest], &[StateDigest]), Ok(()));
+        let e = not_run_verdict(&[StateDigest, NoLeak], &[StateDigest]).unwrap_err();
+        assert!(e.contains("ran though expected not to: no_leak"), "{e}");
     }
 }

@@ -1,8 +1,10 @@
 //! The command-line tool: `run` over a suite, its summary, JUnit and exit statuses; `list` and
 //! `validate`.
 
+use ckpt_harness::exit_codes;
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 
 const BIN: &str = env!("CARGO_BIN_EXE_ckpt-harness");
 
@@ -27,21 +29,53 @@ fn text(out: &Output) -> String {
     )
 }
 
-#[test]
-fn run_writes_the_summary_and_junit() {
-    let dir = tempfile::tempdir().unwrap();
-    let junit = dir.path().join("junit.xml");
-    let suite = root().join("suites/tiny-fp32.yaml");
+/// `suites/tiny-fp32.yaml` renamed `name`, with `extra` keys after the name and each `(from, to)`
+/// replaced, written into `dir`.
+fn tiny_suite(dir: &Path, name: &str, extra: &str, replace: &[(&str, &str)]) -> PathBuf {
+    let mut text = std::fs::read_to_string(root().join("suites/tiny-fp32.yaml"))
+        .unwrap()
+        .replace("name: tiny-fp32", &format!("name: {name}\n{extra}"));
+    for (from, to) in replace {
+        assert!(text.contains(from), "{from}");
+        text = text.replace(from, to);
+    }
+    let path = dir.join(format!("{name}.yaml"));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Writes a tiny suite `name` with `extra` keys and `replace`d text into `dir` and runs it, its
+/// report in `dir`.
+fn run_tiny(dir: &Path, name: &str, extra: &str, replace: &[(&str, &str)]) -> Output {
+    let suite = tiny_suite(dir, name, extra, replace);
+    harness(&["run", "--report", dir.to_str().unwrap()], &[&suite])
+}
+
+/// `run` over `paths` with `summary.json` and `junit.xml` written into `dir`; the JUnit file.
+fn run_reporting(dir: &Path, paths: &[&Path]) -> (Output, PathBuf) {
+    let junit = dir.join("junit.xml");
+    let report = dir.to_str().unwrap();
     let out = harness(
         &[
             "run",
             "--report",
-            dir.path().to_str().unwrap(),
+            report,
             "--junit",
             junit.to_str().unwrap(),
         ],
-        &[&suite],
+        paths,
     );
+    (out, junit)
+}
+
+fn summary_json(dir: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(dir.join("summary.json")).unwrap()).unwrap()
+}
+
+#[test]
+fn run_writes_the_summary_and_junit() {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, junit) = run_reporting(dir.path(), &[&root().join("suites/tiny-fp32.yaml")]);
     assert!(out.status.success(), "{}", text(&out));
     let stdout = String::from_utf8_lossy(&out.stdout);
     for phase in ["reference", "resume-mid", "resume-end"] {
@@ -53,13 +87,12 @@ fn run_writes_the_summary_and_junit() {
         );
     }
     assert!(stdout.contains("cuda::tiny-fp32"), "{stdout}");
-    let summary: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.path().join("summary.json")).unwrap()).unwrap();
+    let summary = summary_json(dir.path());
     assert_eq!(summary["passed"], 1, "{summary}");
     let trial = &summary["trials"][0];
     assert_eq!(trial["name"], "cpu::tiny-fp32");
     let checks = trial["checks"].as_array().unwrap();
-    assert_eq!(checks.len(), 9);
+    assert_eq!(checks.len(), 10);
     for c in checks {
         assert_eq!(c["status"], "passed", "{c}");
     }
@@ -73,17 +106,11 @@ fn run_writes_the_summary_and_junit() {
 #[test]
 fn a_failed_check_exits_1_and_says_where() {
     let dir = tempfile::tempdir().unwrap();
-    let text_in = std::fs::read_to_string(root().join("suites/tiny-fp32.yaml"))
-        .unwrap()
-        .replace(
-            "name: tiny-fp32",
-            "name: tiny-budget\ndevices: [cpu]\nmemory: {budget: 4096}\nchecks: {golden: false}",
-        );
-    let suite = dir.path().join("tiny-budget.yaml");
-    std::fs::write(&suite, text_in).unwrap();
-    let out = harness(
-        &["run", "--report", dir.path().to_str().unwrap()],
-        &[&suite],
+    let out = run_tiny(
+        dir.path(),
+        "tiny-budget",
+        "devices: [cpu]\nmemory: {budget: 4096}\nchecks: {golden: false}",
+        &[],
     );
     let all = text(&out);
     assert_eq!(out.status.code(), Some(1), "{all}");
@@ -97,18 +124,7 @@ fn a_failed_check_exits_1_and_says_where() {
 #[test]
 fn a_negative_control_passes_when_exactly_its_check_fails() {
     let dir = tempfile::tempdir().unwrap();
-    let text_in = std::fs::read_to_string(root().join("suites/tiny-fp32.yaml"))
-        .unwrap()
-        .replace(
-            "name: tiny-fp32",
-            "name: tiny-over-budget\ndevices: [cpu]\nmemory: {budget: 4096}\nchecks: {golden: false}\nexpect_fail: [peak_budget]",
-        );
-    let suite = dir.path().join("tiny-over-budget.yaml");
-    std::fs::write(&suite, text_in).unwrap();
-    let out = harness(
-        &["run", "--report", dir.path().to_str().unwrap()],
-        &[&suite],
-    );
+    let out = run_tiny(dir.path(), "tiny-over-budget", "devices: [cpu]\nmemory: {budget: 4096}\nchecks: {golden: false}\nexpect_fail: [peak_budget]", &[]);
     assert!(out.status.success(), "{}", text(&out));
     assert!(text(&out).contains("(negative control)"), "{}", text(&out));
 }
@@ -131,6 +147,371 @@ fn an_invalid_suite_is_an_error_with_its_location() {
         assert!(stderr.contains("typo.yaml:15:1"), "{stderr}");
         assert!(stderr.contains("batch_sise"), "{stderr}");
     }
+}
+
+#[test]
+fn a_suite_that_cannot_start_fails_its_trial_and_the_run_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let cpu = "devices: [cpu]\nchecks: {golden: false}";
+    let synthetic = "data: {kind: synthetic, seed: 3, samples: 256}";
+    let bad = [
+        (
+            "a-long-rows",
+            (
+                synthetic,
+                "data: {kind: synthetic, seed: 3, samples: 256, min_len: 100}",
+            ),
+        ),
+        ("b-no-samples", ("samples: 256", "samples: 0")),
+        ("c-no-rows", ("batch_size: 4", "batch_size: 0")),
+        (
+            "d-no-weights",
+            (
+                "init: {kind: random, seed: 1, std: 0.1}",
+                "init: {kind: hf_dir, path: nope}",
+            ),
+        ),
+        (
+            "e-no-tokens",
+            (
+                synthetic,
+                "data: {kind: token_file, path: nope.bin, dtype: u16}",
+            ),
+        ),
+    ];
+    for (name, change) in bad {
+        tiny_suite(dir.path(), name, cpu, &[change]);
+    }
+    tiny_suite(dir.path(), "f-fine", cpu, &[]);
+    let (out, junit) = run_reporting(dir.path(), &[dir.path()]);
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(exit_codes::FAILED.into()), "{all}");
+    assert!(all.contains("1 passed, 5 failed"), "{all}");
+    let summary = summary_json(dir.path());
+    let trials = summary["trials"].as_array().unwrap();
+    assert_eq!(trials.len(), 6, "{summary}");
+    for t in &trials[..5] {
+        assert_eq!(t["passed"], false, "{t}");
+        let verdict = t["verdict"].as_str().unwrap();
+        assert!(verdict.starts_with("could not run: "), "{t}");
+        assert!(all.contains(verdict), "{all}");
+    }
+    assert_eq!(trials[5]["name"], "cpu::f-fine");
+    assert_eq!(trials[5]["passed"], true, "{}", trials[5]);
+    let xml = std::fs::read_to_string(&junit).unwrap();
+    assert_eq!(
+        xml.matches("<failure message=\"could not run: ").count(),
+        5,
+        "{xml}"
+    );
+}
+
+#[test]
+fn failures_name_the_whole_trial_and_long_lists_are_cut_short() {
+    let dir = tempfile::tempdir().unwrap();
+    let faults = dir.path().join("faults");
+    std::fs::create_dir(&faults).unwrap();
+    tiny_suite(
+        &faults,
+        "over-budget",
+        "devices: [cpu]\nmemory: {budget: 4096}\nchecks: {golden: false}\nexpect_fail: [no_leak]",
+        &[],
+    );
+    let (out, junit) = run_reporting(dir.path(), &[dir.path()]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(exit_codes::FAILED.into()),
+        "{}",
+        text(&out)
+    );
+    let summary = summary_json(dir.path());
+    let failures = summary["trials"][0]["checks"][3]["failures"]
+        .as_array()
+        .unwrap();
+    let total = failures.len();
+    assert!(total > 20, "{total}");
+    assert_eq!(failures[0]["trial"], "cpu::faults::over-budget");
+    let shown = "    peak_budget: cpu::faults::over-budget ";
+    assert_eq!(stdout.matches(shown).count(), 10, "{stdout}");
+    let more = format!("… and {} more peak_budget failures", total - 10);
+    assert!(stdout.contains(&more), "{stdout}");
+    let xml = std::fs::read_to_string(&junit).unwrap();
+    assert_eq!(
+        xml.matches("peak_budget: cpu::faults::over-budget ")
+            .count(),
+        10,
+        "{xml}"
+    );
+    assert!(xml.contains(&more), "{xml}");
+}
+
+#[test]
+fn checks_an_out_of_memory_left_without_steps_did_not_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let oom = "devices: [cpu]\nmemory: {capacity: 1000000}\nchecks: {golden: false}\nexpect_fail: [oom_free]";
+    tiny_suite(dir.path(), "a-unexpected", oom, &[]);
+    let expected = format!("{oom}\nexpect_not_run: [loss_continuity, state_digest, no_leak]");
+    tiny_suite(dir.path(), "b-expected", &expected, &[]);
+    let out = harness(
+        &["run", "--report", dir.path().to_str().unwrap()],
+        &[dir.path()],
+    );
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(exit_codes::FAILED.into()), "{all}");
+    assert!(all.contains("1 passed, 1 failed"), "{all}");
+    assert!(
+        all.contains("not run: loss_continuity, state_digest, no_leak"),
+        "{all}"
+    );
+    let summary = summary_json(dir.path());
+    let trials = summary["trials"].as_array().unwrap();
+    assert_eq!(trials[0]["passed"], false, "{}", trials[0]);
+    assert_eq!(trials[1]["passed"], true, "{}", trials[1]);
+    let continuity = &trials[0]["checks"][0];
+    assert_eq!(continuity["status"], "not_run", "{continuity}");
+    assert_eq!(continuity["compared"], 0, "{continuity}");
+}
+
+#[test]
+fn the_step_an_allocation_was_refused_in_counts_against_the_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run_tiny(dir.path(), "refused", "devices: [cpu]\nmemory: {capacity: 1000000, budget: 950000}\nchecks: {golden: false}\nexpect_fail: [peak_budget, oom_free]\nexpect_not_run: [loss_continuity, state_digest, no_leak]", &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let summary = summary_json(dir.path());
+    let budget = &summary["trials"][0]["checks"][3];
+    assert_eq!(budget["check"], "peak_budget", "{budget}");
+    let f = &budget["failures"][0];
+    assert_eq!(f["what"], "peak when an allocation was refused", "{f}");
+    assert_eq!(
+        (&f["phase"], &f["step"]),
+        (&"reference".into(), &1.into()),
+        "{f}"
+    );
+    assert_eq!(f["expected"], "at most 927.7 KiB (950000 bytes)", "{f}");
+}
+
+#[test]
+fn a_run_that_diverges_fails_finite_at_its_first_non_finite_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run_tiny(
+        dir.path(),
+        "diverges",
+        "devices: [cpu]\nchecks: {golden: false}",
+        &[("optimizer: {lr: 0.003,", "optimizer: {lr: 1.0e6,")],
+    );
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(exit_codes::FAILED.into()), "{all}");
+    assert!(
+        all.contains(
+            "finite: cpu::diverges reference step 1: grad_norm: expected a finite number, got NaN"
+        ),
+        "{all}"
+    );
+}
+
+#[test]
+fn a_name_that_leaves_golden_is_refused_before_anything_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let suites = dir.path().join("suites");
+    std::fs::create_dir(&suites).unwrap();
+    tiny_suite(
+        &suites,
+        "escape",
+        "devices: [cpu]",
+        &[("name: escape", "name: ../../escaped")],
+    );
+    let golden = dir.path().join("golden");
+    let report = dir.path().join("report");
+    let out = harness(
+        &[
+            "run",
+            "--bless",
+            "--golden",
+            golden.to_str().unwrap(),
+            "--report",
+            report.to_str().unwrap(),
+        ],
+        &[&suites],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(exit_codes::INVALID.into()),
+        "{}",
+        text(&out)
+    );
+    assert!(stderr.contains("escape.yaml:2:7: name"), "{stderr}");
+    assert!(!dir.path().join("escaped.snap").exists());
+    assert!(!golden.exists());
+}
+
+#[test]
+fn two_suites_of_one_name_are_refused_naming_both_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = tiny_suite(
+        dir.path(),
+        "a",
+        "devices: [cpu]",
+        &[("name: a", "name: twin")],
+    );
+    let second = tiny_suite(
+        dir.path(),
+        "b",
+        "devices: [cpu]",
+        &[("name: b", "name: twin")],
+    );
+    for cmd in ["run", "validate", "list"] {
+        let out = harness(&[cmd], &[dir.path()]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(exit_codes::INVALID.into()),
+            "{cmd}: {stderr}"
+        );
+        assert!(
+            stderr.contains(&format!("{}:2:7: name twin", second.display())),
+            "{cmd}: {stderr}"
+        );
+        assert!(
+            stderr.contains(&format!("{}:2:7", first.display())),
+            "{cmd}: {stderr}"
+        );
+    }
+    let out = harness(&["validate"], &[&first, dir.path(), &first]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        stdout.matches("ok ").count(),
+        2,
+        "a file named twice is one suite: {stdout}"
+    );
+}
+
+#[test]
+fn the_summary_names_each_trial_s_suite_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = root().join("suites/tiny-fp32.yaml");
+    let out = harness(
+        &["run", "--report", dir.path().to_str().unwrap()],
+        &[&suite],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let summary = summary_json(dir.path());
+    assert_eq!(
+        summary["trials"][0]["path"],
+        suite.to_str().unwrap(),
+        "{summary}"
+    );
+}
+
+#[test]
+fn a_suite_file_named_runs_whatever_its_tier() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = tiny_suite(
+        dir.path(),
+        "late",
+        "tier: nightly\ndevices: [cpu]\nchecks: {golden: false}",
+        &[],
+    );
+    let report = dir.path().join("report");
+    let report = report.to_str().unwrap();
+    let out = harness(&["run", "--report", report], &[&suite]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("1 passed, 0 failed, 0 skipped"),
+        "{}",
+        text(&out)
+    );
+    let out = harness(&["run", "--report", report], &[dir.path()]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("0 passed, 0 failed, 1 skipped"),
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn no_suites_found_is_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    for cmd in ["run", "list", "validate"] {
+        let out = harness(&[cmd], &[dir.path()]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(exit_codes::INVALID.into()),
+            "{cmd}: {}",
+            text(&out)
+        );
+        assert!(stderr.contains("no suite files"), "{cmd}: {stderr}");
+    }
+}
+
+#[test]
+fn the_golden_directory_is_found_from_the_suite_not_the_working_directory() {
+    let elsewhere = tempfile::tempdir().unwrap();
+    let report = elsewhere.path().join("report");
+    let out = Command::new(BIN)
+        .args([
+            "run",
+            "--device",
+            "cpu",
+            "--report",
+            report.to_str().unwrap(),
+        ])
+        .arg(root().join("suites/tiny-fp32.yaml"))
+        .current_dir(elsewhere.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let summary = summary_json(&report);
+    let golden = &summary["trials"][0]["checks"][8];
+    assert_eq!(golden["status"], "passed", "{golden}");
+
+    let project = tempfile::tempdir().unwrap();
+    let faults = project.path().join("suites/faults");
+    std::fs::create_dir_all(&faults).unwrap();
+    tiny_suite(&faults, "fresh", "devices: [cpu]", &[]);
+    let out = Command::new(BIN)
+        .args([
+            "run",
+            "--bless",
+            "--report",
+            report.to_str().unwrap(),
+            "suites",
+        ])
+        .current_dir(project.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(project.path().join("golden/cpu/fresh.snap").is_file());
+}
+
+#[test]
+fn a_keep_last_that_would_prune_a_resume_point_is_refused_by_run_not_by_train() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = tiny_suite(
+        dir.path(),
+        "pruned",
+        "devices: [cpu]",
+        &[(
+            "extra_steps: 3}",
+            "extra_steps: 3, save_every: 2, keep_last: 3}",
+        )],
+    );
+    for cmd in ["run", "validate"] {
+        let out = harness(&[cmd], &[&suite]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(exit_codes::INVALID.into()),
+            "{cmd}: {stderr}"
+        );
+        assert!(stderr.contains("keep_last: 4 or more"), "{cmd}: {stderr}");
+    }
+    let run = dir.path().join("run");
+    let out = harness(&["train", "--out", run.to_str().unwrap()], &[&suite]);
+    assert!(out.status.success(), "{}", text(&out));
 }
 
 #[test]
@@ -204,4 +585,51 @@ fn verify_reports_intact_and_damaged_files() {
 
     let out = harness(&["verify"], &[dir.path()]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+}
+
+/// Runs the tool with `args`, reads `lines` lines of its output, then closes it. The tool starts
+/// only once its standard input closes, so that with `lines` 0 no write can come before the close.
+fn closing_stdout_after(args: &[&str], lines: usize) -> Output {
+    let mut child = Command::new("sh")
+        .args(["-c", "read _; exec \"$0\" \"$@\"", BIN])
+        .args(args)
+        .current_dir(root())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let gate = child.stdin.take().unwrap();
+    let reader = BufReader::new(child.stdout.take().unwrap());
+    if lines == 0 {
+        drop(reader);
+        drop(gate);
+    } else {
+        drop(gate);
+        for line in reader.lines().take(lines) {
+            line.unwrap();
+        }
+    }
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn a_closed_stdout_ends_the_command_quietly() {
+    let report = tempfile::tempdir().unwrap();
+    let report = report.path().to_str().unwrap();
+    let runs: [(&[&str], usize); 3] = [
+        (&["run", "--report", report, "suites/"], 1),
+        (&["list", "suites/"], 0),
+        (&["validate", "suites/"], 0),
+    ];
+    for (args, lines) in runs {
+        let out = closing_stdout_after(args, lines);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(exit_codes::BROKEN_PIPE.into()),
+            "{args:?}: {stderr}"
+        );
+        assert!(stderr.is_empty(), "{args:?}: {stderr}");
+    }
 }

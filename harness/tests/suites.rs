@@ -7,9 +7,10 @@
 //! is the process's.
 
 use ckpt_harness::plan::{self, DeviceChoice, TierFilter};
+use ckpt_harness::report;
 use ckpt_harness::suite::Suite;
 use ckpt_harness::trial::{self, GoldenMode};
-use libtest_mimic::{Arguments, Failed, Trial};
+use libtest_mimic::{Arguments, Trial};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -26,10 +27,12 @@ fn tier() -> Result<TierFilter, String> {
 
 fn trials(root: &Path) -> Result<Vec<Trial>, String> {
     let tier = tier()?;
-    let files = plan::files(&[root.join("suites")]).map_err(|e| format!("{e:#}"))?;
+    let paths = [root.join("suites")];
+    let files = plan::files(&paths).map_err(|e| format!("{e:#}"))?;
     let suites: Arc<Vec<Suite>> = Arc::new(plan::load(&files).map_err(|e| format!("{e:#}"))?);
     let golden: Arc<PathBuf> = Arc::new(root.join("golden"));
-    let planned = plan::plan(&suites, tier, DeviceChoice::Auto).map_err(|e| format!("{e:#}"))?;
+    let planned =
+        plan::plan(&suites, &paths, tier, DeviceChoice::Auto).map_err(|e| format!("{e:#}"))?;
     Ok(planned
         .into_iter()
         .map(|p| {
@@ -38,16 +41,13 @@ fn trials(root: &Path) -> Result<Vec<Trial>, String> {
             let ignored = p.skip.is_some();
             Trial::test(p.name, move || {
                 let suite = &suites[p.suite];
-                let t = trial::run(suite, p.device, &golden, GoldenMode::Check, |_| {})
-                    .map_err(|e| Failed::from(format!("{e:#}")))?;
+                let t = trial::run(suite, p.device, &golden, GoldenMode::Check, |_| {});
                 if t.passed {
                     return Ok(());
                 }
                 let mut msg = t.verdict.clone();
-                for o in &t.checks {
-                    for f in &o.failures {
-                        msg.push_str(&format!("\n  {f}"));
-                    }
+                for line in t.failure_lines(report::FAILURES_SHOWN) {
+                    msg.push_str(&format!("\n  {line}"));
                 }
                 Err(msg.into())
             })

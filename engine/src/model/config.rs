@@ -223,11 +223,6 @@ impl LlamaConfig {
                 "head_dim is 0; write an even width of at least 2, or remove it to use hidden_size / num_attention_heads".into(),
             );
         }
-        if self.max_position_embeddings == 0 {
-            return Err(
-                "max_position_embeddings is 0; it must be at least the sequence length".into(),
-            );
-        }
         if self.head_dim() % 2 != 0 {
             return Err(format!(
                 "head dimension {} is odd; rotary embeddings need an even head dimension",

@@ -3,25 +3,29 @@
 use super::{Check, Failure, Outcome};
 use crate::phases::RunRecord;
 
-/// Counts the blocks recomputed in every step of every phase.
+/// Counts the blocks recomputed in every step of every phase; `compared` counts the steps.
+/// Without checkpointing it asks nothing.
 pub fn check(r: &RunRecord) -> Outcome {
     if !r.checkpointing {
-        return Outcome::new(Check::AcCoverage, Vec::new()).with("checkpointing", false);
+        return Outcome::nothing_asked(Check::AcCoverage).with("checkpointing", false);
     }
-    let out = r
+    let steps: Vec<_> = r
         .phases
         .iter()
         .flat_map(|p| p.steps.iter().map(move |s| (p.phase, s)))
+        .collect();
+    let out = steps
+        .iter()
         .filter(|(_, s)| s.recomputed_blocks != r.layers)
         .map(|(phase, s)| {
             Failure::new(Check::AcCoverage, r, "blocks recomputed")
-                .phase(phase)
+                .phase(*phase)
                 .step(s.step)
                 .saw(r.layers, s.recomputed_blocks)
                 .detail("checkpointing is configured but not applied to every block")
         })
         .collect();
-    Outcome::new(Check::AcCoverage, out)
+    Outcome::new(Check::AcCoverage, steps.len() as u64, out)
         .with("checkpointing", true)
         .with("layers", r.layers)
 }

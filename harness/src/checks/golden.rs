@@ -1,15 +1,14 @@
 //! `golden`: the reference trajectory (losses to 6 significant digits, learning rates, and the
 //! bytes of every category at each step's peak and end) equals its snapshot in `golden/`.
 //!
-//! Snapshots are insta `.snap` files, `golden/<device>/<suite>.snap`. Checking never writes
-//! them, as insta does with `INSTA_UPDATE=no`; `ckpt-harness run --bless` rewrites them.
+//! Snapshots are `golden/<device>/<suite>.snap` files in the `.snap` layout (see
+//! [`crate::snapshot`]). Checking never writes them; `ckpt-harness run --bless` rewrites them.
 
 use super::{Check, Failure, GoldenInput, Outcome};
 use crate::phases::{Phase, RunRecord};
+use crate::snapshot::{normalise, Snapshot};
 use anyhow::{Context, Result};
 use ckpt_engine::memory::{Breakdown, Category};
-use insta::internals::TextSnapshotContents;
-use insta::{Snapshot, TextSnapshotKind};
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
 
@@ -49,11 +48,37 @@ pub fn render(r: &RunRecord) -> String {
             categories(&s.memory.current)
         );
     }
-    normalise(out)
+    normalise(&out)
 }
 
-fn normalise(text: String) -> String {
-    TextSnapshotContents::new(text, TextSnapshotKind::File).to_string()
+/// The golden directory of the suite file `suite`: the nearest `golden/` directory in the
+/// suite's directory or above it; without one, `golden/` beside the suite's directory (beside
+/// `suites/` for `suites/faults/x.yaml` too), where `run --bless` creates it. Shown relative to
+/// the working directory when it lies under it.
+pub fn dir_for(suite: &Path) -> PathBuf {
+    let Ok(file) = suite.canonicalize() else {
+        return PathBuf::from("golden");
+    };
+    let found = file
+        .ancestors()
+        .skip(1)
+        .map(|d| d.join("golden"))
+        .find(|g| g.is_dir());
+    let dir = found.unwrap_or_else(|| {
+        let mut home = file.parent().unwrap_or(&file);
+        if home.file_name().is_some_and(|n| n == "faults") {
+            home = home.parent().unwrap_or(home);
+        }
+        home.parent().unwrap_or(home).join("golden")
+    });
+    let cwd = std::env::current_dir().and_then(|d| d.canonicalize());
+    match cwd
+        .ok()
+        .and_then(|cwd| dir.strip_prefix(cwd).ok().map(Path::to_path_buf))
+    {
+        Some(relative) => relative,
+        None => dir,
+    }
 }
 
 /// Where the snapshot of `device`/`suite` lives under `dir`.
@@ -65,12 +90,11 @@ pub fn path(dir: &Path, device: &str, suite: &str) -> PathBuf {
 pub fn load(dir: &Path, device: &str, suite: &str) -> Result<GoldenInput> {
     let file = path(dir, device, suite);
     let stored = if file.exists() {
-        let snap = Snapshot::from_file(&file)
-            .map_err(|e| anyhow::anyhow!("{}: not an insta snapshot: {e}", file.display()))?;
-        let text = snap
-            .as_text()
-            .with_context(|| format!("{}: a binary snapshot, expected text", file.display()))?;
-        Some(text.to_string())
+        let content = std::fs::read_to_string(&file)
+            .with_context(|| format!("{}: cannot read", file.display()))?;
+        let snap =
+            Snapshot::parse(&content).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+        Some(snap.text)
     } else {
         None
     };
@@ -80,23 +104,25 @@ pub fn load(dir: &Path, device: &str, suite: &str) -> Result<GoldenInput> {
     })
 }
 
-/// Writes the run's snapshot under `dir` in insta's file format; returns its path.
+/// Writes the run's snapshot under `dir`; returns its path.
 pub fn bless(dir: &Path, r: &RunRecord) -> Result<PathBuf> {
     let file = path(dir, &r.device, &r.suite);
     if let Some(parent) = file.parent() {
         std::fs::create_dir_all(parent)
             .with_context(|| format!("{}: cannot create", parent.display()))?;
     }
-    let text = format!(
-        "---\nsource: harness/src/checks/golden.rs\nexpression: reference trajectory of {}\n---\n{}\n",
-        r.trial(),
-        render(r)
-    );
-    std::fs::write(&file, text).with_context(|| format!("{}: cannot write", file.display()))?;
+    let snap = Snapshot {
+        source: "harness/src/checks/golden.rs".into(),
+        expression: format!("reference trajectory of {}", r.trial()),
+        text: render(r),
+    };
+    std::fs::write(&file, snap.to_file())
+        .with_context(|| format!("{}: cannot write", file.display()))?;
     Ok(file)
 }
 
-/// Compares the run's reference trajectory with the stored snapshot.
+/// Compares the run's reference trajectory with the stored snapshot; `compared` counts the
+/// reference steps.
 pub fn check(r: &RunRecord, golden: &GoldenInput) -> Outcome {
     let fresh = render(r);
     let fail = |what: &str| Failure::new(Check::Golden, r, what).phase(Phase::Reference);
@@ -129,7 +155,8 @@ pub fn check(r: &RunRecord, golden: &GoldenInput) -> Outcome {
             }
         }
     };
-    Outcome::new(Check::Golden, failures).with("snapshot", golden.file.clone())
+    let compared = r.reference().map_or(0, |p| p.steps.len() as u64);
+    Outcome::new(Check::Golden, compared, failures).with("snapshot", golden.file.clone())
 }
 
 #[cfg(test)]
@@ -176,6 +203,16 @@ mod tests {
             ),
             "{m}"
         );
+    }
+
+    #[test]
+    fn a_file_that_is_not_a_snapshot_is_an_error_naming_it_and_the_fix() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("cpu")).unwrap();
+        std::fs::write(dir.path().join("cpu/s.snap"), "step | loss\n0 | 1\n").unwrap();
+        let e = format!("{:#}", load(dir.path(), "cpu", "s").unwrap_err());
+        assert!(e.contains("cpu/s.snap: line 1:"), "{e}");
+        assert!(e.contains("ckpt-harness run --bless"), "{e}");
     }
 
     #[test]

@@ -24,12 +24,13 @@ fn describe(c: Continuity, want: f64) -> String {
     }
 }
 
-/// Compares every resumed step with the reference under `c`.
+/// Compares every resumed step with the reference under `c`; `compared` counts the resumed
+/// steps.
 pub fn check(r: &RunRecord, c: Continuity) -> Outcome {
     let Some(reference) = r.reference() else {
         let f = Failure::new(Check::LossContinuity, r, "the reference phase")
             .saw("recorded", "missing");
-        return Outcome::new(Check::LossContinuity, vec![f]);
+        return Outcome::new(Check::LossContinuity, 0, vec![f]);
     };
     let mut out = Vec::new();
     let mut compared = 0u64;
@@ -73,7 +74,7 @@ pub fn check(r: &RunRecord, c: Continuity) -> Outcome {
             }
         }
     }
-    Outcome::new(Check::LossContinuity, out)
+    Outcome::new(Check::LossContinuity, compared, out)
         .with(
             "mode",
             match c {
@@ -81,7 +82,6 @@ pub fn check(r: &RunRecord, c: Continuity) -> Outcome {
                 Continuity::Within(t) => format!("atol {:e} rtol {:e}", t.atol, t.rtol),
             },
         )
-        .with("steps_compared", compared)
         .with("max_loss_diff", max_loss_diff)
 }
 

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 pub mod ac_coverage;
+pub mod finite;
 pub mod golden;
 pub mod loss_continuity;
 pub mod memory_model;
@@ -41,11 +42,13 @@ pub enum Check {
     OomFree,
     /// The reference trajectory equals its snapshot.
     Golden,
+    /// Every step's loss and gradient norm are finite.
+    Finite,
 }
 
 impl Check {
     /// Every check, in report order.
-    pub const ALL: [Check; 9] = [
+    pub const ALL: [Check; 10] = [
         Check::LossContinuity,
         Check::StateDigest,
         Check::MemoryReclaimed,
@@ -55,6 +58,7 @@ impl Check {
         Check::MemoryModel,
         Check::OomFree,
         Check::Golden,
+        Check::Finite,
     ];
 
     /// The name used in suites and reports.
@@ -69,6 +73,7 @@ impl Check {
             Check::MemoryModel => "memory_model",
             Check::OomFree => "oom_free",
             Check::Golden => "golden",
+            Check::Finite => "finite",
         }
     }
 }
@@ -84,7 +89,7 @@ impl fmt::Display for Check {
 pub struct Failure {
     /// The check that failed.
     pub check: Check,
-    /// `device::suite`.
+    /// The trial's name: `device::suite`, or `device::faults::suite` for a negative control.
     pub trial: String,
     /// The phase, when the failure belongs to one.
     pub phase: Option<Phase>,
@@ -170,6 +175,9 @@ pub enum Status {
     Passed,
     /// It ran and found failures.
     Failed,
+    /// It had nothing to compare: what it compares was never recorded (a phase ended early, a
+    /// later one never ran). Fails the trial unless the suite lists it in `expect_not_run`.
+    NotRun,
     /// The suite turned it off.
     Off,
 }
@@ -181,6 +189,8 @@ pub struct Outcome {
     pub check: Check,
     /// The verdict.
     pub status: Status,
+    /// How many things it compared (steps, resume points, phases, ...; see each check).
+    pub compared: u64,
     /// What it measured, by name.
     pub figures: BTreeMap<&'static str, serde_json::Value>,
     /// What it found wrong.
@@ -188,17 +198,31 @@ pub struct Outcome {
 }
 
 impl Outcome {
-    /// The verdict of `check` given its failures.
-    pub fn new(check: Check, failures: Vec<Failure>) -> Self {
+    /// The verdict of `check` given how many things it compared and its failures: failed with
+    /// any failure, not run when it compared nothing, passed otherwise.
+    pub fn new(check: Check, compared: u64, failures: Vec<Failure>) -> Self {
+        let status = if !failures.is_empty() {
+            Status::Failed
+        } else if compared == 0 {
+            Status::NotRun
+        } else {
+            Status::Passed
+        };
         Outcome {
             check,
-            status: if failures.is_empty() {
-                Status::Passed
-            } else {
-                Status::Failed
-            },
+            status,
+            compared,
             figures: BTreeMap::new(),
             failures,
+        }
+    }
+
+    /// A check the suite asks nothing of (`peak_budget` without budgets): passed, having
+    /// compared nothing.
+    pub fn nothing_asked(check: Check) -> Self {
+        Outcome {
+            status: Status::Passed,
+            ..Outcome::off(check)
         }
     }
 
@@ -207,6 +231,7 @@ impl Outcome {
         Outcome {
             check,
             status: Status::Off,
+            compared: 0,
             figures: BTreeMap::new(),
             failures: Vec::new(),
         }
@@ -221,6 +246,11 @@ impl Outcome {
     /// Whether the check ran and failed.
     pub fn failed(&self) -> bool {
         self.status == Status::Failed
+    }
+
+    /// Whether the check had nothing to compare.
+    pub fn not_run(&self) -> bool {
+        self.status == Status::NotRun
     }
 }
 
@@ -253,6 +283,7 @@ pub fn run_all(r: &RunRecord, spec: &ChecksSpec, golden: &GoldenInput) -> Vec<Ou
                 Check::MemoryModel => memory_model::check(r),
                 Check::OomFree => oom_free::check(r),
                 Check::Golden => golden::check(r, golden),
+                Check::Finite => finite::check(r),
             }
         })
         .collect()
@@ -308,7 +339,7 @@ pub fn bytes(n: u64) -> String {
 pub(crate) mod fixtures {
     //! Hand-made records: a faithful run that every check passes.
 
-    use crate::phases::{Phase, PhaseRecord, PredictedStep, RunRecord, StepRecord, Window};
+    use crate::phases::{Oom, Phase, PhaseRecord, PredictedStep, RunRecord, StepRecord, Window};
     use ckpt_engine::checkpoint::state::RngState;
     use ckpt_engine::data::LoaderState;
     use ckpt_engine::memory::{Breakdown, MemoryStats, Usage};
@@ -362,6 +393,21 @@ pub(crate) mod fixtures {
         }
     }
 
+    /// An allocation of `requested` bytes refused at `step` (`None`: building the trainer) with
+    /// `allocated` bytes held, most of them activations.
+    pub fn oom(step: Option<u64>, allocated: u64, requested: u64) -> Oom {
+        Oom {
+            message: "out of memory".into(),
+            step,
+            requested,
+            allocated,
+            by_category: Breakdown {
+                activations: allocated,
+                ..Breakdown::default()
+            },
+        }
+    }
+
     /// The state before `step`.
     pub fn digest(step: u64) -> StateDigest {
         StateDigest {
@@ -407,6 +453,7 @@ pub(crate) mod fixtures {
         let later = first.clone();
         first.start.optimizer = 0;
         let mut r = RunRecord {
+            name: "cpu::s".into(),
             suite: "s".into(),
             device: "cpu".into(),
             layers: 2,
@@ -433,16 +480,71 @@ mod tests {
     use super::*;
     use crate::suite::ChecksSpec;
 
-    #[test]
-    fn a_faithful_run_passes_every_check() {
-        let r = fixtures::run();
+    /// Every check over `r`, with its own trajectory as the snapshot.
+    fn outcomes(r: &RunRecord) -> Vec<Outcome> {
         let golden = GoldenInput {
             file: "g.snap".into(),
-            stored: Some(golden::render(&r)),
+            stored: Some(golden::render(r)),
         };
-        for o in run_all(&r, &ChecksSpec::default(), &golden) {
+        run_all(r, &ChecksSpec::default(), &golden)
+    }
+
+    #[test]
+    fn a_faithful_run_passes_every_check() {
+        for o in outcomes(&fixtures::run()) {
             assert_eq!(o.status, Status::Passed, "{:?}", o.failures);
         }
+    }
+
+    #[test]
+    fn every_check_says_how_much_it_compared() {
+        let compared: Vec<(Check, u64)> = outcomes(&fixtures::run())
+            .iter()
+            .map(|o| (o.check, o.compared))
+            .collect();
+        use Check::*;
+        assert_eq!(
+            compared,
+            [
+                (LossContinuity, 6),
+                (StateDigest, 2),
+                (MemoryReclaimed, 3),
+                (PeakBudget, 0),
+                (NoLeak, 9),
+                (AcCoverage, 12),
+                (MemoryModel, 14),
+                (OomFree, 15),
+                (Golden, 6),
+                (Finite, 12),
+            ]
+        );
+    }
+
+    #[test]
+    fn checks_left_with_nothing_to_compare_after_an_out_of_memory_did_not_run() {
+        let mut r = fixtures::run();
+        r.phases.truncate(1);
+        r.phases[0].steps.truncate(1);
+        r.phases[0].oom = Some(fixtures::oom(Some(1), 4000, 1000));
+        let status: Vec<(Check, Status)> =
+            outcomes(&r).iter().map(|o| (o.check, o.status)).collect();
+        use Check::*;
+        use Status::*;
+        assert_eq!(
+            status,
+            [
+                (LossContinuity, NotRun),
+                (StateDigest, NotRun),
+                (MemoryReclaimed, Passed),
+                (PeakBudget, Passed),
+                (NoLeak, NotRun),
+                (AcCoverage, Passed),
+                (MemoryModel, Passed),
+                (OomFree, Failed),
+                (Golden, Passed),
+                (Finite, Passed),
+            ]
+        );
     }
 
     #[test]

@@ -4,14 +4,17 @@
 use super::{bytes, excess, Check, Failure, Outcome};
 use crate::phases::RunRecord;
 
-/// Compares every step's closing bytes with the first step's, phase by phase.
+/// Compares every step's closing bytes with the first step's, phase by phase; `compared` counts
+/// the steps after each phase's first.
 pub fn check(r: &RunRecord) -> Outcome {
     let mut out = Vec::new();
     let mut growth = 0u64;
+    let mut compared = 0u64;
     for p in &r.phases {
         let Some(first) = p.steps.first() else {
             continue;
         };
+        compared += p.steps.len() as u64 - 1;
         let base = first.memory.current;
         let last = p.steps.last().map_or(base, |s| s.memory.current);
         growth = growth.max(last.total().saturating_sub(base.total()));
@@ -35,7 +38,7 @@ pub fn check(r: &RunRecord) -> Outcome {
             );
         }
     }
-    Outcome::new(Check::NoLeak, out).with("max_growth", growth)
+    Outcome::new(Check::NoLeak, compared, out).with("max_growth", growth)
 }
 
 #[cfg(test)]

@@ -3,7 +3,8 @@
 use super::{Check, Failure, Outcome};
 use crate::phases::RunRecord;
 
-/// Reads the refusals recorded in every phase.
+/// Reads the refusals recorded in every phase; `compared` counts the trainers built and the
+/// steps.
 pub fn check(r: &RunRecord) -> Outcome {
     let mut out = Vec::new();
     let mut refused = 0u64;
@@ -22,14 +23,15 @@ pub fn check(r: &RunRecord) -> Outcome {
         }
         if let Some(e) = &p.oom {
             refused = refused.max(1);
-            out.push(
-                Failure::new(Check::OomFree, r, "the phase ran to its end")
-                    .phase(p.phase)
-                    .saw("no out-of-memory error", e),
-            );
+            let mut f = Failure::new(Check::OomFree, r, "the phase ran to its end")
+                .phase(p.phase)
+                .saw("no out-of-memory error", &e.message);
+            f.step = e.step;
+            out.push(f);
         }
     }
-    Outcome::new(Check::OomFree, out).with("oom_count", refused)
+    let compared = r.phases.iter().map(|p| 1 + p.steps.len() as u64).sum();
+    Outcome::new(Check::OomFree, compared, out).with("oom_count", refused)
 }
 
 #[cfg(test)]
@@ -56,7 +58,7 @@ mod tests {
     fn an_out_of_memory_error_fails() {
         let mut r = fixtures::run();
         r.phases[2].setup.oom_count = 1;
-        r.phases[2].oom = Some("building the trainer: out of memory".into());
+        r.phases[2].oom = Some(fixtures::oom(None, 1000, 2000));
         assert_eq!(check(&r).failures.len(), 2);
     }
 }

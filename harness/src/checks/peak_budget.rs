@@ -5,15 +5,21 @@
 use super::{bytes, memory_detail, Check, Failure, Outcome};
 use crate::phases::{Phase, RunRecord};
 
-/// Compares every peak with the suite's budgets; passes when the suite sets none.
+/// Compares every peak with the suite's budgets; `compared` counts the peaks compared (each
+/// trainer built, each step and each refused step under `memory.budget`, each phase's host peak
+/// under `memory.rss_budget`). A refused step's peak is the bytes held plus the refused
+/// request. A suite without budgets asks nothing of it.
 pub fn check(r: &RunRecord) -> Outcome {
     let mut out = Vec::new();
+    let mut compared = 0u64;
     let mut max_peak = 0u64;
     let mut max_rss = 0u64;
     for p in &r.phases {
-        max_peak = max_peak.max(p.setup.peak);
         max_rss = max_rss.max(p.host.peak_rss.unwrap_or(0));
+        let peaks = p.steps.iter().map(|s| s.memory.allocated.peak);
+        max_peak = peaks.fold(max_peak.max(p.setup.peak), u64::max);
         if let Some(budget) = r.budget {
+            compared += 1 + p.steps.len() as u64;
             if p.setup.peak > budget {
                 let what = if p.phase == Phase::Reference {
                     "peak while building the trainer"
@@ -27,27 +33,40 @@ pub fn check(r: &RunRecord) -> Outcome {
                         .detail(memory_detail(&p.setup.at_peak)),
                 );
             }
-            for s in &p.steps {
-                let peak = s.memory.allocated.peak;
-                max_peak = max_peak.max(peak);
-                if peak > budget {
-                    out.push(
-                        Failure::new(Check::PeakBudget, r, "step peak")
+            if let Some(oom) = &p.oom {
+                compared += 1;
+                let held = oom.allocated + oom.requested;
+                max_peak = max_peak.max(held);
+                if held > budget {
+                    let mut f =
+                        Failure::new(Check::PeakBudget, r, "peak when an allocation was refused")
                             .phase(p.phase)
-                            .step(s.step)
-                            .saw(format!("at most {}", bytes(budget)), bytes(peak))
-                            .detail(memory_detail(&s.memory.at_peak)),
-                    );
+                            .saw(format!("at most {}", bytes(budget)), bytes(held))
+                            .detail(format!(
+                                "{} held and {} refused; {}",
+                                bytes(oom.allocated),
+                                bytes(oom.requested),
+                                memory_detail(&oom.by_category)
+                            ));
+                    f.step = oom.step;
+                    out.push(f);
                 }
             }
-        } else {
-            max_peak = p
-                .steps
-                .iter()
-                .map(|s| s.memory.allocated.peak)
-                .fold(max_peak, u64::max);
+            for s in p.steps.iter().filter(|s| s.memory.allocated.peak > budget) {
+                out.push(
+                    Failure::new(Check::PeakBudget, r, "step peak")
+                        .phase(p.phase)
+                        .step(s.step)
+                        .saw(
+                            format!("at most {}", bytes(budget)),
+                            bytes(s.memory.allocated.peak),
+                        )
+                        .detail(memory_detail(&s.memory.at_peak)),
+                );
+            }
         }
         if let (Some(limit), Some(rss)) = (r.rss_budget, p.host.peak_rss) {
+            compared += 1;
             if rss > limit {
                 let scope = if p.host.reset {
                     "over the phase"
@@ -65,7 +84,12 @@ pub fn check(r: &RunRecord) -> Outcome {
             }
         }
     }
-    Outcome::new(Check::PeakBudget, out)
+    let outcome = if r.budget.is_none() && r.rss_budget.is_none() {
+        Outcome::nothing_asked(Check::PeakBudget)
+    } else {
+        Outcome::new(Check::PeakBudget, compared, out)
+    };
+    outcome
         .with("budget", r.budget)
         .with("max_peak", max_peak)
         .with("rss_budget", r.rss_budget)
@@ -95,6 +119,26 @@ mod tests {
             m.contains("activations dominate: enable activation checkpointing"),
             "{m}"
         );
+    }
+
+    #[test]
+    fn the_refused_step_counts_with_its_request() {
+        let mut r = fixtures::run();
+        let budget = fixtures::AT_PEAK.total();
+        r.budget = Some(budget);
+        r.phases.truncate(1);
+        r.phases[0].steps.truncate(3);
+        r.phases[0].oom = Some(fixtures::oom(Some(3), budget - 100, 101));
+        let o = check(&r);
+        assert_eq!(o.failures.len(), 1);
+        assert_eq!(o.compared, 5);
+        let m = o.failures[0].to_string();
+        assert!(
+            m.starts_with("peak_budget: cpu::s reference step 3: peak when an allocation was refused: expected at most 7.3 KiB (7500 bytes), got 7.3 KiB (7501 bytes); 7.2 KiB (7400 bytes) held and 101 B refused; by category:"),
+            "{m}"
+        );
+        r.phases[0].oom = Some(fixtures::oom(Some(3), budget - 100, 100));
+        assert!(!check(&r).failed());
     }
 
     #[test]

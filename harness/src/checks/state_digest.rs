@@ -5,7 +5,8 @@
 use super::{Check, Failure, Outcome};
 use crate::phases::{Phase, RunRecord};
 
-/// Compares the resumed state with the reference's at every resume point.
+/// Compares the resumed state with the reference's at every resume point; `compared` counts the
+/// resume points.
 pub fn check(r: &RunRecord) -> Outcome {
     let mut out = Vec::new();
     let mut compared = 0u64;
@@ -69,7 +70,7 @@ pub fn check(r: &RunRecord) -> Outcome {
             }
         }
     }
-    Outcome::new(Check::StateDigest, out).with("resume_points_compared", compared)
+    Outcome::new(Check::StateDigest, compared, out)
 }
 
 #[cfg(test)]

@@ -1,0 +1,192 @@
+//! Where things are in a suite file, for errors: `file:line:column` of the keys validated after
+//! parsing, of an inline model's keys, and of the YAML library's own errors, worded for a
+//! suite's author.
+
+use serde::de::IgnoredAny;
+use serde::Deserialize;
+use serde_saphyr::{DefaultMessageFormatter, Location, MessageFormatter, Spanned};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// A key's value and where it is written.
+type Place = Option<Spanned<IgnoredAny>>;
+
+/// `file:line:column`, or the file alone when the place is unknown.
+pub fn place(path: &Path, loc: Location) -> String {
+    if loc == Location::UNKNOWN {
+        path.display().to_string()
+    } else {
+        format!("{}:{}:{}", path.display(), loc.line(), loc.column())
+    }
+}
+
+/// Where `key` is, or the file alone when it is not written.
+pub fn place_of(path: &Path, key: &Place) -> String {
+    place(path, location(key))
+}
+
+/// Where `key` is, if it is written.
+pub fn location(key: &Place) -> Location {
+    key.as_ref().map_or(Location::UNKNOWN, |k| k.referenced)
+}
+
+/// Where keys validated after parsing are written: a second, lenient pass over the text.
+#[derive(Default, Deserialize)]
+pub struct Places {
+    /// `name`.
+    #[serde(default)]
+    pub name: Place,
+    /// `model`.
+    #[serde(default)]
+    pub model: Place,
+    /// `seq_len`.
+    #[serde(default)]
+    pub seq_len: Place,
+    /// `dropout`.
+    #[serde(default)]
+    pub dropout: Place,
+    /// `faults`.
+    #[serde(default)]
+    pub faults: Place,
+    /// Keys under `long_batch`.
+    #[serde(default)]
+    pub long_batch: LongBatchPlaces,
+    /// Keys under `training`.
+    #[serde(default)]
+    pub training: TrainingPlaces,
+}
+
+/// Where keys under `long_batch:` are written.
+#[derive(Default, Deserialize)]
+pub struct LongBatchPlaces {
+    /// `long_batch.seq_len`.
+    #[serde(default)]
+    pub seq_len: Place,
+}
+
+/// Where keys under `training:` are written.
+#[derive(Default, Deserialize)]
+pub struct TrainingPlaces {
+    /// `training.keep_last`.
+    #[serde(default)]
+    pub keep_last: Place,
+}
+
+impl Places {
+    /// The places in `text`; none when it cannot be read so.
+    pub fn of(text: &str) -> Self {
+        serde_saphyr::from_str(text).unwrap_or_default()
+    }
+}
+
+/// Where the inline model's keys are, to point model errors at the key they name.
+#[derive(Deserialize)]
+struct ModelKeys {
+    model: BTreeMap<String, Spanned<IgnoredAny>>,
+}
+
+/// Where a model error about `message` belongs: the inline model key it names first, else the
+/// `model` key.
+pub fn model_error_place(path: &Path, text: &str, message: &str) -> String {
+    if let Ok(keys) = serde_saphyr::from_str::<ModelKeys>(text) {
+        let named = keys
+            .model
+            .iter()
+            .filter_map(|(k, v)| message.find(k.as_str()).map(|at| (at, v.referenced)))
+            .min_by_key(|(at, _)| *at);
+        if let Some((_, loc)) = named {
+            return place(path, loc);
+        }
+    }
+    place_of(path, &Places::of(text).model)
+}
+
+/// The key written just before the value at `loc` on its line: `key: value`, or
+/// `{a: 1, key: value}`.
+fn key_before(text: &str, loc: Location) -> Option<String> {
+    let line = text.lines().nth((loc.line() as usize).checked_sub(1)?)?;
+    let before: String = line
+        .chars()
+        .take((loc.column() as usize).checked_sub(1)?)
+        .collect();
+    let before = before.trim_end().strip_suffix(':')?;
+    let key: String = before
+        .chars()
+        .rev()
+        .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == '-')
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
+    (!key.is_empty()).then_some(key)
+}
+
+/// The scalar written at `loc`, up to the end of its line or flow collection.
+fn value_at(text: &str, loc: Location) -> Option<String> {
+    let line = text.lines().nth((loc.line() as usize).checked_sub(1)?)?;
+    let value: String = line
+        .chars()
+        .skip((loc.column() as usize).checked_sub(1)?)
+        .take_while(|c| !",}]#".contains(*c))
+        .collect();
+    Some(value.trim().to_string())
+}
+
+/// A value of the Rust type `ty` in words, and an example of one.
+fn kind(ty: &str) -> (&str, &'static str) {
+    match ty {
+        "f32" | "f64" => ("a number", " such as 0.001"),
+        "bool" => ("true or false", ""),
+        t if t.starts_with('u') || t.starts_with('i') => ("a whole number", " such as 2"),
+        t => (t, ""),
+    }
+}
+
+/// The line of the `---` that starts a second document, if the text has one.
+fn second_document(text: &str) -> Option<u32> {
+    let mut content = false;
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim_end();
+        if line == "---" || line.starts_with("--- ") {
+            if content {
+                return u32::try_from(i + 1).ok();
+            }
+        } else if !line.trim_start().is_empty() && !line.trim_start().starts_with('#') {
+            content = true;
+        }
+    }
+    None
+}
+
+/// The YAML library's error `e` in `path` (whose content is `text`) at its place, with the key
+/// and the fix, in words for a suite's author rather than the library's options.
+pub fn yaml_error(path: &Path, text: &str, e: &serde_saphyr::Error) -> String {
+    use serde_saphyr::Error;
+    let e = e.without_snippet();
+    let loc = e.location().unwrap_or(Location::UNKNOWN);
+    let at = place(path, loc);
+    let key = key_before(text, loc);
+    let message = match e {
+        Error::DuplicateMappingKey { key, .. } => format!(
+            "{} is written twice in the same mapping; keep one of them",
+            key.as_deref()
+                .map_or("a key".to_string(), |k| format!("key `{k}`"))
+        ),
+        Error::MultipleDocuments { .. } => {
+            let line = second_document(text).map_or(at, |l| format!("{}:{l}:1", path.display()));
+            return format!(
+                "{line}: a second YAML document starts here, but a suite file holds one document; remove this `---` line and what follows it, or move that into a suite file of its own"
+            );
+        }
+        Error::InvalidScalar { ty, .. } => {
+            let (what, example) = kind(ty);
+            let value = value_at(text, loc).unwrap_or_default();
+            format!("`{value}` is not {what}; write {what}{example}")
+        }
+        other => DefaultMessageFormatter.format_message(other).into_owned(),
+    };
+    match key {
+        Some(k) if !message.contains(&k) => format!("{at}: {k}: {message}"),
+        _ => format!("{at}: {message}"),
+    }
+}
