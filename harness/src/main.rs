@@ -11,6 +11,23 @@ use std::process::ExitCode;
 
 mod estimate_cmd;
 
+/// Exit statuses of `verify`, and of any command that fails on bad input.
+mod exit_status {
+    /// Every checkpoint verified is intact.
+    pub const INTACT: u8 = 0;
+    /// Something verified is damaged (a file, the state file, or a run's `latest`).
+    pub const DAMAGED: u8 = 1;
+    /// Bad usage or nothing to verify (and nothing damaged): a path that does not exist, that is
+    /// neither a checkpoint nor a run directory, or a checkpoint written by a newer build.
+    pub const USAGE: u8 = 2;
+    /// The statuses as `verify --help` lists them.
+    pub const VERIFY_HELP: &str = "Exit status:
+  0  every checkpoint is intact
+  1  something is damaged: a file, the state file, or a run's latest pointer
+  2  nothing damaged, but bad usage or nothing to verify: a path that does not exist, is
+     neither a checkpoint nor a run directory, or holds a checkpoint of a newer build";
+}
+
 #[derive(Parser)]
 #[command(
     name = "ckpt-harness",
@@ -121,6 +138,7 @@ enum Command {
     /// Predicted memory of a training step, part by part and phase by phase.
     Estimate(estimate_cmd::EstimateArgs),
     /// Checks checkpoints' files against their recorded sizes, sha256 and XXH3-128 checksums.
+    #[command(after_help = exit_status::VERIFY_HELP)]
     Verify {
         /// Checkpoint directories, or run directories (their `latest` is checked).
         #[arg(required = true)]
@@ -188,8 +206,8 @@ fn validate(paths: &[PathBuf]) -> ExitCode {
     }
 }
 
-/// Prints each file's verdict per checkpoint; exit status 1 if any file is damaged, 2 if a
-/// checkpoint's state cannot be read.
+/// Prints each file's verdict per checkpoint; exits with [`exit_status::DAMAGED`] if anything is
+/// damaged, else [`exit_status::USAGE`] if a path held nothing to verify.
 fn verify(paths: &[PathBuf]) -> ExitCode {
     let (mut intact, mut damaged, mut unreadable) = (0, 0, 0);
     for path in paths {
@@ -199,8 +217,9 @@ fn verify(paths: &[PathBuf]) -> ExitCode {
                 let bad = verdicts.iter().filter(|v| v.problem.is_some()).count();
                 for v in verdicts {
                     let size = format!("{} bytes", v.bytes);
+                    let note = v.note.map(|n| format!(" ({n})")).unwrap_or_default();
                     match v.problem {
-                        None => println!("  ok       {:<24} {size}", v.name),
+                        None => println!("  ok       {:<24} {size}{note}", v.name),
                         Some(why) => println!("  DAMAGED  {:<24} {size}: {why}", v.name),
                     }
                 }
@@ -217,11 +236,11 @@ fn verify(paths: &[PathBuf]) -> ExitCode {
         }
     }
     println!("{intact} intact, {damaged} damaged, {unreadable} unreadable");
-    match (damaged, unreadable) {
-        (0, 0) => ExitCode::SUCCESS,
-        (_, 0) => ExitCode::from(1),
-        _ => ExitCode::from(2),
-    }
+    ExitCode::from(match (damaged, unreadable) {
+        (0, 0) => exit_status::INTACT,
+        (0, _) => exit_status::USAGE,
+        _ => exit_status::DAMAGED,
+    })
 }
 
 fn main() -> ExitCode {

@@ -57,6 +57,21 @@ fn train(suite: &Path, out: &Path, resume: Option<&Path>, steps: u64) -> Vec<Str
         .collect()
 }
 
+/// Rewrites the `trainer_state.json` of `ckpt` with `edit` applied, as a hand edit would.
+fn hand_edit_state(ckpt: &Path, edit: impl Fn(&mut serde_json::Value)) {
+    let path = ckpt.join(STATE_FILE);
+    let mut state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    edit(&mut state);
+    std::fs::write(&path, serde_json::to_vec_pretty(&state).unwrap()).unwrap();
+}
+
+/// [`hand_edit_state`], then records the new checksum, as a deliberate rewrite would.
+fn rewrite_state(ckpt: &Path, edit: impl Fn(&mut serde_json::Value)) {
+    hand_edit_state(ckpt, edit);
+    checkpoint::state_file::reseal(ckpt).unwrap();
+}
+
 fn file_bytes(dir: &Path, name: &str) -> Vec<u8> {
     std::fs::read(dir.join(name)).unwrap()
 }
@@ -179,13 +194,11 @@ fn a_flipped_byte_is_a_checksum_error() {
 #[test]
 fn a_checkpoint_with_only_sha256_is_verified_by_it() {
     let strip = |s: &Saved| {
-        let path = s.ckpt.join(STATE_FILE);
-        let mut state: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-        for record in state["files"].as_object_mut().unwrap().values_mut() {
-            record.as_object_mut().unwrap().remove("xxh3_128").unwrap();
-        }
-        std::fs::write(&path, serde_json::to_vec(&state).unwrap()).unwrap();
+        rewrite_state(&s.ckpt, |state| {
+            for record in state["files"].as_object_mut().unwrap().values_mut() {
+                record.as_object_mut().unwrap().remove("xxh3_128").unwrap();
+            }
+        })
     };
     let s = saved();
     strip(&s);
@@ -233,12 +246,10 @@ fn a_checkpoint_of_another_model_is_refused_with_the_difference() {
 #[test]
 fn a_future_format_version_asks_for_an_upgrade() {
     let s = saved();
-    let path = s.ckpt.join(STATE_FILE);
-    let mut state: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-    state["format_version"] = 99.into();
-    state["something_new"] = "field".into();
-    std::fs::write(&path, serde_json::to_vec(&state).unwrap()).unwrap();
+    rewrite_state(&s.ckpt, |state| {
+        state["format_version"] = 99.into();
+        state["something_new"] = "field".into();
+    });
     assert_contains(
         &resume_error(&s),
         &["format version 99", "newer", "upgrade"],
@@ -271,12 +282,10 @@ fn a_consistent_but_misshapen_tensor_names_the_tensor_and_shapes() {
         .collect();
     let rewritten = safetensors::serialize(views, None).unwrap();
     std::fs::write(&opt_path, &rewritten).unwrap();
-    let state_path = s.ckpt.join(STATE_FILE);
-    let mut state: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&state_path).unwrap()).unwrap();
-    state["files"][OPTIMIZER_FILE] =
-        serde_json::to_value(checkpoint::files::record(&rewritten)).unwrap();
-    std::fs::write(&state_path, serde_json::to_vec(&state).unwrap()).unwrap();
+    rewrite_state(&s.ckpt, |state| {
+        state["files"][OPTIMIZER_FILE] =
+            serde_json::to_value(checkpoint::files::record(&rewritten)).unwrap();
+    });
     assert_contains(
         &resume_error(&s),
         &[
@@ -339,4 +348,87 @@ fn loading_adds_no_device_memory_over_the_steady_state() {
     assert!(stats.current.optimizer > 0 && stats.current.params > 0);
     drop(t);
     assert_eq!(dev.tracker().allocated(), 0);
+}
+
+/// Runs the command-line tool with `args`.
+fn cli(args: &[&str]) -> std::process::Output {
+    Command::new(BIN).args(args).output().unwrap()
+}
+
+/// `path` as a command-line argument.
+fn arg(path: &Path) -> &str {
+    path.to_str().unwrap()
+}
+
+/// Asserts that `verify PATH` exits with `status` and prints a line holding every one of `words`.
+fn verify_says(path: &Path, status: i32, words: &[&str]) {
+    let out = cli(&["verify", arg(path)]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(status), "{stdout}");
+    assert!(
+        stdout.lines().any(|l| words.iter().all(|w| l.contains(w))),
+        "expected a line with {words:?}: {stdout}"
+    );
+}
+
+#[test]
+fn an_edited_trainer_state_is_damage_for_verify_and_load() {
+    type Edit = fn(&mut serde_json::Value);
+    let edits: [(&str, Edit); 3] = [
+        ("global_step", |s| s["global_step"] = 5.into()),
+        ("loader position", |s| {
+            s["loader"]["position"] = (s["loader"]["position"].as_u64().unwrap() + 4).into()
+        }),
+        ("optimizer step", |s| s["optimizer_step"] = 1.into()),
+    ];
+    for (what, edit) in edits {
+        eprintln!("editing the {what}");
+        let s = saved();
+        hand_edit_state(&s.ckpt, edit);
+        verify_says(&s.ckpt, 1, &["DAMAGED", STATE_FILE]);
+        assert_contains(&resume_error(&s), &[STATE_FILE, "sha256"]);
+    }
+}
+
+#[test]
+fn a_state_file_written_without_its_checksum_loads_and_is_reported_unprotected() {
+    let s = saved();
+    // What a checkpoint written before the state file had a checksum looks like.
+    let _ = std::fs::remove_file(s.ckpt.join(format!("{STATE_FILE}.sha256")));
+    hand_edit_state(&s.ckpt, |s| s["format_version"] = 1.into());
+    verify_says(&s.ckpt, 0, &[STATE_FILE, "unprotected"]);
+    let dev = CpuDevice::new(1, u64::MAX).unwrap();
+    let t = Trainer::resume(s.suite.train.clone(), dev, &s.ckpt).unwrap();
+    assert_eq!(t.step_index(), 2);
+}
+
+#[test]
+fn a_state_holding_a_non_finite_number_is_refused_at_save() {
+    let tmp = tempfile::tempdir().unwrap();
+    let suite = Suite::parse(
+        &tmp.path().join("suite.yaml"),
+        &suite_text("fp32", 32, "{max_steps: 4}"),
+    )
+    .unwrap();
+    let run = tmp.path().join("run");
+    let dev = CpuDevice::new(1, u64::MAX).unwrap();
+    let mut t = Trainer::new(suite.train.clone(), dev.clone()).unwrap();
+    t.step().unwrap();
+    t.save(&run, None).unwrap();
+    for lr in [f64::NAN, f64::INFINITY] {
+        let mut cfg = suite.train.clone();
+        cfg.optimizer.lr = lr;
+        let mut t = Trainer::new(cfg, dev.clone()).unwrap();
+        t.step().unwrap();
+        t.step().unwrap();
+        let err = match t.save(&run, None) {
+            Ok(dir) => panic!("lr {lr}: saved {}", dir.display()),
+            Err(e) => e.to_string(),
+        };
+        assert_contains(&err, &["schedule.peak_lr", "finite"]);
+        assert!(!run.join("step-00000002").exists(), "lr {lr}");
+        // The previous checkpoint is still the run's latest, and loads.
+        let t = Trainer::resume(suite.train.clone(), dev.clone(), &run).unwrap();
+        assert_eq!(t.step_index(), 1);
+    }
 }

@@ -5,7 +5,7 @@
 use super::files::{self, MappedFile};
 use super::state::{first_difference, FileRecord, TrainerState};
 use super::{
-    fingerprint, read_state, resolve, CONFIG_FILE, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE,
+    fingerprint, resolve, state_file, CONFIG_FILE, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE,
 };
 use crate::backend::CpuDevice;
 use crate::error::{EngineError, Result};
@@ -46,7 +46,7 @@ pub struct LoadRequest<'a> {
 /// Reads and verifies the checkpoint at `dir` (a checkpoint or a run directory).
 pub fn load(dev: &CpuDevice, dir: &Path, req: &LoadRequest<'_>) -> Result<Loaded> {
     let dir = resolve(dir)?;
-    let state = read_state(&dir)?;
+    let state = state_file::read(&dir)?.state;
     if state.fingerprint != fingerprint(&req.identity) || state.identity != req.identity {
         let diff = first_difference(&state.identity, &req.identity, "")
             .unwrap_or_else(|| "the recorded fingerprint does not match its configuration".into());

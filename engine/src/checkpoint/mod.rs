@@ -1,6 +1,7 @@
 //! Checkpoints: one directory per step holding `model.safetensors` + `config.json` (loadable by
 //! Hugging Face transformers), `optimizer.safetensors` (AdamW moments, fp32 master weights where
-//! the precision keeps them) and `trainer_state.json` (see [`state`]).
+//! the precision keeps them), `trainer_state.json` (see [`state`]) and its checksum
+//! `trainer_state.json.sha256` (see [`state_file`]).
 //!
 //! Saving writes a temporary directory beside the final one, fsyncs every file and the directory,
 //! renames it into place, then replaces the `latest` pointer by rename: a crash at any instant
@@ -11,6 +12,7 @@
 pub mod files;
 mod load;
 pub mod state;
+pub mod state_file;
 mod verify;
 
 use crate::error::{EngineError, Result};
@@ -19,7 +21,7 @@ use crate::tensor::{Elem, Tensor};
 use files::{rename_synced, sync_dir, write_synced};
 pub use load::{load, LoadRequest, Loaded};
 use safetensors::Dtype;
-use state::{FileRecord, TrainerState, VersionProbe, FORMAT_VERSION};
+use state::{FileRecord, TrainerState};
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 pub use verify::{verify, FileVerdict};
@@ -32,6 +34,8 @@ pub const CONFIG_FILE: &str = "config.json";
 pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
 /// Step, schedule, loader, RNG, fingerprint and checksums.
 pub const STATE_FILE: &str = "trainer_state.json";
+/// The sha256 of `trainer_state.json`, in `sha256sum`'s format (see [`state_file`]).
+pub const STATE_SUM_FILE: &str = "trainer_state.json.sha256";
 /// The file in a run directory naming its newest checkpoint.
 pub const LATEST_FILE: &str = "latest";
 
@@ -114,6 +118,7 @@ pub struct SaveRequest<'a> {
 /// Writes a checkpoint for `req.state.global_step` into `run_dir`, atomically, points `latest` at
 /// it and keeps only the newest `keep_last` checkpoints. Returns the checkpoint's directory.
 pub fn save(run_dir: &Path, req: SaveRequest<'_>, keep_last: Option<usize>) -> Result<PathBuf> {
+    state_file::check_storable(&req.state)?;
     std::fs::create_dir_all(run_dir).map_err(|e| EngineError::io(run_dir, e))?;
     remove_stale_temporaries(run_dir)?;
     let name = step_dir_name(req.state.global_step);
@@ -132,8 +137,7 @@ pub fn save(run_dir: &Path, req: SaveRequest<'_>, keep_last: Option<usize>) -> R
     let config = serde_json::to_vec_pretty(&req.config.to_hf_json()).expect("plain JSON");
     let record = write_synced(&tmp.join(CONFIG_FILE), &[&config])?;
     state.files.insert(CONFIG_FILE.into(), record);
-    let state_json = serde_json::to_vec_pretty(&state).expect("plain JSON");
-    write_synced(&tmp.join(STATE_FILE), &[&state_json])?;
+    state_file::write(&tmp, &state)?;
     sync_dir(&tmp)?;
 
     let dest = run_dir.join(&name);
@@ -221,30 +225,4 @@ pub fn fingerprint(identity: &serde_json::Value) -> String {
             .expect("plain JSON")
             .as_bytes(),
     )
-}
-
-/// `trainer_state.json` of the checkpoint at `dir`, refusing a newer format version.
-fn read_state(dir: &Path) -> Result<TrainerState> {
-    let path = dir.join(STATE_FILE);
-    if !dir.is_dir() {
-        return Err(EngineError::bad_file(dir, "is not a checkpoint directory"));
-    }
-    let text = std::fs::read_to_string(&path).map_err(|e| EngineError::io(&path, e))?;
-    let probe: VersionProbe = serde_json::from_str(&text).map_err(|e| {
-        EngineError::bad_file(
-            &path,
-            format!("not a trainer state ({e}); the file is damaged"),
-        )
-    })?;
-    if probe.format_version > FORMAT_VERSION {
-        return Err(EngineError::bad_file(
-            &path,
-            format!(
-                "format version {} was written by a newer ckpt-harness; this build reads up to version {FORMAT_VERSION}; upgrade to load it",
-                probe.format_version
-            ),
-        ));
-    }
-    serde_json::from_str(&text)
-        .map_err(|e| EngineError::bad_file(&path, format!("{e}; the file is damaged")))
 }
