@@ -4,6 +4,7 @@
 use crate::devices::{self, DeviceKind};
 use crate::suite::Suite;
 use anyhow::Result;
+use ckpt_engine::checkpoint::RunLock;
 use ckpt_engine::Trainer;
 use serde::Serialize;
 use std::io::Write;
@@ -20,8 +21,9 @@ struct StepLine {
 }
 
 /// Trains `suite` until `steps` steps are done (default `max_steps`), from scratch or from
-/// `resume`, saving under `out`.
+/// `resume`, saving under `out`, whose lock it holds throughout.
 pub fn run(suite: &Suite, out: &Path, resume: Option<&Path>, steps: Option<u64>) -> Result<()> {
+    let _lock = RunLock::acquire(out)?;
     let dev = devices::open(DeviceKind::Cpu, suite.file.threads, suite.capacity())?;
     let mut trainer = match resume {
         Some(dir) => Trainer::resume(suite.train.clone(), dev, dir)?,

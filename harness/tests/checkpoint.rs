@@ -355,6 +355,10 @@ fn cli(args: &[&str]) -> std::process::Output {
     Command::new(BIN).args(args).output().unwrap()
 }
 
+fn stderr(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 /// `path` as a command-line argument.
 fn arg(path: &Path) -> &str {
     path.to_str().unwrap()
@@ -431,4 +435,36 @@ fn a_state_holding_a_non_finite_number_is_refused_at_save() {
         let t = Trainer::resume(suite.train.clone(), dev.clone(), &run).unwrap();
         assert_eq!(t.step_index(), 1);
     }
+}
+
+#[test]
+fn a_second_writer_of_a_run_is_refused_with_the_holder() {
+    let tmp = tempfile::tempdir().unwrap();
+    let suite = write_suite(
+        tmp.path(),
+        &suite_text("fp32", 32, "{max_steps: 1000000, save_every: 1}"),
+    );
+    let run = tmp.path().join("run");
+    let mut first = Command::new(BIN)
+        .args(["train", arg(&suite), "--out", arg(&run)])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while !run.join("latest").exists() {
+        assert!(
+            started.elapsed().as_secs() < 120,
+            "the first train never saved"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let second = cli(&["train", arg(&suite), "--out", arg(&run), "--steps", "2"]);
+    first.kill().unwrap();
+    first.wait().unwrap();
+    assert_eq!(second.status.code(), Some(2), "{}", stderr(&second));
+    assert_contains(
+        &stderr(&second),
+        &[arg(&run), &format!("process {}", first.id()), "train"],
+    );
 }

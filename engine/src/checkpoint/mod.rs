@@ -11,6 +11,7 @@
 
 pub mod files;
 mod load;
+mod lock;
 pub mod state;
 pub mod state_file;
 mod verify;
@@ -20,6 +21,7 @@ use crate::model::LlamaConfig;
 use crate::tensor::{Elem, Tensor};
 use files::{rename_synced, sync_dir, write_synced};
 pub use load::{load, LoadRequest, Loaded};
+pub use lock::RunLock;
 use safetensors::Dtype;
 use state::{FileRecord, TrainerState};
 use std::borrow::Cow;
@@ -38,6 +40,8 @@ pub const STATE_FILE: &str = "trainer_state.json";
 pub const STATE_SUM_FILE: &str = "trainer_state.json.sha256";
 /// The file in a run directory naming its newest checkpoint.
 pub const LATEST_FILE: &str = "latest";
+/// The file in a run directory that its writer locks (see [`RunLock`]).
+pub const LOCK_FILE: &str = ".lock";
 
 /// The directory name of the checkpoint after `step` steps.
 pub fn step_dir_name(step: u64) -> String {
@@ -116,10 +120,11 @@ pub struct SaveRequest<'a> {
 }
 
 /// Writes a checkpoint for `req.state.global_step` into `run_dir`, atomically, points `latest` at
-/// it and keeps only the newest `keep_last` checkpoints. Returns the checkpoint's directory.
+/// it and keeps only the newest `keep_last` checkpoints, holding the run's [`RunLock`]
+/// throughout. Returns the checkpoint's directory.
 pub fn save(run_dir: &Path, req: SaveRequest<'_>, keep_last: Option<usize>) -> Result<PathBuf> {
     state_file::check_storable(&req.state)?;
-    std::fs::create_dir_all(run_dir).map_err(|e| EngineError::io(run_dir, e))?;
+    let _lock = RunLock::acquire(run_dir)?;
     remove_stale_temporaries(run_dir)?;
     let name = step_dir_name(req.state.global_step);
     let tmp = run_dir.join(format!(".tmp-{name}-{}", std::process::id()));
