@@ -314,7 +314,14 @@ fn main() -> ExitCode {
             out,
             resume,
             steps,
-        } => Suite::load(&suite).and_then(|s| train_cmd::run(&s, &out, resume.as_deref(), steps)),
+        } => {
+            let opts = train_cmd::TrainOptions {
+                out: &out,
+                resume: resume.as_deref(),
+                steps,
+            };
+            Suite::load(&suite).and_then(|s| train_cmd::run(&s, &opts))
+        }
         Command::Estimate(args) => estimate_cmd::table(&args).map(|t| print!("{t}")),
         Command::Verify { paths } => return verify(&paths),
     };

@@ -1,11 +1,15 @@
 //! `ckpt-harness train`: trains a suite's model, saving checkpoints as the suite says, and prints
 //! one JSON line per step.
+//!
+//! It holds the run directory's lock throughout, first puts right what interrupted saves left
+//! there, and resumes a run whose `latest` is broken from its newest checkpoint that loads, with
+//! a warning naming what it skipped.
 
 use crate::devices::{self, DeviceKind};
 use crate::suite::Suite;
 use anyhow::Result;
-use ckpt_engine::checkpoint::RunLock;
-use ckpt_engine::Trainer;
+use ckpt_engine::checkpoint::{self, RunLock};
+use ckpt_engine::{Device, Trainer};
 use serde::Serialize;
 use std::io::Write;
 use std::path::Path;
@@ -20,16 +24,29 @@ struct StepLine {
     peak_bytes: u64,
 }
 
-/// Trains `suite` until `steps` steps are done (default `max_steps`), from scratch or from
-/// `resume`, saving under `out`, whose lock it holds throughout.
-pub fn run(suite: &Suite, out: &Path, resume: Option<&Path>, steps: Option<u64>) -> Result<()> {
+/// Where and how far `train` trains.
+pub struct TrainOptions<'a> {
+    /// The run directory checkpoints are saved in.
+    pub out: &'a Path,
+    /// The checkpoint, or run directory, to continue from.
+    pub resume: Option<&'a Path>,
+    /// Train until this many steps are done (default: the suite's `max_steps`).
+    pub steps: Option<u64>,
+}
+
+/// Trains `suite` as `opts` says.
+pub fn run(suite: &Suite, opts: &TrainOptions<'_>) -> Result<()> {
+    let out = opts.out;
     let _lock = RunLock::acquire(out)?;
+    for note in checkpoint::recover(out)? {
+        eprintln!("note: {note}");
+    }
     let dev = devices::open(DeviceKind::Cpu, suite.file.threads, suite.capacity())?;
-    let mut trainer = match resume {
-        Some(dir) => Trainer::resume(suite.train.clone(), dev, dir)?,
+    let mut trainer = match opts.resume {
+        Some(path) => resume(suite, dev, path)?,
         None => Trainer::new(suite.train.clone(), dev)?,
     };
-    let target = steps.unwrap_or(suite.max_steps());
+    let target = opts.steps.unwrap_or(suite.max_steps());
     let keep = suite.file.training.keep_last;
     let mut stdout = std::io::stdout().lock();
     while trainer.step_index() < target {
@@ -47,4 +64,21 @@ pub fn run(suite: &Suite, out: &Path, resume: Option<&Path>, steps: Option<u64>)
         }
     }
     Ok(())
+}
+
+/// The trainer resumed from `path`; when `path` is a run directory whose `latest` does not load,
+/// from its newest checkpoint that does, with a warning naming what was skipped and why.
+fn resume(suite: &Suite, dev: Device, path: &Path) -> Result<Trainer> {
+    let found = checkpoint::load_newest(path, &suite.train.identity(), |dir| {
+        Trainer::resume(suite.train.clone(), dev.clone(), dir)
+    })?;
+    if !found.skipped.is_empty() {
+        let skipped: Vec<String> = found.skipped.iter().map(|s| s.error.to_string()).collect();
+        eprintln!(
+            "warning: resuming from {}, the newest checkpoint that loads; skipped {}",
+            found.dir.display(),
+            skipped.join("; skipped ")
+        );
+    }
+    Ok(found.value)
 }

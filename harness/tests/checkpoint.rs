@@ -6,7 +6,7 @@ use ckpt_engine::checkpoint::{self, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE};
 use ckpt_engine::{CpuDevice, Trainer};
 use ckpt_harness::suite::Suite;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Command, Output, Stdio};
 
 const BIN: &str = env!("CARGO_BIN_EXE_ckpt-harness");
 
@@ -33,7 +33,8 @@ fn write_suite(dir: &Path, text: &str) -> PathBuf {
     path
 }
 
-fn train(suite: &Path, out: &Path, resume: Option<&Path>, steps: u64) -> Vec<String> {
+/// `train SUITE --out OUT --steps STEPS [--resume RESUME]`, run to its end.
+fn train_output(suite: &Path, out: &Path, resume: Option<&Path>, steps: u64) -> Output {
     let mut cmd = Command::new(BIN);
     cmd.arg("train")
         .arg(suite)
@@ -44,7 +45,11 @@ fn train(suite: &Path, out: &Path, resume: Option<&Path>, steps: u64) -> Vec<Str
     if let Some(r) = resume {
         cmd.arg("--resume").arg(r);
     }
-    let output = cmd.output().unwrap();
+    cmd.output().unwrap()
+}
+
+fn train(suite: &Path, out: &Path, resume: Option<&Path>, steps: u64) -> Vec<String> {
+    let output = train_output(suite, out, resume, steps);
     assert!(
         output.status.success(),
         "{}",
@@ -351,11 +356,11 @@ fn loading_adds_no_device_memory_over_the_steady_state() {
 }
 
 /// Runs the command-line tool with `args`.
-fn cli(args: &[&str]) -> std::process::Output {
+fn cli(args: &[&str]) -> Output {
     Command::new(BIN).args(args).output().unwrap()
 }
 
-fn stderr(out: &std::process::Output) -> String {
+fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
@@ -459,7 +464,7 @@ fn a_second_writer_of_a_run_is_refused_with_the_holder() {
         );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    let second = cli(&["train", arg(&suite), "--out", arg(&run), "--steps", "2"]);
+    let second = train_output(&suite, &run, None, 2);
     first.kill().unwrap();
     first.wait().unwrap();
     assert_eq!(second.status.code(), Some(2), "{}", stderr(&second));
@@ -467,4 +472,144 @@ fn a_second_writer_of_a_run_is_refused_with_the_holder() {
         &stderr(&second),
         &[arg(&run), &format!("process {}", first.id()), "train"],
     );
+}
+
+/// A suite saving after every step, trained for `steps` steps into `run`.
+fn run_saving_every_step(steps: u64) -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let suite = write_suite(
+        tmp.path(),
+        &suite_text("fp32", 32, "{max_steps: 8, save_every: 1}"),
+    );
+    let run = tmp.path().join("run");
+    train(&suite, &run, None, steps);
+    (tmp, suite, run)
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+    }
+}
+
+/// The names of a run directory's entries that a save leaves behind only when interrupted.
+fn leftovers(run: &Path) -> Vec<String> {
+    std::fs::read_dir(run)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".tmp-") || n.starts_with(".old-"))
+        .collect()
+}
+
+fn verify_status(path: &Path) -> Option<i32> {
+    cli(&["verify", arg(path)]).status.code()
+}
+
+#[test]
+fn an_interrupted_resave_is_restored_by_the_next_train_not_deleted() {
+    // What a kill between moving step 8 aside and renaming its new copy into place left: both
+    // copies complete, no step-00000008, `latest` naming it.
+    let (_tmp, suite, run) = run_saving_every_step(8);
+    let step8 = run.join("step-00000008");
+    let old = run.join(".old-step-00000008-4242");
+    std::fs::rename(&step8, &old).unwrap();
+    copy_dir(&old, &run.join(".tmp-step-00000008-4242"));
+
+    let out = train_output(&suite, &run, Some(&run.join("step-00000003")), 4);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("step-00000008"),
+        "the restore is reported: {}",
+        stderr(&out)
+    );
+    assert_eq!(verify_status(&step8), Some(0), "step 8 was lost");
+    assert_eq!(leftovers(&run), Vec::<String>::new());
+    assert_eq!(verify_status(&run), Some(0));
+}
+
+/// `train --resume RUN --steps 9` after `latest`'s checkpoint was broken by `damage`: it resumes
+/// from step 7 and says that it skipped step 8, and why.
+fn resumes_past_a_broken_latest(damage: impl Fn(&Path), why: &str) {
+    let (_tmp, suite, run) = run_saving_every_step(8);
+    damage(&run.join("step-00000008"));
+    assert_eq!(verify_status(&run), Some(1), "a broken latest is damage");
+    let out = train_output(&suite, &run, Some(&run), 9);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let warning = stderr(&out);
+    let line = warning
+        .lines()
+        .find(|l| l.starts_with("warning:"))
+        .unwrap_or_else(|| panic!("no warning: {warning}"));
+    assert_contains(line, &["step-00000008", why, "step-00000007"]);
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        stdout.lines().next().unwrap().starts_with("{\"step\":7,"),
+        "{stdout}"
+    );
+    assert_eq!(verify_status(&run), Some(0));
+}
+
+#[test]
+fn resume_falls_back_past_a_missing_latest_checkpoint() {
+    resumes_past_a_broken_latest(
+        |dir| std::fs::remove_dir_all(dir).unwrap(),
+        "not a checkpoint directory",
+    );
+}
+
+#[test]
+fn resume_falls_back_past_a_damaged_latest_checkpoint() {
+    resumes_past_a_broken_latest(
+        |dir| {
+            let mut bytes = file_bytes(dir, MODEL_FILE);
+            let at = bytes.len() / 2;
+            bytes[at] ^= 0x01;
+            std::fs::write(dir.join(MODEL_FILE), bytes).unwrap();
+        },
+        "checksum mismatch",
+    );
+    resumes_past_a_broken_latest(
+        |dir| std::fs::write(dir.join(STATE_FILE), b"{\"format_version\": 1, ").unwrap(),
+        STATE_FILE,
+    );
+}
+
+#[test]
+fn an_explicit_damaged_checkpoint_is_an_error_not_a_fallback() {
+    let (_tmp, suite, run) = run_saving_every_step(8);
+    let step8 = run.join("step-00000008");
+    std::fs::remove_file(step8.join(MODEL_FILE)).unwrap();
+    let out = train_output(&suite, &run, Some(&step8), 9);
+    assert_eq!(out.status.code(), Some(2));
+    assert_contains(&stderr(&out), &[MODEL_FILE]);
+}
+
+/// A kill at each rename of a re-save (strace stops the process as it enters the call) leaves
+/// `latest` naming a complete checkpoint, and the next save leaves no copies behind.
+#[test]
+fn a_kill_at_any_rename_of_a_resave_keeps_latest_complete() {
+    assert!(
+        Command::new("strace").arg("-V").output().is_ok(),
+        "this test needs strace (apt-get install strace)"
+    );
+    for when in 1..=3 {
+        let (_tmp, suite, run) = run_saving_every_step(8);
+        let inject =
+            format!("inject=rename,renameat,renameat2:error=EIO:signal=SIGKILL:when={when}");
+        let status = Command::new("strace")
+            .args(["-f", "-o", "/dev/null", "-e", &inject, BIN, "train"])
+            .args([arg(&suite), "--out", arg(&run), "--resume"])
+            .args([arg(&run.join("step-00000007")), "--steps", "8"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap();
+        let ctx = format!("kill at rename {when} ({status})");
+        assert_eq!(verify_status(&run), Some(0), "{ctx}");
+        train(&suite, &run, Some(&run), 9);
+        assert_eq!(leftovers(&run), Vec::<String>::new(), "{ctx}");
+        assert_eq!(verify_status(&run.join("step-00000008")), Some(0), "{ctx}");
+    }
 }

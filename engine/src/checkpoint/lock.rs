@@ -8,8 +8,8 @@
 
 use super::LOCK_FILE;
 use crate::error::{EngineError, Result};
-use std::collections::BTreeMap;
 use fs4::{FileExt, TryLockError};
+use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};

@@ -72,6 +72,11 @@ pub fn verify(path: &Path) -> Result<(PathBuf, Vec<FileVerdict>)> {
     Ok((dir, verdicts))
 }
 
+/// Whether the checkpoint at `dir` verifies: its state file and every file it lists intact.
+pub(crate) fn intact(dir: &Path) -> bool {
+    verify(dir).is_ok_and(|(_, verdicts)| verdicts.iter().all(|v| v.problem.is_none()))
+}
+
 /// The checkpoint directory `path` names, or what is wrong with a run directory's `latest`.
 fn checkpoint_of(path: &Path) -> Result<std::result::Result<PathBuf, String>> {
     let in_checkpoint = [
@@ -88,7 +93,7 @@ fn checkpoint_of(path: &Path) -> Result<std::result::Result<PathBuf, String>> {
             Ok(dir) if dir.is_dir() => Ok(dir),
             Ok(dir) => Err(format!(
                 "names {}, which does not exist; `train --resume` falls back to the newest checkpoint that loads",
-                dir.display()
+                dir.file_name().unwrap_or_default().to_string_lossy()
             )),
             Err(e) => Err(e.to_string()),
         });
