@@ -121,7 +121,8 @@ enum Command {
         #[arg(required = true)]
         paths: Vec<PathBuf>,
     },
-    /// Trains a suite's model, saving checkpoints as the suite says; one JSON line per step.
+    /// Trains a suite's model, saving checkpoints as the suite says and after its last step; one
+    /// JSON line per step.
     Train {
         /// The suite file.
         suite: PathBuf,
@@ -131,9 +132,14 @@ enum Command {
         /// Continue from this checkpoint (or run directory, following its `latest`).
         #[arg(long)]
         resume: Option<PathBuf>,
-        /// Train until this many steps are done (default: the suite's max_steps).
+        /// Train until this many steps are done (default: the suite's max_steps). The last step
+        /// trained is always saved.
         #[arg(long)]
         steps: Option<u64>,
+        /// Delete the checkpoints of another configuration that --out holds, instead of
+        /// refusing to train into it.
+        #[arg(long)]
+        overwrite: bool,
     },
     /// Predicted memory of a training step, part by part and phase by phase.
     Estimate(estimate_cmd::EstimateArgs),
@@ -314,11 +320,13 @@ fn main() -> ExitCode {
             out,
             resume,
             steps,
+            overwrite,
         } => {
             let opts = train_cmd::TrainOptions {
                 out: &out,
                 resume: resume.as_deref(),
                 steps,
+                overwrite,
             };
             Suite::load(&suite).and_then(|s| train_cmd::run(&s, &opts))
         }

@@ -1,14 +1,15 @@
-//! `ckpt-harness train`: trains a suite's model, saving checkpoints as the suite says, and prints
-//! one JSON line per step.
+//! `ckpt-harness train`: trains a suite's model, saving checkpoints as the suite says and after
+//! the last step it trains, and prints one JSON line per step.
 //!
 //! It holds the run directory's lock throughout, first puts right what interrupted saves left
-//! there, and resumes a run whose `latest` is broken from its newest checkpoint that loads, with
-//! a warning naming what it skipped.
+//! there, refuses a run directory holding checkpoints of another configuration unless told to
+//! overwrite them, and resumes a run whose `latest` is broken from its newest checkpoint that
+//! loads, with a warning naming what it skipped.
 
 use crate::devices::{self, DeviceKind};
 use crate::suite::Suite;
-use anyhow::Result;
-use ckpt_engine::checkpoint::{self, RunLock};
+use anyhow::{bail, Result};
+use ckpt_engine::checkpoint::{self, Foreign, RunLock};
 use ckpt_engine::{Device, Trainer};
 use serde::Serialize;
 use std::io::Write;
@@ -32,6 +33,8 @@ pub struct TrainOptions<'a> {
     pub resume: Option<&'a Path>,
     /// Train until this many steps are done (default: the suite's `max_steps`).
     pub steps: Option<u64>,
+    /// Delete `out`'s checkpoints of another configuration rather than refuse to train there.
+    pub overwrite: bool,
 }
 
 /// Trains `suite` as `opts` says.
@@ -41,14 +44,23 @@ pub fn run(suite: &Suite, opts: &TrainOptions<'_>) -> Result<()> {
     for note in checkpoint::recover(out)? {
         eprintln!("note: {note}");
     }
+    let foreign = checkpoint::foreign(out, &suite.train.identity())?;
+    if !foreign.is_empty() && !opts.overwrite {
+        bail!(refusal(out, &foreign));
+    }
     let dev = devices::open(DeviceKind::Cpu, suite.file.threads, suite.capacity())?;
     let mut trainer = match opts.resume {
         Some(path) => resume(suite, dev, path)?,
         None => Trainer::new(suite.train.clone(), dev)?,
     };
+    checkpoint::remove_foreign(out, &foreign)?;
+    for f in &foreign {
+        eprintln!("note: deleted {} ({})", f.dir.display(), f.difference);
+    }
     let target = opts.steps.unwrap_or(suite.max_steps());
     let keep = suite.file.training.keep_last;
     let mut stdout = std::io::stdout().lock();
+    let mut saved = true;
     while trainer.step_index() < target {
         let s = trainer.step()?;
         let line = StepLine {
@@ -59,11 +71,27 @@ pub fn run(suite: &Suite, opts: &TrainOptions<'_>) -> Result<()> {
             peak_bytes: s.memory.allocated.peak,
         };
         writeln!(stdout, "{}", serde_json::to_string(&line)?)?;
-        if suite.saves_at(trainer.step_index()) {
+        saved = suite.saves_at(trainer.step_index());
+        if saved {
             trainer.save(out, keep)?;
         }
     }
+    if !saved {
+        trainer.save(out, keep)?;
+    }
     Ok(())
+}
+
+/// Why `train` will not write into `out`, and what to do instead.
+fn refusal(out: &Path, foreign: &[Foreign]) -> String {
+    let first = &foreign[0];
+    format!(
+        "{} holds {} checkpoint(s) of another configuration ({}: {}, checkpoint vs this suite); training into it would mix two runs. Train into another --out, resume it with the suite it was saved with, or pass --overwrite to delete those checkpoints first",
+        out.display(),
+        foreign.len(),
+        first.dir.display(),
+        first.difference,
+    )
 }
 
 /// The trainer resumed from `path`; when `path` is a run directory whose `latest` does not load,

@@ -613,3 +613,77 @@ fn a_kill_at_any_rename_of_a_resave_keeps_latest_complete() {
         assert_eq!(verify_status(&run.join("step-00000008")), Some(0), "{ctx}");
     }
 }
+
+/// The hidden size every checkpoint of `run` was saved with.
+fn hidden_sizes(run: &Path) -> Vec<u64> {
+    checkpoint::list(run)
+        .unwrap()
+        .iter()
+        .map(|dir| {
+            let state: serde_json::Value =
+                serde_json::from_slice(&file_bytes(dir, STATE_FILE)).unwrap();
+            state["identity"]["model"]["hidden_size"].as_u64().unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn training_into_a_run_of_another_configuration_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+    std::fs::create_dir_all(&a).unwrap();
+    std::fs::create_dir_all(&b).unwrap();
+    let training = "{max_steps: 8, save_every: 1}";
+    let suite_a = write_suite(&a, &suite_text("fp32", 32, training));
+    let suite_b = write_suite(&b, &suite_text("fp32", 48, training));
+    let run = tmp.path().join("run");
+    train(&suite_a, &run, None, 3);
+    // The same configuration again rewrites the same checkpoints: allowed.
+    train(&suite_a, &run, None, 3);
+
+    let out = train_output(&suite_b, &run, None, 4);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert_contains(
+        &stderr(&out),
+        &[arg(&run), "model.hidden_size: 32 vs 48", "--overwrite"],
+    );
+    assert_eq!(hidden_sizes(&run), [32, 32, 32]);
+
+    let out = cli(&[
+        "train",
+        arg(&suite_b),
+        "--out",
+        arg(&run),
+        "--steps",
+        "2",
+        "--overwrite",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(hidden_sizes(&run), [48, 48]);
+    assert_eq!(verify_status(&run), Some(0));
+}
+
+#[test]
+fn the_last_trained_step_is_always_saved() {
+    for (training, steps, saved) in [
+        ("{max_steps: 8}", 3, &["step-00000003"][..]),
+        (
+            "{max_steps: 8, save_every: 5}",
+            7,
+            &["step-00000004", "step-00000005", "step-00000007"][..],
+        ),
+    ] {
+        let tmp = tempfile::tempdir().unwrap();
+        let suite = write_suite(tmp.path(), &suite_text("fp32", 32, training));
+        let run = tmp.path().join("run");
+        train(&suite, &run, None, steps);
+        let names: Vec<String> = checkpoint::list(&run)
+            .unwrap()
+            .iter()
+            .map(|d| d.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, saved, "{training} --steps {steps}");
+        let latest = std::fs::read_to_string(run.join("latest")).unwrap();
+        assert_eq!(latest.trim(), *saved.last().unwrap());
+    }
+}

@@ -12,6 +12,7 @@
 
 mod fallback;
 pub mod files;
+mod foreign;
 mod load;
 mod lock;
 mod recover;
@@ -26,6 +27,7 @@ use crate::model::LlamaConfig;
 use crate::tensor::{Elem, Tensor};
 pub use fallback::{load_newest, Fallback, Skipped};
 use files::{rename_synced, sync_dir, write_synced};
+pub use foreign::{foreign, remove_foreign, Foreign};
 pub use load::{load, LoadRequest, Loaded};
 pub use lock::RunLock;
 pub use recover::recover;
