@@ -4,11 +4,12 @@
 //! `trainer_state.json.sha256` (see [`state_file`]).
 //!
 //! Saving holds the run's [`RunLock`], writes a temporary directory beside the final one, fsyncs
-//! every file and the directory, renames it into place (exchanges it with the old copy when the
-//! step was saved before), then replaces the `latest` pointer by rename: a crash at any instant
-//! leaves `latest` naming a complete checkpoint, and [`recover`] puts right what it left. Loading checks presence, sizes, the run's
-//! configuration, dtypes and shapes, allocates every tensor in its final place, and reads each
-//! file once straight into them while verifying its checksum; it names exactly what is wrong.
+//! every file and the directory, renames it into place (see [`files::replace_dir`] for a step
+//! saved before), then replaces the `latest` pointer by rename: a crash at any instant leaves
+//! the previous checkpoint loadable, and [`recover`] puts right what it left. Loading checks
+//! presence, sizes, the run's configuration, dtypes and shapes, allocates every tensor in its
+//! final place, and reads each file once straight into them while verifying its checksum; it
+//! names exactly what is wrong.
 
 mod fallback;
 pub mod files;
@@ -138,8 +139,13 @@ pub fn save(run_dir: &Path, req: SaveRequest<'_>, keep_last: Option<usize>) -> R
     recover(run_dir)?;
     let name = step_dir_name(req.state.global_step);
     // Removed on any error before it is renamed into place.
-    let tmp = tempfile::Builder::new()
-        .prefix(&format!("{TMP_PREFIX}{name}-"))
+    let prefix = format!("{TMP_PREFIX}{name}-");
+    let mut tmp = tempfile::Builder::new();
+    tmp.prefix(&prefix);
+    // As a plain `create_dir` would (the umask applies), not only for the owner.
+    #[cfg(unix)]
+    tmp.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o777));
+    let tmp = tmp
         .tempdir_in(run_dir)
         .map_err(|e| EngineError::io(run_dir, e))?;
     let tmp_path = tmp.path();
@@ -233,4 +239,20 @@ pub fn fingerprint(identity: &serde_json::Value) -> String {
             .expect("plain JSON")
             .as_bytes(),
     )
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use super::testing::save_step;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_checkpoint_directory_is_created_as_any_other() {
+        let tmp = tempfile::tempdir().unwrap();
+        let plain = tmp.path().join("plain");
+        std::fs::create_dir(&plain).unwrap();
+        let saved = save_step(&tmp.path().join("run"), 1);
+        let mode = |p: &std::path::Path| p.metadata().unwrap().permissions().mode();
+        assert_eq!(mode(&saved), mode(&plain));
+    }
 }
