@@ -57,7 +57,17 @@ pub fn run(suite: &Suite, opts: &TrainOptions<'_>) -> Result<()> {
     for f in &foreign {
         eprintln!("note: deleted {} ({})", f.dir.display(), f.difference);
     }
-    let target = opts.steps.unwrap_or(suite.max_steps());
+    train_until(
+        &mut trainer,
+        suite,
+        out,
+        opts.steps.unwrap_or(suite.max_steps()),
+    )
+}
+
+/// Steps `trainer` until `target` steps are done, printing a line per step and saving into
+/// `out` where the suite says and after the last step.
+fn train_until(trainer: &mut Trainer, suite: &Suite, out: &Path, target: u64) -> Result<()> {
     let keep = suite.file.training.keep_last;
     let mut stdout = std::io::stdout().lock();
     let mut saved = true;
