@@ -84,6 +84,7 @@ fn checkpoint_of(path: &Path) -> Result<std::result::Result<PathBuf, String>> {
         STATE_SUM_FILE,
         super::MODEL_FILE,
         super::OPTIMIZER_FILE,
+        super::CONFIG_FILE,
     ];
     if in_checkpoint.iter().any(|name| path.join(name).exists()) {
         return Ok(Ok(path.to_path_buf()));
