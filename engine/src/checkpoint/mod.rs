@@ -139,13 +139,8 @@ pub fn save(run_dir: &Path, req: SaveRequest<'_>, keep_last: Option<usize>) -> R
     recover(run_dir)?;
     let name = step_dir_name(req.state.global_step);
     // Removed on any error before it is renamed into place.
-    let prefix = format!("{TMP_PREFIX}{name}-");
-    let mut tmp = tempfile::Builder::new();
-    tmp.prefix(&prefix);
-    // As a plain `create_dir` would (the umask applies), not only for the owner.
-    #[cfg(unix)]
-    tmp.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o777));
-    let tmp = tmp
+    let tmp = tempfile::Builder::new()
+        .prefix(&format!("{TMP_PREFIX}{name}-"))
         .tempdir_in(run_dir)
         .map_err(|e| EngineError::io(run_dir, e))?;
     let tmp_path = tmp.path();
