@@ -11,7 +11,7 @@ use std::process::ExitCode;
 
 mod estimate_cmd;
 
-/// Exit statuses of `verify`, and of any command that fails on bad input.
+/// Exit statuses of `verify` (2 is also every command's status on bad input).
 mod exit_status {
     /// Every checkpoint verified is intact.
     pub const INTACT: u8 = 0;
