@@ -1,9 +1,10 @@
 //! Fuzzes the checkpoint loader: one file of a valid checkpoint is replaced by the input (its
-//! size and checksum re-recorded, so parsing past the checksum is exercised too). Loading must
-//! return a value or an error, never panic.
+//! size and checksums re-recorded, and the state file's checksum too unless the input replaces
+//! that, so parsing past the checksums is exercised too). Loading must return a value or an
+//! error, never panic.
 #![no_main]
 
-use ckpt_engine::checkpoint::{self, files::record, LoadRequest, STATE_FILE};
+use ckpt_engine::checkpoint::{self, files::record, state_file, LoadRequest, STATE_FILE, STATE_SUM_FILE};
 use ckpt_engine::data::DataConfig;
 use ckpt_engine::optim::{AdamWConfig, Schedule};
 use ckpt_engine::config::{Init, Precision, TrainConfig};
@@ -12,7 +13,8 @@ use libfuzzer_sys::fuzz_target;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-const FILES: [&str; 4] = ["model.safetensors", "optimizer.safetensors", "config.json", STATE_FILE];
+const FILES: [&str; 5] =
+    ["model.safetensors", "optimizer.safetensors", "config.json", STATE_FILE, STATE_SUM_FILE];
 
 struct Fixture {
     _dir: tempfile::TempDir,
@@ -73,11 +75,14 @@ fuzz_target!(|data: &[u8]| {
     }
     let victim = FILES[which as usize % FILES.len()];
     std::fs::write(work.path().join(victim), content).unwrap();
-    if victim != STATE_FILE {
+    if ![STATE_FILE, STATE_SUM_FILE].contains(&victim) {
         let path = work.path().join(STATE_FILE);
         let mut state: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
         state["files"][victim] = serde_json::to_value(record(content)).unwrap();
         std::fs::write(&path, serde_json::to_vec(&state).unwrap()).unwrap();
+    }
+    if victim != STATE_SUM_FILE {
+        state_file::reseal(work.path()).unwrap();
     }
     let req = LoadRequest {
         config: &f.cfg.model,

@@ -57,10 +57,13 @@ pub fn validate_help() -> String {
 pub fn verify_help() -> String {
     help(
         &[
-            (SUCCESS, "every file of every checkpoint is intact"),
-            (FAILED, "a file is damaged"),
+            (SUCCESS, "every checkpoint is intact"),
+            (
+                FAILED,
+                "something is damaged: a file, the state file, or a run's latest pointer",
+            ),
         ],
-        ", a checkpoint whose state cannot be read",
+        ", or nothing to verify and nothing damaged: a path that does not exist, is neither a checkpoint nor a run directory, or holds a checkpoint of a newer build",
     )
 }
 
@@ -104,7 +107,13 @@ mod tests {
             assert!(run.contains(line), "{run}");
         }
         let verify = verify_help();
-        assert!(verify.contains("    1  a file is damaged"), "{verify}");
+        assert!(verify.contains("    1  something is damaged"), "{verify}");
+        assert!(verify.contains("nothing to verify"), "{verify}");
+        let estimate = estimate_help();
+        assert!(
+            estimate.contains("    1  a suite's memory.budget is exceeded"),
+            "{estimate}"
+        );
         assert!(!verify.contains("141"), "{verify}");
         assert!(
             plain_help().contains("    2  bad input"),

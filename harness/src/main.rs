@@ -106,7 +106,8 @@ enum Command {
         #[arg(required = true)]
         paths: Vec<PathBuf>,
     },
-    /// Trains a suite's model, saving checkpoints as the suite says; one JSON line per step.
+    /// Trains a suite's model, saving checkpoints as the suite says and after its last step; one
+    /// JSON line per step.
     #[command(after_help = exit_codes::plain_help())]
     Train {
         /// The suite file.
@@ -117,9 +118,14 @@ enum Command {
         /// Continue from this checkpoint (or run directory, following its `latest`).
         #[arg(long)]
         resume: Option<PathBuf>,
-        /// Train until this many steps are done (default: the suite's max_steps).
+        /// Train until this many steps are done (default: the suite's max_steps). The last step
+        /// trained is always saved.
         #[arg(long)]
         steps: Option<u64>,
+        /// Delete the checkpoints of another configuration that --out holds, instead of
+        /// refusing to train into it.
+        #[arg(long)]
+        overwrite: bool,
         /// The device to train on.
         #[arg(long, value_enum, default_value_t = DeviceKind::Cpu)]
         device: DeviceKind,
@@ -201,8 +207,8 @@ fn validate(paths: &[PathBuf]) -> Result<u8> {
     })
 }
 
-/// Prints each file's verdict per checkpoint; exit status 1 if any file is damaged, 2 if a
-/// checkpoint's state cannot be read.
+/// Prints each file's verdict per checkpoint; exits with [`exit_codes::FAILED`] if anything is
+/// damaged, else [`exit_codes::INVALID`] if a path held nothing to verify.
 fn verify(paths: &[PathBuf]) -> u8 {
     let (mut intact, mut damaged, mut unreadable) = (0, 0, 0);
     for path in paths {
@@ -212,8 +218,9 @@ fn verify(paths: &[PathBuf]) -> u8 {
                 let bad = verdicts.iter().filter(|v| v.problem.is_some()).count();
                 for v in verdicts {
                     let size = format!("{} bytes", v.bytes);
+                    let note = v.note.map(|n| format!(" ({n})")).unwrap_or_default();
                     match v.problem {
-                        None => println!("  ok       {:<24} {size}", v.name),
+                        None => println!("  ok       {:<24} {size}{note}", v.name),
                         Some(why) => println!("  DAMAGED  {:<24} {size}: {why}", v.name),
                     }
                 }
@@ -232,8 +239,8 @@ fn verify(paths: &[PathBuf]) -> u8 {
     println!("{intact} intact, {damaged} damaged, {unreadable} unreadable");
     match (damaged, unreadable) {
         (0, 0) => exit_codes::SUCCESS,
-        (_, 0) => exit_codes::FAILED,
-        _ => exit_codes::INVALID,
+        (0, _) => exit_codes::INVALID,
+        _ => exit_codes::FAILED,
     }
 }
 
@@ -316,10 +323,18 @@ fn dispatch(command: Command) -> Result<u8> {
             out,
             resume,
             steps,
+            overwrite,
             device,
         } => {
             let suite = Suite::load(&suite)?;
-            train_cmd::run(&suite, device, &out, resume.as_deref(), steps)?;
+            let opts = train_cmd::TrainOptions {
+                out: &out,
+                resume: resume.as_deref(),
+                steps,
+                overwrite,
+                device,
+            };
+            train_cmd::run(&suite, &opts)?;
             Ok(exit_codes::SUCCESS)
         }
         Command::Estimate(args) => {

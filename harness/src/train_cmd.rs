@@ -1,9 +1,15 @@
-//! `ckpt-harness train`: trains a suite's model, saving checkpoints as the suite says, and prints
-//! one JSON line per step.
+//! `ckpt-harness train`: trains a suite's model, saving checkpoints as the suite says and after
+//! the last step it trains, and prints one JSON line per step.
+//!
+//! It holds the run directory's lock throughout, first puts right what interrupted saves left
+//! there, refuses a run directory holding checkpoints of another configuration unless told to
+//! overwrite them, and resumes a run whose `latest` is broken from its newest checkpoint that
+//! loads, with a warning naming what it skipped.
 
 use crate::devices::{self, DeviceKind, OnDevice};
 use crate::suite::Suite;
-use anyhow::Result;
+use anyhow::{bail, Result};
+use ckpt_engine::checkpoint::{self, Foreign, RunLock};
 use ckpt_engine::{Device, Trainer};
 use serde::Serialize;
 use std::io::Write;
@@ -19,30 +25,45 @@ struct StepLine {
     peak_bytes: u64,
 }
 
-/// Trains `suite` on a device of `kind` until `steps` steps are done (default `max_steps`),
-/// from scratch or from `resume`, saving under `out`.
-pub fn run(
-    suite: &Suite,
-    kind: DeviceKind,
-    out: &Path,
-    resume: Option<&Path>,
-    steps: Option<u64>,
-) -> Result<()> {
-    let train = Train {
-        suite,
-        out,
-        resume,
-        steps,
-    };
-    devices::run_on(kind, suite.file.threads, suite.capacity(), train)
+/// Where and how far `train` trains.
+pub struct TrainOptions<'a> {
+    /// The run directory checkpoints are saved in.
+    pub out: &'a Path,
+    /// The checkpoint, or run directory, to continue from.
+    pub resume: Option<&'a Path>,
+    /// Train until this many steps are done (default: the suite's `max_steps`).
+    pub steps: Option<u64>,
+    /// Delete `out`'s checkpoints of another configuration rather than refuse to train there.
+    pub overwrite: bool,
+    /// The device to train on.
+    pub device: DeviceKind,
 }
 
-/// One `train` command's work, for whichever device it names.
+/// Trains `suite` as `opts` says.
+pub fn run(suite: &Suite, opts: &TrainOptions<'_>) -> Result<()> {
+    let out = opts.out;
+    let _lock = RunLock::acquire(out)?;
+    for note in checkpoint::recover(out)? {
+        eprintln!("note: {note}");
+    }
+    let foreign = checkpoint::foreign(out, &suite.train.identity())?;
+    if !foreign.is_empty() && !opts.overwrite {
+        bail!(refusal(out, &foreign));
+    }
+    let train = Train {
+        suite,
+        opts,
+        foreign,
+    };
+    devices::run_on(opts.device, suite.file.threads, suite.capacity(), train)
+}
+
+/// One `train` command's work once the run directory is locked and checked, for whichever
+/// device it names.
 struct Train<'a> {
     suite: &'a Suite,
-    out: &'a Path,
-    resume: Option<&'a Path>,
-    steps: Option<u64>,
+    opts: &'a TrainOptions<'a>,
+    foreign: Vec<Foreign>,
 }
 
 impl OnDevice for Train<'_> {
@@ -51,31 +72,79 @@ impl OnDevice for Train<'_> {
     fn run<D: Device>(self, dev: D) -> Result<()> {
         let Train {
             suite,
-            out,
-            resume,
-            steps,
+            opts,
+            foreign,
         } = self;
-        let mut trainer = match resume {
-            Some(dir) => Trainer::resume(suite.train.clone(), dev, dir)?,
+        let mut trainer = match opts.resume {
+            Some(path) => resume(suite, dev, path)?,
             None => Trainer::new(suite.train.clone(), dev)?,
         };
-        let target = steps.unwrap_or(suite.max_steps());
-        let keep = suite.file.training.keep_last;
-        let mut stdout = std::io::stdout().lock();
-        while trainer.step_index() < target {
-            let s = trainer.step()?;
-            let line = StepLine {
-                step: s.step,
-                loss: s.loss,
-                lr: s.lr,
-                grad_norm: s.grad_norm,
-                peak_bytes: s.memory.allocated.peak,
-            };
-            writeln!(stdout, "{}", serde_json::to_string(&line)?)?;
-            if suite.saves_at(trainer.step_index()) {
-                trainer.save(out, keep)?;
-            }
+        checkpoint::remove_foreign(opts.out, &foreign)?;
+        for f in &foreign {
+            eprintln!("note: deleted {} ({})", f.dir.display(), f.difference);
         }
-        Ok(())
+        let target = opts.steps.unwrap_or(suite.max_steps());
+        train_until(&mut trainer, suite, opts.out, target)
     }
+}
+
+/// Steps `trainer` until `target` steps are done, printing a line per step and saving into
+/// `out` where the suite says and after the last step.
+fn train_until<D: Device>(
+    trainer: &mut Trainer<D>,
+    suite: &Suite,
+    out: &Path,
+    target: u64,
+) -> Result<()> {
+    let keep = suite.file.training.keep_last;
+    let mut stdout = std::io::stdout().lock();
+    let mut saved = true;
+    while trainer.step_index() < target {
+        let s = trainer.step()?;
+        let line = StepLine {
+            step: s.step,
+            loss: s.loss,
+            lr: s.lr,
+            grad_norm: s.grad_norm,
+            peak_bytes: s.memory.allocated.peak,
+        };
+        writeln!(stdout, "{}", serde_json::to_string(&line)?)?;
+        saved = suite.saves_at(trainer.step_index());
+        if saved {
+            trainer.save(out, keep)?;
+        }
+    }
+    if !saved {
+        trainer.save(out, keep)?;
+    }
+    Ok(())
+}
+
+/// Why `train` will not write into `out`, and what to do instead.
+fn refusal(out: &Path, foreign: &[Foreign]) -> String {
+    let first = &foreign[0];
+    format!(
+        "{} holds {} checkpoint(s) of another configuration ({}: {}, checkpoint vs this suite); training into it would mix two runs. Train into another --out, resume it with the suite it was saved with, or pass --overwrite to delete those checkpoints first",
+        out.display(),
+        foreign.len(),
+        first.dir.display(),
+        first.difference,
+    )
+}
+
+/// The trainer resumed from `path`; when `path` is a run directory whose `latest` does not load,
+/// from its newest checkpoint that does, with a warning naming what was skipped and why.
+fn resume<D: Device>(suite: &Suite, dev: D, path: &Path) -> Result<Trainer<D>> {
+    let found = checkpoint::load_newest(path, &suite.train.identity(), |dir| {
+        Trainer::resume(suite.train.clone(), dev.clone(), dir)
+    })?;
+    if !found.skipped.is_empty() {
+        let skipped: Vec<String> = found.skipped.iter().map(|s| s.error.to_string()).collect();
+        eprintln!(
+            "warning: resuming from {}, the newest checkpoint that loads; skipped {}",
+            found.dir.display(),
+            skipped.join("; skipped ")
+        );
+    }
+    Ok(found.value)
 }

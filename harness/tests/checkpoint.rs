@@ -6,7 +6,7 @@ use ckpt_engine::checkpoint::{self, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE};
 use ckpt_engine::{CpuDevice, Trainer};
 use ckpt_harness::suite::Suite;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Command, Output, Stdio};
 
 const BIN: &str = env!("CARGO_BIN_EXE_ckpt-harness");
 
@@ -33,7 +33,8 @@ fn write_suite(dir: &Path, text: &str) -> PathBuf {
     path
 }
 
-fn train(suite: &Path, out: &Path, resume: Option<&Path>, steps: u64) -> Vec<String> {
+/// `train SUITE --out OUT --steps STEPS [--resume RESUME]`, run to its end.
+fn train_output(suite: &Path, out: &Path, resume: Option<&Path>, steps: u64) -> Output {
     let mut cmd = Command::new(BIN);
     cmd.arg("train")
         .arg(suite)
@@ -44,7 +45,11 @@ fn train(suite: &Path, out: &Path, resume: Option<&Path>, steps: u64) -> Vec<Str
     if let Some(r) = resume {
         cmd.arg("--resume").arg(r);
     }
-    let output = cmd.output().unwrap();
+    cmd.output().unwrap()
+}
+
+fn train(suite: &Path, out: &Path, resume: Option<&Path>, steps: u64) -> Vec<String> {
+    let output = train_output(suite, out, resume, steps);
     assert!(
         output.status.success(),
         "{}",
@@ -55,6 +60,21 @@ fn train(suite: &Path, out: &Path, resume: Option<&Path>, steps: u64) -> Vec<Str
         .lines()
         .map(str::to_string)
         .collect()
+}
+
+/// Rewrites the `trainer_state.json` of `ckpt` with `edit` applied, as a hand edit would.
+fn hand_edit_state(ckpt: &Path, edit: impl Fn(&mut serde_json::Value)) {
+    let path = ckpt.join(STATE_FILE);
+    let mut state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    edit(&mut state);
+    std::fs::write(&path, serde_json::to_vec_pretty(&state).unwrap()).unwrap();
+}
+
+/// [`hand_edit_state`], then records the new checksum, as a deliberate rewrite would.
+fn rewrite_state(ckpt: &Path, edit: impl Fn(&mut serde_json::Value)) {
+    hand_edit_state(ckpt, edit);
+    checkpoint::state_file::reseal(ckpt).unwrap();
 }
 
 fn file_bytes(dir: &Path, name: &str) -> Vec<u8> {
@@ -179,13 +199,11 @@ fn a_flipped_byte_is_a_checksum_error() {
 #[test]
 fn a_checkpoint_with_only_sha256_is_verified_by_it() {
     let strip = |s: &Saved| {
-        let path = s.ckpt.join(STATE_FILE);
-        let mut state: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-        for record in state["files"].as_object_mut().unwrap().values_mut() {
-            record.as_object_mut().unwrap().remove("xxh3_128").unwrap();
-        }
-        std::fs::write(&path, serde_json::to_vec(&state).unwrap()).unwrap();
+        rewrite_state(&s.ckpt, |state| {
+            for record in state["files"].as_object_mut().unwrap().values_mut() {
+                record.as_object_mut().unwrap().remove("xxh3_128").unwrap();
+            }
+        })
     };
     let s = saved();
     strip(&s);
@@ -233,12 +251,10 @@ fn a_checkpoint_of_another_model_is_refused_with_the_difference() {
 #[test]
 fn a_future_format_version_asks_for_an_upgrade() {
     let s = saved();
-    let path = s.ckpt.join(STATE_FILE);
-    let mut state: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-    state["format_version"] = 99.into();
-    state["something_new"] = "field".into();
-    std::fs::write(&path, serde_json::to_vec(&state).unwrap()).unwrap();
+    rewrite_state(&s.ckpt, |state| {
+        state["format_version"] = 99.into();
+        state["something_new"] = "field".into();
+    });
     assert_contains(
         &resume_error(&s),
         &["format version 99", "newer", "upgrade"],
@@ -271,12 +287,10 @@ fn a_consistent_but_misshapen_tensor_names_the_tensor_and_shapes() {
         .collect();
     let rewritten = safetensors::serialize(views, None).unwrap();
     std::fs::write(&opt_path, &rewritten).unwrap();
-    let state_path = s.ckpt.join(STATE_FILE);
-    let mut state: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&state_path).unwrap()).unwrap();
-    state["files"][OPTIMIZER_FILE] =
-        serde_json::to_value(checkpoint::files::record(&rewritten)).unwrap();
-    std::fs::write(&state_path, serde_json::to_vec(&state).unwrap()).unwrap();
+    rewrite_state(&s.ckpt, |state| {
+        state["files"][OPTIMIZER_FILE] =
+            serde_json::to_value(checkpoint::files::record(&rewritten)).unwrap();
+    });
     assert_contains(
         &resume_error(&s),
         &[
@@ -339,4 +353,337 @@ fn loading_adds_no_device_memory_over_the_steady_state() {
     assert!(stats.current.optimizer > 0 && stats.current.params > 0);
     drop(t);
     assert_eq!(dev.tracker().allocated(), 0);
+}
+
+/// Runs the command-line tool with `args`.
+fn cli(args: &[&str]) -> Output {
+    Command::new(BIN).args(args).output().unwrap()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// `path` as a command-line argument.
+fn arg(path: &Path) -> &str {
+    path.to_str().unwrap()
+}
+
+/// Asserts that `verify PATH` exits with `status` and prints a line holding every one of `words`.
+fn verify_says(path: &Path, status: i32, words: &[&str]) {
+    let out = cli(&["verify", arg(path)]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(status), "{stdout}");
+    assert!(
+        stdout.lines().any(|l| words.iter().all(|w| l.contains(w))),
+        "expected a line with {words:?}: {stdout}"
+    );
+}
+
+#[test]
+fn an_edited_trainer_state_is_damage_for_verify_and_load() {
+    type Edit = fn(&mut serde_json::Value);
+    let edits: [(&str, Edit); 3] = [
+        ("global_step", |s| s["global_step"] = 5.into()),
+        ("loader position", |s| {
+            s["loader"]["position"] = (s["loader"]["position"].as_u64().unwrap() + 4).into()
+        }),
+        ("optimizer step", |s| s["optimizer_step"] = 1.into()),
+    ];
+    for (what, edit) in edits {
+        eprintln!("editing the {what}");
+        let s = saved();
+        hand_edit_state(&s.ckpt, edit);
+        verify_says(&s.ckpt, 1, &["DAMAGED", STATE_FILE]);
+        assert_contains(&resume_error(&s), &[STATE_FILE, "sha256"]);
+    }
+}
+
+#[test]
+fn a_state_file_written_without_its_checksum_loads_and_is_reported_unprotected() {
+    let s = saved();
+    // What a checkpoint written before the state file had a checksum looks like.
+    let _ = std::fs::remove_file(s.ckpt.join(format!("{STATE_FILE}.sha256")));
+    hand_edit_state(&s.ckpt, |s| s["format_version"] = 1.into());
+    verify_says(&s.ckpt, 0, &[STATE_FILE, "unprotected"]);
+    let dev = CpuDevice::new(1, u64::MAX).unwrap();
+    let t = Trainer::resume(s.suite.train.clone(), dev, &s.ckpt).unwrap();
+    assert_eq!(t.step_index(), 2);
+}
+
+#[test]
+fn a_state_holding_a_non_finite_number_is_refused_at_save() {
+    let tmp = tempfile::tempdir().unwrap();
+    let suite = Suite::parse(
+        &tmp.path().join("suite.yaml"),
+        &suite_text("fp32", 32, "{max_steps: 4}"),
+    )
+    .unwrap();
+    let run = tmp.path().join("run");
+    let dev = CpuDevice::new(1, u64::MAX).unwrap();
+    let mut t = Trainer::new(suite.train.clone(), dev.clone()).unwrap();
+    t.step().unwrap();
+    t.save(&run, None).unwrap();
+    for lr in [f64::NAN, f64::INFINITY] {
+        let mut cfg = suite.train.clone();
+        cfg.optimizer.lr = lr;
+        let mut t = Trainer::new(cfg, dev.clone()).unwrap();
+        t.step().unwrap();
+        t.step().unwrap();
+        let err = match t.save(&run, None) {
+            Ok(dir) => panic!("lr {lr}: saved {}", dir.display()),
+            Err(e) => e.to_string(),
+        };
+        assert_contains(&err, &["schedule.peak_lr", "finite"]);
+        assert!(!run.join("step-00000002").exists(), "lr {lr}");
+        // The previous checkpoint is still the run's latest, and loads.
+        let t = Trainer::resume(suite.train.clone(), dev.clone(), &run).unwrap();
+        assert_eq!(t.step_index(), 1);
+    }
+}
+
+#[test]
+fn a_second_writer_of_a_run_is_refused_with_the_holder() {
+    let tmp = tempfile::tempdir().unwrap();
+    let suite = write_suite(
+        tmp.path(),
+        &suite_text("fp32", 32, "{max_steps: 1000000, save_every: 1}"),
+    );
+    let run = tmp.path().join("run");
+    let mut first = Command::new(BIN)
+        .args(["train", arg(&suite), "--out", arg(&run)])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while !run.join("latest").exists() {
+        assert!(
+            started.elapsed().as_secs() < 120,
+            "the first train never saved"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let second = train_output(&suite, &run, None, 2);
+    first.kill().unwrap();
+    first.wait().unwrap();
+    assert_eq!(second.status.code(), Some(2), "{}", stderr(&second));
+    assert_contains(
+        &stderr(&second),
+        &[arg(&run), &format!("process {}", first.id()), "train"],
+    );
+}
+
+/// A suite saving after every step, trained for `steps` steps into `run`.
+fn run_saving_every_step(steps: u64) -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let suite = write_suite(
+        tmp.path(),
+        &suite_text("fp32", 32, "{max_steps: 8, save_every: 1}"),
+    );
+    let run = tmp.path().join("run");
+    train(&suite, &run, None, steps);
+    (tmp, suite, run)
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+    }
+}
+
+/// The names of a run directory's entries that a save leaves behind only when interrupted.
+fn leftovers(run: &Path) -> Vec<String> {
+    std::fs::read_dir(run)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".tmp-") || n.starts_with(".old-"))
+        .collect()
+}
+
+fn verify_status(path: &Path) -> Option<i32> {
+    cli(&["verify", arg(path)]).status.code()
+}
+
+#[test]
+fn an_interrupted_resave_is_restored_by_the_next_train_not_deleted() {
+    // What a kill between moving step 8 aside and renaming its new copy into place left: both
+    // copies complete, no step-00000008, `latest` naming it.
+    let (_tmp, suite, run) = run_saving_every_step(8);
+    let step8 = run.join("step-00000008");
+    let old = run.join(".old-step-00000008-4242");
+    std::fs::rename(&step8, &old).unwrap();
+    copy_dir(&old, &run.join(".tmp-step-00000008-4242"));
+
+    let out = train_output(&suite, &run, Some(&run.join("step-00000003")), 4);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("step-00000008"),
+        "the restore is reported: {}",
+        stderr(&out)
+    );
+    assert_eq!(verify_status(&step8), Some(0), "step 8 was lost");
+    assert_eq!(leftovers(&run), Vec::<String>::new());
+    assert_eq!(verify_status(&run), Some(0));
+}
+
+/// `train --resume RUN --steps 9` after `latest`'s checkpoint was broken by `damage`: it resumes
+/// from step 7 and says that it skipped step 8, and why.
+fn resumes_past_a_broken_latest(damage: impl Fn(&Path), why: &str) {
+    let (_tmp, suite, run) = run_saving_every_step(8);
+    damage(&run.join("step-00000008"));
+    assert_eq!(verify_status(&run), Some(1), "a broken latest is damage");
+    let out = train_output(&suite, &run, Some(&run), 9);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let warning = stderr(&out);
+    let line = warning
+        .lines()
+        .find(|l| l.starts_with("warning:"))
+        .unwrap_or_else(|| panic!("no warning: {warning}"));
+    assert_contains(line, &["step-00000008", why, "step-00000007"]);
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        stdout.lines().next().unwrap().starts_with("{\"step\":7,"),
+        "{stdout}"
+    );
+    assert_eq!(verify_status(&run), Some(0));
+}
+
+#[test]
+fn resume_falls_back_past_a_missing_latest_checkpoint() {
+    resumes_past_a_broken_latest(
+        |dir| std::fs::remove_dir_all(dir).unwrap(),
+        "not a checkpoint directory",
+    );
+}
+
+#[test]
+fn resume_falls_back_past_a_damaged_latest_checkpoint() {
+    resumes_past_a_broken_latest(
+        |dir| {
+            let mut bytes = file_bytes(dir, MODEL_FILE);
+            let at = bytes.len() / 2;
+            bytes[at] ^= 0x01;
+            std::fs::write(dir.join(MODEL_FILE), bytes).unwrap();
+        },
+        "checksum mismatch",
+    );
+    resumes_past_a_broken_latest(
+        |dir| std::fs::write(dir.join(STATE_FILE), b"{\"format_version\": 1, ").unwrap(),
+        STATE_FILE,
+    );
+}
+
+#[test]
+fn an_explicit_damaged_checkpoint_is_an_error_not_a_fallback() {
+    let (_tmp, suite, run) = run_saving_every_step(8);
+    let step8 = run.join("step-00000008");
+    std::fs::remove_file(step8.join(MODEL_FILE)).unwrap();
+    let out = train_output(&suite, &run, Some(&step8), 9);
+    assert_eq!(out.status.code(), Some(2));
+    assert_contains(&stderr(&out), &[MODEL_FILE]);
+}
+
+/// A kill at each rename of a re-save (strace stops the process as it enters the call) leaves
+/// `latest` naming a complete checkpoint, and the next save leaves no copies behind.
+#[test]
+fn a_kill_at_any_rename_of_a_resave_keeps_latest_complete() {
+    assert!(
+        Command::new("strace").arg("-V").output().is_ok(),
+        "this test needs strace (apt-get install strace)"
+    );
+    for when in 1..=3 {
+        let (_tmp, suite, run) = run_saving_every_step(8);
+        let inject =
+            format!("inject=rename,renameat,renameat2:error=EIO:signal=SIGKILL:when={when}");
+        let status = Command::new("strace")
+            .args(["-f", "-o", "/dev/null", "-e", &inject, BIN, "train"])
+            .args([arg(&suite), "--out", arg(&run), "--resume"])
+            .args([arg(&run.join("step-00000007")), "--steps", "8"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap();
+        let ctx = format!("kill at rename {when} ({status})");
+        assert_eq!(verify_status(&run), Some(0), "{ctx}");
+        train(&suite, &run, Some(&run), 9);
+        assert_eq!(leftovers(&run), Vec::<String>::new(), "{ctx}");
+        assert_eq!(verify_status(&run.join("step-00000008")), Some(0), "{ctx}");
+    }
+}
+
+/// The hidden size every checkpoint of `run` was saved with.
+fn hidden_sizes(run: &Path) -> Vec<u64> {
+    checkpoint::list(run)
+        .unwrap()
+        .iter()
+        .map(|dir| {
+            let state: serde_json::Value =
+                serde_json::from_slice(&file_bytes(dir, STATE_FILE)).unwrap();
+            state["identity"]["model"]["hidden_size"].as_u64().unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn training_into_a_run_of_another_configuration_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+    std::fs::create_dir_all(&a).unwrap();
+    std::fs::create_dir_all(&b).unwrap();
+    let training = "{max_steps: 8, save_every: 1}";
+    let suite_a = write_suite(&a, &suite_text("fp32", 32, training));
+    let suite_b = write_suite(&b, &suite_text("fp32", 48, training));
+    let run = tmp.path().join("run");
+    train(&suite_a, &run, None, 3);
+    // The same configuration again rewrites the same checkpoints: allowed.
+    train(&suite_a, &run, None, 3);
+
+    let out = train_output(&suite_b, &run, None, 4);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert_contains(
+        &stderr(&out),
+        &[arg(&run), "model.hidden_size: 32 vs 48", "--overwrite"],
+    );
+    assert_eq!(hidden_sizes(&run), [32, 32, 32]);
+
+    let out = cli(&[
+        "train",
+        arg(&suite_b),
+        "--out",
+        arg(&run),
+        "--steps",
+        "2",
+        "--overwrite",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(hidden_sizes(&run), [48, 48]);
+    assert_eq!(verify_status(&run), Some(0));
+}
+
+#[test]
+fn the_last_trained_step_is_always_saved() {
+    for (training, steps, saved) in [
+        ("{max_steps: 8}", 3, &["step-00000003"][..]),
+        (
+            "{max_steps: 8, save_every: 5}",
+            7,
+            &["step-00000004", "step-00000005", "step-00000007"][..],
+        ),
+    ] {
+        let tmp = tempfile::tempdir().unwrap();
+        let suite = write_suite(tmp.path(), &suite_text("fp32", 32, training));
+        let run = tmp.path().join("run");
+        train(&suite, &run, None, steps);
+        let names: Vec<String> = checkpoint::list(&run)
+            .unwrap()
+            .iter()
+            .map(|d| d.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, saved, "{training} --steps {steps}");
+        let latest = std::fs::read_to_string(run.join("latest")).unwrap();
+        assert_eq!(latest.trim(), *saved.last().unwrap());
+    }
 }

@@ -633,3 +633,39 @@ fn a_closed_stdout_ends_the_command_quietly() {
         assert!(stderr.is_empty(), "{args:?}: {stderr}");
     }
 }
+
+#[test]
+fn verify_exit_statuses_are_documented_and_kept() {
+    let out = harness(&["verify", "--help"], &[]);
+    let help = String::from_utf8_lossy(&out.stdout);
+    for line in ["0  ", "1  ", "2  "] {
+        assert!(
+            help.lines().any(|l| l.trim_start().starts_with(line)),
+            "{help}"
+        );
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let suite = root().join("suites/tiny-fp32.yaml");
+    let out = harness(&["train", "--out"], &[&run, &suite]);
+    assert!(out.status.success(), "{}", text(&out));
+    let state = run.join("step-00000008/trainer_state.json");
+    // Unparsable, then missing: the checkpoint is damaged.
+    std::fs::write(&state, b"{\"format_version\": 2, \"global").unwrap();
+    let out = harness(&["verify"], &[&run]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .any(|l| l.contains("DAMAGED") && l.contains("trainer_state.json")),
+        "{}",
+        text(&out)
+    );
+    std::fs::remove_file(&state).unwrap();
+    let out = harness(&["verify"], &[&run]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    // Nothing to verify.
+    let out = harness(&["verify"], &[&dir.path().join("absent")]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+}

@@ -11,7 +11,7 @@ use crate::error::{EngineError, Result};
 use sha2::{Digest, Sha256};
 use std::fs::File;
 use std::io::{Read, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use xxhash_rust::xxh3::Xxh3Default;
 
 /// Bytes read, and checksummed, at a time: large enough for few system calls, small enough
@@ -202,6 +202,32 @@ pub fn rename_synced(from: &Path, to: &Path, parent: &Path) -> Result<()> {
     sync_dir(parent)
 }
 
+/// Puts the directory `new` in place of the existing directory `dest` (both in `parent`) and
+/// makes that durable; returns where the old `dest` now is, for the caller to remove. On Linux
+/// the two are exchanged in one atomic step, so `dest` always names a complete directory.
+/// Elsewhere, or where the file system cannot exchange, `dest` is first renamed to `aside`: a
+/// crash before the second rename leaves it there, for recovery to put back.
+pub fn replace_dir(new: &Path, dest: &Path, aside: &Path, parent: &Path) -> Result<PathBuf> {
+    #[cfg(target_os = "linux")]
+    {
+        use rustix::fs::{renameat_with, RenameFlags, CWD};
+        use rustix::io::Errno;
+        match renameat_with(CWD, new, CWD, dest, RenameFlags::EXCHANGE) {
+            Ok(()) => return sync_dir(parent).map(|()| new.to_path_buf()),
+            Err(Errno::INVAL | Errno::NOSYS | Errno::OPNOTSUPP) => {}
+            Err(e) => return Err(EngineError::io(dest, e.into())),
+        }
+    }
+    move_aside(new, dest, aside, parent)
+}
+
+/// [`replace_dir`] by two renames: `dest` to `aside`, then `new` to `dest`.
+fn move_aside(new: &Path, dest: &Path, aside: &Path, parent: &Path) -> Result<PathBuf> {
+    rename_synced(dest, aside, parent)?;
+    rename_synced(new, dest, parent)?;
+    Ok(aside.to_path_buf())
+}
+
 /// A read-only view of a file's bytes (memory-mapped, so it costs no heap copy).
 pub struct MappedFile {
     map: Option<memmap2::Mmap>,
@@ -259,6 +285,44 @@ mod tests {
             let mut a = [0u8; 17];
             assert!(!read_verified(&path, &record, vec![(40, &mut a[..])]).unwrap());
         }
+    }
+
+    /// A directory holding one file `f` with `content`.
+    fn dir_with(parent: &Path, name: &str, content: &str) -> PathBuf {
+        let dir = parent.join(name);
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(dir.join("f"), content).unwrap();
+        dir
+    }
+
+    fn content(dir: &Path) -> String {
+        std::fs::read_to_string(dir.join("f")).unwrap()
+    }
+
+    #[test]
+    fn replacing_a_directory_leaves_the_old_one_where_it_says() {
+        let parent = tempfile::tempdir().unwrap();
+        let (new, dest) = (
+            dir_with(parent.path(), "new", "new"),
+            dir_with(parent.path(), "dest", "old"),
+        );
+        let aside = parent.path().join("aside");
+        let old = replace_dir(&new, &dest, &aside, parent.path()).unwrap();
+        assert_eq!(
+            (content(&dest), content(&old)),
+            ("new".into(), "old".into())
+        );
+
+        // The path taken where directories cannot be exchanged.
+        let new = dir_with(parent.path(), "newer", "newer");
+        std::fs::remove_dir_all(&old).unwrap();
+        let old = move_aside(&new, &dest, &aside, parent.path()).unwrap();
+        assert_eq!(old, aside);
+        assert!(!new.exists());
+        assert_eq!(
+            (content(&dest), content(&old)),
+            ("newer".into(), "new".into())
+        );
     }
 
     #[test]

@@ -5,7 +5,7 @@
 use super::files::{self, MappedFile};
 use super::state::{first_difference, FileRecord, TrainerState};
 use super::{
-    fingerprint, read_state, resolve, CONFIG_FILE, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE,
+    fingerprint, resolve, state_file, CONFIG_FILE, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE,
 };
 use crate::error::{EngineError, Result};
 use crate::memory::{Category, MemoryTracker};
@@ -45,15 +45,8 @@ pub struct LoadRequest<'a> {
 /// tensors leased from `host`.
 pub fn load(host: &MemoryTracker, dir: &Path, req: &LoadRequest<'_>) -> Result<Loaded> {
     let dir = resolve(dir)?;
-    let state = read_state(&dir)?;
-    if state.fingerprint != fingerprint(&req.identity) || state.identity != req.identity {
-        let diff = first_difference(&state.identity, &req.identity, "")
-            .unwrap_or_else(|| "the recorded fingerprint does not match its configuration".into());
-        return Err(EngineError::bad_file(
-            dir.join(STATE_FILE),
-            format!("checkpoint belongs to another run configuration ({diff}, checkpoint vs this run); resume with the configuration it was saved with"),
-        ));
-    }
+    let state = state_file::read(&dir)?.state;
+    check_identity(&dir, &state, &req.identity)?;
     for name in [MODEL_FILE, OPTIMIZER_FILE, CONFIG_FILE] {
         if !state.files.contains_key(name) {
             return Err(EngineError::bad_file(
@@ -193,6 +186,23 @@ pub fn load(host: &MemoryTracker, dir: &Path, req: &LoadRequest<'_>) -> Result<L
         master,
         moments,
     })
+}
+
+/// Fails unless the checkpoint at `dir`, whose state is `state`, belongs to a run of `identity`.
+pub(crate) fn check_identity(
+    dir: &Path,
+    state: &TrainerState,
+    identity: &serde_json::Value,
+) -> Result<()> {
+    if state.fingerprint == fingerprint(identity) && state.identity == *identity {
+        return Ok(());
+    }
+    let diff = first_difference(&state.identity, identity, "")
+        .unwrap_or_else(|| "the recorded fingerprint does not match its configuration".into());
+    Err(EngineError::bad_file(
+        dir.join(STATE_FILE),
+        format!("checkpoint belongs to another run configuration ({diff}, checkpoint vs this run); resume with the configuration it was saved with"),
+    ))
 }
 
 fn checksum_mismatch(path: &Path) -> EngineError {

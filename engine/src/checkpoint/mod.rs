@@ -1,25 +1,40 @@
 //! Checkpoints: one directory per step holding `model.safetensors` + `config.json` (loadable by
 //! Hugging Face transformers), `optimizer.safetensors` (AdamW moments, fp32 master weights where
-//! the precision keeps them) and `trainer_state.json` (see [`state`]).
+//! the precision keeps them), `trainer_state.json` (see [`state`]) and its checksum
+//! `trainer_state.json.sha256` (see [`state_file`]).
 //!
-//! Saving writes a temporary directory beside the final one, fsyncs every file and the directory,
-//! renames it into place, then replaces the `latest` pointer by rename: a crash at any instant
-//! leaves the previous checkpoint loadable. Loading checks presence, sizes, the run's
-//! configuration, dtypes and shapes, allocates every tensor in its final place, and reads each
-//! file once straight into them while verifying its checksum; it names exactly what is wrong.
+//! Saving holds the run's [`RunLock`], writes a temporary directory beside the final one, fsyncs
+//! every file and the directory, renames it into place (see [`files::replace_dir`] for a step
+//! saved before), then replaces the `latest` pointer by rename: a crash at any instant leaves
+//! the previous checkpoint loadable, and [`recover`] puts right what it left. Loading checks
+//! presence, sizes, the run's configuration, dtypes and shapes, allocates every tensor in its
+//! final place, and reads each file once straight into them while verifying its checksum; it
+//! names exactly what is wrong.
 
+mod fallback;
 pub mod files;
+mod foreign;
 mod load;
+mod lock;
+mod recover;
 pub mod state;
+pub mod state_file;
+#[cfg(test)]
+mod testing;
 mod verify;
 
 use crate::error::{EngineError, Result};
 use crate::model::LlamaConfig;
 use crate::tensor::{Elem, Tensor};
+pub use fallback::{load_newest, Fallback, Skipped};
 use files::{rename_synced, sync_dir, write_synced};
+pub use foreign::{foreign, remove_foreign, Foreign};
 pub use load::{load, LoadRequest, Loaded};
+pub use lock::RunLock;
+pub use recover::recover;
+use recover::{OLD_PREFIX, TMP_PREFIX};
 use safetensors::Dtype;
-use state::{FileRecord, TrainerState, VersionProbe, FORMAT_VERSION};
+use state::{FileRecord, TrainerState};
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 pub use verify::{verify, FileVerdict};
@@ -32,8 +47,12 @@ pub const CONFIG_FILE: &str = "config.json";
 pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
 /// Step, schedule, loader, RNG, fingerprint and checksums.
 pub const STATE_FILE: &str = "trainer_state.json";
+/// The sha256 of `trainer_state.json`, in `sha256sum`'s format (see [`state_file`]).
+pub const STATE_SUM_FILE: &str = "trainer_state.json.sha256";
 /// The file in a run directory naming its newest checkpoint.
 pub const LATEST_FILE: &str = "latest";
+/// The file in a run directory that its writer locks (see [`RunLock`]).
+pub const LOCK_FILE: &str = ".lock";
 
 /// The directory name of the checkpoint after `step` steps.
 pub fn step_dir_name(step: u64) -> String {
@@ -112,61 +131,55 @@ pub struct SaveRequest<'a> {
 }
 
 /// Writes a checkpoint for `req.state.global_step` into `run_dir`, atomically, points `latest` at
-/// it and keeps only the newest `keep_last` checkpoints. Returns the checkpoint's directory.
+/// it and keeps only the newest `keep_last` checkpoints, holding the run's [`RunLock`]
+/// throughout. Returns the checkpoint's directory.
 pub fn save(run_dir: &Path, req: SaveRequest<'_>, keep_last: Option<usize>) -> Result<PathBuf> {
-    std::fs::create_dir_all(run_dir).map_err(|e| EngineError::io(run_dir, e))?;
-    remove_stale_temporaries(run_dir)?;
+    state_file::check_storable(&req.state)?;
+    let _lock = RunLock::acquire(run_dir)?;
+    recover(run_dir)?;
     let name = step_dir_name(req.state.global_step);
-    let tmp = run_dir.join(format!(".tmp-{name}-{}", std::process::id()));
-    std::fs::create_dir(&tmp).map_err(|e| EngineError::io(&tmp, e))?;
+    // Removed on any error before it is renamed into place.
+    let tmp = tempfile::Builder::new()
+        .prefix(&format!("{TMP_PREFIX}{name}-"))
+        .tempdir_in(run_dir)
+        .map_err(|e| EngineError::io(run_dir, e))?;
+    let tmp_path = tmp.path();
 
     let mut state = req.state;
     // The two tensor files are written concurrently: hashing one need not wait for the other.
     let (model, optimizer) = std::thread::scope(|scope| {
-        let model = scope.spawn(|| write_safetensors(&tmp.join(MODEL_FILE), &req.model));
-        let optimizer = write_safetensors(&tmp.join(OPTIMIZER_FILE), &req.optimizer);
+        let model = scope.spawn(|| write_safetensors(&tmp_path.join(MODEL_FILE), &req.model));
+        let optimizer = write_safetensors(&tmp_path.join(OPTIMIZER_FILE), &req.optimizer);
         (model.join().expect("writing does not panic"), optimizer)
     });
     state.files.insert(MODEL_FILE.into(), model?);
     state.files.insert(OPTIMIZER_FILE.into(), optimizer?);
     let config = serde_json::to_vec_pretty(&req.config.to_hf_json()).expect("plain JSON");
-    let record = write_synced(&tmp.join(CONFIG_FILE), &[&config])?;
+    let record = write_synced(&tmp_path.join(CONFIG_FILE), &[&config])?;
     state.files.insert(CONFIG_FILE.into(), record);
-    let state_json = serde_json::to_vec_pretty(&state).expect("plain JSON");
-    write_synced(&tmp.join(STATE_FILE), &[&state_json])?;
-    sync_dir(&tmp)?;
+    state_file::write(tmp_path, &state)?;
+    sync_dir(tmp_path)?;
 
     let dest = run_dir.join(&name);
-    if dest.exists() {
-        // Re-saving a step: move the old copy aside first so the rename below cannot fail on a
-        // non-empty directory, and `latest` never points at a half-replaced one.
-        let old = run_dir.join(format!(".old-{name}-{}", std::process::id()));
-        rename_synced(&dest, &old, run_dir)?;
-        rename_synced(&tmp, &dest, run_dir)?;
-        std::fs::remove_dir_all(&old).map_err(|e| EngineError::io(&old, e))?;
+    let old = if dest.exists() {
+        // Saving a step again: the new copy takes the old one's place (see `replace_dir`).
+        let tmp_name = tmp_path.file_name().unwrap_or_default().to_string_lossy();
+        let aside = run_dir.join(tmp_name.replacen(TMP_PREFIX, OLD_PREFIX, 1));
+        Some(files::replace_dir(tmp_path, &dest, &aside, run_dir)?)
     } else {
-        rename_synced(&tmp, &dest, run_dir)?;
-    }
+        rename_synced(tmp_path, &dest, run_dir)?;
+        None
+    };
     let pointer = run_dir.join(format!(".{LATEST_FILE}.tmp"));
     write_synced(&pointer, &[format!("{name}\n").as_bytes()])?;
     rename_synced(&pointer, &run_dir.join(LATEST_FILE), run_dir)?;
+    if let Some(old) = old {
+        std::fs::remove_dir_all(&old).map_err(|e| EngineError::io(&old, e))?;
+    }
     if let Some(keep) = keep_last {
         prune(run_dir, keep.max(1), &name)?;
     }
     Ok(dest)
-}
-
-/// Removes temporary directories a crashed save left behind.
-fn remove_stale_temporaries(run_dir: &Path) -> Result<()> {
-    let entries = std::fs::read_dir(run_dir).map_err(|e| EngineError::io(run_dir, e))?;
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if name.starts_with(".tmp-") || name.starts_with(".old-") {
-            let path = entry.path();
-            std::fs::remove_dir_all(&path).map_err(|e| EngineError::io(&path, e))?;
-        }
-    }
-    Ok(())
 }
 
 /// The checkpoint directories of a run, oldest first.
@@ -223,28 +236,18 @@ pub fn fingerprint(identity: &serde_json::Value) -> String {
     )
 }
 
-/// `trainer_state.json` of the checkpoint at `dir`, refusing a newer format version.
-fn read_state(dir: &Path) -> Result<TrainerState> {
-    let path = dir.join(STATE_FILE);
-    if !dir.is_dir() {
-        return Err(EngineError::bad_file(dir, "is not a checkpoint directory"));
+#[cfg(all(test, unix))]
+mod tests {
+    use super::testing::save_step;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_checkpoint_directory_is_created_as_any_other() {
+        let tmp = tempfile::tempdir().unwrap();
+        let plain = tmp.path().join("plain");
+        std::fs::create_dir(&plain).unwrap();
+        let saved = save_step(&tmp.path().join("run"), 1);
+        let mode = |p: &std::path::Path| p.metadata().unwrap().permissions().mode();
+        assert_eq!(mode(&saved), mode(&plain));
     }
-    let text = std::fs::read_to_string(&path).map_err(|e| EngineError::io(&path, e))?;
-    let probe: VersionProbe = serde_json::from_str(&text).map_err(|e| {
-        EngineError::bad_file(
-            &path,
-            format!("not a trainer state ({e}); the file is damaged"),
-        )
-    })?;
-    if probe.format_version > FORMAT_VERSION {
-        return Err(EngineError::bad_file(
-            &path,
-            format!(
-                "format version {} was written by a newer ckpt-harness; this build reads up to version {FORMAT_VERSION}; upgrade to load it",
-                probe.format_version
-            ),
-        ));
-    }
-    serde_json::from_str(&text)
-        .map_err(|e| EngineError::bad_file(&path, format!("{e}; the file is damaged")))
 }

@@ -6,8 +6,9 @@ use crate::optim::Schedule;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-/// The checkpoint layout this build writes; it reads this version and older.
-pub const FORMAT_VERSION: u32 = 1;
+/// The checkpoint layout this build writes; it reads this version and older. Version 2 added
+/// `trainer_state.json.sha256` (see [`super::state_file`]).
+pub const FORMAT_VERSION: u32 = 2;
 
 /// One file of a checkpoint, as written.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -83,11 +84,7 @@ pub fn first_difference(
         (Value::Object(x), Value::Object(y)) => {
             let keys: std::collections::BTreeSet<&String> = x.keys().chain(y.keys()).collect();
             keys.into_iter().find_map(|k| {
-                let sub = if path.is_empty() {
-                    k.clone()
-                } else {
-                    format!("{path}.{k}")
-                };
+                let sub = child_path(path, k);
                 match (x.get(k), y.get(k)) {
                     (Some(p), Some(q)) => first_difference(p, q, &sub),
                     (p, q) => Some(format!("{sub}: {} vs {}", show(p), show(q))),
@@ -96,6 +93,15 @@ pub fn first_difference(
         }
         _ if a == b => None,
         _ => Some(format!("{path}: {a} vs {b}")),
+    }
+}
+
+/// The path of key `key` inside the value at `path`, as `a.b.key`.
+pub(crate) fn child_path(path: &str, key: &str) -> String {
+    if path.is_empty() {
+        key.to_string()
+    } else {
+        format!("{path}.{key}")
     }
 }
 

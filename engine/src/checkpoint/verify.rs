@@ -1,46 +1,123 @@
-//! A full check of a checkpoint's files against `trainer_state.json`, without a run
-//! configuration: what `ckpt-harness verify` reports. Loading checks each file's XXH3-128; this
-//! also recomputes its sha256, the checksum standard tools print.
+//! A full check of a checkpoint's files without a run configuration: what
+//! `ckpt-harness verify` reports. The state file is checked against its sidecar, every other
+//! file against the size, sha256 and XXH3-128 the state records (loading checks only the XXH3).
 
 use super::files::{self, MappedFile};
-use super::{read_state, resolve, STATE_FILE};
-use crate::error::Result;
+use super::state_file::{self, StateError};
+use super::{list, resolve, LATEST_FILE, STATE_FILE, STATE_SUM_FILE};
+use crate::error::{EngineError, Result};
 use safetensors::SafeTensors;
 use std::path::{Path, PathBuf};
 
-/// What [`verify`] found of one file of a checkpoint.
+/// What [`verify`] found of one file of a checkpoint, or of a run's `latest` pointer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FileVerdict {
-    /// The file's name in the checkpoint.
+    /// The file's name in the checkpoint (or `latest`).
     pub name: String,
-    /// Its size as recorded.
+    /// Its size: as recorded for the files the state lists, as found for the others.
     pub bytes: u64,
     /// What is wrong with it; `None` when it is intact.
     pub problem: Option<String>,
+    /// What to know about an intact file: a state file written before it had a checksum.
+    pub note: Option<String>,
 }
 
-/// Checks every file `trainer_state.json` of the checkpoint at `path` (or the `latest` of a run
-/// directory) lists: that it exists, has its recorded size, sha256 and XXH3-128, and, for a
-/// safetensors file, a valid header. Returns the checkpoint's directory and a verdict per file;
-/// an unreadable or newer-format `trainer_state.json` is an error.
+impl FileVerdict {
+    fn new(name: &str, bytes: u64, problem: Option<String>) -> Self {
+        FileVerdict {
+            name: name.to_string(),
+            bytes,
+            problem,
+            note: None,
+        }
+    }
+}
+
+/// Checks the checkpoint at `path`, or the one a run directory's `latest` names: its state file
+/// against its sidecar, then every file the state lists: that it exists, has its recorded size,
+/// sha256 and XXH3-128, and, for a safetensors file, a valid header. Returns the checkpoint's
+/// directory and a verdict per file; a broken `latest` is a verdict on it, with the run
+/// directory. An error means there is nothing this build can verify at `path`: it does not
+/// exist, is neither a checkpoint nor a run directory, or was written by a newer build.
 pub fn verify(path: &Path) -> Result<(PathBuf, Vec<FileVerdict>)> {
-    let dir = resolve(path)?;
-    let state = read_state(&dir)?;
-    let verdicts = state
-        .files
-        .iter()
-        .map(|(name, record)| FileVerdict {
-            name: name.clone(),
-            bytes: record.bytes,
-            problem: problem(&dir, name, record).err(),
-        })
-        .collect();
+    std::fs::metadata(path).map_err(|e| EngineError::io(path, e))?;
+    let dir = match checkpoint_of(path)? {
+        Ok(dir) => dir,
+        Err(problem) => {
+            let bytes = size(&path.join(LATEST_FILE));
+            let verdict = FileVerdict::new(LATEST_FILE, bytes, Some(problem));
+            return Ok((path.to_path_buf(), vec![verdict]));
+        }
+    };
+    let state = match state_file::read(&dir) {
+        Ok(state) => state,
+        Err(StateError::Newer(e)) => return Err(e),
+        Err(StateError::Damaged(e)) => {
+            let bytes = size(&dir.join(STATE_FILE));
+            return Ok((
+                dir,
+                vec![FileVerdict::new(STATE_FILE, bytes, Some(e.to_string()))],
+            ));
+        }
+    };
+    let mut verdicts = vec![FileVerdict {
+        note: (!state.protected).then(|| {
+            format!("unprotected: written without {STATE_SUM_FILE} (format version 1), so changes to it go undetected")
+        }),
+        ..FileVerdict::new(STATE_FILE, state.bytes, None)
+    }];
+    verdicts.extend(state.state.files.iter().map(|(name, record)| {
+        FileVerdict::new(name, record.bytes, problem(&dir, name, record).err())
+    }));
     Ok((dir, verdicts))
+}
+
+/// Whether the checkpoint at `dir` verifies: its state file and every file it lists intact.
+pub(crate) fn intact(dir: &Path) -> bool {
+    verify(dir).is_ok_and(|(_, verdicts)| verdicts.iter().all(|v| v.problem.is_none()))
+}
+
+/// The checkpoint directory `path` names, or what is wrong with a run directory's `latest`.
+fn checkpoint_of(path: &Path) -> Result<std::result::Result<PathBuf, String>> {
+    let in_checkpoint = [
+        STATE_FILE,
+        STATE_SUM_FILE,
+        super::MODEL_FILE,
+        super::OPTIMIZER_FILE,
+        super::CONFIG_FILE,
+    ];
+    if in_checkpoint.iter().any(|name| path.join(name).exists()) {
+        return Ok(Ok(path.to_path_buf()));
+    }
+    if path.join(LATEST_FILE).exists() {
+        return Ok(match resolve(path) {
+            Ok(dir) if dir.is_dir() => Ok(dir),
+            Ok(dir) => Err(format!(
+                "names {}, which does not exist; `train --resume` falls back to the newest checkpoint that loads",
+                dir.file_name().unwrap_or_default().to_string_lossy()
+            )),
+            Err(e) => Err(e.to_string()),
+        });
+    }
+    if !list(path)?.is_empty() {
+        return Ok(Err(
+            "is missing; verify the run's checkpoint directories one by one".into(),
+        ));
+    }
+    Err(EngineError::bad_file(
+        path,
+        format!("is neither a checkpoint (no {STATE_FILE}) nor a run directory (no {LATEST_FILE}); nothing to verify"),
+    ))
+}
+
+/// The size of the file at `path`, 0 if it cannot be read.
+fn size(path: &Path) -> u64 {
+    std::fs::metadata(path).map_or(0, |m| m.len())
 }
 
 /// The first thing wrong with file `name` of `dir`, as `Err`.
 fn problem(dir: &Path, name: &str, record: &super::FileRecord) -> std::result::Result<(), String> {
-    if name.contains('/') || name.starts_with('.') || name == STATE_FILE {
+    if name.contains('/') || name.starts_with('.') || [STATE_FILE, STATE_SUM_FILE].contains(&name) {
         return Err(format!("{STATE_FILE} lists an invalid file name {name:?}"));
     }
     let path = dir.join(name);

@@ -1,0 +1,39 @@
+//! Small real checkpoints for this module's tests: no tensors, every file written by [`save`].
+
+use super::state::{RngState, ScheduleState, TrainerState, FORMAT_VERSION};
+use super::{fingerprint, save, SaveRequest};
+use crate::model::LlamaConfig;
+use crate::optim::Schedule;
+use std::path::{Path, PathBuf};
+
+/// Saves the checkpoint of `step` into `run` and returns its directory.
+pub(crate) fn save_step(run: &Path, step: u64) -> PathBuf {
+    let config = LlamaConfig::from_hf_json(
+        r#"{"vocab_size": 16, "hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 1,
+            "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 8}"#,
+    )
+    .unwrap();
+    let identity = serde_json::json!({"model": config});
+    let state = TrainerState {
+        format_version: FORMAT_VERSION,
+        global_step: step,
+        optimizer_step: step,
+        schedule: ScheduleState {
+            schedule: Schedule::Constant,
+            peak_lr: 1e-3,
+            next_lr: 1e-3,
+        },
+        loader: Default::default(),
+        rng: RngState::default(),
+        fingerprint: fingerprint(&identity),
+        identity,
+        files: Default::default(),
+    };
+    let req = SaveRequest {
+        config: &config,
+        model: Vec::new(),
+        optimizer: Vec::new(),
+        state,
+    };
+    save(run, req, None).unwrap()
+}
