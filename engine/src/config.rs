@@ -180,7 +180,11 @@ impl TrainConfig {
                 format!("init.std is {std}; write a positive standard deviation such as 0.02")
             })?,
             Init::HfDir { path } => {
-                let found = LlamaConfig::from_hf_file(&path.join("config.json"))?;
+                let found = LlamaConfig::from_hf_file(&path.join("config.json")).map_err(|e| {
+                    EngineError::Config(format!(
+                        "init.path: {e}; write the directory of a Hugging Face checkpoint (config.json and model.safetensors)"
+                    ))
+                })?;
                 require(found == self.model, || {
                     format!(
                         "{}: config.json does not match the run's model configuration",
@@ -191,33 +195,50 @@ impl TrainConfig {
                 std::fs::metadata(&weights).map_err(|e| EngineError::io(&weights, e))?;
             }
         }
-        DataLoader::new(
+        let data = DataLoader::new(
             &self.data,
             self.model.vocab_size,
             self.batch_size,
             self.seq_len,
             self.shuffle_seed,
-        )
-        .map(drop)
+        );
+        match (data, &self.data) {
+            (Ok(_), _) => Ok(()),
+            (
+                Err(e @ (EngineError::Io { .. } | EngineError::BadFile { .. })),
+                DataConfig::TokenFile { .. },
+            ) => Err(EngineError::Config(format!(
+                "data.path: {e}; write the path of a file of token ids"
+            ))),
+            (Err(e), _) => Err(e),
+        }
     }
 
     fn validate_optimizer(&self) -> Result<()> {
         let o = &self.optimizer;
-        let finite = |name: &str, x: f64, min: f64, example: &str| {
-            require(x.is_finite() && x >= min, || {
-                format!("optimizer.{name} is {x}; it must be a finite number of at least {min}, e.g. {example}")
+        let finite = |name: &str, x: f64, zero_allowed: bool, example: &str| {
+            let bound = if zero_allowed {
+                "at least 0"
+            } else {
+                "above 0"
+            };
+            let ok = x.is_finite() && (x > 0.0 || (zero_allowed && x == 0.0));
+            require(ok, || {
+                format!(
+                    "optimizer.{name} is {x}; it must be a finite number {bound}, e.g. {example}"
+                )
             })
         };
-        finite("lr", o.lr, 0.0, "0.001")?;
-        finite("eps", o.eps, f64::MIN_POSITIVE, "1e-8")?;
-        finite("weight_decay", o.weight_decay, 0.0, "0.1")?;
+        finite("lr", o.lr, true, "0.001")?;
+        finite("eps", o.eps, false, "1e-8")?;
+        finite("weight_decay", o.weight_decay, true, "0.1")?;
         for (i, b) in o.betas.iter().enumerate() {
             require((0.0..1.0).contains(b), || {
                 format!("optimizer.betas[{i}] is {b}; it must be at least 0 and below 1, e.g. betas: [0.9, 0.95]")
             })?;
         }
         if let Some(clip) = o.grad_clip {
-            finite("grad_clip", clip, f64::MIN_POSITIVE, "1.0")?;
+            finite("grad_clip", clip, false, "1.0")?;
         }
         if let Schedule::WarmupCosine { min_lr_ratio, .. } = self.schedule {
             require((0.0..=1.0).contains(&min_lr_ratio), || {
@@ -227,5 +248,126 @@ impl TrainConfig {
             })?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run() -> TrainConfig {
+        TrainConfig {
+            model: LlamaConfig {
+                vocab_size: 32,
+                hidden_size: 8,
+                intermediate_size: 16,
+                num_hidden_layers: 1,
+                num_attention_heads: 2,
+                num_key_value_heads: 1,
+                head_dim: None,
+                rms_norm_eps: 1e-5,
+                rope_theta: 10000.0,
+                tie_word_embeddings: false,
+                max_position_embeddings: 16,
+                qk_norm: false,
+            },
+            init: Init::Random { seed: 0, std: 0.02 },
+            precision: Precision::Fp32,
+            optimizer: AdamWConfig {
+                lr: 1e-3,
+                betas: [0.9, 0.95],
+                eps: 1e-8,
+                weight_decay: 0.1,
+                grad_clip: Some(1.0),
+            },
+            schedule: Schedule::WarmupCosine {
+                warmup_steps: 1,
+                horizon: 4,
+                min_lr_ratio: 0.1,
+            },
+            data: DataConfig::Synthetic {
+                seed: 0,
+                samples: 8,
+                branching: 2,
+                min_len: None,
+            },
+            batch_size: 2,
+            seq_len: 8,
+            shuffle_seed: 0,
+            checkpointing: Checkpointing::None,
+            loss: LossKind::Standard,
+            dropout: 0.0,
+            long_batch: None,
+            faults: Faults::default(),
+        }
+    }
+
+    /// Every value a trainer would refuse at start is refused here, by name, before anything is
+    /// allocated; the run it starts from is accepted.
+    #[test]
+    fn impossible_values_are_refused_by_name() {
+        run().validate().unwrap();
+        type Breaks = fn(&mut TrainConfig);
+        let cases: Vec<(&str, Breaks)> = vec![
+            ("optimizer.lr is -0.001", |r| r.optimizer.lr = -1e-3),
+            ("optimizer.lr is NaN", |r| r.optimizer.lr = f64::NAN),
+            ("optimizer.betas[0] is 1.5", |r| {
+                r.optimizer.betas = [1.5, 2.0]
+            }),
+            ("optimizer.eps is 0", |r| r.optimizer.eps = 0.0),
+            ("optimizer.grad_clip is -1", |r| {
+                r.optimizer.grad_clip = Some(-1.0)
+            }),
+            ("schedule.min_lr_ratio is -0.5", |r| {
+                r.schedule = Schedule::WarmupCosine {
+                    warmup_steps: 0,
+                    horizon: 4,
+                    min_lr_ratio: -0.5,
+                }
+            }),
+            ("loss.chunk_tokens is 0", |r| {
+                r.loss = LossKind::Chunked { chunk_tokens: 0 }
+            }),
+            ("batch_size is 0", |r| r.batch_size = 0),
+            ("seq_len is 17", |r| r.seq_len = 17),
+            ("dropout is 1", |r| r.dropout = 1.0),
+            ("init.std is -1", |r| {
+                r.init = Init::Random { seed: 0, std: -1.0 }
+            }),
+            ("head_dim is 0", |r| r.model.head_dim = Some(0)),
+            ("data.min_len is 9", |r| {
+                r.data = DataConfig::Synthetic {
+                    seed: 0,
+                    samples: 8,
+                    branching: 2,
+                    min_len: Some(9),
+                }
+            }),
+            ("data.samples must be at least 1", |r| {
+                r.data = DataConfig::Synthetic {
+                    seed: 0,
+                    samples: 0,
+                    branching: 2,
+                    min_len: None,
+                }
+            }),
+            ("init.path", |r| {
+                r.init = Init::HfDir {
+                    path: "no/such/dir".into(),
+                }
+            }),
+            ("data.path", |r| {
+                r.data = DataConfig::TokenFile {
+                    path: "no/such/tokens.bin".into(),
+                    dtype: crate::data::TokenDtype::U16,
+                }
+            }),
+        ];
+        for (want, break_it) in cases {
+            let mut r = run();
+            break_it(&mut r);
+            let err = r.validate().expect_err(want).to_string();
+            assert!(err.contains(want), "{want}: {err}");
+        }
     }
 }

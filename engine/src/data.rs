@@ -2,7 +2,7 @@
 //! and a dataset of flat token files. The loader's position is a plain value ([`LoaderState`]),
 //! so a checkpoint can store it and a resumed run reads exactly the batches it would have.
 
-use crate::error::{try_vec, EngineError, Result};
+use crate::error::{check_host, try_vec, EngineError, Result};
 use crate::model::loss::IGNORE_INDEX;
 use crate::model::Batch;
 use rand::{Rng, SeedableRng};
@@ -141,6 +141,10 @@ impl DataLoader {
                         "data.samples must be at least 1".into(),
                     ));
                 }
+                check_host(
+                    samples.saturating_mul(8),
+                    "the data order (one index per sample)",
+                )?;
                 let mut rng = ChaCha8Rng::seed_from_u64(*seed);
                 rng.set_stream(u64::MAX);
                 let mut successors = try_vec(
@@ -234,6 +238,7 @@ impl DataLoader {
     pub fn next_batch_of(&mut self, seq: usize) -> Result<Batch> {
         let rows = self.batch;
         let tokens = rows.saturating_mul(seq);
+        check_host(tokens as u64 * 12, "a batch (token ids and labels)")?;
         let mut input_ids = try_vec(tokens, PAD, "a batch's token ids")?;
         let mut labels = try_vec(tokens, IGNORE_INDEX, "a batch's labels")?;
         for (ids, labels) in input_ids.chunks_mut(seq).zip(labels.chunks_mut(seq)) {

@@ -73,11 +73,24 @@ impl EngineError {
 /// The engine's result type.
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;
 
-/// A host buffer of `len` copies of `value`, or an error saying what could not be allocated:
-/// a request the allocator refuses is an error, never an abort.
+/// Refuses a host buffer of `bytes` for `what` that the host's available memory cannot hold.
+pub fn check_host(bytes: u64, what: &str) -> Result<()> {
+    if bytes > crate::memory::host_available().unwrap_or(u64::MAX) {
+        return Err(EngineError::HostMemory {
+            what: what.to_string(),
+            bytes,
+        });
+    }
+    Ok(())
+}
+
+/// A host buffer of `len` copies of `value`, or an error saying what could not be allocated: a
+/// request larger than the host's available memory, or one the allocator refuses, is an error,
+/// never an abort.
 pub fn try_vec<T: Clone>(len: usize, value: T, what: &str) -> Result<Vec<T>> {
-    let mut v = Vec::new();
     let bytes = len.saturating_mul(std::mem::size_of::<T>()) as u64;
+    check_host(bytes, what)?;
+    let mut v = Vec::new();
     v.try_reserve_exact(len)
         .map_err(|_| EngineError::HostMemory {
             what: what.to_string(),

@@ -12,7 +12,7 @@ use crate::backend::count::{CountingDevice, Like};
 use crate::backend::cpu::attention::{scratch_shape, Pass};
 use crate::config::{Precision, TrainConfig};
 use crate::device::{AttnShape, Device, StepPhase};
-use crate::error::{EngineError, Result};
+use crate::error::{check_host, try_vec, EngineError, Result};
 use crate::memory::Breakdown;
 use crate::model::{Batch, Checkpointing, Dropout};
 use crate::state::State;
@@ -213,12 +213,16 @@ fn steps(cfg: &EstimateConfig, seq: usize) -> Result<(Anatomy, StepEstimate, Ste
     let run = &cfg.run;
     let dev = CountingDevice::new(cfg.like);
     let mut state = State::zeros(run, dev.clone())?;
-    let rows = run.batch_size * seq;
+    let rows = run.batch_size.saturating_mul(seq);
+    check_host(
+        rows as u64 * 12,
+        "the dry run's batch (token ids and labels)",
+    )?;
     let batch = Batch {
         batch: run.batch_size,
         seq,
-        input_ids: vec![0; rows],
-        labels: vec![0; rows],
+        input_ids: try_vec(rows, 0, "the dry run's token ids")?,
+        labels: try_vec(rows, 0, "the dry run's labels")?,
     };
     let dropout = (run.dropout > 0.0).then_some(Dropout {
         p: run.dropout,

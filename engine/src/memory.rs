@@ -362,6 +362,15 @@ impl Drop for Lease {
     }
 }
 
+/// The host's available memory in bytes (`MemAvailable` of `/proc/meminfo`), where the platform
+/// reports it.
+pub fn host_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
 /// `1536` → `1.5 KiB`: bytes for people.
 pub fn human_bytes(bytes: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];

@@ -68,6 +68,13 @@ impl Elem for bf16 {
     }
 }
 
+/// The bytes of a tensor of `shape` and element `E`; `None` where they overflow.
+pub fn bytes_of<E: Elem>(shape: &[usize]) -> Option<usize> {
+    shape
+        .iter()
+        .try_fold(E::DTYPE.size(), |a, &d| a.checked_mul(d))
+}
+
 /// A row-major tensor whose bytes are counted by the tracker that leased them.
 pub struct Tensor<E: Elem = f32> {
     data: Vec<E>,
@@ -84,11 +91,10 @@ impl<E: Elem> Tensor<E> {
         shape: &[usize],
         category: Category,
     ) -> Result<Self, OutOfMemory> {
-        let numel = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
-        let bytes = numel.and_then(|n| n.checked_mul(E::DTYPE.size()));
-        let (Some(numel), Some(bytes)) = (numel, bytes) else {
+        let Some(bytes) = bytes_of::<E>(shape) else {
             return Err(tracker.refuse(u64::MAX, category));
         };
+        let numel = bytes / E::DTYPE.size();
         let lease = tracker.allocate(bytes as u64, category)?;
         let mut data = Vec::new();
         if data.try_reserve_exact(numel).is_err() {

@@ -184,7 +184,7 @@ fn validate(paths: &[PathBuf]) -> Result<u8> {
     let mut bad = 0;
     let mut valid = Vec::new();
     for f in &files {
-        match plan::load_one(f) {
+        match plan::load_one(f).and_then(|s| s.check_run().map(|()| s)) {
             Ok(suite) => {
                 writeln!(out, "ok {}", f.display())?;
                 valid.push(suite);

@@ -9,8 +9,8 @@ use ckpt_engine::data::{DataConfig, LongBatch};
 use ckpt_engine::fault::Fault;
 use ckpt_engine::model::loss::LossKind;
 use ckpt_engine::optim::{AdamWConfig, Schedule};
-use ckpt_engine::{Checkpointing, LlamaConfig};
-use places::{location, model_error_place, place, place_of, yaml_error, Places};
+use ckpt_engine::{Checkpointing, EngineError, LlamaConfig};
+use places::{key_path_place, location, model_error_place, place, place_of, yaml_error, Places};
 use serde::de::{self, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_saphyr::{Location, Spanned};
@@ -707,6 +707,28 @@ impl Suite {
     /// `file:line:column` of its name.
     pub fn name_place(&self) -> String {
         place(&self.path, self.name_at)
+    }
+
+    /// Checks what the engine would refuse when this suite's trainer starts, without allocating
+    /// on a device: every optimizer, schedule, loss and data value, the batch shape, the token
+    /// file and the initial weights' directory. The error names the key's place in the file.
+    pub fn check_run(&self) -> Result<()> {
+        let Err(e) = self.train.validate() else {
+            return Ok(());
+        };
+        let at = match &e {
+            EngineError::Config(message) => {
+                let text = std::fs::read_to_string(&self.path).unwrap_or_default();
+                let key = message
+                    .split(' ')
+                    .next()
+                    .unwrap_or_default()
+                    .trim_end_matches(':');
+                key_path_place(&self.path, &text, key)
+            }
+            _ => self.path.display().to_string(),
+        };
+        bail!("{at}: {e}")
     }
 
     /// The mid-run checkpoint step.

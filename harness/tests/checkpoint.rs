@@ -2,7 +2,8 @@
 //! every kind of damage gives its own clear error; SIGKILL during saves never loses the latest
 //! loadable checkpoint.
 
-use ckpt_engine::checkpoint::{self, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE};
+use ckpt_engine::checkpoint::state::TrainerState;
+use ckpt_engine::checkpoint::{self, SaveRequest, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE};
 use ckpt_engine::{CpuDevice, Trainer};
 use ckpt_harness::suite::Suite;
 use std::path::{Path, PathBuf};
@@ -424,16 +425,29 @@ fn a_state_holding_a_non_finite_number_is_refused_at_save() {
     let mut t = Trainer::new(suite.train.clone(), dev.clone()).unwrap();
     t.step().unwrap();
     t.save(&run, None).unwrap();
+    let saved = std::fs::read_to_string(run.join("step-00000001").join(STATE_FILE)).unwrap();
+    t.step().unwrap();
     for lr in [f64::NAN, f64::INFINITY] {
+        // A run that asks for a non-finite rate is refused before it starts...
         let mut cfg = suite.train.clone();
         cfg.optimizer.lr = lr;
-        let mut t = Trainer::new(cfg, dev.clone()).unwrap();
-        t.step().unwrap();
-        t.step().unwrap();
-        let err = match t.save(&run, None) {
-            Ok(dir) => panic!("lr {lr}: saved {}", dir.display()),
-            Err(e) => e.to_string(),
+        let err = Trainer::new(cfg, dev.clone())
+            .err()
+            .expect("refused")
+            .to_string();
+        assert_contains(&err, &["optimizer.lr", "finite"]);
+        // ...and a state that holds one anyway is refused at save, before anything is written.
+        let mut state: TrainerState = serde_json::from_str(&saved).unwrap();
+        (state.global_step, state.schedule.peak_lr) = (2, lr);
+        state.files.clear();
+        let (model, optimizer) = t.state().checkpoint_entries().unwrap();
+        let req = SaveRequest {
+            config: &suite.train.model,
+            model,
+            optimizer,
+            state,
         };
+        let err = checkpoint::save(&run, req, None).unwrap_err().to_string();
         assert_contains(&err, &["schedule.peak_lr", "finite"]);
         assert!(!run.join("step-00000002").exists(), "lr {lr}");
         // The previous checkpoint is still the run's latest, and loads.

@@ -669,3 +669,174 @@ fn verify_exit_statuses_are_documented_and_kept() {
     let out = harness(&["verify"], &[&dir.path().join("absent")]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
 }
+
+/// `validate` refuses what a trainer would refuse at start, without training: every impossible
+/// value by its key and place, and data and weights that are missing.
+#[test]
+fn validate_refuses_what_the_run_would_refuse_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let synthetic = "data: {kind: synthetic, seed: 3, samples: 256}";
+    let optimizer = "optimizer: {lr: 0.003, betas: [0.9, 0.95], weight_decay: 0.1, grad_clip: 1.0}";
+    let cases = [
+        (
+            (
+                synthetic,
+                "data: {kind: synthetic, seed: 3, samples: 256, min_len: 100}",
+            ),
+            ":14:48: invalid configuration: data.min_len is 100",
+        ),
+        (
+            ("samples: 256", "samples: 0"),
+            ":14:34: invalid configuration: data.samples",
+        ),
+        (
+            ("batch_size: 4", "batch_size: 0"),
+            ":15:1: invalid configuration: batch_size is 0",
+        ),
+        (
+            (
+                "init: {kind: random, seed: 1, std: 0.1}",
+                "init: {kind: hf_dir, path: nope}",
+            ),
+            ":12:22: invalid configuration: init.path: ",
+        ),
+        (
+            (
+                synthetic,
+                "data: {kind: token_file, path: nope.bin, dtype: u16}",
+            ),
+            ":14:26: invalid configuration: data.path: ",
+        ),
+        (
+            ("lr: 0.003", "lr: -0.003"),
+            ":17:13: invalid configuration: optimizer.lr is -0.003",
+        ),
+        (
+            ("lr: 0.003", "lr: .nan"),
+            ":17:13: invalid configuration: optimizer.lr is NaN",
+        ),
+        (
+            ("betas: [0.9, 0.95]", "betas: [1.5, 2]"),
+            ":17:24: invalid configuration: optimizer.betas[0] is 1.5",
+        ),
+        (
+            ("grad_clip: 1.0", "grad_clip: -1.0"),
+            ":17:63: invalid configuration: optimizer.grad_clip is -1",
+        ),
+        (
+            ("min_lr_ratio: 0.1", "min_lr_ratio: -0.5"),
+            ":18:29: invalid configuration: schedule.min_lr_ratio is -0.5",
+        ),
+        (
+            (
+                "batch_size: 4",
+                "batch_size: 4\nloss: {kind: chunked, chunk_tokens: 0}",
+            ),
+            ":16:23: invalid configuration: loss.chunk_tokens is 0",
+        ),
+        (
+            (
+                "num_key_value_heads: 4",
+                "num_key_value_heads: 4\n  head_dim: 0",
+            ),
+            ":11:13: model: head_dim is 0",
+        ),
+    ];
+    assert!(
+        std::fs::read_to_string(root().join("suites/tiny-fp32.yaml"))
+            .unwrap()
+            .contains(optimizer)
+    );
+    for (i, (change, want)) in cases.into_iter().enumerate() {
+        let name = format!("bad{i}");
+        let suite = tiny_suite(dir.path(), &name, "", &[change]);
+        let out = harness(&["validate"], &[&suite]);
+        let all = text(&out);
+        assert_eq!(out.status.code(), Some(exit_codes::INVALID.into()), "{all}");
+        assert!(all.contains(&format!("{name}.yaml{want}")), "{want}: {all}");
+    }
+}
+
+/// A run too large for the machine ends in a failed trial saying what could not be allocated,
+/// with the reports written: never an abort.
+#[test]
+fn sizes_too_large_for_the_host_are_refused_not_aborted() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        (
+            "huge-batch",
+            ("batch_size: 4", "batch_size: 100000000"),
+            "cannot allocate",
+        ),
+        (
+            "huge-vocab",
+            ("vocab_size: 64", "vocab_size: 10000000000"),
+            "cannot allocate",
+        ),
+        (
+            "huge-hidden",
+            ("hidden_size: 32", "hidden_size: 3200000000"),
+            "out of memory",
+        ),
+        (
+            "huge-samples",
+            ("samples: 256", "samples: 1000000000000000"),
+            "cannot allocate",
+        ),
+    ];
+    for (name, change, want) in cases {
+        let out = run_tiny(dir.path(), name, "devices: [cpu]", &[change]);
+        let all = text(&out);
+        assert_eq!(out.status.code(), Some(exit_codes::FAILED.into()), "{all}");
+        assert!(all.contains(want), "{name}: {all}");
+        assert_eq!(summary_json(dir.path())["failed"], 1, "{name}");
+    }
+}
+
+/// `estimate` of a suite predicts the run as configured (its checkpointing, loss and long rows)
+/// and says whether its budget holds, exiting 1 when it does not.
+#[test]
+fn estimate_of_a_suite_checks_its_budget() {
+    let est = |suite: &str| harness(&["estimate", "--bytes"], &[&root().join(suite)]);
+    let out = est("suites/faults/long_batch_spike.yaml");
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(exit_codes::FAILED.into()), "{all}");
+    assert!(all.contains("| baseline = as configured"), "{all}");
+    assert!(all.contains("**step peak, long rows**"), "{all}");
+    assert!(
+        all.contains("budget 1.3 MiB (1400000 bytes) on cpu: EXCEEDED by 353.3 KiB (361792 bytes) at the long rows from step 8"),
+        "{all}"
+    );
+    let out = est("suites/long-rows-checkpointed.yaml");
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(exit_codes::SUCCESS.into()), "{all}");
+    assert!(
+        all.contains("+checkpointing (full) = as configured"),
+        "{all}"
+    );
+    assert!(all.contains("on cpu: holds"), "{all}");
+}
+
+/// `train` runs on the device it is given, and a device that is not here is a clear error.
+#[test]
+fn train_takes_a_device() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = tiny_suite(dir.path(), "t", "", &[("max_steps: 8", "max_steps: 2")]);
+    let run = dir.path().join("run");
+    let out = harness(&["train", "--device", "cpu", "--out"], &[&run, &suite]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 2);
+    if ckpt_engine::backend::probe(ckpt_engine::DeviceKind::Cuda).is_err() {
+        let out = harness(
+            &["train", "--device", "cuda", "--out"],
+            &[&dir.path().join("gpu"), &suite],
+        );
+        assert_eq!(
+            out.status.code(),
+            Some(exit_codes::INVALID.into()),
+            "{}",
+            text(&out)
+        );
+        assert!(text(&out).contains("no GPU"), "{}", text(&out));
+    }
+}

@@ -101,6 +101,36 @@ pub fn model_error_place(path: &Path, text: &str, message: &str) -> String {
     place_of(path, &Places::of(text).model)
 }
 
+/// Where the key `path` (`optimizer.lr`, `optimizer.betas[1]`, as the engine's messages name
+/// keys) is written: its first part at the start of a line, each next part after it; the file
+/// alone when it cannot be found.
+pub fn key_path_place(path: &Path, text: &str, key: &str) -> String {
+    let is_key_char = |c: char| c.is_alphanumeric() || c == '_';
+    let find = |from: usize, part: &str, line_start: bool| {
+        text[from..]
+            .match_indices(&format!("{part}:"))
+            .map(|(at, _)| from + at)
+            .find(|&at| {
+                let before = text[..at].chars().next_back();
+                match line_start {
+                    true => before.is_none_or(|c| c == '\n'),
+                    false => !before.is_some_and(is_key_char),
+                }
+            })
+    };
+    let mut parts = key.split('.').map(|p| p.split('[').next().unwrap_or(p));
+    let mut at = parts.next().and_then(|first| find(0, first, true));
+    for part in parts {
+        at = at.and_then(|from| find(from, part, false));
+    }
+    let Some(at) = at else {
+        return path.display().to_string();
+    };
+    let line = text[..at].matches('\n').count() + 1;
+    let column = text[..at].rfind('\n').map_or(at, |nl| at - nl - 1) + 1;
+    format!("{}:{line}:{column}", path.display())
+}
+
 /// The key written just before the value at `loc` on its line: `key: value`, or
 /// `{a: 1, key: value}`.
 fn key_before(text: &str, loc: Location) -> Option<String> {

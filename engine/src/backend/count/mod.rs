@@ -7,11 +7,11 @@ use crate::backend::{cpu, cuda};
 use crate::device::{
     AdamWArgs, AttnShape, Device, DeviceKind, DeviceTensor, Operand, Out, StepPhase,
 };
-use crate::error::{EngineError, Result};
+use crate::error::{try_vec, EngineError, Result};
 use crate::memory::{Breakdown, Category, Lease, MemoryTracker};
 use crate::model::dropout::DropoutMask;
 use crate::model::rope::RopeSpec;
-use crate::tensor::{Elem, Tensor};
+use crate::tensor::{bytes_of, Elem, Tensor};
 use std::borrow::Cow;
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};
@@ -199,9 +199,11 @@ impl Device for CountingDevice {
     }
 
     fn zeros<E: Elem>(&self, shape: &[usize], category: Category) -> Result<T<E>> {
-        let numel: usize = shape.iter().product();
+        let Some(bytes) = bytes_of::<E>(shape) else {
+            return Err(self.tracker.refuse(u64::MAX, category).into());
+        };
         Ok(CountTensor {
-            lease: self.lease((numel * E::DTYPE.size()) as u64, category)?,
+            lease: self.lease(bytes as u64, category)?,
             shape: shape.to_vec(),
             _elem: PhantomData,
         })
@@ -212,7 +214,7 @@ impl Device for CountingDevice {
     }
 
     fn to_host<E: Elem>(&self, t: &T<E>) -> Result<Vec<E>> {
-        Ok(vec![E::default(); t.numel()])
+        try_vec(t.numel(), E::default(), "a tensor's values on the host")
     }
 
     fn raw_bytes<'a, E: Elem>(&self, _: &'a T<E>) -> Result<Cow<'a, [u8]>> {

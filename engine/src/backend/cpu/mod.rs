@@ -9,7 +9,7 @@ pub mod matmul;
 
 use crate::device::DeviceTensor;
 use crate::error::{EngineError, Result};
-use crate::memory::{Category, Lease, MemoryTracker, OutOfMemory};
+use crate::memory::{host_available, Category, Lease, MemoryTracker, OutOfMemory};
 use crate::model::rope::RopeTable;
 use crate::tensor::{Elem, Tensor};
 use std::sync::Arc;
@@ -21,15 +21,6 @@ pub struct CpuDevice {
     tracker: MemoryTracker,
     pool: Arc<rayon::ThreadPool>,
     threads: usize,
-}
-
-/// The host's available memory in bytes (`MemAvailable` of `/proc/meminfo`), where the platform
-/// reports it.
-pub fn host_available() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    kib.checked_mul(1024)
 }
 
 impl CpuDevice {

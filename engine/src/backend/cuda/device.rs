@@ -171,9 +171,7 @@ impl CudaDevice {
                 stream,
                 ctx,
                 tracker: MemoryTracker::new(capacity.unwrap_or(total)),
-                staging: MemoryTracker::new(
-                    crate::backend::cpu::host_available().unwrap_or(u64::MAX),
-                ),
+                staging: MemoryTracker::new(crate::memory::host_available().unwrap_or(u64::MAX)),
                 name,
             }),
         })
@@ -288,8 +286,10 @@ impl CudaDevice {
 
     /// A zero-filled tensor of `shape`, counted under `category`.
     pub fn zeros<E: Elem>(&self, shape: &[usize], category: Category) -> Result<CudaTensor<E>> {
-        let numel: usize = shape.iter().product();
-        let buf = self.alloc(numel * E::DTYPE.size(), category)?;
+        let Some(bytes) = crate::tensor::bytes_of::<E>(shape) else {
+            return Err(self.inner.tracker.refuse(u64::MAX, category).into());
+        };
+        let buf = self.alloc(bytes, category)?;
         self.memset_zero(buf.ptr(), buf.bytes())?;
         Ok(CudaTensor::from_parts(buf, shape.to_vec()))
     }
