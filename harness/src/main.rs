@@ -209,19 +209,20 @@ fn validate(paths: &[PathBuf]) -> Result<u8> {
 
 /// Prints each file's verdict per checkpoint; exits with [`exit_codes::FAILED`] if anything is
 /// damaged, else [`exit_codes::INVALID`] if a path held nothing to verify.
-fn verify(paths: &[PathBuf]) -> u8 {
+fn verify(paths: &[PathBuf]) -> Result<u8> {
+    let mut out = std::io::stdout().lock();
     let (mut intact, mut damaged, mut unreadable) = (0, 0, 0);
     for path in paths {
         match ckpt_engine::checkpoint::verify(path) {
             Ok((dir, verdicts)) => {
-                println!("{}", dir.display());
+                writeln!(out, "{}", dir.display())?;
                 let bad = verdicts.iter().filter(|v| v.problem.is_some()).count();
                 for v in verdicts {
                     let size = format!("{} bytes", v.bytes);
                     let note = v.note.map(|n| format!(" ({n})")).unwrap_or_default();
                     match v.problem {
-                        None => println!("  ok       {:<24} {size}{note}", v.name),
-                        Some(why) => println!("  DAMAGED  {:<24} {size}: {why}", v.name),
+                        None => writeln!(out, "  ok       {:<24} {size}{note}", v.name)?,
+                        Some(why) => writeln!(out, "  DAMAGED  {:<24} {size}: {why}", v.name)?,
                     }
                 }
                 if bad == 0 {
@@ -236,12 +237,15 @@ fn verify(paths: &[PathBuf]) -> u8 {
             }
         }
     }
-    println!("{intact} intact, {damaged} damaged, {unreadable} unreadable");
-    match (damaged, unreadable) {
+    writeln!(
+        out,
+        "{intact} intact, {damaged} damaged, {unreadable} unreadable"
+    )?;
+    Ok(match (damaged, unreadable) {
         (0, 0) => exit_codes::SUCCESS,
         (0, _) => exit_codes::INVALID,
         _ => exit_codes::FAILED,
-    }
+    })
 }
 
 /// Whether `e` is a write to a closed standard output.
@@ -346,7 +350,7 @@ fn dispatch(command: Command) -> Result<u8> {
                 exit_codes::FAILED
             })
         }
-        Command::Verify { paths } => Ok(verify(&paths)),
+        Command::Verify { paths } => verify(&paths),
     }
 }
 

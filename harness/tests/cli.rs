@@ -615,12 +615,17 @@ fn closing_stdout_after(args: &[&str], lines: usize) -> Output {
 
 #[test]
 fn a_closed_stdout_ends_the_command_quietly() {
-    let report = tempfile::tempdir().unwrap();
-    let report = report.path().to_str().unwrap();
-    let runs: [(&[&str], usize); 3] = [
+    let dir = tempfile::tempdir().unwrap();
+    let suite = tiny_suite(dir.path(), "t", "", &[("max_steps: 8", "max_steps: 2")]);
+    let run = dir.path().join("run");
+    let trained = harness(&["train", "--out"], &[&run, &suite]);
+    assert!(trained.status.success(), "{}", text(&trained));
+    let (report, run) = (dir.path().to_str().unwrap(), run.to_str().unwrap());
+    let runs: [(&[&str], usize); 4] = [
         (&["run", "--report", report, "suites/"], 1),
         (&["list", "suites/"], 0),
         (&["validate", "suites/"], 0),
+        (&["verify", run], 0),
     ];
     for (args, lines) in runs {
         let out = closing_stdout_after(args, lines);
