@@ -277,6 +277,7 @@ mod tests {
                 max_position_embeddings: 16,
                 family: Default::default(),
                 sliding_window: None,
+                moe: None,
             },
             init: Init::Random { seed: 0, std: 0.02 },
             precision: Precision::Fp32,

@@ -10,6 +10,7 @@ use crate::error::Result;
 use crate::memory::{Category, MemoryTracker};
 use crate::model::dropout::DropoutMask;
 use crate::model::rope::RopeSpec;
+use crate::model::router::{RouteSpec, Routing};
 use crate::tensor::{Elem, Tensor};
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
@@ -320,6 +321,44 @@ pub trait Device: Clone + Send + Sync + 'static {
 
     /// `db += Σ_r dy[r, :]`, each column's rows summed in order.
     fn bias_grad<E: Elem>(&self, dy: &Self::Tensor<E>, db: &mut Self::Tensor<f32>) -> Result<()>;
+
+    /// `x[r, :] *= w[r]` for every row of `x` (`[rows, width]`, `w`: `[rows]`).
+    fn scale_rows<E: Elem>(&self, x: &mut Self::Tensor<E>, w: &Self::Tensor<E>) -> Result<()>;
+
+    /// `dst[rows[i], :] += w[i] · src[i, :]` for every row `i` of `src` (`w[i]` is 1 without
+    /// `weights`), the product rounded to `E` before the sum. The rows are distinct.
+    fn scatter_add_rows<E: Elem>(
+        &self,
+        src: &Self::Tensor<E>,
+        rows: &Self::Ids,
+        weights: Option<&Self::Tensor<E>>,
+        dst: &mut Self::Tensor<E>,
+    ) -> Result<()>;
+
+    /// `out[r] = Σ_j a[r, j] · b[r, j]` in f32, for every row of `a` and `b` (`[rows, width]`).
+    fn row_dots<E: Elem>(
+        &self,
+        a: &Self::Tensor<E>,
+        b: &Self::Tensor<E>,
+        out: &mut Self::Tensor<f32>,
+    ) -> Result<()>;
+
+    /// The routing of a MoE layer from its router's logits (`[rows, experts]`), computed on the
+    /// host from the logits' values.
+    fn route<E: Elem>(&self, logits: &Self::Tensor<E>, spec: RouteSpec) -> Result<Routing> {
+        let logits: Vec<f32> = self.to_host(logits)?.iter().map(|x| x.to_f32()).collect();
+        Ok(Routing::from_logits(&logits, spec))
+    }
+
+    /// A tensor of `shape` holding `values` rounded to `E`, staged on the host and uploaded.
+    fn upload_f32<E: Elem>(
+        &self,
+        shape: &[usize],
+        values: &[f32],
+        category: Category,
+    ) -> Result<Self::Tensor<E>> {
+        self.upload(Tensor::from_f32(&self.host(), shape, values, category)?)
+    }
 
     /// `act = silu(gate) · up`.
     fn swiglu_forward<E: Elem>(

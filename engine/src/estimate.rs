@@ -8,12 +8,13 @@
 //! The [`Anatomy`] beside it is the same memory as a table of tensor shapes (llm.c's
 //! `fill_in_activation_sizes`), for people; a test checks it against the dry run.
 
-use crate::backend::count::{CountingDevice, Like};
+use crate::backend::count::{CountingDevice, Like, Routes};
 use crate::backend::cpu::attention::{scratch_shape, Pass};
 use crate::config::{Precision, TrainConfig};
 use crate::device::{AttnShape, Device, StepPhase};
 use crate::error::{check_host, try_vec, EngineError, Result};
 use crate::memory::Breakdown;
+use crate::model::router::RouteSpec;
 use crate::model::{Batch, Checkpointing, Dropout};
 use crate::state::State;
 use serde::{Deserialize, Serialize};
@@ -25,6 +26,9 @@ pub struct EstimateConfig {
     pub run: TrainConfig,
     /// The backend the counting device imitates.
     pub like: Like,
+    /// How a MoE model's layers route their rows (balanced unless said otherwise).
+    #[serde(skip_serializing_if = "Routes::is_balanced")]
+    pub routes: Routes,
 }
 
 impl EstimateConfig {
@@ -36,7 +40,13 @@ impl EstimateConfig {
                 ..cfg.clone()
             },
             like,
+            routes: Routes::Balanced,
         }
+    }
+
+    /// The same run with its MoE layers routing as `routes` says.
+    pub fn with_routes(self, routes: Routes) -> Self {
+        EstimateConfig { routes, ..self }
     }
 
     fn validate(&self) -> Result<()> {
@@ -71,11 +81,13 @@ pub struct Anatomy {
     pub grads: u64,
     /// AdamW's two f32 moments.
     pub optimizer: u64,
-    /// What one block holds from its forward to its backward pass, its input included.
+    /// What one block holds from its forward to its backward pass, its input included (the
+    /// largest block's, where MoE and dense blocks differ).
     pub saved_per_block: u64,
-    /// [`Anatomy::saved_per_block`] over all blocks.
+    /// What every block holds from its forward to its backward pass.
     pub saved_activations: u64,
-    /// The most bytes a block's backward pass holds of recomputed activations.
+    /// The most bytes a block's backward pass holds of recomputed activations (for a MoE block
+    /// at the routing modelled: its busiest expert's rows).
     pub recompute_per_block: u64,
     /// The logits buffer: all tokens', or one chunk's.
     pub logits: u64,
@@ -207,11 +219,19 @@ pub fn estimate(cfg: &EstimateConfig) -> Result<Estimate> {
     })
 }
 
+/// A step without and with AdamW's moments at rows of `seq` tokens whose MoE layers route as
+/// `cfg.routes` says: what a step that recorded its tokens per expert should have held.
+pub fn routed_steps(cfg: &EstimateConfig, seq: usize) -> Result<[StepEstimate; 2]> {
+    cfg.validate()?;
+    let (_, first, later) = steps(cfg, seq)?;
+    Ok([first, later])
+}
+
 /// The parts, and a step without and with AdamW's moments, at rows of `seq` tokens: two steps
 /// of a fresh state on the counting device.
 fn steps(cfg: &EstimateConfig, seq: usize) -> Result<(Anatomy, StepEstimate, StepEstimate)> {
     let run = &cfg.run;
-    let dev = CountingDevice::new(cfg.like);
+    let dev = CountingDevice::new(cfg.like).with_routes(cfg.routes.clone());
     let mut state = State::zeros(run, dev.clone())?;
     let rows = run.batch_size.saturating_mul(seq);
     check_host(
@@ -287,15 +307,54 @@ fn anatomy(cfg: &EstimateConfig, seq: usize) -> Anatomy {
         true => rows * (qw + kvw) * e + rows * (a.heads + a.kv_heads) as u64 * 4,
         false => 0,
     };
-    let products = rows * e * (2 * qw + 2 * kvw + hidden + 2 * ffn) + lse + head_norms;
+    let attn_products = rows * e * (2 * qw + 2 * kvw + hidden) + lse + head_norms;
     let norm = rows * (hidden * e + 4);
-    let act = rows * ffn * e;
     let input = rows * hidden * e;
-    let (saved_per_block, recompute_per_block) = match r.checkpointing {
-        Checkpointing::None => (input + products + 2 * norm + act, 0),
-        Checkpointing::Full => (input, products + 2 * norm + act),
-        Checkpointing::Selective => (input + products, norm.max(act)),
+    // Each block's matrix-product outputs, its cheap tensors (norms, SwiGLU activations, a MoE
+    // layer's gathered inputs) and what selective checkpointing recomputes at most at once.
+    let block = |l: usize| -> [u64; 3] {
+        match m.moe.as_ref().filter(|moe| moe.is_moe_layer(l)) {
+            None => {
+                let act = rows * ffn * e;
+                [attn_products + 2 * act, 2 * norm + act, norm.max(act)]
+            }
+            Some(moe) => {
+                // Every row goes to `top_k` experts: each expert's weights, gate, up and output
+                // rows are kept, whichever experts they are.
+                let slots = rows * moe.num_experts_per_tok as u64;
+                let f = moe.moe_intermediate_size as u64;
+                let spec = RouteSpec {
+                    experts: moe.num_experts,
+                    top_k: moe.num_experts_per_tok,
+                    normalize: moe.norm_topk_prob,
+                    layer: l,
+                };
+                let busiest = cfg
+                    .routes
+                    .counts(rows as usize, spec)
+                    .map_or(rows, |c| c.into_iter().max().unwrap_or(0) as u64);
+                [
+                    attn_products + slots * e * (1 + hidden + 2 * f),
+                    2 * norm + slots * e * (hidden + f),
+                    norm + busiest * e * f.max(hidden),
+                ]
+            }
+        }
     };
+    let per_block = (0..m.num_hidden_layers).map(|l| {
+        let [products, cheap, selective] = block(l);
+        match r.checkpointing {
+            Checkpointing::None => (input + products + cheap, 0),
+            Checkpointing::Full => (input, products + cheap),
+            Checkpointing::Selective => (input + products, selective),
+        }
+    });
+    let (mut saved_per_block, mut saved_activations, mut recompute_per_block) = (0, 0, 0);
+    for (saved, recompute) in per_block {
+        saved_per_block = saved_per_block.max(saved);
+        saved_activations += saved;
+        recompute_per_block = recompute_per_block.max(recompute);
+    }
     let attention_scratch = match cfg.like {
         Like::Cpu { threads } => [Pass::Forward, Pass::Backward]
             .map(|p| scratch_shape(threads, &a, p).iter().product::<usize>() as u64 * 4)
@@ -311,7 +370,7 @@ fn anatomy(cfg: &EstimateConfig, seq: usize) -> Anatomy {
         grads: n * 4,
         optimizer: 2 * n * 4,
         saved_per_block,
-        saved_activations: saved_per_block * m.num_hidden_layers as u64,
+        saved_activations,
         recompute_per_block,
         logits: chunk as u64 * vocab * e,
         attention_scratch,
@@ -323,6 +382,7 @@ mod tests {
     use super::*;
     use crate::config::Init;
     use crate::data::{DataConfig, LongBatch};
+    use crate::model::config::MoeConfig;
     use crate::model::loss::LossKind;
     use crate::model::{Family, LlamaConfig};
     use crate::optim::{AdamWConfig, Schedule};
@@ -343,6 +403,7 @@ mod tests {
                 max_position_embeddings: 8,
                 family: Default::default(),
                 sliding_window: None,
+                moe: None,
             },
             init: Init::Random { seed: 0, std: 0.02 },
             precision,
@@ -374,6 +435,69 @@ mod tests {
 
     /// The anatomy's saved activations are what the dry run's forward pass leaves held, less the
     /// last output and the final norm.
+    /// `cfg`'s model as `family`; MoE families get 4 experts, top-2, and Qwen3-MoE a dense
+    /// first layer.
+    fn set_family(cfg: &mut EstimateConfig, family: Family) {
+        let m = &mut cfg.run.model;
+        m.family = family;
+        m.moe = family.moe().then(|| MoeConfig {
+            num_experts: 4,
+            num_experts_per_tok: 2,
+            moe_intermediate_size: if family == Family::Mixtral { 40 } else { 16 },
+            norm_topk_prob: true,
+            router_aux_loss_coef: 0.01,
+            decoder_sparse_step: 1,
+            mlp_only_layers: if family == Family::Mixtral {
+                vec![]
+            } else {
+                vec![0]
+            },
+        });
+    }
+
+    #[test]
+    fn moe_memory_depends_on_the_routing_and_concentrated_bounds_it() {
+        for policy in [
+            Checkpointing::None,
+            Checkpointing::Selective,
+            Checkpointing::Full,
+        ] {
+            let mut cfg = config(policy, Precision::Fp32);
+            set_family(&mut cfg, Family::Qwen3Moe);
+            // Experts wide enough that their buffers make the step's peak.
+            if let Some(moe) = &mut cfg.run.model.moe {
+                moe.moe_intermediate_size = 400;
+            }
+            let peak =
+                |routes: Routes| routed_steps(&cfg.clone().with_routes(routes), 5).unwrap()[1].peak;
+            let balanced = peak(Routes::Balanced);
+            let bound = peak(Routes::Concentrated);
+            // 10 rows, top-2 of 4 experts: 20 slots per layer.
+            let skewed = peak(Routes::Recorded(vec![
+                vec![],
+                vec![10, 6, 3, 1],
+                vec![10, 9, 1, 0],
+            ]));
+            assert!(
+                balanced < skewed && skewed <= bound,
+                "{policy:?}: {balanced} {skewed} {bound}"
+            );
+        }
+    }
+
+    #[test]
+    fn recorded_routes_that_do_not_fit_the_batch_are_refused() {
+        let mut cfg = config(Checkpointing::None, Precision::Fp32);
+        set_family(&mut cfg, Family::Qwen3Moe);
+        let cfg = cfg.with_routes(Routes::Recorded(vec![
+            vec![],
+            vec![6, 6, 6, 6],
+            vec![5, 5, 5, 5],
+        ]));
+        let err = routed_steps(&cfg, 5).unwrap_err().to_string();
+        assert!(err.contains("not a top-2 routing of 10 rows"), "{err}");
+    }
+
     #[test]
     fn saved_activations_are_what_the_forward_pass_leaves() {
         for (precision, family) in [
@@ -382,6 +506,8 @@ mod tests {
             (Precision::Fp32, Family::Qwen3),
             (Precision::Fp32, Family::Qwen2),
             (Precision::Bf16Mixed, Family::Phi3),
+            (Precision::Fp32, Family::Qwen3Moe),
+            (Precision::Bf16Mixed, Family::Mixtral),
         ] {
             for policy in [
                 Checkpointing::None,
@@ -389,7 +515,7 @@ mod tests {
                 Checkpointing::Selective,
             ] {
                 let mut cfg = config(policy, precision);
-                cfg.run.model.family = family;
+                set_family(&mut cfg, family);
                 let e = estimate(&cfg).unwrap();
                 let elem = if precision == Precision::Fp32 { 4 } else { 2 };
                 let (rows, h) = (10, 24);

@@ -14,6 +14,9 @@ pub enum Fault {
     CheckpointingSkippedNested,
     /// The inputs a checkpointed block recomputed from are kept alive after the backward pass.
     RecomputeInputsKept,
+    /// A recomputed MoE block keeps each expert's dispatched input rows and their gradient
+    /// alive after its backward pass, so memory grows with the recomputed MoE layers.
+    MoeDispatchKept,
     /// The optimizer state outlives the trainer that owned it.
     OptimizerStateRetained,
     /// The dropout generator restarts from its seed on resume instead of its saved offset.

@@ -34,6 +34,10 @@ pub struct StepStats {
     pub batch_digest: String,
     /// Blocks recomputed in the backward pass.
     pub recomputed_blocks: usize,
+    /// Each block's tokens per expert (empty for a dense block) in a MoE model: the step's
+    /// expert buffers depend on them. Empty for a dense model.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tokens_per_expert: Vec<Vec<u32>>,
     /// Memory figures, peaks covering this step only.
     pub memory: MemoryStats,
 }
@@ -260,6 +264,7 @@ impl<D: Device> Trainer<D> {
             tokens: pass.tokens,
             batch_digest: batch.digest(),
             recomputed_blocks: pass.recomputed_blocks,
+            tokens_per_expert: pass.tokens_per_expert,
             memory: tracker.stats(),
         };
         self.step += 1;

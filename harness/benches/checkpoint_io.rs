@@ -90,6 +90,7 @@ fn main() {
             max_position_embeddings: 64,
             family: Default::default(),
             sliding_window: None,
+            moe: None,
         },
         init: Init::Random { seed: 0, std: 0.02 },
         precision: Precision::Fp32,

@@ -102,6 +102,7 @@ fn llama_1b() -> LlamaConfig {
         max_position_embeddings: 131072,
         family: Default::default(),
         sliding_window: None,
+        moe: None,
     }
 }
 
@@ -172,6 +173,7 @@ fn run_config(a: &EstimateArgs, suite: Option<&Suite>) -> Result<TrainConfig> {
             max_position_embeddings: need(a.seq, "seq")?,
             family: Default::default(),
             sliding_window: None,
+            moe: None,
         };
         synthetic_run(model, need(a.batch, "batch")?, need(a.seq, "seq")?)
     };

@@ -1,9 +1,9 @@
-//! `ckpt-harness eval`: the loss and gradients of a Hugging Face Llama on one batch, and
+//! `ckpt-harness eval`: the loss and gradients of a Hugging Face model on one batch, and
 //! optionally the parameters after N AdamW steps on that batch, for comparison with PyTorch.
 
 use anyhow::{bail, Context, Result};
 use ckpt_engine::model::loss::LossKind;
-use ckpt_engine::model::{param_specs, weights, LlamaConfig, Model};
+use ckpt_engine::model::{param_specs, weights, LlamaConfig, Model, PassOutput};
 use ckpt_engine::optim::{AdamW, AdamWConfig};
 use ckpt_engine::state::rounded;
 use ckpt_engine::Precision;
@@ -35,8 +35,15 @@ pub struct EvalRequest {
 /// What `eval` prints.
 #[derive(Clone, Debug, Serialize)]
 pub struct EvalReport {
-    /// Loss of the initial weights.
+    /// Loss of the initial weights: the cross-entropy, plus `router_aux_loss_coef × aux` for a
+    /// MoE model.
     pub loss: f32,
+    /// The cross-entropy alone (MoE models).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ce: Option<f32>,
+    /// The load-balancing loss before its coefficient (MoE models).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub aux: Option<f32>,
     /// Loss before each AdamW step (present with `adamw_steps > 0`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub losses: Option<Vec<f32>>,
@@ -102,7 +109,7 @@ fn pass(
     master: &Params<Tensor<f32>>,
     grads: &mut Params<Tensor<f32>>,
     batch: &Batch,
-) -> Result<f32> {
+) -> Result<PassOutput> {
     for g in grads.tensors_mut() {
         g.fill(0.0);
     }
@@ -127,7 +134,7 @@ fn pass(
             )?
         }
     };
-    Ok(out.loss)
+    Ok(out)
 }
 
 fn named(
@@ -154,7 +161,7 @@ pub fn run(req: &EvalRequest) -> Result<EvalReport> {
         .check_batch(&batch)
         .with_context(|| format!("{}: batch does not fit the model", req.batch.display()))?;
     let mut grads = zeros(&dev, &cfg, Category::Grads)?;
-    let loss = pass(&dev, &model, req.precision, &master, &mut grads, &batch)?;
+    let first = pass(&dev, &model, req.precision, &master, &mut grads, &batch)?;
     let mut out = BTreeMap::new();
     named(&cfg, "grad.", &grads, &mut out);
     let mut losses = None;
@@ -162,14 +169,7 @@ pub fn run(req: &EvalRequest) -> Result<EvalReport> {
         let mut opt = AdamW::new(req.adamw.clone());
         let mut seen = Vec::with_capacity(req.adamw_steps);
         for _ in 0..req.adamw_steps {
-            seen.push(pass(
-                &dev,
-                &model,
-                req.precision,
-                &master,
-                &mut grads,
-                &batch,
-            )?);
+            seen.push(pass(&dev, &model, req.precision, &master, &mut grads, &batch)?.loss);
             opt.update(&dev, &cfg, &mut master, &grads, req.adamw.lr)?;
         }
         named(&cfg, "after_adamw.", &master, &mut out);
@@ -178,5 +178,10 @@ pub fn run(req: &EvalRequest) -> Result<EvalReport> {
     if let Some(path) = &req.grads_out {
         weights::save_f32_tensors(path, &out)?;
     }
-    Ok(EvalReport { loss, losses })
+    Ok(EvalReport {
+        loss: first.loss,
+        ce: first.aux.is_some().then_some(first.ce),
+        aux: first.aux,
+        losses,
+    })
 }

@@ -153,6 +153,41 @@ fn phi3_fp32_matches_pytorch() {
     compares_per_layer("phi3_tiny", &["qkv_proj", "gate_up_proj"]);
 }
 
+/// A MoE model's loss is `ce + router_aux_loss_coef × aux`; both parts match PyTorch's, and
+/// the router's and every expert's tensors are among those compared.
+fn moe_matches_pytorch(family: &str, parts: &[&str]) {
+    compares_per_layer(family, parts);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("ours.safetensors");
+    let report = run(&request(family, Precision::Fp32, &out, 2)).unwrap();
+    let e = expected_json(family);
+    for (name, got) in [("ce", report.ce), ("aux", report.aux)] {
+        let want = e[format!("{name}_f64")].as_f64().unwrap();
+        let got = got.unwrap_or_else(|| panic!("{family}: eval reports no {name}")) as f64;
+        let rel = ((got - want) / want).abs();
+        eprintln!("{family} fp32 {name} relative error {rel:e}");
+        assert!(
+            rel <= 1e-5,
+            "{name} {got} vs {want}: relative error {rel:e}"
+        );
+    }
+}
+
+/// Qwen3-MoE: a router and four SwiGLU experts per layer, top-2 with renormalised weights.
+#[test]
+fn qwen3_moe_fp32_matches_pytorch() {
+    moe_matches_pytorch(
+        "qwen3_moe_tiny",
+        &["mlp.gate.weight", "experts.3.down_proj"],
+    );
+}
+
+/// Mixtral: the same MoE under `block_sparse_moe`, experts' projections named w1, w2, w3.
+#[test]
+fn mixtral_fp32_matches_pytorch() {
+    moe_matches_pytorch("mixtral_tiny", &["block_sparse_moe.gate", "experts.3.w2"]);
+}
+
 /// bf16-mixed rounds weights and activations to 8 mantissa bits; docs/PRECISION.md records the
 /// measured errors these bounds are set from.
 #[test]

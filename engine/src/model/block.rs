@@ -6,7 +6,9 @@ use crate::device::{n, out, t, AttnShape, Device, DeviceTensor, Out};
 use crate::error::Result;
 use crate::memory::Category::Activations;
 use crate::model::dropout::{Dropout, DropoutMask, Site};
-use crate::model::params::{LayerLayout, Params, Rows};
+use crate::model::moe::{self, MoeActs};
+use crate::model::params::{Ffn, LayerLayout, Mlp, Params, Rows};
+use crate::model::router::{RouteSpec, Routing};
 use crate::tensor::Elem;
 
 /// Sizes the block's kernels need.
@@ -16,12 +18,15 @@ pub struct BlockDims {
     pub rows: usize,
     /// Residual width.
     pub hidden: usize,
-    /// MLP width.
+    /// Dense MLP width.
     pub ffn: usize,
     /// RMSNorm epsilon.
     pub eps: f32,
     /// The attention call's shape.
     pub attn: AttnShape,
+    /// The routing of the model's MoE layers (`layer` is filled in per block); `None` for a
+    /// dense model.
+    pub route: Option<RouteSpec>,
 }
 
 /// What a block call needs besides weights and tensors: the device, the sizes, the rotary
@@ -37,6 +42,8 @@ pub struct BlockCtx<'a, D: Device> {
     pub layer: usize,
     /// Residual dropout of a training pass; `None` applies none.
     pub dropout: Option<Dropout>,
+    /// The load-balancing loss's gradient per expert probability (empty for a dense model).
+    pub dprob: &'a [f64],
 }
 
 impl<D: Device> Clone for BlockCtx<'_, D> {
@@ -47,8 +54,18 @@ impl<D: Device> Clone for BlockCtx<'_, D> {
 impl<D: Device> Copy for BlockCtx<'_, D> {}
 
 impl<D: Device> BlockCtx<'_, D> {
-    fn mask(&self, site: Site) -> Option<DropoutMask> {
+    /// The dropout mask of `site` in this block, if the pass drops out.
+    pub(super) fn mask(&self, site: Site) -> Option<DropoutMask> {
         self.dropout.map(|d| d.mask(self.layer, site))
+    }
+
+    /// The routing of this block's MoE layer.
+    pub(super) fn route_spec(&self) -> RouteSpec {
+        let spec = self.dims.route.expect("a MoE block's model routes");
+        RouteSpec {
+            layer: self.layer,
+            ..spec
+        }
     }
 
     /// A `[rows, width]` activation.
@@ -70,12 +87,29 @@ pub struct Norm<D: Device, E: Elem> {
     pub out: D::Tensor<E>,
 }
 
+/// What a dense MLP's backward pass reads: its gate and up projections and their SwiGLU
+/// activation (dropped by selective checkpointing).
+struct DenseActs<D: Device, E: Elem> {
+    gate: D::Tensor<E>,
+    up: D::Tensor<E>,
+    act: Option<D::Tensor<E>>,
+}
+
+/// What an MLP's backward pass reads.
+enum MlpActs<D: Device, E: Elem> {
+    /// A dense MLP's.
+    Dense(DenseActs<D, E>),
+    /// A MoE layer's routing and experts.
+    Moe(MoeActs<D, E>),
+}
+
 /// What a block's backward pass reads, besides the block's input.
 ///
-/// The matrix-product outputs are always kept. The cheap tensors (both norms' outputs and the
-/// SwiGLU activation) are kept too unless [`BlockActivations::keep_products`] dropped them, in
-/// which case the backward pass recomputes each right before its use, with the same kernels on
-/// the same inputs, so the numbers are bitwise the same.
+/// The matrix-product outputs are always kept. The cheap tensors (both norms' outputs, the
+/// SwiGLU activations and the experts' gathered inputs) are kept too unless
+/// [`BlockActivations::keep_products`] dropped them, in which case the backward pass recomputes
+/// each right before its use, with the same kernels on the same inputs, so the numbers are
+/// bitwise the same.
 pub struct BlockActivations<D: Device, E: Elem> {
     q: D::Tensor<E>,
     k: D::Tensor<E>,
@@ -85,11 +119,9 @@ pub struct BlockActivations<D: Device, E: Elem> {
     att: D::Tensor<E>,
     lse: D::Tensor<f32>,
     h_mid: D::Tensor<E>,
-    gate: D::Tensor<E>,
-    up: D::Tensor<E>,
+    mlp: MlpActs<D, E>,
     norm1: Option<Norm<D, E>>,
     norm2: Option<Norm<D, E>>,
-    act: Option<D::Tensor<E>>,
 }
 
 impl<D: Device, E: Elem> BlockActivations<D, E> {
@@ -97,19 +129,34 @@ impl<D: Device, E: Elem> BlockActivations<D, E> {
     pub fn keep_products(mut self) -> Self {
         self.norm1 = None;
         self.norm2 = None;
-        self.act = None;
+        match &mut self.mlp {
+            MlpActs::Dense(d) => d.act = None,
+            MlpActs::Moe(m) => m.keep_products(),
+        }
         self
     }
 
     /// Whether the backward pass will recompute something.
     pub fn is_partial(&self) -> bool {
-        self.norm1.is_none() || self.norm2.is_none() || self.act.is_none()
+        let mlp = match &self.mlp {
+            MlpActs::Dense(d) => d.act.is_none(),
+            MlpActs::Moe(m) => m.is_partial(),
+        };
+        self.norm1.is_none() || self.norm2.is_none() || mlp
+    }
+
+    /// The routing of the block's MoE layer; `None` for a dense MLP.
+    pub fn routing(&self) -> Option<&Routing> {
+        match &self.mlp {
+            MlpActs::Dense(_) => None,
+            MlpActs::Moe(m) => Some(m.routing()),
+        }
     }
 }
 
 /// `y[rows, out] (+)= x[rows, in] · wᵀ` for the block of rows `w` of a weight stored
 /// `[rows, in]` (a whole weight, or one projection of a fused one).
-fn linear<D: Device, E: Elem>(
+pub(super) fn linear<D: Device, E: Elem>(
     dev: &D,
     x: &D::Tensor<E>,
     (p, w): (&Params<D::Tensor<E>>, Rows),
@@ -124,7 +171,7 @@ fn linear<D: Device, E: Elem>(
 
 /// Backward of [`linear`]: `dx (+)= dy · w` and `dw += dyᵀ · x` (f32), into the same block of
 /// rows of the gradient.
-fn linear_backward<D: Device, E: Elem>(
+pub(super) fn linear_backward<D: Device, E: Elem>(
     dev: &D,
     (dy, x): (&D::Tensor<E>, &D::Tensor<E>),
     (p, w): (&Params<D::Tensor<E>>, Rows),
@@ -272,8 +319,14 @@ pub fn forward<D: Device, E: Elem>(
     x: &D::Tensor<E>,
 ) -> Result<(D::Tensor<E>, BlockActivations<D, E>)> {
     let acts = activations(ctx, (w, l), x)?;
-    let act = acts.act.as_ref().expect("activations keeps everything");
-    let out = residual_linear(ctx, Site::Mlp, &acts.h_mid, act, (w, l.down))?;
+    let out = match (&acts.mlp, &l.mlp) {
+        (MlpActs::Dense(d), Mlp::Dense(f)) => {
+            let act = d.act.as_ref().expect("activations keeps everything");
+            residual_linear(ctx, Site::Mlp, &acts.h_mid, act, (w, f.down))?
+        }
+        (MlpActs::Moe(m), _) => moe::combine(ctx, m, &acts.h_mid)?,
+        (MlpActs::Dense(_), Mlp::Moe { .. }) => unreachable!("activations follow the layout"),
+    };
     Ok((out, acts))
 }
 
@@ -311,11 +364,23 @@ pub fn activations<D: Device, E: Elem>(
     dev.attention_forward(a, &q, &k, &v, &mut att, &mut lse)?;
     let h_mid = residual_linear(ctx, Site::Attention, x, &att, (w, l.o))?;
     let norm2 = norm(ctx, &h_mid, w.get(l.post_norm))?;
-    let mut gate = ctx.act(d.ffn)?;
-    let mut up = ctx.act(d.ffn)?;
-    linear(dev, &norm2.out, (w, l.gate_up[0]), &mut gate, false)?;
-    linear(dev, &norm2.out, (w, l.gate_up[1]), &mut up, false)?;
-    let act = swiglu(ctx, &gate, &up)?;
+    let mlp = match &l.mlp {
+        Mlp::Dense(f) => {
+            let mut gate = ctx.act(d.ffn)?;
+            let mut up = ctx.act(d.ffn)?;
+            linear(dev, &norm2.out, (w, f.gate_up[0]), &mut gate, false)?;
+            linear(dev, &norm2.out, (w, f.gate_up[1]), &mut up, false)?;
+            let act = swiglu(ctx, &gate, &up)?;
+            MlpActs::Dense(DenseActs {
+                gate,
+                up,
+                act: Some(act),
+            })
+        }
+        Mlp::Moe { router, experts } => {
+            MlpActs::Moe(moe::forward(ctx, (w, *router, experts), &norm2.out)?)
+        }
+    };
     Ok(BlockActivations {
         q,
         k,
@@ -325,17 +390,84 @@ pub fn activations<D: Device, E: Elem>(
         att,
         lse,
         h_mid,
-        gate,
-        up,
+        mlp,
         norm1: Some(norm1),
         norm2: Some(norm2),
-        act: Some(act),
     })
+}
+
+/// Backward of a dense MLP (`out = h_mid + dropout(act·downᵀ)`): `∂L/∂norm2` and the norm's
+/// `1 / rms`, recomputing the norm and the activation when they were dropped.
+fn dense_backward<D: Device, E: Elem>(
+    ctx: BlockCtx<'_, D>,
+    (w, f, post_norm): (&Params<D::Tensor<E>>, &Ffn, usize),
+    g: &mut Params<D::Tensor<f32>>,
+    DenseActs { gate, up, act }: DenseActs<D, E>,
+    (h_mid, norm2): (&D::Tensor<E>, Option<Norm<D, E>>),
+    dh: &D::Tensor<E>,
+) -> Result<(D::Tensor<E>, D::Tensor<f32>)> {
+    let (dev, d) = (ctx.dev, &ctx.dims);
+    let act = match act {
+        Some(act) => act,
+        None => swiglu(ctx, &gate, &up)?,
+    };
+    let dmlp = residual_grad(ctx, Site::Mlp, dh)?;
+    let mut dact = ctx.act(d.ffn)?;
+    let dy = dmlp.as_ref().unwrap_or(dh);
+    linear_backward(dev, (dy, &act), (w, f.down), &mut dact, g, false)?;
+    drop((act, dmlp));
+    let mut dgate = ctx.act(d.ffn)?;
+    let mut dup = ctx.act(d.ffn)?;
+    dev.swiglu_backward(&dact, (&gate, &up), &mut dgate, &mut dup)?;
+    drop((dact, gate, up));
+    let Norm { rinv, out: n2 } = match norm2 {
+        Some(n) => n,
+        None => norm(ctx, h_mid, w.get(post_norm))?,
+    };
+    let mut dn2 = ctx.act(d.hidden)?;
+    let [gate_rows, up_rows] = f.gate_up;
+    linear_backward(dev, (&dgate, &n2), (w, gate_rows), &mut dn2, g, false)?;
+    linear_backward(dev, (&dup, &n2), (w, up_rows), &mut dn2, g, true)?;
+    Ok((dn2, rinv))
+}
+
+/// Backward of a MoE MLP (`out = h_mid + dropout(Σ_e w_e · y_e)`): `∂L/∂norm2`, the norm's
+/// `1 / rms`, and what a deliberate leak keeps (see [`moe::backward`]).
+#[allow(clippy::type_complexity)]
+fn moe_backward<D: Device, E: Elem>(
+    ctx: BlockCtx<'_, D>,
+    (w, layer): (&Params<D::Tensor<E>>, (usize, &[Ffn], usize)),
+    g: &mut Params<D::Tensor<f32>>,
+    acts: MoeActs<D, E>,
+    (h_mid, norm2): (&D::Tensor<E>, Option<Norm<D, E>>),
+    dh: &D::Tensor<E>,
+    keep_dispatch: bool,
+) -> Result<(D::Tensor<E>, D::Tensor<f32>, Vec<D::Tensor<E>>)> {
+    let (router, experts, post_norm) = layer;
+    let dmlp = residual_grad(ctx, Site::Mlp, dh)?;
+    let Norm { rinv, out: n2 } = match norm2 {
+        Some(n) => n,
+        None => norm(ctx, h_mid, w.get(post_norm))?,
+    };
+    let mut dn2 = ctx.act(ctx.dims.hidden)?;
+    let dy = dmlp.as_ref().unwrap_or(dh);
+    let kept = moe::backward(
+        ctx,
+        (w, router, experts),
+        g,
+        acts,
+        (&n2, dy),
+        &mut dn2,
+        keep_dispatch,
+    )?;
+    Ok((dn2, rinv, kept))
 }
 
 /// Backward through the block. `dh` holds ∂L/∂output on entry and ∂L/∂x on return; weight
 /// gradients are added to `g`. Each activation is freed right after its last use, and each
-/// dropped cheap one is recomputed right before its first.
+/// dropped cheap one is recomputed right before its first. With `keep_dispatch` (a deliberate
+/// leak) a MoE layer's gathered expert inputs and their gradients are returned, not freed.
+#[allow(clippy::too_many_arguments)]
 pub fn backward<D: Device, E: Elem>(
     ctx: BlockCtx<'_, D>,
     (w, l): Weights<'_, D, E>,
@@ -343,7 +475,8 @@ pub fn backward<D: Device, E: Elem>(
     x: &D::Tensor<E>,
     saved: BlockActivations<D, E>,
     dh: &mut D::Tensor<E>,
-) -> Result<()> {
+    keep_dispatch: bool,
+) -> Result<Vec<D::Tensor<E>>> {
     let (dev, d) = (ctx.dev, &ctx.dims);
     let (qw, kw, h) = (d.attn.q_width(), d.attn.kv_width(), d.hidden);
     let BlockActivations {
@@ -355,39 +488,28 @@ pub fn backward<D: Device, E: Elem>(
         att,
         lse,
         h_mid,
-        gate,
-        up,
+        mlp,
         norm1,
         norm2,
-        act,
     } = saved;
 
-    // MLP: out = h_mid + dropout(act·downᵀ)
-    let act = match act {
-        Some(act) => act,
-        None => swiglu(ctx, &gate, &up)?,
+    let (dn2, rinv2, kept) = match (mlp, &l.mlp) {
+        (MlpActs::Dense(acts), Mlp::Dense(f)) => {
+            let (dn2, rinv) =
+                dense_backward(ctx, (w, f, l.post_norm), g, acts, (&h_mid, norm2), dh)?;
+            (dn2, rinv, Vec::new())
+        }
+        (MlpActs::Moe(acts), Mlp::Moe { router, experts }) => moe_backward(
+            ctx,
+            (w, (*router, experts.as_slice(), l.post_norm)),
+            g,
+            acts,
+            (&h_mid, norm2),
+            dh,
+            keep_dispatch,
+        )?,
+        _ => unreachable!("activations follow the layout"),
     };
-    let dmlp = residual_grad(ctx, Site::Mlp, dh)?;
-    let mut dact = ctx.act(d.ffn)?;
-    let dy = dmlp.as_ref().unwrap_or(dh);
-    linear_backward(dev, (dy, &act), (w, l.down), &mut dact, g, false)?;
-    drop((act, dmlp));
-    let mut dgate = ctx.act(d.ffn)?;
-    let mut dup = ctx.act(d.ffn)?;
-    dev.swiglu_backward(&dact, (&gate, &up), &mut dgate, &mut dup)?;
-    drop((dact, gate, up));
-    let Norm {
-        rinv: rinv2,
-        out: n2,
-    } = match norm2 {
-        Some(n) => n,
-        None => norm(ctx, &h_mid, w.get(l.post_norm))?,
-    };
-    let mut dn2 = ctx.act(h)?;
-    let [gate_rows, up_rows] = l.gate_up;
-    linear_backward(dev, (&dgate, &n2), (w, gate_rows), &mut dn2, g, false)?;
-    linear_backward(dev, (&dup, &n2), (w, up_rows), &mut dn2, g, true)?;
-    drop((dgate, dup, n2));
     let post_norm = (w.get(l.post_norm), g.get_mut(l.post_norm));
     dev.rmsnorm_backward(&dn2, &h_mid, post_norm.0, &rinv2, dh, post_norm.1)?;
     drop((dn2, h_mid, rinv2));
@@ -437,5 +559,6 @@ pub fn backward<D: Device, E: Elem>(
     linear_backward(dev, (&dv, &n1), (w, v_rows), &mut dn1, g, true)?;
     drop((dq, dk, dv, n1));
     let input_norm = (w.get(l.input_norm), g.get_mut(l.input_norm));
-    dev.rmsnorm_backward(&dn1, x, input_norm.0, &rinv1, dh, input_norm.1)
+    dev.rmsnorm_backward(&dn1, x, input_norm.0, &rinv1, dh, input_norm.1)?;
+    Ok(kept)
 }

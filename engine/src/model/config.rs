@@ -39,9 +39,96 @@ pub struct LlamaConfig {
     /// Which member of the family: what its block adds to Llama's.
     #[serde(default, skip_serializing_if = "Family::is_llama")]
     pub family: Family,
-    /// Keys a query attends to at most (Mistral); `None` attends to every earlier key.
+    /// Keys a query attends to at most (Mistral, Mixtral); `None` attends to every earlier key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sliding_window: Option<usize>,
+    /// The mixture-of-experts MLP (Qwen3-MoE, Mixtral); `None` for a dense model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe: Option<MoeConfig>,
+}
+
+/// A mixture-of-experts MLP: a router picks each token's top-k experts, each a SwiGLU MLP of its
+/// own, and their outputs are summed weighted by the router's probabilities. A load-balancing
+/// loss (transformers' `load_balancing_loss_func`) is added to the cross-entropy.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MoeConfig {
+    /// Experts in each MoE layer.
+    pub num_experts: usize,
+    /// Experts each token is routed to (top-k).
+    pub num_experts_per_tok: usize,
+    /// Width of each expert's SwiGLU.
+    pub moe_intermediate_size: usize,
+    /// Whether a token's top-k probabilities are divided by their sum (always so in Mixtral).
+    #[serde(default = "default_true")]
+    pub norm_topk_prob: bool,
+    /// Weight of the load-balancing loss in the training loss.
+    #[serde(default = "default_aux_coef")]
+    pub router_aux_loss_coef: f64,
+    /// Layer `l` is MoE when `(l + 1)` is a multiple of this (Qwen3-MoE).
+    #[serde(default = "default_sparse_step")]
+    pub decoder_sparse_step: usize,
+    /// Layers that keep a dense MLP of `intermediate_size` (Qwen3-MoE).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mlp_only_layers: Vec<usize>,
+}
+
+impl MoeConfig {
+    /// Whether layer `layer` has the MoE MLP.
+    pub fn is_moe_layer(&self, layer: usize) -> bool {
+        !self.mlp_only_layers.contains(&layer) && (layer + 1) % self.decoder_sparse_step.max(1) == 0
+    }
+
+    fn validate(&self, family: Family, layers: usize, ffn: usize) -> Result<(), String> {
+        let (e, k) = (self.num_experts, self.num_experts_per_tok);
+        if e == 0 || self.moe_intermediate_size == 0 || self.decoder_sparse_step == 0 {
+            return Err(
+                "num_experts, moe_intermediate_size and decoder_sparse_step must be at least 1"
+                    .into(),
+            );
+        }
+        if k == 0 || k > e {
+            return Err(format!(
+                "num_experts_per_tok is {k}; it must be between 1 and num_experts ({e})"
+            ));
+        }
+        let c = self.router_aux_loss_coef;
+        if !c.is_finite() || c < 0.0 {
+            return Err(format!(
+                "router_aux_loss_coef is {c}; it must be a finite number of at least 0"
+            ));
+        }
+        if let Some(l) = self.mlp_only_layers.iter().find(|&&l| l >= layers) {
+            return Err(format!(
+                "mlp_only_layers names layer {l}; the model has layers 0 to {}",
+                layers - 1
+            ));
+        }
+        if family == Family::Mixtral && ffn != self.moe_intermediate_size {
+            return Err(format!(
+                "mixtral's experts are its MLP: intermediate_size ({ffn}) must equal moe_intermediate_size ({})",
+                self.moe_intermediate_size
+            ));
+        }
+        if family == Family::Mixtral
+            && (!self.norm_topk_prob
+                || self.decoder_sparse_step != 1
+                || !self.mlp_only_layers.is_empty())
+        {
+            return Err(
+                "mixtral renormalises the top-k probabilities and routes every layer: \
+                 remove norm_topk_prob, decoder_sparse_step and mlp_only_layers"
+                    .into(),
+            );
+        }
+        if !(0..layers).any(|l| self.is_moe_layer(l)) {
+            return Err(
+                "no layer is MoE: decoder_sparse_step and mlp_only_layers leave every MLP dense"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
 }
 
 /// A member of the Llama family, as Hugging Face's `model_type` names it.
@@ -60,16 +147,23 @@ pub enum Family {
     /// Llama's block with fused projections: `qkv_proj` [q; k; v] and `gate_up_proj` [gate; up]
     /// (phi-4's architecture).
     Phi3,
+    /// Qwen3's attention with a mixture-of-experts MLP ([`MoeConfig`]).
+    Qwen3Moe,
+    /// Mistral's attention with a mixture-of-experts MLP ([`MoeConfig`]); experts stored as
+    /// `block_sparse_moe.experts.{e}.w1` (gate), `w2` (down), `w3` (up).
+    Mixtral,
 }
 
 impl Family {
     /// Every family, as `model_type` names it.
-    pub const ALL: [Family; 5] = [
+    pub const ALL: [Family; 7] = [
         Family::Llama,
         Family::Mistral,
         Family::Qwen2,
         Family::Qwen3,
         Family::Phi3,
+        Family::Qwen3Moe,
+        Family::Mixtral,
     ];
 
     /// Hugging Face's `model_type`.
@@ -80,6 +174,8 @@ impl Family {
             Family::Qwen2 => "qwen2",
             Family::Qwen3 => "qwen3",
             Family::Phi3 => "phi3",
+            Family::Qwen3Moe => "qwen3_moe",
+            Family::Mixtral => "mixtral",
         }
     }
 
@@ -91,6 +187,8 @@ impl Family {
             Family::Qwen2 => "Qwen2ForCausalLM",
             Family::Qwen3 => "Qwen3ForCausalLM",
             Family::Phi3 => "Phi3ForCausalLM",
+            Family::Qwen3Moe => "Qwen3MoeForCausalLM",
+            Family::Mixtral => "MixtralForCausalLM",
         }
     }
 
@@ -100,7 +198,7 @@ impl Family {
 
     /// Whether each head's queries and keys pass an RMSNorm of their own (`q_norm`, `k_norm`).
     pub fn qk_norm(self) -> bool {
-        self == Family::Qwen3
+        matches!(self, Family::Qwen3 | Family::Qwen3Moe)
     }
 
     /// Whether the query, key and value projections have a bias.
@@ -112,6 +210,16 @@ impl Family {
     pub fn fused(self) -> bool {
         self == Family::Phi3
     }
+
+    /// Whether the MLP is a mixture of experts.
+    pub fn moe(self) -> bool {
+        matches!(self, Family::Qwen3Moe | Family::Mixtral)
+    }
+
+    /// Whether the model honours a `sliding_window` (Mistral's and Mixtral's attention).
+    pub fn sliding(self) -> bool {
+        matches!(self, Family::Mistral | Family::Mixtral)
+    }
 }
 
 fn default_eps() -> f64 {
@@ -122,6 +230,15 @@ fn default_theta() -> f64 {
 }
 fn default_positions() -> usize {
     2048
+}
+fn default_true() -> bool {
+    true
+}
+fn default_aux_coef() -> f64 {
+    0.001
+}
+fn default_sparse_step() -> usize {
+    1
 }
 
 /// The fields of a Hugging Face config.json the engine reads; the rest are ignored.
@@ -146,6 +263,47 @@ struct HfConfig {
     hidden_act: Option<String>,
     use_sliding_window: Option<bool>,
     sliding_window: Option<usize>,
+    #[serde(alias = "num_experts")]
+    num_local_experts: Option<usize>,
+    num_experts_per_tok: Option<usize>,
+    moe_intermediate_size: Option<usize>,
+    norm_topk_prob: Option<bool>,
+    router_aux_loss_coef: Option<f64>,
+    router_jitter_noise: Option<f64>,
+    decoder_sparse_step: Option<usize>,
+    mlp_only_layers: Option<Vec<usize>>,
+}
+
+impl HfConfig {
+    /// The MoE MLP of a `qwen3_moe` or `mixtral` config, with transformers' defaults.
+    fn moe(&self, family: Family) -> Result<Option<MoeConfig>, String> {
+        if let Some(j) = self.router_jitter_noise.filter(|&j| j != 0.0) {
+            return Err(format!(
+                "router_jitter_noise is {j}; only deterministic routing (0.0) is supported"
+            ));
+        }
+        Ok(match family {
+            Family::Qwen3Moe => Some(MoeConfig {
+                num_experts: self.num_local_experts.unwrap_or(128),
+                num_experts_per_tok: self.num_experts_per_tok.unwrap_or(8),
+                moe_intermediate_size: self.moe_intermediate_size.unwrap_or(768),
+                norm_topk_prob: self.norm_topk_prob.unwrap_or(false),
+                router_aux_loss_coef: self.router_aux_loss_coef.unwrap_or_else(default_aux_coef),
+                decoder_sparse_step: self.decoder_sparse_step.unwrap_or(1),
+                mlp_only_layers: self.mlp_only_layers.clone().unwrap_or_default(),
+            }),
+            Family::Mixtral => Some(MoeConfig {
+                num_experts: self.num_local_experts.unwrap_or(8),
+                num_experts_per_tok: self.num_experts_per_tok.unwrap_or(2),
+                moe_intermediate_size: self.intermediate_size,
+                norm_topk_prob: true,
+                router_aux_loss_coef: self.router_aux_loss_coef.unwrap_or_else(default_aux_coef),
+                decoder_sparse_step: 1,
+                mlp_only_layers: Vec::new(),
+            }),
+            _ => None,
+        })
+    }
 }
 
 #[derive(Deserialize)]
@@ -178,7 +336,7 @@ impl LlamaConfig {
         };
         // Qwen's configs carry a window that applies only with `use_sliding_window`.
         let sliding_window = match family {
-            Family::Mistral => hf.sliding_window,
+            Family::Mistral | Family::Mixtral => hf.sliding_window,
             _ if hf.use_sliding_window == Some(true) => {
                 return Err("use_sliding_window is true; only full attention is supported".into())
             }
@@ -224,6 +382,7 @@ impl LlamaConfig {
                 "hidden_act is \"{act}\"; only \"silu\" is supported"
             ));
         }
+        let moe = hf.moe(family)?;
         let cfg = LlamaConfig {
             vocab_size: hf.vocab_size,
             hidden_size: hf.hidden_size,
@@ -242,6 +401,7 @@ impl LlamaConfig {
             max_position_embeddings: hf.max_position_embeddings.unwrap_or_else(default_positions),
             family,
             sliding_window,
+            moe,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -273,8 +433,20 @@ impl LlamaConfig {
         if let Some(d) = self.head_dim {
             json["head_dim"] = d.into();
         }
-        if self.family == Family::Mistral {
+        if self.family.sliding() {
             json["sliding_window"] = self.sliding_window.into();
+        }
+        if let Some(m) = &self.moe {
+            json["num_local_experts"] = m.num_experts.into();
+            json["num_experts_per_tok"] = m.num_experts_per_tok.into();
+            json["router_aux_loss_coef"] = m.router_aux_loss_coef.into();
+            json["output_router_logits"] = true.into();
+            if self.family == Family::Qwen3Moe {
+                json["moe_intermediate_size"] = m.moe_intermediate_size.into();
+                json["norm_topk_prob"] = m.norm_topk_prob.into();
+                json["decoder_sparse_step"] = m.decoder_sparse_step.into();
+                json["mlp_only_layers"] = m.mlp_only_layers.clone().into();
+            }
         }
         json
     }
@@ -327,7 +499,18 @@ impl LlamaConfig {
         if !positive(self.rms_norm_eps) || !positive(self.rope_theta) {
             return Err("rms_norm_eps and rope_theta must be positive".into());
         }
-        Ok(())
+        match (&self.moe, self.family.moe()) {
+            (Some(m), true) => m.validate(self.family, self.num_hidden_layers, self.intermediate_size),
+            (None, false) => Ok(()),
+            (None, true) => Err(format!(
+                "family {} needs its experts: add moe (num_experts, num_experts_per_tok, moe_intermediate_size)",
+                self.family.model_type()
+            )),
+            (Some(_), false) => Err(format!(
+                "family {} has a dense MLP: remove moe, or choose qwen3_moe or mixtral",
+                self.family.model_type()
+            )),
+        }
     }
 }
 

@@ -5,8 +5,10 @@ pub mod block;
 pub mod config;
 pub mod dropout;
 pub mod loss;
+pub mod moe;
 pub mod params;
 pub mod rope;
+pub mod router;
 pub mod weights;
 
 use crate::device::{AttnShape, Device, StepPhase};
@@ -20,6 +22,7 @@ pub use dropout::Dropout;
 use loss::{linear_cross_entropy, LossKind, IGNORE_INDEX};
 pub use params::{param_specs, Layout, ParamSpec, Params};
 use rope::RopeSpec;
+use router::{LoadBalance, RouteSpec};
 use serde::{Deserialize, Serialize};
 
 /// Which activations a block keeps for its backward pass.
@@ -81,10 +84,16 @@ impl Batch {
 }
 
 /// What one forward + backward pass produced.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct PassOutput {
-    /// Mean cross-entropy over counted labels.
+    /// The loss trained on: the cross-entropy, plus `router_aux_loss_coef × aux` for a MoE model.
     pub loss: f32,
+    /// Mean cross-entropy over counted labels.
+    pub ce: f32,
+    /// The load-balancing loss of a MoE model (before its coefficient).
+    pub aux: Option<f32>,
+    /// Each block's tokens per expert (empty for a dense block); empty for a dense model.
+    pub tokens_per_expert: Vec<Vec<u32>>,
     /// Labels counted.
     pub tokens: usize,
     /// Blocks that recomputed activations (all of them, or the cheap part) during backward.
@@ -100,8 +109,8 @@ pub struct PassConfig<'a> {
     pub loss: LossKind,
     /// Residual dropout; `None` applies none.
     pub dropout: Option<Dropout>,
-    /// Deliberate bugs: [`Fault::CheckpointingSkippedNested`] and
-    /// [`Fault::RecomputeInputsKept`] act here.
+    /// Deliberate bugs: [`Fault::CheckpointingSkippedNested`], [`Fault::RecomputeInputsKept`]
+    /// and [`Fault::MoeDispatchKept`] act here.
     pub faults: &'a Faults,
 }
 
@@ -158,6 +167,12 @@ impl<D: Device> Model<D> {
             hidden: c.hidden_size,
             ffn: c.intermediate_size,
             eps: c.rms_norm_eps as f32,
+            route: c.moe.as_ref().map(|m| RouteSpec {
+                experts: m.num_experts,
+                top_k: m.num_experts_per_tok,
+                normalize: m.norm_topk_prob,
+                layer: 0,
+            }),
             attn: AttnShape {
                 batch: batch.batch,
                 seq: batch.seq,
@@ -251,6 +266,7 @@ impl<D: Device> Model<D> {
             rope: &self.rope,
             layer: 0,
             dropout: pass.dropout,
+            dprob: &[],
         };
         let (rows, h, p) = (d.rows, d.hidden, &self.layout);
         let ids = dev.ids(&batch.input_ids)?;
@@ -259,8 +275,18 @@ impl<D: Device> Model<D> {
 
         let mut inputs: Vec<D::Tensor<E>> = Vec::with_capacity(p.layers.len());
         let mut saved = Vec::with_capacity(p.layers.len());
+        let mut balance = LoadBalance::default();
+        let mut tokens_per_expert = Vec::new();
         for (l, layer) in p.layers.iter().enumerate() {
             let (out, acts) = block::forward(BlockCtx { layer: l, ..ctx }, (w, layer), &x)?;
+            if let Some(moe) = &self.cfg.moe {
+                let routing = acts.routing();
+                tokens_per_expert.push(routing.map_or_else(Vec::new, |r| r.tokens_per_expert()));
+                if let Some(r) = routing {
+                    balance.add(r);
+                }
+                debug_assert_eq!(routing.is_some(), moe.is_moe_layer(l));
+            }
             saved.push(pass.policy(l).keep(acts));
             inputs.push(std::mem::replace(&mut x, out));
         }
@@ -278,7 +304,19 @@ impl<D: Device> Model<D> {
             grads.get_mut(p.head),
         )?;
 
+        let coef = self
+            .cfg
+            .moe
+            .as_ref()
+            .map_or(0.0, |m| m.router_aux_loss_coef);
+        let aux = (!balance.is_empty()).then(|| balance.loss());
+        let dprob = balance.prob_grad(coef);
+
         dev.enter(StepPhase::Backward);
+        let ctx = BlockCtx {
+            dprob: &dprob,
+            ..ctx
+        };
         let block::Norm { rinv, out: hn } = final_norm;
         drop(hn);
         let mut dh = dev.zeros::<E>(&[rows, h], Category::Activations)?;
@@ -287,6 +325,7 @@ impl<D: Device> Model<D> {
         drop((dhn, x, rinv));
 
         let keep_inputs = pass.faults.has(Fault::RecomputeInputsKept);
+        let keep_dispatch = pass.faults.has(Fault::MoeDispatchKept);
         let mut kept = Vec::new();
         let mut recomputed_blocks = 0;
         for (l, layer) in p.layers.iter().enumerate().rev() {
@@ -300,14 +339,19 @@ impl<D: Device> Model<D> {
                 None => (block::activations(ctx, (w, layer), &input)?, true),
             };
             recomputed_blocks += usize::from(recomputes);
-            block::backward(ctx, (w, layer), grads, &input, acts, &mut dh)?;
+            let dispatch = recomputes && keep_dispatch;
+            let leaked = block::backward(ctx, (w, layer), grads, &input, acts, &mut dh, dispatch)?;
+            kept.extend(leaked);
             if recomputes && keep_inputs {
                 kept.push(input);
             }
         }
         dev.embedding_backward(&dh, &ids, grads.get_mut(p.embed))?;
         let out = PassOutput {
-            loss: loss.loss,
+            loss: (loss.loss as f64 + coef * aux.unwrap_or(0.0)) as f32,
+            ce: loss.loss,
+            aux: aux.map(|a| a as f32),
+            tokens_per_expert,
             tokens: loss.tokens,
             recomputed_blocks,
         };

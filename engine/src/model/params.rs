@@ -2,9 +2,10 @@
 //! and where each projection of a block lives in them, as llm.c's parameter table does; weights,
 //! gradients and optimizer moments are each a list of tensors in that table's order
 //! ([`Params`]). A family's layout is its only difference in storage: Phi-3's fused `qkv_proj`
-//! holds q, k and v as blocks of rows of one tensor; Qwen2 adds bias vectors; Qwen3 per-head norms.
+//! holds q, k and v as blocks of rows of one tensor; Qwen2 adds bias vectors; Qwen3 per-head
+//! norms; Qwen3-MoE and Mixtral a router and one tensor per expert and projection, as on the Hub.
 
-use super::config::LlamaConfig;
+use super::config::{Family, LlamaConfig};
 
 /// One parameter's name and shape.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -47,6 +48,29 @@ impl Rows {
     }
 }
 
+/// A SwiGLU MLP's weights.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ffn {
+    /// Gate and up projections `[ffn, hidden]`.
+    pub gate_up: [Rows; 2],
+    /// Down projection `[hidden, ffn]`.
+    pub down: Rows,
+}
+
+/// A decoder block's MLP.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Mlp {
+    /// One SwiGLU MLP every token passes through.
+    Dense(Ffn),
+    /// A router `[experts, hidden]` and one SwiGLU MLP per expert.
+    Moe {
+        /// The router's weight.
+        router: usize,
+        /// The experts, in order.
+        experts: Vec<Ffn>,
+    },
+}
+
 /// Where one decoder block's parameters are.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LayerLayout {
@@ -58,10 +82,8 @@ pub struct LayerLayout {
     pub o: Rows,
     /// RMSNorm of each query head and each key head, `[d]` each (Qwen3).
     pub qk_norm: Option<[usize; 2]>,
-    /// MLP gate and up projections.
-    pub gate_up: [Rows; 2],
-    /// MLP down projection `[hidden, ffn]`.
-    pub down: Rows,
+    /// The MLP.
+    pub mlp: Mlp,
     /// RMSNorm before attention `[hidden]`.
     pub input_norm: usize,
     /// RMSNorm before the MLP `[hidden]`.
@@ -150,24 +172,65 @@ impl Layout {
             let qk_norm = family
                 .qk_norm()
                 .then(|| ["q", "k"].map(|p| add(format!("{a}.{p}_norm.weight"), vec![d])));
-            let m = format!("model.layers.{l}.mlp");
-            let gate_up = projections(
-                &mut add,
-                format!("{m}.gate_up_proj.weight"),
-                &[
-                    (format!("{m}.gate_proj.weight"), f),
-                    (format!("{m}.up_proj.weight"), f),
-                ],
-            );
-            let down = Rows::whole(add(format!("{m}.down_proj.weight"), vec![h, f]), h);
+            let moe = cfg.moe.as_ref().filter(|m| m.is_moe_layer(l));
+            let mlp = match moe {
+                None => {
+                    let m = format!("model.layers.{l}.mlp");
+                    let gate_up = projections(
+                        &mut add,
+                        format!("{m}.gate_up_proj.weight"),
+                        &[
+                            (format!("{m}.gate_proj.weight"), f),
+                            (format!("{m}.up_proj.weight"), f),
+                        ],
+                    );
+                    let down = Rows::whole(add(format!("{m}.down_proj.weight"), vec![h, f]), h);
+                    Mlp::Dense(Ffn {
+                        gate_up: [gate_up[0], gate_up[1]],
+                        down,
+                    })
+                }
+                Some(m) => {
+                    let (e, f) = (m.num_experts, m.moe_intermediate_size);
+                    let [block, gate, down, up] = match family {
+                        Family::Mixtral => ["block_sparse_moe", "w1", "w2", "w3"],
+                        _ => ["mlp", "gate_proj", "down_proj", "up_proj"],
+                    };
+                    let b = format!("model.layers.{l}.{block}");
+                    let router = add(format!("{b}.gate.weight"), vec![e, h]);
+                    let experts = (0..e)
+                        .map(|x| {
+                            let x = format!("{b}.experts.{x}");
+                            let mut proj = |name: &str, shape: Vec<usize>| {
+                                Rows::whole(
+                                    add(format!("{x}.{name}.weight"), shape.clone()),
+                                    shape[0],
+                                )
+                            };
+                            let gate = proj(gate, vec![f, h]);
+                            let (up, down) = match family {
+                                Family::Mixtral => {
+                                    let down = proj(down, vec![h, f]);
+                                    (proj(up, vec![f, h]), down)
+                                }
+                                _ => (proj(up, vec![f, h]), proj(down, vec![h, f])),
+                            };
+                            Ffn {
+                                gate_up: [gate, up],
+                                down,
+                            }
+                        })
+                        .collect();
+                    Mlp::Moe { router, experts }
+                }
+            };
             let p = format!("model.layers.{l}");
             layers.push(LayerLayout {
                 qkv: [qkv[0], qkv[1], qkv[2]],
                 qkv_bias,
                 o,
                 qk_norm,
-                gate_up: [gate_up[0], gate_up[1]],
-                down,
+                mlp,
                 input_norm: add(format!("{p}.input_layernorm.weight"), vec![h]),
                 post_norm: add(format!("{p}.post_attention_layernorm.weight"), vec![h]),
             });

@@ -23,6 +23,7 @@ pub fn llama(vocab: usize, hidden: usize, layers: usize) -> LlamaConfig {
         max_position_embeddings: 128,
         family: Default::default(),
         sliding_window: None,
+        moe: None,
     }
 }
 

@@ -11,6 +11,7 @@ use crate::error::{try_vec, EngineError, Result};
 use crate::memory::{Breakdown, Category, Lease, MemoryTracker};
 use crate::model::dropout::DropoutMask;
 use crate::model::rope::RopeSpec;
+use crate::model::router::{RouteSpec, Routing};
 use crate::tensor::{bytes_of, Elem, Tensor};
 use std::borrow::Cow;
 use std::marker::PhantomData;
@@ -65,12 +66,55 @@ impl PhaseLog {
     }
 }
 
+/// How the counting device routes a MoE layer's rows: it has no logits to route by, and a
+/// step's expert buffers depend only on how many rows each expert gets.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Routes {
+    /// As evenly as possible: each expert gets `rows · top_k / experts` rows, the first ones
+    /// one more when it does not divide.
+    #[default]
+    Balanced,
+    /// The bound over all routings: the first `top_k` experts get every row, so one expert's
+    /// buffers are as large as they can be.
+    Concentrated,
+    /// Each block's tokens per expert as a real step recorded them (empty for a dense block).
+    Recorded(Vec<Vec<u32>>),
+}
+
+impl Routes {
+    /// Whether this is [`Routes::Balanced`].
+    pub fn is_balanced(&self) -> bool {
+        *self == Routes::Balanced
+    }
+
+    /// How many rows each expert of the layer `spec` gets out of `rows`.
+    pub fn counts(&self, rows: usize, spec: RouteSpec) -> Result<Vec<u32>> {
+        let (e, k) = (spec.experts, spec.top_k);
+        Ok(match self {
+            Routes::Balanced => (0..e)
+                .map(|x| ((rows * k) / e + usize::from(x < (rows * k) % e)) as u32)
+                .collect(),
+            Routes::Concentrated => (0..e)
+                .map(|x| if x < k { rows as u32 } else { 0 })
+                .collect(),
+            Routes::Recorded(layers) => layers.get(spec.layer).cloned().ok_or_else(|| {
+                EngineError::Config(format!(
+                    "no tokens per expert recorded for block {}",
+                    spec.layer
+                ))
+            })?,
+        })
+    }
+}
+
 /// A device that holds no data: each tensor is a lease of its bytes on the tracker.
 #[derive(Clone, Debug)]
 pub struct CountingDevice {
     tracker: MemoryTracker,
     like: Like,
     log: Arc<Mutex<PhaseLog>>,
+    routes: Arc<Routes>,
 }
 
 /// A tensor of the counting device: its shape and the lease of its bytes.
@@ -106,7 +150,14 @@ impl CountingDevice {
             tracker: MemoryTracker::unlimited(),
             like,
             log: Arc::default(),
+            routes: Arc::default(),
         }
+    }
+
+    /// The same device routing MoE layers as `routes` says.
+    pub fn with_routes(mut self, routes: Routes) -> Self {
+        self.routes = Arc::new(routes);
+        self
     }
 
     /// The peaks of the step phases since the last [`CountingDevice::reset_log`].
@@ -169,6 +220,9 @@ impl Device for CountingDevice {
         fn rope<E>(&self, &mut T<E>, (usize, usize), &Vec<Lease>, bool);
         fn add_bias<E>(&self, &mut T<E>, &T<E>);
         fn bias_grad<E>(&self, &T<E>, &mut T<f32>);
+        fn scale_rows<E>(&self, &mut T<E>, &T<E>);
+        fn scatter_add_rows<E>(&self, &T<E>, &CountIndices, Option<&T<E>>, &mut T<E>);
+        fn row_dots<E>(&self, &T<E>, &T<E>, &mut T<f32>);
         fn swiglu_forward<E>(&self, &T<E>, &T<E>, &mut T<E>);
         fn swiglu_backward<E>(&self, &T<E>, (&T<E>, &T<E>), &mut T<E>, &mut T<E>);
         fn dropout_add<E>(&self, &DropoutMask, &T<E>, &T<E>, &mut T<E>);
@@ -213,6 +267,15 @@ impl Device for CountingDevice {
 
     fn upload<E: Elem>(&self, host: Tensor<E>) -> Result<T<E>> {
         self.zeros(host.shape(), host.category())
+    }
+
+    fn upload_f32<E: Elem>(&self, shape: &[usize], _: &[f32], category: Category) -> Result<T<E>> {
+        self.zeros(shape, category)
+    }
+
+    fn route<E: Elem>(&self, logits: &T<E>, spec: RouteSpec) -> Result<Routing> {
+        let rows = logits.numel() / spec.experts;
+        Routing::from_counts(rows, &self.routes.counts(rows, spec)?, spec)
     }
 
     fn to_host<E: Elem>(&self, t: &T<E>) -> Result<Vec<E>> {

@@ -278,6 +278,53 @@ impl Device for CpuDevice {
         Ok(())
     }
 
+    fn scale_rows<E: Elem>(&self, x: &mut Tensor<E>, w: &Tensor<E>) -> Result<()> {
+        let (x, w) = (x.as_mut_slice(), w.as_slice());
+        let width = x.len() / w.len().max(1);
+        self.install(|| {
+            x.par_chunks_mut(width).zip(w).for_each(|(row, w)| {
+                let w = w.to_f32();
+                for x in row {
+                    *x = E::from_f32(x.to_f32() * w);
+                }
+            })
+        });
+        Ok(())
+    }
+
+    fn scatter_add_rows<E: Elem>(
+        &self,
+        src: &Tensor<E>,
+        rows: &Vec<u32>,
+        weights: Option<&Tensor<E>>,
+        dst: &mut Tensor<E>,
+    ) -> Result<()> {
+        let (src, dst) = (src.as_slice(), dst.as_mut_slice());
+        let width = src.len() / rows.len().max(1);
+        for (i, (s, &r)) in src.chunks(width).zip(rows).enumerate() {
+            let w = weights.map_or(1.0, |w| w.as_slice()[i].to_f32());
+            let d = &mut dst[r as usize * width..(r as usize + 1) * width];
+            for (d, s) in d.iter_mut().zip(s) {
+                let product = E::from_f32(s.to_f32() * w).to_f32();
+                *d = E::from_f32(d.to_f32() + product);
+            }
+        }
+        Ok(())
+    }
+
+    fn row_dots<E: Elem>(&self, a: &Tensor<E>, b: &Tensor<E>, out: &mut Tensor<f32>) -> Result<()> {
+        let (a, b, out) = (a.as_slice(), b.as_slice(), out.as_mut_slice());
+        let width = a.len() / out.len().max(1);
+        self.install(|| {
+            out.par_iter_mut()
+                .zip(a.par_chunks(width).zip(b.par_chunks(width)))
+                .for_each(|(o, (a, b))| {
+                    *o = a.iter().zip(b).map(|(a, b)| a.to_f32() * b.to_f32()).sum()
+                })
+        });
+        Ok(())
+    }
+
     fn swiglu_forward<E: Elem>(
         &self,
         gate: &Tensor<E>,

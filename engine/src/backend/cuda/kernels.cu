@@ -229,6 +229,36 @@ template <typename T> __device__ void bias_grad(const T* dy, float* db, u64 rows
     db[j] = s;
 }
 
+// x[r, :] *= w[r] for the n elements of x, rows of `width`.
+template <typename T> __device__ void scale_rows(T* x, const T* w, u64 n, u64 width) {
+    u64 i = global_index();
+    if (i >= n) return;
+    x[i] = narrow<T>(widen(x[i]) * widen(w[i / width]));
+}
+
+// dst[rows[r], :] += round(w[r] * src[r, :]) (w[r] = 1 without weights) for the n elements of src.
+// The rows are distinct, so no two threads write one element.
+template <typename T>
+__device__ void scatter_add_rows(const T* src, const u32* rows, const T* w, T* dst, u64 n, u64 width) {
+    u64 i = global_index();
+    if (i >= n) return;
+    u64 r = i / width;
+    float v = widen(src[i]);
+    if (w) v = round_as<T>(v * widen(w[r]));
+    u64 d = (u64)rows[r] * width + i % width;
+    dst[d] = narrow<T>(widen(dst[d]) + v);
+}
+
+// One row per block: out[r] = sum_j a[r, j] * b[r, j].
+template <typename T> __device__ void row_dots(const T* a, const T* b, float* out, u32 width) {
+    __shared__ float sh[BLOCK];
+    u64 o = (u64)blockIdx.x * width;
+    float dot = 0.0f;
+    for (u32 j = threadIdx.x; j < width; j += BLOCK) dot += widen(a[o + j]) * widen(b[o + j]);
+    dot = block_sum(dot, sh);
+    if (threadIdx.x == 0) out[blockIdx.x] = dot;
+}
+
 template <typename T> __device__ void swiglu_fwd(const T* gate, const T* up, T* act, u64 n) {
     u64 i = global_index();
     if (i >= n) return;
@@ -572,6 +602,16 @@ __device__ void xent(T* logits, const long long* labels, float* row_loss, u32 vo
     }                                                                                                    \
     extern "C" __global__ void bias_grad_##S(const T* dy, float* db, u64 rows, u32 width) {             \
         bias_grad<T>(dy, db, rows, width);                                                               \
+    }                                                                                                    \
+    extern "C" __global__ void scale_rows_##S(T* x, const T* w, u64 n, u64 width) {                     \
+        scale_rows<T>(x, w, n, width);                                                                   \
+    }                                                                                                    \
+    extern "C" __global__ void scatter_add_rows_##S(const T* src, const u32* rows, const T* w, T* dst,   \
+                                                    u64 n, u64 width) {                                  \
+        scatter_add_rows<T>(src, rows, w, dst, n, width);                                                \
+    }                                                                                                    \
+    extern "C" __global__ void row_dots_##S(const T* a, const T* b, float* out, u32 width) {             \
+        row_dots<T>(a, b, out, width);                                                                   \
     }                                                                                                    \
     extern "C" __global__ void swiglu_fwd_##S(const T* gate, const T* up, T* act, u64 n) {               \
         swiglu_fwd<T>(gate, up, act, n);                                                                 \

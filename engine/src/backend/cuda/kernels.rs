@@ -327,6 +327,49 @@ impl Device for CudaDevice {
         self.each(&name, db.numel(), args![dyp, dbp, rows, width])
     }
 
+    fn scale_rows<E: Elem>(&self, x: &mut CudaTensor<E>, w: &CudaTensor<E>) -> Result<()> {
+        let n = x.numel() as u64;
+        let width = n / w.numel().max(1) as u64;
+        let (xp, wp) = (x.ptr(), w.ptr());
+        self.each(
+            &kernel::<E>("scale_rows"),
+            x.numel(),
+            args![xp, wp, n, width],
+        )
+    }
+
+    fn scatter_add_rows<E: Elem>(
+        &self,
+        src: &CudaTensor<E>,
+        rows: &DeviceIds,
+        weights: Option<&CudaTensor<E>>,
+        dst: &mut CudaTensor<E>,
+    ) -> Result<()> {
+        let n = src.numel() as u64;
+        let width = n / rows.host.len().max(1) as u64;
+        let (sp, rp, dp) = (src.ptr(), rows.buf.ptr(), dst.ptr());
+        let wp = weights.map_or(0, |w| w.ptr());
+        let name = kernel::<E>("scatter_add_rows");
+        self.each(&name, src.numel(), args![sp, rp, wp, dp, n, width])
+    }
+
+    fn row_dots<E: Elem>(
+        &self,
+        a: &CudaTensor<E>,
+        b: &CudaTensor<E>,
+        out: &mut CudaTensor<f32>,
+    ) -> Result<()> {
+        let width = (a.numel() / out.numel().max(1)) as u32;
+        let (ap, bp, op) = (a.ptr(), b.ptr(), out.ptr());
+        self.launch(
+            &kernel::<E>("row_dots"),
+            rows_grid(out.numel())?,
+            BLOCK,
+            0,
+            args![ap, bp, op, width],
+        )
+    }
+
     fn swiglu_forward<E: Elem>(
         &self,
         gate: &CudaTensor<E>,
