@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Hugging Face transformers loads a checkpoint of every family the engine trains and computes the
 # engine's loss on it: `train` writes the checkpoint of each family suite, `eval` gives the
-# engine's loss on a random batch, scripts/check_hf_load.py loads the checkpoint with
-# AutoModelForCausalLM and compares. Needs python3 with torch, transformers and safetensors.
+# engine's loss on a random batch (for a MoE model its cross-entropy and load-balancing loss too),
+# scripts/check_hf_load.py loads the checkpoint with AutoModelForCausalLM and compares. Needs python3 with torch, transformers and safetensors.
 #
 #     scripts/check_hf_families.sh BIN OUT [SUITE...]
 #
@@ -23,9 +23,8 @@ for suite in "${suites[@]}"; do
     "$bin" train "$suite" --out "$run_dir" >/dev/null
     ckpt="$(ls -d "$run_dir"/step-* | tail -1)"
     python3 scripts/make_batch.py "$ckpt/config.json" "$run_dir/batch.safetensors"
-    loss="$("$bin" eval --model "$ckpt" --batch "$run_dir/batch.safetensors" |
-        python3 -c 'import json, sys; print(json.load(sys.stdin)["loss"])')"
-    python3 scripts/check_hf_load.py "$ckpt" "$run_dir/batch.safetensors" "$loss" 2>&1 |
+    engine="$("$bin" eval --model "$ckpt" --batch "$run_dir/batch.safetensors")"
+    python3 scripts/check_hf_load.py "$ckpt" "$run_dir/batch.safetensors" "$engine" 2>&1 |
         tee -a "$out/hf-check.log" || status=1
 done
 exit "$status"

@@ -3,8 +3,8 @@
 //! threads, `__syncthreads` a barrier, blocks run one after another) and its kernels are run on
 //! small random inputs against the CPU backend's: the attention kernels (the tiled forward pass
 //! and dq, dk, dv), residual dropout (whose masks must be the CPU's, bit for bit), RMSNorm
-//! forward and backward, the rotary embedding both ways, bias rows and their gradient, SwiGLU
-//! forward and backward, the embedding forward and backward, the cross-entropy rows, AdamW, the
+//! forward and backward, the rotary embedding both ways, bias rows and their gradient, a MoE
+//! layer's row scaling, row scatter-adds and row dot products, SwiGLU forward and backward, the embedding forward and backward, the cross-entropy rows, AdamW, the
 //! gradient norm's partial sums and the bf16 copy of the master weights: every kernel in the
 //! file.
 //! Memory coalescing, occupancy and speed are a GPU's to show (`tests/cuda.rs`).
@@ -59,6 +59,8 @@ fn main() {
         trial("rope_bf16_is_the_cpu_s_bit_for_bit", rope_both_ways::<bf16>),
         trial("bias_f32_is_the_cpu_s_bit_for_bit", bias::<f32>),
         trial("bias_bf16_is_the_cpu_s_bit_for_bit", bias::<bf16>),
+        trial("moe_rows_f32_are_the_cpu_s_bit_for_bit", moe_rows::<f32>),
+        trial("moe_rows_bf16_are_the_cpu_s_bit_for_bit", moe_rows::<bf16>),
         trial("swiglu_f32_is_the_cpu_s_bit_for_bit", swiglu::<f32>),
         trial("swiglu_bf16_is_the_cpu_s_bit_for_bit", swiglu::<bf16>),
         trial("embedding_f32_is_the_cpu_s_bit_for_bit", embedding::<f32>),
@@ -582,6 +584,70 @@ fn bias<E: Elem>() -> Outcome {
         let g_db: Vec<f32> = split(&mut rest, width);
         if g_y != ty.as_slice() || g_db != tdb.as_slice() {
             return Err(format!("{rows}x{width}: the emulated bias differs from the CPU's").into());
+        }
+    }
+    Ok(())
+}
+
+/// A MoE layer's row kernels give the CPU's bits: rows scaled by their weights, expert rows
+/// added (weighted and not) into their batch rows, and row dot products, on rows narrower and
+/// wider than a block.
+fn moe_rows<E: Elem>() -> Outcome {
+    let dev = CpuDevice::new(1, u64::MAX)?;
+    let mut rng = ChaCha8Rng::seed_from_u64(31);
+    for (n, width, dst_rows) in [(5, 24, 9), (40, 300, 64)] {
+        let len = n * width;
+        let mut rows: Vec<u32> = (0..dst_rows as u32).collect();
+        for i in 0..n {
+            rows.swap(i, rng.random_range(i..dst_rows));
+        }
+        rows.truncate(n);
+        let (src, w, dst) = (
+            random::<E>(&mut rng, len),
+            random::<E>(&mut rng, n),
+            random::<E>(&mut rng, dst_rows * width),
+        );
+        let (x, y) = (random::<E>(&mut rng, len), random::<E>(&mut rng, len));
+        let [mut scaled, tsrc, tw, mut weighted, mut plain, tx, ty] =
+            [&src, &src, &w, &dst, &dst, &x, &y].map(|v| on_cpu(&dev, v));
+        let mut dots = on_cpu(&dev, &vec![0f32; n]);
+        let ids = dev.ids(&rows)?;
+        dev.scale_rows(&mut scaled, &tw)?;
+        dev.scatter_add_rows(&tsrc, &ids, Some(&tw), &mut weighted)?;
+        dev.scatter_add_rows(&tsrc, &ids, None, &mut plain)?;
+        dev.row_dots(&tx, &ty, &mut dots)?;
+        let bytes = run_driver(
+            &driver()?,
+            &format!("moe-rows-{}", elem_name::<E>()),
+            &command::<E>(
+                "moe_rows",
+                &[n.to_string(), width.to_string(), dst_rows.to_string()],
+            ),
+            &[
+                bytemuck::cast_slice(&src),
+                bytemuck::cast_slice(&rows),
+                bytemuck::cast_slice(&w),
+                bytemuck::cast_slice(&dst),
+                bytemuck::cast_slice(&x),
+                bytemuck::cast_slice(&y),
+            ],
+        )?;
+        let mut rest = bytes.as_slice();
+        let g_scaled: Vec<E> = split(&mut rest, len);
+        let g_weighted: Vec<E> = split(&mut rest, dst_rows * width);
+        let g_plain: Vec<E> = split(&mut rest, dst_rows * width);
+        let g_dots: Vec<f32> = split(&mut rest, n);
+        for (what, same) in [
+            ("scaled rows", g_scaled == scaled.as_slice()),
+            ("weighted sums", g_weighted == weighted.as_slice()),
+            ("sums", g_plain == plain.as_slice()),
+            ("row dot products", g_dots == dots.as_slice()),
+        ] {
+            if !same {
+                return Err(
+                    format!("{n}x{width}: the emulated {what} differ from the CPU's").into(),
+                );
+            }
         }
     }
     Ok(())

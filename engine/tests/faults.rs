@@ -9,6 +9,8 @@ use ckpt_engine::checkpoint::{step_dir_name, OPTIMIZER_FILE};
 use ckpt_engine::config::{Precision, TrainConfig};
 use ckpt_engine::data::LongBatch;
 use ckpt_engine::estimate::{estimate, Estimate, EstimateConfig};
+use ckpt_engine::model::config::MoeConfig;
+use ckpt_engine::model::Family;
 use ckpt_engine::trainer::{StateDigest, StepStats};
 use ckpt_engine::{Checkpointing, CpuDevice, Fault, Trainer};
 
@@ -286,6 +288,49 @@ fn recompute_inputs_kept_grow_memory_at_every_step_boundary() {
         assert!(w[1].1 > w[1].2);
     }
     assert_eq!(after_drop, 0, "the trainer frees them when dropped");
+}
+
+/// [`config`]'s model as a Qwen3-MoE of `layers` blocks: 4 experts, top-2, expert width 16.
+fn moe_config(layers: usize, faults: &[Fault]) -> TrainConfig {
+    let mut cfg = config(faults);
+    let m = &mut cfg.model;
+    m.num_hidden_layers = layers;
+    m.family = Family::Qwen3Moe;
+    m.moe = Some(MoeConfig {
+        num_experts: 4,
+        num_experts_per_tok: 2,
+        moe_intermediate_size: 16,
+        norm_topk_prob: true,
+        router_aux_loss_coef: 0.01,
+        decoder_sparse_step: 1,
+        mlp_only_layers: vec![],
+    });
+    cfg.checkpointing = Checkpointing::Full;
+    cfg
+}
+
+#[test]
+fn moe_dispatch_kept_grows_with_the_recomputed_moe_layers() {
+    for layers in 1..=3 {
+        let (rows, after_drop) = memory_run(&moe_config(layers, &[]), 4);
+        assert!(rows[1..].iter().all(|r| r.3 == rows[1].3), "flat: {rows:?}");
+        assert_eq!(after_drop, 0);
+
+        let (rows, after_drop) = memory_run(&moe_config(layers, &[Fault::MoeDispatchKept]), 4);
+        // Every row goes to 2 experts, and each expert's rows and their gradient are kept:
+        // 2 × (2 rows × 16 tokens × top-2) × 32 wide × 4 bytes per recomputed MoE layer.
+        let per_step = 2 * (2 * 16 * 2) * 32 * 4 * layers as u64;
+        for (step, w) in rows.windows(2).enumerate() {
+            println!(
+                "moe_dispatch_kept, {layers} MoE layers: allocated after step {step} {} -> {} (+{})",
+                w[0].3,
+                w[1].3,
+                w[1].3 - w[0].3
+            );
+            assert_eq!(w[1].3 - w[0].3, per_step, "{layers} layers");
+        }
+        assert_eq!(after_drop, 0, "the trainer frees them when dropped");
+    }
 }
 
 #[test]

@@ -4,7 +4,7 @@
 //! budget checked against it; optionally next to the peaks measured on this machine's CPU.
 
 use anyhow::{bail, Context, Result};
-use ckpt_engine::backend::count::Like;
+use ckpt_engine::backend::count::{Like, Routes};
 use ckpt_engine::data::DataConfig;
 use ckpt_engine::estimate::{estimate, Estimate, EstimateConfig};
 use ckpt_engine::model::loss::LossKind;
@@ -313,6 +313,17 @@ const ROWS: [Row; 17] = [
     }),
 ];
 
+/// A MoE run's step peaks at the routing that holds the most: every row sent to the same
+/// `top_k` experts (the rows above are at balanced routing).
+const MOE_BOUND_ROWS: [Row; 2] = [
+    ("**step peak, later steps, any routing**", |e| {
+        e.later_step.peak
+    }),
+    ("**step peak, long rows, any routing**", |e| {
+        e.long_batch.as_ref().map_or(0, |l| l.later_step.peak)
+    }),
+];
+
 /// The largest step peak a run reaches, and where: its later steps, or its long rows.
 fn largest_peak(e: &Estimate) -> (u64, String) {
     let mut peak = (e.first_step.peak, "the first step".to_string());
@@ -463,6 +474,25 @@ pub fn table(a: &EstimateArgs) -> Result<Report> {
         let cells = estimates.iter().map(|e| show(figure(e), a.bytes));
         rows.push(std::iter::once(label.to_string()).chain(cells).collect());
     }
+    if run.model.moe.is_some() {
+        // The rows above route every MoE layer evenly; a step's expert buffers depend on its
+        // routing, and sending every row to the same experts is the most any routing holds.
+        let bounds = cols
+            .iter()
+            .map(|c| {
+                let cfg =
+                    EstimateConfig::from_train(&c.run, like).with_routes(Routes::Concentrated);
+                estimate(&cfg)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        for (label, figure) in MOE_BOUND_ROWS {
+            if label.contains("long rows") && !long_rows {
+                continue;
+            }
+            let cells = bounds.iter().map(|e| show(figure(e), a.bytes));
+            rows.push(std::iter::once(label.to_string()).chain(cells).collect());
+        }
+    }
     rows.push(
         std::iter::once("checkpoint save / load".to_string())
             .chain(estimates.iter().map(|e| show(e.checkpoint_io, a.bytes)))
@@ -509,7 +539,13 @@ pub fn table(a: &EstimateArgs) -> Result<Report> {
             Like::Cuda => "CUDA".to_string(),
         }
     );
-    let mut text = header + &markdown(&rows);
+    let experts = m.moe.as_ref().map_or(String::new(), |moe| {
+        format!(
+            "MoE: {} experts, top-{}, expert FFN {}; the peaks are at balanced routing unless the row says any routing\n\n",
+            moe.num_experts, moe.num_experts_per_tok, moe.moe_intermediate_size
+        )
+    });
+    let mut text = header + &experts + &markdown(&rows);
     let verdict = suite
         .as_ref()
         .and_then(|s| budget_verdict(s, a.device, &estimates[configured]));

@@ -8,11 +8,11 @@ use crate::devices::{self, DeviceKind, OnDevice};
 use crate::host_memory;
 use crate::suite::Suite;
 use anyhow::Result;
-use ckpt_engine::backend::count::Like;
+use ckpt_engine::backend::count::{Like, Routes};
 use ckpt_engine::checkpoint::step_dir_name;
-use ckpt_engine::estimate::{estimate, EstimateConfig};
+use ckpt_engine::estimate::{estimate, routed_steps, EstimateConfig};
 use ckpt_engine::memory::{Breakdown, OutOfMemory};
-use ckpt_engine::{Device, EngineError, MemoryStats, StateDigest, Trainer};
+use ckpt_engine::{Device, EngineError, MemoryStats, StateDigest, StepStats, Trainer};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -55,6 +55,13 @@ pub struct StepRecord {
     pub batch_digest: String,
     /// Blocks recomputed in backward.
     pub recomputed_blocks: usize,
+    /// Each block's tokens per expert (empty for a dense block); empty for a dense model.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tokens_per_expert: Vec<Vec<u32>>,
+    /// A MoE step's own memory model, at the routing it recorded: the prediction for a step
+    /// without and with AdamW's moments (a dense step uses the run's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub predicted: Option<[PredictedStep; 2]>,
     /// Bytes held per category when the step began.
     pub start: Breakdown,
     /// The step's memory figures: `allocated.peak` is the step peak, `current` the bytes held
@@ -241,6 +248,17 @@ impl<P: FnMut(&PhaseRecord)> OnDevice for Phases<'_, P> {
             at_peak: s.at_peak,
         };
         let predicted = [false, true].map(|moments| predict(model.step(moments)));
+        // A MoE step's expert buffers depend on its routing: its prediction is the model's
+        // step at the tokens per expert it recorded.
+        let routed = |s: &StepStats| -> Result<Option<[PredictedStep; 2]>> {
+            if s.tokens_per_expert.is_empty() {
+                return Ok(None);
+            }
+            let cfg = EstimateConfig::from_train(&suite.train, like)
+                .with_routes(Routes::Recorded(s.tokens_per_expert.clone()));
+            let steps = routed_steps(&cfg, suite.train.seq_len_at(s.step))?;
+            Ok(Some([predict(&steps[0]), predict(&steps[1])]))
+        };
         let predicted_long = model.long_batch.as_ref().map(|long| {
             (
                 long.from_step,
@@ -288,6 +306,8 @@ impl<P: FnMut(&PhaseRecord)> OnDevice for Phases<'_, P> {
                         let start = tracker.stats().current;
                         match trainer.step() {
                             Ok(s) => record.steps.push(StepRecord {
+                                predicted: routed(&s)?,
+                                tokens_per_expert: s.tokens_per_expert,
                                 step: s.step,
                                 loss: s.loss,
                                 lr: s.lr,

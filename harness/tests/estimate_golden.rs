@@ -4,8 +4,8 @@
 //! NVIDIA H100). The estimate for the same backend must give the same figures; the other
 //! backend's estimate must not, which shows the comparison can fail.
 
-use ckpt_engine::backend::count::Like;
-use ckpt_engine::estimate::{estimate, Estimate, EstimateConfig};
+use ckpt_engine::backend::count::{Like, Routes};
+use ckpt_engine::estimate::{estimate, routed_steps, Estimate, EstimateConfig};
 use ckpt_engine::memory::Breakdown;
 use ckpt_harness::checks::golden;
 use ckpt_harness::suite::Suite;
@@ -18,6 +18,8 @@ struct Row {
     peak: u64,
     at_peak: Breakdown,
     end: Breakdown,
+    /// A MoE step's tokens per expert, per block (empty for a dense block).
+    tokens_per_expert: Vec<Vec<u32>>,
 }
 
 fn root() -> PathBuf {
@@ -37,34 +39,59 @@ fn breakdown(field: &str) -> Breakdown {
     Breakdown::from(values)
 }
 
-/// The step rows of a snapshot's text (`step | loss | lr | peak | at peak | at end`).
+/// The step rows of a snapshot's text (`step | loss | lr | peak | at peak | at end`), each
+/// with the tokens per expert of the line after it, if a MoE step's.
 fn rows(text: &str) -> Vec<Row> {
-    text.lines()
-        .filter(|l| l.starts_with(|c: char| c.is_ascii_digit()))
-        .map(|l| {
+    let mut out: Vec<Row> = Vec::new();
+    for l in text.lines() {
+        if let Some(tokens) = l.strip_prefix(golden::TOKENS_PER_EXPERT) {
+            let row = out.last_mut().expect("tokens per expert follow a step row");
+            row.tokens_per_expert = tokens
+                .split(" | ")
+                .map(|block| match block {
+                    "-" => Vec::new(),
+                    counts => counts.split(' ').map(|c| c.parse().unwrap()).collect(),
+                })
+                .collect();
+        } else if l.starts_with(|c: char| c.is_ascii_digit()) {
             let f: Vec<&str> = l.split(" | ").collect();
             assert_eq!(f.len(), 6, "{l:?}");
-            Row {
+            out.push(Row {
                 step: f[0].parse().unwrap(),
                 peak: f[3].parse().unwrap(),
                 at_peak: breakdown(f[4]),
                 end: breakdown(f[5]),
-            }
-        })
-        .collect()
+                tokens_per_expert: Vec::new(),
+            });
+        }
+    }
+    out
 }
 
-/// What the estimate says of the steps of `measured`.
+/// What the estimate says of the steps of `measured`: a MoE step's at the routing it recorded.
 fn predicted(e: &Estimate, measured: &[Row]) -> Vec<Row> {
     measured
         .iter()
         .map(|m| {
-            let s = e.at_step(m.step);
+            let routed;
+            let s = match m.tokens_per_expert.is_empty() {
+                true => e.at_step(m.step),
+                false => {
+                    let cfg = e
+                        .config
+                        .clone()
+                        .with_routes(Routes::Recorded(m.tokens_per_expert.clone()));
+                    let seq = e.config.run.seq_len_at(m.step);
+                    routed = routed_steps(&cfg, seq).unwrap();
+                    &routed[usize::from(m.step > 0)]
+                }
+            };
             Row {
                 step: m.step,
                 peak: s.peak,
                 at_peak: s.at_peak,
                 end: s.end,
+                tokens_per_expert: m.tokens_per_expert.clone(),
             }
         })
         .collect()

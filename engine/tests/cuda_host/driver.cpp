@@ -139,6 +139,30 @@ template <typename T> void bias(char** a) {
     out.write(db);
 }
 
+// A MoE layer's row kernels: the rows of `src` scaled by `w`; added, weighted and not, into the
+// rows `rows` of `dst`; and the dot products of the rows of `a` and `b`.
+template <typename T> void moe_rows(char** a) {
+    size_t n = std::stoull(a[0]), width = std::stoull(a[1]), dst_rows = std::stoull(a[2]), len = n * width;
+    Reader r{std::ifstream(a[3], std::ios::binary)};
+    auto src = r.read<T>(len);
+    auto rows = r.read<u32>(n);
+    auto w = r.read<T>(n), dst = r.read<T>(dst_rows * width);
+    auto x = r.read<T>(len), y = r.read<T>(len);
+    auto scaled = src, weighted = dst, plain = dst;
+    std::vector<float> dots(n);
+    launch({blocks_of(len), 1, 1}, THREADS, 0, [&] { scale_rows<T>(scaled.data(), w.data(), len, width); });
+    launch({blocks_of(len), 1, 1}, THREADS, 0,
+           [&] { scatter_add_rows<T>(src.data(), rows.data(), w.data(), weighted.data(), len, width); });
+    launch({blocks_of(len), 1, 1}, THREADS, 0,
+           [&] { scatter_add_rows<T>(src.data(), rows.data(), nullptr, plain.data(), len, width); });
+    launch({(unsigned)n, 1, 1}, THREADS, 0, [&] { row_dots<T>(x.data(), y.data(), dots.data(), (u32)width); });
+    Writer out{std::ofstream(a[4], std::ios::binary)};
+    out.write(scaled);
+    out.write(weighted);
+    out.write(plain);
+    out.write(dots);
+}
+
 template <typename T> void swiglu(char** a) {
     size_t n = std::stoull(a[0]);
     Reader r{std::ifstream(a[1], std::ios::binary)};
@@ -231,6 +255,8 @@ int main(int argc, char** argv) {
             elem == "bf16" ? rope_both_ways<bf16>(argv + 3) : rope_both_ways<float>(argv + 3);
         } else if (cmd == "bias" && argc == 7) {
             elem == "bf16" ? bias<bf16>(argv + 3) : bias<float>(argv + 3);
+        } else if (cmd == "moe_rows" && argc == 8) {
+            elem == "bf16" ? moe_rows<bf16>(argv + 3) : moe_rows<float>(argv + 3);
         } else if (cmd == "swiglu" && argc == 6) {
             elem == "bf16" ? swiglu<bf16>(argv + 3) : swiglu<float>(argv + 3);
         } else if (cmd == "embedding" && argc == 8) {

@@ -5,7 +5,7 @@
 //! [`crate::snapshot`]). Checking never writes them; `ckpt-harness run --bless` rewrites them.
 
 use super::{Check, Failure, GoldenInput, Outcome};
-use crate::phases::{Phase, RunRecord};
+use crate::phases::{Phase, RunRecord, StepRecord};
 use crate::snapshot::{normalise, Snapshot};
 use anyhow::{Context, Result};
 use ckpt_engine::memory::{Breakdown, Category};
@@ -23,6 +23,25 @@ fn categories(b: &Breakdown) -> String {
         .map(|&c| b.get(c).to_string())
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+/// How the line after a MoE step's row starts: its tokens per expert, which its memory depends on.
+pub const TOKENS_PER_EXPERT: &str = "  tokens per expert: ";
+
+/// Each block's tokens per expert, blocks separated by ` | `, a dense block as `-`.
+fn tokens_per_expert(s: &StepRecord) -> String {
+    s.tokens_per_expert
+        .iter()
+        .map(|counts| match counts.is_empty() {
+            true => "-".to_string(),
+            false => counts
+                .iter()
+                .map(|c| c.to_string())
+                .collect::<Vec<_>>()
+                .join(" "),
+        })
+        .collect::<Vec<_>>()
+        .join(" | ")
 }
 
 /// The snapshot text of a run's reference trajectory.
@@ -47,6 +66,9 @@ pub fn render(r: &RunRecord) -> String {
             categories(&s.memory.at_peak),
             categories(&s.memory.current)
         );
+        if !s.tokens_per_expert.is_empty() {
+            let _ = writeln!(out, "{TOKENS_PER_EXPERT}{}", tokens_per_expert(s));
+        }
     }
     normalise(&out)
 }

@@ -373,6 +373,8 @@ pub(crate) mod fixtures {
             grad_norm: 1.5,
             batch_digest: format!("batch{step}"),
             recomputed_blocks: 2,
+            tokens_per_expert: Vec::new(),
+            predicted: None,
             start: HELD,
             memory: MemoryStats {
                 allocated: Usage {

@@ -318,9 +318,7 @@ impl Device for CpuDevice {
         self.install(|| {
             out.par_iter_mut()
                 .zip(a.par_chunks(width).zip(b.par_chunks(width)))
-                .for_each(|(o, (a, b))| {
-                    *o = a.iter().zip(b).map(|(a, b)| a.to_f32() * b.to_f32()).sum()
-                })
+                .for_each(|(o, (a, b))| *o = math::block_dot(a, b))
         });
         Ok(())
     }

@@ -116,6 +116,28 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     acc.into_iter().fold(0.0, |s, v| s + v)
 }
 
+/// Threads of a CUDA row block: [`block_dot`] sums in their order.
+const BLOCK_THREADS: usize = 256;
+
+/// `Σ a·b` in the order a CUDA block of [`BLOCK_THREADS`] threads sums it: each thread's strided
+/// products in turn, then the threads' sums by a halving tree, so both backends give the same
+/// bits.
+pub fn block_dot<E: Elem>(a: &[E], b: &[E]) -> f32 {
+    let mut lanes = [0.0f32; BLOCK_THREADS];
+    for (j, (x, y)) in a.iter().zip(b).enumerate() {
+        lanes[j % BLOCK_THREADS] += x.to_f32() * y.to_f32();
+    }
+    let mut width = BLOCK_THREADS / 2;
+    while width > 0 {
+        let (lo, hi) = lanes.split_at_mut(width);
+        for (l, h) in lo.iter_mut().zip(&hi[..width]) {
+            *l += *h;
+        }
+        width /= 2;
+    }
+    lanes[0]
+}
+
 /// `dst[i] = src[i]` converted between element types.
 pub(crate) fn convert<S: Elem, D: Elem>(dev: &CpuDevice, src: &[S], dst: &mut [D]) {
     debug_assert_eq!(src.len(), dst.len());
