@@ -43,6 +43,7 @@ fn fixture() -> &'static Fixture {
                 max_position_embeddings: 8,
                 family: Default::default(),
                 sliding_window: None,
+                moe: None,
             },
             init: Init::Random { seed: 0, std: 0.1 },
             precision: Precision::Bf16Mixed,
@@ -92,5 +93,5 @@ fuzz_target!(|data: &[u8]| {
         master_category: Category::Optimizer,
         fresh_moments_if_missing: false,
     };
-    let _ = checkpoint::load(&f.dev, work.path(), &req);
+    let _ = checkpoint::load(f.dev.tracker(), work.path(), &req);
 });
