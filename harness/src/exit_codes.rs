@@ -39,9 +39,23 @@ pub fn run_help() -> String {
                 SUCCESS,
                 "every trial passed (a negative control passes when exactly its expected checks fail)",
             ),
-            (FAILED, "a trial failed, or could not run; the reports are written all the same"),
+            (FAILED, "a trial failed, or could not run; the reports are written all the same; with --fail-on-regression, also when something regressed against --baseline"),
         ],
-        ", no suite file found under the paths given",
+        ", no suite file found under the paths given, a --baseline that is not a summary.json",
+    ))
+}
+
+/// `diff`'s exit statuses.
+pub fn diff_help() -> String {
+    quiet_on_close(help(
+        &[
+            (SUCCESS, "nothing regressed (other changes may be listed)"),
+            (
+                FAILED,
+                "something regressed: a check newly failing or skipped, a step peak up more than 2%, step time up more than 10%, a loss trajectory that moved",
+            ),
+        ],
+        ", or a file that is not a summary.json ckpt-harness wrote",
     ))
 }
 

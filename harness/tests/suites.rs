@@ -4,8 +4,11 @@
 //!
 //! `CKPT_HARNESS_TIER` (`ci`, the default; `nightly`; `all`) selects the tiers. Trials run one at
 //! a time unless `--test-threads` says otherwise: each uses every core, and the host memory peak
-//! is the process's.
+//! is the process's. With `CKPT_HARNESS_REPORT=DIR`, each trial's summary is written to
+//! `DIR/trials/<trial>.json` (under `cargo nextest run --partition`, one per test process), for
+//! `ckpt-harness report merge` to put together.
 
+use ckpt_harness::merge;
 use ckpt_harness::plan::{self, DeviceChoice, TierFilter};
 use ckpt_harness::report;
 use ckpt_harness::suite::Suite;
@@ -41,7 +44,10 @@ fn trials(root: &Path) -> Result<Vec<Trial>, String> {
             let ignored = p.skip.is_some();
             Trial::test(p.name, move || {
                 let suite = &suites[p.suite];
-                let t = trial::run(suite, p.device, &golden, GoldenMode::Check, |_| {});
+                let t = trial::run(suite, p.device, &golden, GoldenMode::Check, &mut ());
+                if let Some(dir) = std::env::var_os("CKPT_HARNESS_REPORT") {
+                    merge::write_trial(Path::new(&dir), &t).map_err(|e| format!("{e:#}"))?;
+                }
                 if t.passed {
                     return Ok(());
                 }

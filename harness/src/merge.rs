@@ -1,0 +1,97 @@
+//! `report merge`: the summaries of a run split over machines (a `run` per machine, or
+//! `cargo nextest run --partition` writing one summary per trial under `trials/`) put back
+//! together as the summary of the whole run, its trials in the order one run would list them.
+
+use crate::report::Summary;
+use crate::trial::TrialResult;
+use anyhow::{bail, Context, Result};
+use std::path::{Path, PathBuf};
+
+/// Where the suites test binary writes each trial's summary under its report directory.
+pub const TRIALS_DIR: &str = "trials";
+
+/// Writes the summary of the one trial `t` as `dir/trials/<trial>.json`, for [`merge`] to find:
+/// what each test process writes when a run is split by `cargo nextest run --partition`.
+pub fn write_trial(dir: &Path, t: &TrialResult) -> Result<()> {
+    let file = dir
+        .join(TRIALS_DIR)
+        .join(format!("{}.json", crate::html::trial_id(&t.name)));
+    Summary::new(vec![t.clone()], Vec::new()).write_json_as(&file)
+}
+
+/// The summary files under `dir`: its `summary.json`, and every `*.json` in its `trials/`.
+fn files_in(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut found = Vec::new();
+    let summary = dir.join("summary.json");
+    if summary.is_file() {
+        found.push(summary);
+    }
+    let trials = dir.join(TRIALS_DIR);
+    if trials.is_dir() {
+        let entries = std::fs::read_dir(&trials)
+            .with_context(|| format!("{}: cannot list", trials.display()))?;
+        let mut each: Vec<PathBuf> = entries
+            .flatten()
+            .map(|e| e.path())
+            .filter(|f| f.extension().is_some_and(|x| x == "json"))
+            .collect();
+        each.sort();
+        found.extend(each);
+    }
+    if found.is_empty() {
+        bail!(
+            "{}: no summary.json and no {TRIALS_DIR}/*.json; give the report directories that `run --report` or the suites test binary (CKPT_HARNESS_REPORT) wrote",
+            dir.display()
+        );
+    }
+    Ok(found)
+}
+
+/// Where a trial stands in a run: the suites' directory, negative controls after the others,
+/// then the suite file, then the device.
+fn run_order(t: &TrialResult) -> (PathBuf, bool, PathBuf, usize) {
+    let parent = t.path.parent().unwrap_or(Path::new(""));
+    let in_faults = parent.file_name().is_some_and(|n| n == "faults");
+    let home = if in_faults {
+        parent.parent().unwrap_or(parent)
+    } else {
+        parent
+    };
+    let device = crate::devices::DeviceKind::ALL
+        .iter()
+        .position(|&d| d == t.device)
+        .unwrap_or(usize::MAX);
+    (home.to_path_buf(), in_faults, t.path.clone(), device)
+}
+
+/// The summary of every trial in the summaries under `dirs`. A trial found twice is an error:
+/// each partition runs its own trials. A trial skipped in one partition and run in another is
+/// counted as run.
+pub fn merge(dirs: &[PathBuf]) -> Result<Summary> {
+    let mut trials = Vec::new();
+    let mut skipped = Vec::new();
+    let mut seen: Vec<(String, PathBuf)> = Vec::new();
+    for dir in dirs {
+        for file in files_in(dir)? {
+            let part = Summary::read(&file)?;
+            for t in part.trials {
+                if let Some((_, first)) = seen.iter().find(|(n, _)| *n == t.name) {
+                    bail!(
+                        "{}: trial {} is also in {}; merge the outputs of distinct partitions, each trial once",
+                        file.display(),
+                        t.name,
+                        first.display()
+                    );
+                }
+                seen.push((t.name.clone(), file.clone()));
+                trials.push(t);
+            }
+            skipped.extend(part.skipped);
+        }
+    }
+    trials.sort_by_key(run_order);
+    skipped.retain(|s| !seen.iter().any(|(n, _)| *n == s.name));
+    skipped.sort_by(|a, b| a.name.cmp(&b.name));
+    skipped.dedup_by(|a, b| a.name == b.name);
+    Ok(Summary::new(trials, skipped))
+}
