@@ -59,6 +59,17 @@ pub fn diff_help() -> String {
     ))
 }
 
+/// `report merge`'s exit statuses.
+pub fn merge_help() -> String {
+    quiet_on_close(help(
+        &[
+            (SUCCESS, "every merged trial passed"),
+            (FAILED, "a merged trial failed; with --fail-on-regression, also when something regressed against --baseline"),
+        ],
+        ", a directory without summaries, a file that is not a summary.json, a trial found in two partitions",
+    ))
+}
+
 /// `validate`'s exit statuses.
 pub fn validate_help() -> String {
     quiet_on_close(help(
@@ -123,6 +134,16 @@ mod tests {
         let verify = verify_help();
         assert!(verify.contains("    1  something is damaged"), "{verify}");
         assert!(verify.contains("nothing to verify"), "{verify}");
+        assert!(
+            diff_help().contains("    1  something regressed"),
+            "{}",
+            diff_help()
+        );
+        assert!(
+            merge_help().contains("a trial found in two partitions"),
+            "{}",
+            merge_help()
+        );
         let estimate = estimate_help();
         assert!(
             estimate.contains("    1  a suite's memory.budget is exceeded"),

@@ -171,7 +171,7 @@ enum ReportCommand {
     /// Merges the reports of a run split over machines (`run` per machine, or `cargo nextest
     /// run --partition` with CKPT_HARNESS_REPORT set) into one: summary.json, index.html and
     /// JUnit XML.
-    #[command(after_help = exit_codes::run_help())]
+    #[command(after_help = exit_codes::merge_help())]
     Merge {
         /// Report directories, each holding a summary.json or trials/*.json.
         #[arg(required = true)]

@@ -95,3 +95,52 @@ pub fn merge(dirs: &[PathBuf]) -> Result<Summary> {
     skipped.dedup_by(|a, b| a.name == b.name);
     Ok(Summary::new(trials, skipped))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checks::fixtures;
+    use crate::devices::DeviceKind;
+
+    fn trial(name: &str, path: &str, device: DeviceKind) -> TrialResult {
+        TrialResult {
+            name: name.into(),
+            suite: "s".into(),
+            path: path.into(),
+            device,
+            passed: true,
+            expect_fail: Vec::new(),
+            expect_not_run: Vec::new(),
+            verdict: String::new(),
+            checks: Vec::new(),
+            seconds: 1.0,
+            record: fixtures::run(),
+        }
+    }
+
+    #[test]
+    fn the_trials_each_test_process_wrote_merge_in_run_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let written = [
+            trial("cuda::b", "suites/b.yaml", DeviceKind::Cuda),
+            trial("cpu::faults::a", "suites/faults/a.yaml", DeviceKind::Cpu),
+            trial("cpu::b", "suites/b.yaml", DeviceKind::Cpu),
+            trial("cpu::c", "suites/c.yaml", DeviceKind::Cpu),
+        ];
+        for t in &written {
+            write_trial(dir.path(), t).unwrap();
+        }
+        let merged = merge(&[dir.path().to_path_buf()]).unwrap();
+        let names: Vec<&str> = merged.trials.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["cpu::b", "cuda::b", "cpu::c", "cpu::faults::a"]);
+        assert_eq!((merged.passed, merged.failed), (4, 0));
+        assert_eq!(merged.trials[0].record.phases.len(), 3);
+    }
+
+    #[test]
+    fn a_directory_without_summaries_is_refused_with_the_fix() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = merge(&[dir.path().to_path_buf()]).unwrap_err().to_string();
+        assert!(e.contains("no summary.json and no trials/*.json"), "{e}");
+    }
+}

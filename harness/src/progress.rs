@@ -88,6 +88,7 @@ impl<W: Write> Reporter<W> {
             bar: None,
             last_line: Instant::now(),
             steps: 0,
+            done: 0,
         }
     }
 
@@ -118,11 +119,13 @@ pub struct TrialProgress<'a, W: Write> {
     bar: Option<ProgressBar>,
     last_line: Instant,
     steps: u64,
+    done: u64,
 }
 
 impl<W: Write> Watch for TrialProgress<'_, W> {
     fn phase_started(&mut self, phase: Phase, from: u64, end: u64, _tracker: &MemoryTracker) {
         self.steps = end.saturating_sub(from);
+        self.done = 0;
         self.last_line = Instant::now();
         if let Reporter::Bars { target } = &*self.reporter {
             let bar = ProgressBar::with_draw_target(Some(self.steps), target());
@@ -143,6 +146,7 @@ impl<W: Write> Watch for TrialProgress<'_, W> {
     }
 
     fn step_done(&mut self, phase: Phase, step: &StepRecord) {
+        self.done += 1;
         if let Some(bar) = &self.bar {
             bar.set_message(format!("loss {:.5}", step.loss));
             bar.inc(1);
@@ -151,10 +155,11 @@ impl<W: Write> Watch for TrialProgress<'_, W> {
         if self.last_line.elapsed() >= LINE_INTERVAL {
             self.last_line = Instant::now();
             let text = format!(
-                "{:<w$} {:<10} step {} of {} steps  loss {:.5}",
+                "{:<w$} {:<10} step {} ({}/{})  loss {:.5}",
                 self.trial,
                 phase.to_string(),
                 step.step,
+                self.done,
                 self.steps,
                 step.loss,
                 w = self.width
@@ -293,7 +298,7 @@ mod tests {
         drop(watch);
         let text = String::from_utf8(out).unwrap();
         assert_eq!(
-            text, "cpu::s reference  step 0 of 6 steps  loss 4.00000\n",
+            text, "cpu::s reference  step 0 (1/6)  loss 4.00000\n",
             "one line for the interval that passed, none for the step right after"
         );
     }

@@ -39,16 +39,17 @@ pub struct Frame {
     pub name: String,
 }
 
-/// The frames of one entry: the engine's, then the marker's.
+/// The frames of one entry: the engine's, then the marker's (none for a free block).
 struct Frames<'a> {
     code: &'a [Frame],
-    marker: &'a Frame,
+    marker: Option<&'a Frame>,
 }
 
 impl Serialize for Frames<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        let mut seq = s.serialize_seq(Some(self.code.len() + 1))?;
-        for f in self.code.iter().chain([self.marker]) {
+        let mut seq =
+            s.serialize_seq(Some(self.code.len() + usize::from(self.marker.is_some())))?;
+        for f in self.code.iter().chain(self.marker) {
             seq.serialize_element(f)?;
         }
         seq.end()
@@ -298,7 +299,7 @@ pub fn write(file: &Path, entries: &[Entry], markers: &[Frame], before: &Breakdo
             category,
             frames: Frames {
                 code: &frames[stack],
-                marker: marker(e.marker),
+                marker: Some(marker(e.marker)),
             },
             device_free: None,
         };
@@ -343,14 +344,14 @@ pub fn write(file: &Path, entries: &[Entry], markers: &[Frame], before: &Breakdo
     for &(addr, bytes, _) in &kept_before {
         let frames = Frames {
             code: &no_frames,
-            marker: &held_before,
+            marker: Some(&held_before),
         };
         blocks.push((addr, bytes, "active_allocated", frames));
     }
     for &(addr, bytes, _, stack, m) in live.values() {
         let frames = Frames {
             code: &frames[stack],
-            marker: marker(m),
+            marker: Some(marker(m)),
         };
         blocks.push((addr, bytes, "active_allocated", frames));
     }
@@ -360,7 +361,7 @@ pub fn write(file: &Path, entries: &[Entry], markers: &[Frame], before: &Breakdo
     let mut held = 0;
     for (addr, bytes, state, frames) in blocks {
         if addr > at {
-            seg_blocks.push(inactive(at, addr - at, &held_before));
+            seg_blocks.push(inactive(at, addr - at));
         }
         held += bytes;
         seg_blocks.push(Block {
@@ -373,7 +374,7 @@ pub fn write(file: &Path, entries: &[Entry], markers: &[Frame], before: &Breakdo
         at = addr + rounded(bytes);
     }
     if BASE + space.top > at {
-        seg_blocks.push(inactive(at, BASE + space.top - at, &held_before));
+        seg_blocks.push(inactive(at, BASE + space.top - at));
     }
     let segments = if space.top == 0 {
         Vec::new()
@@ -409,13 +410,16 @@ pub fn write(file: &Path, entries: &[Entry], markers: &[Frame], before: &Breakdo
 }
 
 /// A free block.
-fn inactive<'a>(address: u64, size: u64, marker: &'a Frame) -> Block<'a> {
+fn inactive<'a>(address: u64, size: u64) -> Block<'a> {
     Block {
         address,
         size,
         requested_size: 0,
         state: "inactive",
-        frames: Frames { code: &[], marker },
+        frames: Frames {
+            code: &[],
+            marker: None,
+        },
     }
 }
 
