@@ -1,6 +1,7 @@
-//! The engine against PyTorch: golden/oracle/llama_tiny (a Hugging Face Llama) and qwen3_tiny (a
-//! Qwen3: per-head query and key norms) each hold the model, a batch, and PyTorch's loss,
-//! gradients (float64 math) and parameters after 3 AdamW steps.
+//! The engine against PyTorch: golden/oracle/<family>_tiny holds a Hugging Face model of each
+//! family (Llama; Mistral; Qwen2: q/k/v biases; Qwen3: per-head query and key norms; Phi-3: fused
+//! projections), a batch, and PyTorch's loss, gradients (float64 math) and parameters after 3
+//! AdamW steps.
 
 use ckpt_engine::model::weights;
 use ckpt_engine::optim::AdamWConfig;
@@ -9,7 +10,6 @@ use ckpt_harness::eval::{run, EvalRequest};
 use std::path::{Path, PathBuf};
 
 const LLAMA: &str = "llama_tiny";
-const QWEN3: &str = "qwen3_tiny";
 
 fn oracle_dir(family: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -118,18 +118,39 @@ fn fp32_loss_gradients_and_adamw_match_pytorch() {
     fp32_matches_pytorch(LLAMA);
 }
 
-/// Qwen3 is Llama with an RMSNorm on each head's queries and keys: its norms' gradients and
-/// updates are compared too.
-#[test]
-fn qwen3_fp32_matches_pytorch() {
-    let names = fp32_matches_pytorch(QWEN3);
-    for norm in ["q_norm", "k_norm"] {
-        let compared = names.iter().filter(|n| n.contains(norm)).count();
+/// `family`'s own tensors are among those compared: a gradient and an update of each, per layer.
+fn compares_per_layer(family: &str, parts: &[&str]) {
+    let names = fp32_matches_pytorch(family);
+    for part in parts {
+        let compared = names.iter().filter(|n| n.contains(part)).count();
         assert_eq!(
             compared, 4,
-            "{norm}: a gradient and an update per layer, got {names:?}"
+            "{part}: a gradient and an update per layer, got {names:?}"
         );
     }
+}
+
+#[test]
+fn mistral_fp32_matches_pytorch() {
+    compares_per_layer("mistral_tiny", &["q_proj", "gate_proj"]);
+}
+
+/// Qwen2 is Llama with a bias on the query, key and value projections.
+#[test]
+fn qwen2_fp32_matches_pytorch() {
+    compares_per_layer("qwen2_tiny", &["q_proj.bias", "k_proj.bias", "v_proj.bias"]);
+}
+
+/// Qwen3 is Llama with an RMSNorm on each head's queries and keys.
+#[test]
+fn qwen3_fp32_matches_pytorch() {
+    compares_per_layer("qwen3_tiny", &["q_norm", "k_norm"]);
+}
+
+/// Phi-3 (phi-4's architecture) stores q, k, v and gate, up fused, one tensor each.
+#[test]
+fn phi3_fp32_matches_pytorch() {
+    compares_per_layer("phi3_tiny", &["qkv_proj", "gate_up_proj"]);
 }
 
 /// bf16-mixed rounds weights and activations to 8 mantissa bits; docs/PRECISION.md records the
