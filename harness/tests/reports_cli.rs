@@ -2,6 +2,9 @@
 //! `run --memory-trace` writes PyTorch snapshots that read back, `diff` and `run --baseline` say
 //! what changed, and `report merge` puts a run split over machines back together.
 
+mod common;
+
+use common::{first_difference, without_timings};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -266,50 +269,6 @@ fn a_run_against_a_baseline_says_what_changed_and_fails_on_regression_when_asked
         &["--baseline", &baseline, "--fail-on-regression"],
     );
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
-}
-
-/// `v` without what differs between two runs of the same trials: times, and the host's memory
-/// (the CPU device's capacity is the memory available when it opens).
-fn without_timings(v: &mut serde_json::Value) {
-    match v {
-        serde_json::Value::Object(map) => {
-            map.retain(|k, _| {
-                !matches!(
-                    k.as_str(),
-                    "seconds" | "setup_seconds" | "host" | "capacity" | "max_rss"
-                )
-            });
-            map.values_mut().for_each(without_timings);
-        }
-        serde_json::Value::Array(items) => items.iter_mut().for_each(without_timings),
-        _ => {}
-    }
-}
-
-/// Where `a` and `b` first differ, as a JSON path.
-fn first_difference(a: &serde_json::Value, b: &serde_json::Value, at: String) -> String {
-    use serde_json::Value::{Array, Object};
-    match (a, b) {
-        (Object(x), Object(y)) => x.iter().find(|(k, v)| y.get(*k) != Some(v)).map_or(
-            format!("{at}: keys differ"),
-            |(k, v)| {
-                first_difference(
-                    v,
-                    y.get(k).unwrap_or(&serde_json::Value::Null),
-                    format!("{at}.{k}"),
-                )
-            },
-        ),
-        (Array(x), Array(y)) if x.len() == y.len() => x
-            .iter()
-            .zip(y)
-            .enumerate()
-            .find(|(_, (v, w))| v != w)
-            .map_or(at.clone(), |(i, (v, w))| {
-                first_difference(v, w, format!("{at}[{i}]"))
-            }),
-        _ => format!("{at}: {a} against {b}"),
-    }
 }
 
 #[test]
