@@ -1,21 +1,55 @@
 #!/usr/bin/env bash
 # The nightly job: every suite of every tier (the CI suites, the nightly ones and the negative
-# controls) on every device present, then the CPU benchmarks.
+# controls) on every device present, with memory traces; the report rendered in headless Chromium
+# (a screenshot; fails over 2 MB or a second to open) and the traces read by PyTorch's
+# _memory_viz where they can be; then the CPU benchmarks.
 #
-#   scripts/nightly.sh [OUT]     report, JUnit and logs in OUT (default report/nightly)
+#   scripts/nightly.sh [--tier ci|nightly|all] [--baseline SUMMARY] [--fail-on-regression]
+#                      [--no-bench] [OUT]
 #
-# Exit status: 1 if a trial failed or a benchmark could not run, 2 for bad input.
+# OUT (default report/nightly) gets summary.json, index.html (+ index.png), junit.xml, memory/
+# and the logs. --baseline names last night's summary.json: what changed is at the top of the
+# report. CI runs `--tier ci --no-bench`.
+#
+# Exit status: 1 if a trial failed (or regressed, with --fail-on-regression), the report did
+# not render, torch could not read a trace, or a benchmark could not run; 2 for bad input.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out="${1:-report/nightly}"
+tier=all bench=1 out=report/nightly run_args=()
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+    --tier) tier="$2" && shift ;;
+    --baseline) run_args+=(--baseline "$2") && shift ;;
+    --fail-on-regression) run_args+=(--fail-on-regression) ;;
+    --no-bench) bench=0 ;;
+    -*)
+        echo "nightly.sh: unknown option $1" >&2
+        exit 2
+        ;;
+    *) out="$1" ;;
+    esac
+    shift
+done
 mkdir -p "$out"
 
 cargo build --release --locked -p ckpt-harness
 status=0
-target/release/ckpt-harness run suites --tier all --device auto \
-    --report "$out" --junit "$out/junit.xml" 2>&1 | tee "$out/suites.log" || status=$?
+target/release/ckpt-harness run suites --tier "$tier" --device auto --memory-trace \
+    --report "$out" --junit "$out/junit.xml" "${run_args[@]}" 2>&1 | tee "$out/suites.log" ||
+    status=$?
+[[ $status == 2 ]] && exit 2
 
-scripts/bench.sh --rounds 3 2>&1 | tee "$out/bench.log" || status=1
+if command -v chromium >/dev/null || command -v chromium-browser >/dev/null ||
+    command -v google-chrome >/dev/null || [[ -n "${CHROMIUM:-}" ]]; then
+    scripts/render_report.sh "$out" >"$out/render.json" || status=1
+else
+    echo "nightly: no Chromium on PATH; $out/index.html was not rendered (apt-get install chromium)"
+fi
+scripts/memory_viz.sh "$out/memory" 2>&1 | tee "$out/memory_viz.log" || status=1
 
-echo "nightly: $([[ $status == 0 ]] && echo passed || echo FAILED); report in $out"
+if [[ $bench == 1 ]]; then
+    scripts/bench.sh --rounds 3 2>&1 | tee "$out/bench.log" || status=1
+fi
+
+echo "nightly: $([[ $status == 0 ]] && echo passed || echo FAILED); report in $out/index.html"
 exit "$status"

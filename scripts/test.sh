@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
 # The project's test command: every test on the CPU (GPU trials are listed as ignored without one).
-# The checkpoint tests kill saves at chosen system calls with strace: it is installed when missing.
+# The checkpoint tests kill saves at chosen system calls with strace, and the report's test opens
+# it in headless Chromium: both are installed when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if ! command -v strace >/dev/null; then
+missing=()
+command -v strace >/dev/null || missing+=(strace)
+if ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null &&
+    ! command -v google-chrome >/dev/null && [[ -z "${CHROMIUM:-}" ]]; then
+    missing+=(chromium)
+fi
+if ((${#missing[@]})); then
     sudo=$([ "$(id -u)" -eq 0 ] || echo sudo)
-    $sudo apt-get update -qq && $sudo apt-get install -y -qq strace
+    $sudo apt-get update -qq && $sudo apt-get install -y -qq "${missing[@]}"
 fi
 cargo test --workspace --locked "$@"

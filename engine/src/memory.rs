@@ -3,7 +3,8 @@
 //!
 //! The figures mirror what `torch.cuda.memory_stats` users read: allocated and reserved bytes,
 //! current and peak, per category, allocation and OOM counts. An allocation past the configured
-//! capacity is an [`OutOfMemory`] value, never an abort.
+//! capacity is an [`OutOfMemory`] value, never an abort. An [`AllocationObserver`], off by
+//! default, sees every allocation, free and refusal in the order the tracker counts them.
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -199,6 +200,48 @@ pub struct OutOfMemory {
     pub by_category: Breakdown,
 }
 
+/// One change to a tracker's bytes, as an [`AllocationObserver`] sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AllocationEvent {
+    /// `bytes` were taken under `category`; `id` names the lease until it is freed.
+    Alloc {
+        /// The lease's number, unique within its tracker.
+        id: u64,
+        /// Bytes taken.
+        bytes: u64,
+        /// Their category.
+        category: Category,
+    },
+    /// The lease `id` gave its bytes back.
+    Free {
+        /// The lease's number.
+        id: u64,
+        /// Bytes given back.
+        bytes: u64,
+        /// Their category.
+        category: Category,
+    },
+    /// An allocation was refused.
+    Refused {
+        /// Bytes asked for.
+        bytes: u64,
+        /// Their category.
+        category: Category,
+        /// Bytes held when they were asked for.
+        allocated: u64,
+        /// The capacity they were checked against.
+        capacity: u64,
+    },
+}
+
+/// Sees every allocation, free and refusal of a tracker (see [`MemoryTracker::observe`]). It is
+/// called with the tracker's lock held, so events arrive in the order the tracker counts them;
+/// it must not call the tracker.
+pub trait AllocationObserver: Send + Sync + fmt::Debug {
+    /// One event.
+    fn event(&self, event: AllocationEvent);
+}
+
 #[derive(Debug)]
 struct State {
     capacity: u64,
@@ -207,11 +250,24 @@ struct State {
     at_peak: [u64; 6],
     alloc_count: u64,
     oom_count: u64,
+    observer: Option<Arc<dyn AllocationObserver>>,
 }
 
 impl State {
+    fn tell(&self, event: AllocationEvent) {
+        if let Some(o) = &self.observer {
+            o.event(event);
+        }
+    }
+
     fn refuse(&mut self, bytes: u64, category: Category) -> OutOfMemory {
         self.oom_count += 1;
+        self.tell(AllocationEvent::Refused {
+            bytes,
+            category,
+            allocated: self.allocated.current,
+            capacity: self.capacity,
+        });
         OutOfMemory {
             requested: bytes,
             category,
@@ -248,6 +304,7 @@ impl MemoryTracker {
                 at_peak: [0; 6],
                 alloc_count: 0,
                 oom_count: 0,
+                observer: None,
             })),
         }
     }
@@ -276,11 +333,24 @@ impl MemoryTracker {
             let now: Vec<u64> = s.by_category.iter().map(|u| u.current).collect();
             s.at_peak.copy_from_slice(&now);
         }
+        let id = s.alloc_count;
+        s.tell(AllocationEvent::Alloc {
+            id,
+            bytes,
+            category,
+        });
         Ok(Lease {
             tracker: self.clone(),
+            id,
             bytes,
             category,
         })
+    }
+
+    /// Tells `observer` of every allocation, free and refusal from now on (`None`: stops
+    /// telling). Off by default; while off, nothing is recorded.
+    pub fn observe(&self, observer: Option<Arc<dyn AllocationObserver>>) {
+        self.lock().observer = observer;
     }
 
     /// Counts a refused allocation of `bytes` under `category` (one the memory behind the
@@ -289,10 +359,15 @@ impl MemoryTracker {
         self.lock().refuse(bytes, category)
     }
 
-    fn release(&self, bytes: u64, category: Category) {
+    fn release(&self, id: u64, bytes: u64, category: Category) {
         let mut s = self.lock();
         s.allocated.current -= bytes;
         s.by_category[category.index()].current -= bytes;
+        s.tell(AllocationEvent::Free {
+            id,
+            bytes,
+            category,
+        });
     }
 
     /// The figures now.
@@ -340,6 +415,7 @@ impl MemoryTracker {
 #[derive(Debug)]
 pub struct Lease {
     tracker: MemoryTracker,
+    id: u64,
     bytes: u64,
     category: Category,
 }
@@ -358,7 +434,7 @@ impl Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        self.tracker.release(self.bytes, self.category);
+        self.tracker.release(self.id, self.bytes, self.category);
     }
 }
 
@@ -416,6 +492,57 @@ mod tests {
         t.reset_peak();
         assert_eq!(t.stats().allocated.peak, 0);
         assert_eq!(t.stats().peak_by_category.workspace, 0);
+    }
+
+    /// Records what it is told.
+    #[derive(Debug, Default)]
+    struct Log(Mutex<Vec<AllocationEvent>>);
+
+    impl AllocationObserver for Log {
+        fn event(&self, event: AllocationEvent) {
+            self.0.lock().unwrap().push(event);
+        }
+    }
+
+    #[test]
+    fn an_observer_sees_every_allocation_free_and_refusal_while_it_observes() {
+        let t = MemoryTracker::new(1000);
+        let before = t.allocate(10, Category::Io).unwrap();
+        let log = Arc::new(Log::default());
+        t.observe(Some(log.clone()));
+        let a = t.allocate(600, Category::Params).unwrap();
+        assert!(t.allocate(500, Category::Activations).is_err());
+        drop(before);
+        drop(a);
+        t.observe(None);
+        drop(t.allocate(1, Category::Grads).unwrap());
+        use AllocationEvent::*;
+        assert_eq!(
+            *log.0.lock().unwrap(),
+            [
+                Alloc {
+                    id: 2,
+                    bytes: 600,
+                    category: Category::Params
+                },
+                Refused {
+                    bytes: 500,
+                    category: Category::Activations,
+                    allocated: 610,
+                    capacity: 1000
+                },
+                Free {
+                    id: 1,
+                    bytes: 10,
+                    category: Category::Io
+                },
+                Free {
+                    id: 2,
+                    bytes: 600,
+                    category: Category::Params
+                },
+            ]
+        );
     }
 
     proptest! {

@@ -60,6 +60,11 @@ pub struct EstimateArgs {
     /// The backend whose allocations to model.
     #[arg(long, value_enum, default_value_t = DeviceKind::Cpu)]
     device: DeviceKind,
+    /// The device's memory in bytes, against which a suite's budget given as a fraction is
+    /// checked: a card this machine does not have (80000000000 for an 80 GB one). Default: the
+    /// suite's `memory.capacity`.
+    #[arg(long)]
+    capacity: Option<u64>,
     /// The CPU device's worker threads (attention scratch is per thread); the suite's, else 1.
     #[arg(long)]
     threads: Option<usize>,
@@ -342,15 +347,21 @@ fn largest_peak(e: &Estimate) -> (u64, String) {
     peak
 }
 
-/// Whether the suite's budget holds for the run as configured, in one line.
-fn budget_verdict(suite: &Suite, kind: DeviceKind, e: &Estimate) -> Option<(bool, String)> {
-    let limit = match (suite.budget()?, suite.capacity()) {
+/// Whether the suite's budget holds for the run as configured, in one line; a fraction is of
+/// `capacity` bytes.
+fn budget_verdict(
+    suite: &Suite,
+    kind: DeviceKind,
+    e: &Estimate,
+    capacity: Option<u64>,
+) -> Option<(bool, String)> {
+    let limit = match (suite.budget()?, capacity) {
         (Budget::Bytes(b), _) => b,
         (fraction, Some(capacity)) => fraction.bytes(capacity),
         (Budget::Fraction(f), None) => {
             return Some((
                 true,
-                format!("budget: {f} of the {kind} device's memory, whose size this machine does not know; not checked"),
+                format!("budget: {f} of the {kind} device's memory, whose size this machine does not know; not checked (--capacity BYTES names it)"),
             ))
         }
     };
@@ -541,14 +552,21 @@ pub fn table(a: &EstimateArgs) -> Result<Report> {
     );
     let experts = m.moe.as_ref().map_or(String::new(), |moe| {
         format!(
-            "MoE: {} experts, top-{}, expert FFN {}; the peaks are at balanced routing unless the row says any routing\n\n",
+            "MoE: {} experts, top-{}, expert FFN {}; the peaks are at balanced routing unless the row says any routing
+
+",
             moe.num_experts, moe.num_experts_per_tok, moe.moe_intermediate_size
         )
     });
     let mut text = header + &experts + &markdown(&rows);
-    let verdict = suite
-        .as_ref()
-        .and_then(|s| budget_verdict(s, a.device, &estimates[configured]));
+    let verdict = suite.as_ref().and_then(|s| {
+        budget_verdict(
+            s,
+            a.device,
+            &estimates[configured],
+            a.capacity.or(s.capacity()),
+        )
+    });
     if let Some((_, line)) = &verdict {
         text.push_str(&format!("\n{line}\n"));
     }

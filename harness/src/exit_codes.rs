@@ -39,9 +39,34 @@ pub fn run_help() -> String {
                 SUCCESS,
                 "every trial passed (a negative control passes when exactly its expected checks fail)",
             ),
-            (FAILED, "a trial failed, or could not run; the reports are written all the same"),
+            (FAILED, "a trial failed, or could not run; the reports are written all the same; with --fail-on-regression, also when something regressed against --baseline"),
         ],
-        ", no suite file found under the paths given",
+        ", no suite file found under the paths given, a --baseline that is not a summary.json",
+    ))
+}
+
+/// `diff`'s exit statuses.
+pub fn diff_help() -> String {
+    quiet_on_close(help(
+        &[
+            (SUCCESS, "nothing regressed (other changes may be listed)"),
+            (
+                FAILED,
+                "something regressed: a check newly failing or skipped, a step peak up more than 2%, step time up more than 10%, a loss trajectory that moved",
+            ),
+        ],
+        ", or a file that is not a summary.json ckpt-harness wrote",
+    ))
+}
+
+/// `report merge`'s exit statuses.
+pub fn merge_help() -> String {
+    quiet_on_close(help(
+        &[
+            (SUCCESS, "every merged trial passed"),
+            (FAILED, "a merged trial failed; with --fail-on-regression, also when something regressed against --baseline"),
+        ],
+        ", a directory without summaries, a file that is not a summary.json, a trial found in two partitions",
     ))
 }
 
@@ -109,6 +134,16 @@ mod tests {
         let verify = verify_help();
         assert!(verify.contains("    1  something is damaged"), "{verify}");
         assert!(verify.contains("nothing to verify"), "{verify}");
+        assert!(
+            diff_help().contains("    1  something regressed"),
+            "{}",
+            diff_help()
+        );
+        assert!(
+            merge_help().contains("a trial found in two partitions"),
+            "{}",
+            merge_help()
+        );
         let estimate = estimate_help();
         assert!(
             estimate.contains("    1  a suite's memory.budget is exceeded"),

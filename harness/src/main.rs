@@ -4,11 +4,13 @@ use anyhow::Result;
 use ckpt_engine::optim::AdamWConfig;
 use ckpt_engine::{DeviceKind, Precision};
 use ckpt_harness::plan::{self, DeviceChoice, TierFilter};
+use ckpt_harness::progress::Style;
+use ckpt_harness::report::Summary;
 use ckpt_harness::suite::Suite;
-use ckpt_harness::{error_text, eval, exit_codes, run_cmd, train_cmd};
+use ckpt_harness::{error_text, eval, exit_codes, merge, run_cmd, train_cmd};
 use clap::{Parser, Subcommand};
-use std::io::Write;
-use std::path::PathBuf;
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 mod estimate_cmd;
@@ -72,12 +74,22 @@ enum Command {
         /// Tiers to run from directories (a suite file named runs whatever its tier).
         #[arg(long, value_enum, default_value_t = TierFilter::Ci)]
         tier: TierFilter,
-        /// Where to write summary.json.
+        /// Where to write summary.json, index.html and the memory traces.
         #[arg(long, default_value = "report")]
         report: PathBuf,
         /// Also write JUnit XML to this file.
         #[arg(long)]
         junit: Option<PathBuf>,
+        /// Write every phase's allocations and frees as PyTorch memory snapshots
+        /// (REPORT/memory/<trial>/<phase>.pickle).
+        #[arg(long)]
+        memory_trace: bool,
+        /// The summary.json of an earlier run: say what changed against it.
+        #[arg(long)]
+        baseline: Option<PathBuf>,
+        /// Exit 1 when something regressed against --baseline, even if every trial passed.
+        #[arg(long, requires = "baseline")]
+        fail_on_regression: bool,
         /// The golden snapshot directory [default: the nearest golden/ in or above each suite
         /// file's directory; without one, golden/ beside the directory of suites (where --bless
         /// creates it), whatever the working directory].
@@ -140,6 +152,62 @@ enum Command {
         #[arg(required = true)]
         paths: Vec<PathBuf>,
     },
+    /// What changed from one run to another: checks newly failing or skipped, step peaks up
+    /// more than 2%, step time up more than 10%, loss trajectories that moved.
+    #[command(after_help = exit_codes::diff_help())]
+    Diff {
+        /// The earlier run's summary.json (or its report directory).
+        old: PathBuf,
+        /// The later run's summary.json (or its report directory).
+        new: PathBuf,
+    },
+    /// Reports built from recorded runs.
+    #[command(subcommand)]
+    Report(ReportCommand),
+}
+
+#[derive(Subcommand)]
+enum ReportCommand {
+    /// Merges the reports of a run split over machines (`run` per machine, or `cargo nextest
+    /// run --partition` with CKPT_HARNESS_REPORT set) into one: summary.json, index.html and
+    /// JUnit XML.
+    #[command(after_help = exit_codes::merge_help())]
+    Merge {
+        /// Report directories, each holding a summary.json or trials/*.json.
+        #[arg(required = true)]
+        dirs: Vec<PathBuf>,
+        /// Where to write the merged report.
+        #[arg(long, default_value = "report")]
+        out: PathBuf,
+        /// Also write JUnit XML to this file.
+        #[arg(long)]
+        junit: Option<PathBuf>,
+        /// The summary.json of an earlier run: say what changed against it.
+        #[arg(long)]
+        baseline: Option<PathBuf>,
+        /// Exit 1 when something regressed against --baseline, even if every trial passed.
+        #[arg(long, requires = "baseline")]
+        fail_on_regression: bool,
+    },
+}
+
+/// The summary file `path` names: itself, or the `summary.json` in a directory.
+fn summary_file(path: &Path) -> PathBuf {
+    if path.is_dir() {
+        path.join("summary.json")
+    } else {
+        path.to_path_buf()
+    }
+}
+
+/// The exit status of a run or merge: failed trials, or regressions when they must fail.
+fn run_status(summary: &Summary, fail_on_regression: bool) -> u8 {
+    let regressed = summary.trends.as_ref().is_some_and(|t| t.regressions() > 0);
+    if summary.failed > 0 || (fail_on_regression && regressed) {
+        exit_codes::FAILED
+    } else {
+        exit_codes::SUCCESS
+    }
 }
 
 fn parse_betas(text: &str) -> Result<[f64; 2], String> {
@@ -297,9 +365,14 @@ fn dispatch(command: Command) -> Result<u8> {
             tier,
             report,
             junit,
+            memory_trace,
+            baseline,
+            fail_on_regression,
             golden,
             bless,
         } => {
+            let stdout = std::io::stdout();
+            let progress = Style::detect(stdout.is_terminal(), std::env::var_os("CI").as_deref());
             let opts = run_cmd::RunOptions {
                 paths: default_paths(paths),
                 device,
@@ -308,13 +381,45 @@ fn dispatch(command: Command) -> Result<u8> {
                 junit,
                 golden,
                 bless,
+                progress,
+                memory_trace,
+                baseline: baseline.as_deref().map(summary_file),
             };
-            let summary = run_cmd::run(&opts, &mut std::io::stdout().lock())?;
-            Ok(if summary.failed == 0 {
-                exit_codes::SUCCESS
-            } else {
+            let summary = run_cmd::run(&opts, &mut stdout.lock())?;
+            Ok(run_status(&summary, fail_on_regression))
+        }
+        Command::Diff { old, new } => {
+            let (old, new) = (summary_file(&old), summary_file(&new));
+            let trends = run_cmd::trends(&old, &Summary::read(&old)?, &Summary::read(&new)?);
+            write!(std::io::stdout(), "{}", trends.text())?;
+            Ok(if trends.regressions() > 0 {
                 exit_codes::FAILED
+            } else {
+                exit_codes::SUCCESS
             })
+        }
+        Command::Report(ReportCommand::Merge {
+            dirs,
+            out,
+            junit,
+            baseline,
+            fail_on_regression,
+        }) => {
+            let old = baseline
+                .as_deref()
+                .map(summary_file)
+                .map(|f| Summary::read(&f).map(|s| (f, s)))
+                .transpose()?;
+            let mut summary = merge::merge(&dirs)?;
+            let mut text = summary.table();
+            if let Some((file, old)) = &old {
+                let t = run_cmd::trends(file, old, &summary);
+                text.push_str(&t.text());
+                summary.trends = Some(t);
+            }
+            run_cmd::write_reports(&summary, &out, junit.as_deref())?;
+            write!(std::io::stdout(), "{text}")?;
+            Ok(run_status(&summary, fail_on_regression))
         }
         Command::List {
             paths,

@@ -2,7 +2,8 @@
 //! `max_steps + extra_steps` with the schedule's horizon pinned at `max_steps`, saving at
 //! `resume_from` and `max_steps`; `resume-mid` and `resume-end` resume from those checkpoints
 //! and train to the same end. Every step is recorded; the trainer is dropped between phases and
-//! the device's bytes read before and after.
+//! the device's bytes read before and after. A [`Watch`] is told as each phase and step starts
+//! and ends (progress, memory traces).
 
 use crate::devices::{self, DeviceKind, OnDevice};
 use crate::host_memory;
@@ -11,14 +12,17 @@ use anyhow::Result;
 use ckpt_engine::backend::count::{Like, Routes};
 use ckpt_engine::checkpoint::step_dir_name;
 use ckpt_engine::estimate::{estimate, routed_steps, EstimateConfig};
-use ckpt_engine::memory::{Breakdown, OutOfMemory};
+use ckpt_engine::memory::{Breakdown, MemoryTracker, OutOfMemory};
 use ckpt_engine::{Device, EngineError, MemoryStats, StateDigest, StepStats, Trainer};
-use serde::Serialize;
+use serde::{Deserialize, Deserializer, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::time::Instant;
 
 /// Which phase a record belongs to.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum Phase {
     /// The uninterrupted run.
@@ -40,16 +44,32 @@ impl std::fmt::Display for Phase {
     }
 }
 
+impl Phase {
+    /// Every phase, in the order they run.
+    pub const ALL: [Phase; 3] = [Phase::Reference, Phase::ResumeMid, Phase::ResumeEnd];
+}
+
+/// A float that JSON may hold as `null` (how serde_json writes NaN and infinities): read as NaN.
+fn float_or_null<'de, D: Deserializer<'de>, F: From<f32> + Deserialize<'de>>(
+    d: D,
+) -> Result<F, D::Error> {
+    Ok(Option::<F>::deserialize(d)?.unwrap_or_else(|| F::from(f32::NAN)))
+}
+
 /// One training step as observed.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct StepRecord {
     /// 0-based step index.
     pub step: u64,
-    /// Mean loss.
+    /// Mean loss (`null` in JSON when not finite).
+    #[serde(deserialize_with = "float_or_null")]
     pub loss: f32,
     /// Learning rate applied.
+    #[serde(deserialize_with = "float_or_null")]
     pub lr: f64,
-    /// Gradient norm before clipping.
+    /// Gradient norm before clipping (`null` in JSON when not finite).
+    #[serde(deserialize_with = "float_or_null")]
     pub grad_norm: f64,
     /// sha256 of the batch's token ids and labels.
     pub batch_digest: String,
@@ -67,10 +87,13 @@ pub struct StepRecord {
     /// The step's memory figures: `allocated.peak` is the step peak, `current` the bytes held
     /// at its end, `at_peak` the categories at the peak.
     pub memory: MemoryStats,
+    /// Wall-clock seconds of the step.
+    pub seconds: f64,
 }
 
 /// The device's peak over one call, such as loading a checkpoint.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Window {
     /// Peak allocated bytes over the call.
     pub peak: u64,
@@ -81,7 +104,8 @@ pub struct Window {
 }
 
 /// The process's resident host memory over one phase.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct HostMemory {
     /// Peak resident bytes (`VmHWM`), when the platform reports it.
     pub peak_rss: Option<u64>,
@@ -90,7 +114,8 @@ pub struct HostMemory {
 }
 
 /// One phase as observed.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct PhaseRecord {
     /// Which phase.
     pub phase: Phase,
@@ -110,10 +135,15 @@ pub struct PhaseRecord {
     pub steps: Vec<StepRecord>,
     /// The out-of-memory error that ended the phase early, if one did.
     pub oom: Option<Oom>,
+    /// Wall-clock seconds of building or loading the trainer.
+    pub setup_seconds: f64,
+    /// Wall-clock seconds of the whole phase, the trainer's drop included.
+    pub seconds: f64,
 }
 
 /// An allocation the device refused, ending a phase early.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Oom {
     /// The error as the engine words it, with where it happened.
     pub message: String,
@@ -142,7 +172,8 @@ impl Oom {
 }
 
 /// The memory model's prediction of one step.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct PredictedStep {
     /// Bytes held per category when the step starts.
     pub start: Breakdown,
@@ -153,7 +184,8 @@ pub struct PredictedStep {
 }
 
 /// Everything a trial observed; checks read only this.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct RunRecord {
     /// The trial's name: `device::suite`, or `device::faults::suite` for a negative control.
     pub name: String,
@@ -163,6 +195,8 @@ pub struct RunRecord {
     pub device: String,
     /// Decoder blocks in the model.
     pub layers: usize,
+    /// Parameters in the model (tied embeddings counted once).
+    pub params: u64,
     /// Whether activation checkpointing was on.
     pub checkpointing: bool,
     /// The memory model's prediction for a step without AdamW moments yet and one with them.
@@ -191,6 +225,88 @@ impl RunRecord {
     pub fn trial(&self) -> String {
         self.name.clone()
     }
+
+    /// The memory model's prediction for step `step`: long rows from their first step, and the
+    /// step that allocates AdamW's moments (a fresh run's first) apart from the others.
+    pub fn predicted_for(&self, step: u64, first_of_fresh_run: bool) -> &PredictedStep {
+        let moments = usize::from(!first_of_fresh_run);
+        match &self.predicted_long {
+            Some((from, long)) if step >= *from => &long[moments],
+            _ => &self.predicted[moments],
+        }
+    }
+}
+
+/// What a caller is told while the phases run (progress, memory traces); every method does
+/// nothing unless implemented.
+pub trait Watch {
+    /// `phase` begins: its trainer is about to be built (or loaded at step `from`) on the device
+    /// whose bytes `tracker` counts, then trained until step `end`.
+    fn phase_started(&mut self, _phase: Phase, _from: u64, _end: u64, _tracker: &MemoryTracker) {}
+    /// Step `step` of `phase` is about to run.
+    fn step_started(&mut self, _phase: Phase, _step: u64) {}
+    /// A step of `phase` ran.
+    fn step_done(&mut self, _phase: Phase, _step: &StepRecord) {}
+    /// The trainer of `phase` is about to be dropped.
+    fn releasing(&mut self, _phase: Phase) {}
+    /// A phase ended, its trainer dropped.
+    fn phase_done(&mut self, _record: &PhaseRecord, _tracker: &MemoryTracker) {}
+}
+
+/// Watches nothing.
+impl Watch for () {}
+
+/// Tells both, the first first.
+impl<A: Watch, B: Watch> Watch for (A, B) {
+    fn phase_started(&mut self, phase: Phase, from: u64, end: u64, tracker: &MemoryTracker) {
+        self.0.phase_started(phase, from, end, tracker);
+        self.1.phase_started(phase, from, end, tracker);
+    }
+    fn step_started(&mut self, phase: Phase, step: u64) {
+        self.0.step_started(phase, step);
+        self.1.step_started(phase, step);
+    }
+    fn step_done(&mut self, phase: Phase, step: &StepRecord) {
+        self.0.step_done(phase, step);
+        self.1.step_done(phase, step);
+    }
+    fn releasing(&mut self, phase: Phase) {
+        self.0.releasing(phase);
+        self.1.releasing(phase);
+    }
+    fn phase_done(&mut self, record: &PhaseRecord, tracker: &MemoryTracker) {
+        self.0.phase_done(record, tracker);
+        self.1.phase_done(record, tracker);
+    }
+}
+
+/// Tells the watch when there is one.
+impl<W: Watch> Watch for Option<W> {
+    fn phase_started(&mut self, phase: Phase, from: u64, end: u64, tracker: &MemoryTracker) {
+        if let Some(w) = self {
+            w.phase_started(phase, from, end, tracker);
+        }
+    }
+    fn step_started(&mut self, phase: Phase, step: u64) {
+        if let Some(w) = self {
+            w.step_started(phase, step);
+        }
+    }
+    fn step_done(&mut self, phase: Phase, step: &StepRecord) {
+        if let Some(w) = self {
+            w.step_done(phase, step);
+        }
+    }
+    fn releasing(&mut self, phase: Phase) {
+        if let Some(w) = self {
+            w.releasing(phase);
+        }
+    }
+    fn phase_done(&mut self, record: &PhaseRecord, tracker: &MemoryTracker) {
+        if let Some(w) = self {
+            w.phase_done(record, tracker);
+        }
+    }
 }
 
 fn window(stats: &MemoryStats, oom_before: u64) -> Window {
@@ -201,33 +317,33 @@ fn window(stats: &MemoryStats, oom_before: u64) -> Window {
     }
 }
 
-/// Runs the three phases of `suite` on a device of `kind`, checkpoints under `work`; `progress`
-/// is told when each phase ends. An allocation the device refuses ends the run early and is
-/// recorded, not returned as an error.
+/// Runs the three phases of `suite` on a device of `kind`, checkpoints under `work`; `watch` is
+/// told as each phase and step starts and ends. An allocation the device refuses ends the run
+/// early and is recorded, not returned as an error.
 pub fn run(
     suite: &Suite,
     kind: DeviceKind,
     work: &Path,
-    progress: impl FnMut(&PhaseRecord),
+    watch: &mut impl Watch,
 ) -> Result<RunRecord> {
     let phases = Phases {
         suite,
         kind,
         work,
-        progress,
+        watch,
     };
     devices::run_on(kind, suite.file.threads, suite.capacity(), phases)
 }
 
 /// The phases of one trial, as work for whichever device the trial names.
-struct Phases<'a, P> {
+struct Phases<'a, W> {
     suite: &'a Suite,
     kind: DeviceKind,
     work: &'a Path,
-    progress: P,
+    watch: &'a mut W,
 }
 
-impl<P: FnMut(&PhaseRecord)> OnDevice for Phases<'_, P> {
+impl<W: Watch> OnDevice for Phases<'_, W> {
     type Output = RunRecord;
 
     fn run<D: Device>(self, dev: D) -> Result<RunRecord> {
@@ -235,7 +351,7 @@ impl<P: FnMut(&PhaseRecord)> OnDevice for Phases<'_, P> {
             suite,
             kind,
             work,
-            mut progress,
+            watch,
         } = self;
         let end = suite.max_steps() + suite.file.training.extra_steps;
         let run_dir = work.join("checkpoints");
@@ -273,6 +389,8 @@ impl<P: FnMut(&PhaseRecord)> OnDevice for Phases<'_, P> {
         let mut reference_digests: BTreeMap<u64, StateDigest> = BTreeMap::new();
         let mut phases = Vec::new();
         for (phase, from) in plan {
+            let phase_start = Instant::now();
+            watch.phase_started(phase, from.unwrap_or(0), end, &tracker);
             let mut record = PhaseRecord {
                 phase,
                 before: tracker.stats().current,
@@ -290,6 +408,7 @@ impl<P: FnMut(&PhaseRecord)> OnDevice for Phases<'_, P> {
                 ),
             };
             record.setup = window(&tracker.stats(), oom_before);
+            record.setup_seconds = phase_start.elapsed().as_secs_f64();
             match built {
                 Ok(mut trainer) => {
                     if let Some(step) = from {
@@ -304,19 +423,26 @@ impl<P: FnMut(&PhaseRecord)> OnDevice for Phases<'_, P> {
                             reference_digests.insert(trainer.step_index(), trainer.state_digest()?);
                         }
                         let start = tracker.stats().current;
+                        watch.step_started(phase, trainer.step_index());
+                        let step_start = Instant::now();
                         match trainer.step() {
-                            Ok(s) => record.steps.push(StepRecord {
-                                predicted: routed(&s)?,
-                                tokens_per_expert: s.tokens_per_expert,
-                                step: s.step,
-                                loss: s.loss,
-                                lr: s.lr,
-                                grad_norm: s.grad_norm,
-                                batch_digest: s.batch_digest,
-                                recomputed_blocks: s.recomputed_blocks,
-                                start,
-                                memory: s.memory,
-                            }),
+                            Ok(s) => {
+                                let step = StepRecord {
+                                    predicted: routed(&s)?,
+                                    tokens_per_expert: s.tokens_per_expert,
+                                    step: s.step,
+                                    loss: s.loss,
+                                    lr: s.lr,
+                                    grad_norm: s.grad_norm,
+                                    batch_digest: s.batch_digest,
+                                    recomputed_blocks: s.recomputed_blocks,
+                                    start,
+                                    memory: s.memory,
+                                    seconds: step_start.elapsed().as_secs_f64(),
+                                };
+                                watch.step_done(phase, &step);
+                                record.steps.push(step);
+                            }
                             Err(EngineError::OutOfMemory(e)) => {
                                 record.oom = Some(Oom::new(Some(trainer.step_index()), &e));
                                 break;
@@ -327,6 +453,8 @@ impl<P: FnMut(&PhaseRecord)> OnDevice for Phases<'_, P> {
                             trainer.save(&run_dir, suite.file.training.keep_last)?;
                         }
                     }
+                    watch.releasing(phase);
+                    drop(trainer);
                 }
                 Err(EngineError::OutOfMemory(e)) => {
                     record.oom = Some(Oom::new(None, &e));
@@ -338,7 +466,8 @@ impl<P: FnMut(&PhaseRecord)> OnDevice for Phases<'_, P> {
                 peak_rss: host_memory::peak(),
                 reset: host_reset,
             };
-            progress(&record);
+            record.seconds = phase_start.elapsed().as_secs_f64();
+            watch.phase_done(&record, &tracker);
             let stop = record.oom.is_some();
             phases.push(record);
             if stop {
@@ -350,6 +479,7 @@ impl<P: FnMut(&PhaseRecord)> OnDevice for Phases<'_, P> {
             suite: suite.file.name.clone(),
             device: kind.name().into(),
             layers: suite.train.model.num_hidden_layers,
+            params: suite.train.model.num_params() as u64,
             checkpointing: suite.train.checkpointing != ckpt_engine::Checkpointing::None,
             predicted,
             predicted_long,

@@ -1,8 +1,10 @@
-//! Reports of a run: the summary table, `summary.json` and JUnit XML.
+//! Reports of a run: the summary table, `summary.json` (written, and read back for trends and
+//! merges) and JUnit XML.
 
+use crate::trends::Trends;
 use crate::trial::TrialResult;
 use anyhow::{Context, Result};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::fmt::Write;
 use std::path::Path;
 
@@ -10,7 +12,7 @@ use std::path::Path;
 pub const FAILURES_SHOWN: usize = 10;
 
 /// A trial that did not run, and why.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Skipped {
     /// The trial's name.
     pub name: String,
@@ -19,16 +21,21 @@ pub struct Skipped {
 }
 
 /// Everything a run produced.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Summary {
     /// Trials that passed.
     pub passed: usize,
     /// Trials that failed.
     pub failed: usize,
-    /// Every trial that ran, with every check's verdict and figures.
+    /// Every trial that ran, with every check's verdict and figures, and every phase and step
+    /// recorded.
     pub trials: Vec<TrialResult>,
     /// Trials that did not run.
+    #[serde(default)]
     pub skipped: Vec<Skipped>,
+    /// What changed against a baseline run, when one was given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trends: Option<Trends>,
 }
 
 impl Summary {
@@ -40,7 +47,22 @@ impl Summary {
             failed: trials.len() - passed,
             trials,
             skipped,
+            trends: None,
         }
+    }
+
+    /// Reads a `summary.json` that `run` or `report merge` wrote.
+    pub fn read(file: &Path) -> Result<Self> {
+        let text =
+            std::fs::read(file).with_context(|| format!("{}: cannot read", file.display()))?;
+        serde_json::from_slice(&text).map_err(|e| {
+            anyhow::anyhow!(
+                "{}:{}:{}: not a summary ckpt-harness wrote: {e}; give the summary.json a run wrote",
+                file.display(),
+                e.line(),
+                e.column()
+            )
+        })
     }
 
     /// The table printed at the end of a run: one row per trial, its failed checks, then its
@@ -98,10 +120,16 @@ impl Summary {
 
     /// Writes `summary.json` under `dir`.
     pub fn write_json(&self, dir: &Path) -> Result<()> {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("{}: cannot create", dir.display()))?;
-        let file = dir.join("summary.json");
-        std::fs::write(&file, serde_json::to_vec_pretty(self)?)
+        self.write_json_as(&dir.join("summary.json"))
+    }
+
+    /// Writes the summary to `file`, creating its directory.
+    pub fn write_json_as(&self, file: &Path) -> Result<()> {
+        if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("{}: cannot create", dir.display()))?;
+        }
+        std::fs::write(file, serde_json::to_vec_pretty(self)?)
             .with_context(|| format!("{}: cannot write", file.display()))
     }
 

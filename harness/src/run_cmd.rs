@@ -1,12 +1,18 @@
-//! `ckpt-harness run`: every planned trial through the phases and checks, a line per phase, a
-//! summary table, `summary.json` in the report directory, optionally JUnit XML; the caller exits
-//! non-zero on any failure.
+//! `ckpt-harness run`: every planned trial through the phases and checks, with progress as it
+//! goes, a summary table, `summary.json` and `index.html` in the report directory, optionally
+//! JUnit XML, memory traces, and the changes against a baseline; the caller exits non-zero on
+//! any failure.
 
-use crate::checks::{bytes, golden};
+use crate::checks::golden;
+use crate::html;
+use crate::memory_trace::{self, Tracer};
 use crate::plan::{self, DeviceChoice, TierFilter};
+use crate::progress::{Reporter, Style};
 use crate::report::{Skipped, Summary};
+use crate::trends::Trends;
 use crate::trial::{self, GoldenMode};
 use anyhow::{Context, Result};
+use indicatif::ProgressDrawTarget;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -19,7 +25,7 @@ pub struct RunOptions {
     pub device: DeviceChoice,
     /// Tiers to run.
     pub tier: TierFilter,
-    /// Where `summary.json` goes.
+    /// Where `summary.json`, `index.html` and the memory traces go.
     pub report: PathBuf,
     /// Where JUnit XML goes, if anywhere.
     pub junit: Option<PathBuf>,
@@ -28,11 +34,38 @@ pub struct RunOptions {
     pub golden: Option<PathBuf>,
     /// Rewrite the golden snapshots from this run.
     pub bless: bool,
+    /// How progress is shown.
+    pub progress: Style,
+    /// Write every phase's allocations and frees as PyTorch memory snapshots.
+    pub memory_trace: bool,
+    /// The summary of an earlier run to compare with.
+    pub baseline: Option<PathBuf>,
+}
+
+/// Writes the reports of `summary` into `dir` (`summary.json`, `index.html`) and JUnit XML to
+/// `junit` when given.
+pub fn write_reports(summary: &Summary, dir: &Path, junit: Option<&Path>) -> Result<()> {
+    summary.write_json(dir)?;
+    html::write(summary, dir)?;
+    if let Some(file) = junit {
+        write_file(file, &summary.junit())?;
+    }
+    Ok(())
+}
+
+/// The changes of `summary` against the summary in `file`, read and compared.
+pub fn trends(file: &Path, baseline: &Summary, summary: &Summary) -> Trends {
+    Trends::new(&file.display().to_string(), baseline, summary)
 }
 
 /// Runs the trials, printing to `out`; returns the summary (the caller decides the exit status).
 /// A failed write to `out` (a closed pipe) stops the run after the trial it happened in.
 pub fn run(opts: &RunOptions, out: &mut impl Write) -> Result<Summary> {
+    let baseline = opts
+        .baseline
+        .as_ref()
+        .map(|f| Summary::read(f).map(|s| (f, s)))
+        .transpose()?;
     let suites = plan::load(&plan::files(&opts.paths)?)?;
     let planned = plan::plan(&suites, &opts.paths, opts.tier, opts.device)?;
     let mode = if opts.bless {
@@ -43,6 +76,13 @@ pub fn run(opts: &RunOptions, out: &mut impl Write) -> Result<Summary> {
     let w = planned.iter().map(|p| p.name.len()).fold(0, usize::max);
     let mut trials = Vec::new();
     let mut skipped = Vec::new();
+    let mut reporter = match opts.progress {
+        Style::Lines => Reporter::lines(&mut *out),
+        Style::Bars => Reporter::Bars {
+            target: Box::new(ProgressDrawTarget::stdout),
+        },
+    };
+    let traces = opts.report.join(memory_trace::DIR);
     for p in planned {
         if let Some(reason) = p.skip {
             skipped.push(Skipped {
@@ -56,39 +96,30 @@ pub fn run(opts: &RunOptions, out: &mut impl Write) -> Result<Summary> {
             .golden
             .clone()
             .unwrap_or_else(|| golden::dir_for(&suite.path));
-        let name = p.name.clone();
-        let mut written = Ok(());
-        let result = trial::run(suite, p.device, &golden, mode, |ph| {
-            if written.is_err() {
-                return;
-            }
-            let last = ph.steps.last();
-            written = writeln!(
-                out,
-                "{name:<w$} {:<10} {:>3} steps  last loss {:>9}  peak {}{}",
-                ph.phase.to_string(),
-                ph.steps.len(),
-                last.map_or("-".into(), |s| format!("{:.5}", s.loss)),
-                bytes(
-                    ph.steps
-                        .iter()
-                        .map(|s| s.memory.allocated.peak)
-                        .fold(ph.setup.peak, u64::max)
-                ),
-                ph.oom
-                    .as_ref()
-                    .map_or(String::new(), |e| format!("  OOM: {}", e.message)),
-            );
-        });
-        written?;
+        let tracer = opts
+            .memory_trace
+            .then(|| Tracer::new(memory_trace::trial_dir(&traces, &p.name)));
+        let mut watch = (reporter.trial(&p.name, w), tracer);
+        let result = trial::run(suite, p.device, &golden, mode, &mut watch);
+        let (progress, tracer) = watch;
+        drop(progress);
+        if let Some(tracer) = tracer {
+            tracer.finish()?;
+        }
+        if let Some(e) = reporter.take_error() {
+            return Err(e.into());
+        }
         trials.push(result);
     }
-    let summary = Summary::new(trials, skipped);
+    drop(reporter);
+    let mut summary = Summary::new(trials, skipped);
     write!(out, "\n{}", summary.table())?;
-    summary.write_json(&opts.report)?;
-    if let Some(file) = &opts.junit {
-        write_file(file, &summary.junit())?;
+    if let Some((file, old)) = &baseline {
+        let t = trends(file, old, &summary);
+        write!(out, "{}", t.text())?;
+        summary.trends = Some(t);
     }
+    write_reports(&summary, &opts.report, opts.junit.as_deref())?;
     Ok(summary)
 }
 

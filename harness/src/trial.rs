@@ -5,10 +5,10 @@
 use crate::checks::{self, golden, Check, Outcome, Status};
 use crate::devices::DeviceKind;
 use crate::error_text;
-use crate::phases::{self, PhaseRecord, RunRecord};
+use crate::phases::{self, RunRecord, Watch};
 use crate::suite::Suite;
 use anyhow::{Context, Result};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -22,7 +22,7 @@ pub enum GoldenMode {
 }
 
 /// A trial's verdict and everything behind it.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct TrialResult {
     /// `device::suite`, or `device::faults::suite` for a negative control.
     pub name: String,
@@ -35,17 +35,22 @@ pub struct TrialResult {
     /// Whether the trial passed.
     pub passed: bool,
     /// The checks that had to fail (empty for an ordinary suite).
+    #[serde(default)]
     pub expect_fail: Vec<Check>,
     /// The checks that had to have nothing to compare (usually empty).
+    #[serde(default)]
     pub expect_not_run: Vec<Check>,
     /// Why the trial failed, in one line; empty when it passed.
+    #[serde(default)]
     pub verdict: String,
     /// Every check's outcome.
+    #[serde(default)]
     pub checks: Vec<Outcome>,
     /// Wall-clock seconds.
+    #[serde(default)]
     pub seconds: f64,
-    /// What was recorded.
-    #[serde(skip)]
+    /// What was recorded: every phase and step (empty in summaries written before it was kept).
+    #[serde(default)]
     pub record: RunRecord,
 }
 
@@ -184,10 +189,10 @@ fn observe(
     device: DeviceKind,
     golden_dir: &Path,
     mode: GoldenMode,
-    progress: impl FnMut(&PhaseRecord),
+    watch: &mut impl Watch,
 ) -> Result<Observed> {
     let work = tempfile::tempdir().context("cannot create a temporary directory")?;
-    let record = phases::run(suite, device, work.path(), progress)?;
+    let record = phases::run(suite, device, work.path(), watch)?;
     if mode == GoldenMode::Bless && suite.file.checks.golden {
         golden::bless(golden_dir, &record)?;
     }
@@ -197,7 +202,7 @@ fn observe(
 }
 
 /// Runs `suite` on `device` with checkpoints in a temporary directory; `golden_dir` holds the
-/// snapshots; `progress` is told when each phase ends. A trial that cannot run (the engine
+/// snapshots; `watch` is told as each phase and step starts and ends. A trial that cannot run (the engine
 /// refuses its configuration, a file is missing, a phase fails other than by running out of
 /// memory) fails with the reason as its verdict; it never stops the caller's other trials.
 pub fn run(
@@ -205,12 +210,12 @@ pub fn run(
     device: DeviceKind,
     golden_dir: &Path,
     mode: GoldenMode,
-    progress: impl FnMut(&PhaseRecord),
+    watch: &mut impl Watch,
 ) -> TrialResult {
     let started = Instant::now();
     let expect_fail = suite.expect_fail();
     let expect_not_run = suite.expect_not_run();
-    let (verdict, checks, record) = match observe(suite, device, golden_dir, mode, progress) {
+    let (verdict, checks, record) = match observe(suite, device, golden_dir, mode, watch) {
         Ok(Observed { record, checks }) => {
             let failed = verdict(&expect_fail, &with_status(&checks, Status::Failed));
             let not_run = not_run_verdict(&expect_not_run, &with_status(&checks, Status::NotRun));

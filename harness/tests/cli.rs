@@ -822,6 +822,40 @@ fn estimate_of_a_suite_checks_its_budget() {
     assert!(all.contains("on cpu: holds"), "{all}");
 }
 
+/// The nightly GPU suites are sized for one 80 GB card: by the memory model, each one's budget,
+/// a fraction of the card, holds on 80 GB; the largest would not hold on 40 GB; without a
+/// capacity the fraction is not checked.
+#[test]
+fn the_nightly_gpu_suites_fit_one_80_gb_card() {
+    let est = |suite: &str, capacity: &[&str]| {
+        let mut args = vec!["estimate", "--device", "cuda"];
+        args.extend(capacity);
+        harness(&args, &[&root().join(format!("suites/{suite}.yaml"))])
+    };
+    for suite in [
+        "llama-1b-cuda",
+        "tied-1b-cuda",
+        "long-seq-8k-cuda",
+        "long-batch-cuda",
+    ] {
+        let out = est(suite, &["--capacity", "80000000000"]);
+        let all = text(&out);
+        assert_eq!(out.status.code(), Some(exit_codes::SUCCESS.into()), "{all}");
+        assert!(all.contains("on cuda: holds"), "{suite}: {all}");
+    }
+    let out = est("llama-1b-cuda", &["--capacity", "40000000000"]);
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(exit_codes::FAILED.into()), "{all}");
+    assert!(all.contains("on cuda: EXCEEDED"), "{all}");
+    let out = est("llama-1b-cuda", &[]);
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(exit_codes::SUCCESS.into()), "{all}");
+    assert!(
+        all.contains("not checked (--capacity BYTES names it)"),
+        "{all}"
+    );
+}
+
 /// `train` runs on the device it is given, and a device that is not here is a clear error.
 #[test]
 fn train_takes_a_device() {

@@ -18,7 +18,7 @@ fn keep_last_prunes_all_but_the_newest_and_the_resumes_still_load() {
         );
     let dir = tempfile::tempdir().unwrap();
     let suite = Suite::parse(&dir.path().join("kept.yaml"), &text).unwrap();
-    let record = phases::run(&suite, DeviceKind::Cpu, dir.path(), |_| {}).unwrap();
+    let record = phases::run(&suite, DeviceKind::Cpu, dir.path(), &mut ()).unwrap();
     let phases: Vec<Phase> = record.phases.iter().map(|p| p.phase).collect();
     assert_eq!(
         phases,

@@ -85,7 +85,7 @@ impl fmt::Display for Check {
 }
 
 /// One failed expectation.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Failure {
     /// The check that failed.
     pub check: Check,
@@ -168,7 +168,7 @@ impl fmt::Display for Failure {
 }
 
 /// Whether a check ran and how it went.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Status {
     /// It ran and found nothing wrong.
@@ -183,7 +183,7 @@ pub enum Status {
 }
 
 /// A check's verdict, figures and failures.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Outcome {
     /// The check.
     pub check: Check,
@@ -192,7 +192,7 @@ pub struct Outcome {
     /// How many things it compared (steps, resume points, phases, ...; see each check).
     pub compared: u64,
     /// What it measured, by name.
-    pub figures: BTreeMap<&'static str, serde_json::Value>,
+    pub figures: BTreeMap<String, serde_json::Value>,
     /// What it found wrong.
     pub failures: Vec<Failure>,
 }
@@ -239,7 +239,7 @@ impl Outcome {
 
     /// Adds a figure.
     pub fn with(mut self, name: &'static str, value: impl Into<serde_json::Value>) -> Self {
-        self.figures.insert(name, value.into());
+        self.figures.insert(name.into(), value.into());
         self
     }
 
@@ -392,6 +392,7 @@ pub(crate) mod fixtures {
                 alloc_count: 10,
                 oom_count: 0,
             },
+            seconds: 0.01,
         }
     }
 
@@ -459,6 +460,7 @@ pub(crate) mod fixtures {
             suite: "s".into(),
             device: "cpu".into(),
             layers: 2,
+            params: 250,
             checkpointing: true,
             predicted: [first, later],
             predicted_long: None,

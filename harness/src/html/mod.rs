@@ -1,0 +1,346 @@
+//! `index.html`: the run for people, self-contained (inline SVG and CSS, no script, no network).
+//! At the top what changed against the baseline, then every trial: its checks' verdicts with
+//! each failure's expected against actual, the loss curves of the three phases, the memory
+//! timeline stacked by category, the memory anatomy (estimate against measured, bytes per
+//! parameter), and wall time per phase and per step. The page is the template
+//! `templates/report.html` filled from [`Summary`] alone, so a merged summary renders as a run's.
+
+pub mod plots;
+pub mod timeline;
+
+use crate::checks::Check;
+use crate::memory_trace;
+use crate::phases::{Phase, RunRecord};
+use crate::report::{Skipped, Summary, FAILURES_SHOWN};
+use crate::trends::{status_name, Trends};
+use crate::trial::TrialResult;
+use anyhow::{Context, Result};
+use askama::Template;
+use ckpt_engine::memory::{human_bytes, Category};
+use std::path::Path;
+use timeline::{phase_summary, slots};
+
+/// One failure as the page shows it.
+struct FailureView {
+    place: String,
+    what: String,
+    expected: String,
+    actual: String,
+    detail: String,
+}
+
+/// One check's row.
+struct CheckView {
+    name: &'static str,
+    status: &'static str,
+    expected_to_fail: bool,
+    compared: u64,
+    failures: Vec<FailureView>,
+    more: usize,
+}
+
+/// One category's row of the anatomy table.
+struct AnatomyRow {
+    category: &'static str,
+    colour: String,
+    estimate: String,
+    measured: String,
+    difference: String,
+    per_param_estimate: String,
+    per_param_measured: String,
+}
+
+/// One phase's row of the time and reclaim table.
+struct PhaseRow {
+    phase: String,
+    steps: usize,
+    setup: String,
+    median_step: String,
+    max_step: String,
+    total: String,
+    held_at_end: String,
+    reclaimed: String,
+    left_behind: String,
+}
+
+/// A memory trace file of the trial.
+struct TraceLink {
+    phase: String,
+    href: String,
+}
+
+/// One trial's section.
+struct TrialView {
+    id: String,
+    name: String,
+    passed: bool,
+    negative_control: bool,
+    seconds: String,
+    path: String,
+    verdict: String,
+    failed_checks: String,
+    checks: Vec<CheckView>,
+    recorded: bool,
+    divergence: String,
+    loss_svg: String,
+    memory_svg: String,
+    time_svg: String,
+    anatomy: Vec<AnatomyRow>,
+    anatomy_note: String,
+    phases: Vec<PhaseRow>,
+    traces: Vec<TraceLink>,
+}
+
+/// One change against the baseline.
+struct ChangeView {
+    regression: bool,
+    kind: &'static str,
+    trial: String,
+    what: String,
+    before: String,
+    after: String,
+}
+
+/// The changes section.
+struct TrendsView {
+    baseline: String,
+    regressions: usize,
+    changes: Vec<ChangeView>,
+}
+
+/// The page.
+#[derive(Template)]
+#[template(path = "report.html")]
+struct Page {
+    passed: usize,
+    failed: usize,
+    skipped: Vec<Skipped>,
+    trends: Option<TrendsView>,
+    trials: Vec<TrialView>,
+}
+
+/// The page id of a trial: `cpu::faults::x` → `cpu-faults-x`.
+pub fn trial_id(name: &str) -> String {
+    name.replace("::", "-")
+}
+
+/// The first resumed step whose check `loss_continuity` failed.
+fn divergence(t: &TrialResult) -> Option<(Phase, u64)> {
+    t.checks
+        .iter()
+        .filter(|o| o.check == Check::LossContinuity)
+        .flat_map(|o| &o.failures)
+        .filter_map(|f| Some((f.phase?, f.step?)))
+        .min_by_key(|&(p, s)| (s, p))
+}
+
+fn checks(t: &TrialResult) -> Vec<CheckView> {
+    t.checks
+        .iter()
+        .map(|o| CheckView {
+            name: o.check.name(),
+            status: status_name(o.status),
+            expected_to_fail: t.expect_fail.contains(&o.check),
+            compared: o.compared,
+            failures: o
+                .failures
+                .iter()
+                .take(FAILURES_SHOWN)
+                .map(|f| FailureView {
+                    place: [
+                        f.phase.map(|p| p.to_string()),
+                        f.step.map(|s| format!("step {s}")),
+                    ]
+                    .into_iter()
+                    .flatten()
+                    .collect::<Vec<_>>()
+                    .join(" "),
+                    what: f.what.clone(),
+                    expected: f.expected.clone(),
+                    actual: f.actual.clone(),
+                    detail: f.detail.clone().unwrap_or_default(),
+                })
+                .collect(),
+            more: o.failures.len().saturating_sub(FAILURES_SHOWN),
+        })
+        .collect()
+}
+
+/// `a` over `params`, to two decimals.
+fn per_param(bytes: u64, params: u64) -> String {
+    if params == 0 {
+        return "-".into();
+    }
+    format!("{:.2}", bytes as f64 / params as f64)
+}
+
+/// The anatomy of the steadiest step: the reference step with the largest peak once AdamW's
+/// moments exist, against the memory model's prediction for it.
+fn anatomy(r: &RunRecord) -> (Vec<AnatomyRow>, String) {
+    let Some(p) = r.reference() else {
+        return (Vec::new(), String::new());
+    };
+    let Some(s) = p
+        .steps
+        .iter()
+        .skip(1)
+        .max_by_key(|s| s.memory.allocated.peak)
+    else {
+        return (Vec::new(), String::new());
+    };
+    let want = r.predicted_for(s.step, false);
+    let base = p.before;
+    let mut rows = Vec::new();
+    let row = |name, colour: String, est: u64, got: u64| AnatomyRow {
+        category: name,
+        colour,
+        estimate: human_bytes(est),
+        measured: human_bytes(got),
+        difference: match got.cmp(&est) {
+            std::cmp::Ordering::Equal => "=".into(),
+            std::cmp::Ordering::Greater => format!("+{}", human_bytes(got - est)),
+            std::cmp::Ordering::Less => format!("-{}", human_bytes(est - got)),
+        },
+        per_param_estimate: per_param(est, r.params),
+        per_param_measured: per_param(got, r.params),
+    };
+    for (c, colour) in Category::ALL.into_iter().zip(plots::CATEGORY_COLOURS) {
+        let got = s.memory.at_peak.get(c).saturating_sub(base.get(c));
+        let hex = format!("#{:02x}{:02x}{:02x}", colour.0, colour.1, colour.2);
+        rows.push(row(c.name(), hex, want.at_peak.get(c), got));
+    }
+    let got = s.memory.allocated.peak.saturating_sub(base.total());
+    rows.push(row("total", String::new(), want.peak, got));
+    let note = format!(
+        "at the peak of reference step {} ({} parameters)",
+        s.step, r.params
+    );
+    (rows, note)
+}
+
+fn phase_rows(r: &RunRecord) -> Vec<PhaseRow> {
+    let secs = |s: Option<f64>| s.map_or("-".into(), |s| format!("{s:.4} s"));
+    r.phases
+        .iter()
+        .map(|p| {
+            let s = phase_summary(p);
+            PhaseRow {
+                phase: p.phase.to_string(),
+                steps: s.steps,
+                setup: format!("{:.3} s", s.setup_seconds),
+                median_step: secs(s.median_step_seconds),
+                max_step: secs(s.max_step_seconds),
+                total: format!("{:.3} s", s.seconds),
+                held_at_end: human_bytes(s.held_at_end),
+                reclaimed: human_bytes(s.reclaimed),
+                left_behind: if s.left_behind == 0 {
+                    "nothing".into()
+                } else {
+                    human_bytes(s.left_behind)
+                },
+            }
+        })
+        .collect()
+}
+
+/// The trace files of `t` under `dir`, linked relative to it.
+fn traces(dir: &Path, t: &TrialResult) -> Vec<TraceLink> {
+    let trial_dir = memory_trace::trial_dir(Path::new(memory_trace::DIR), &t.name);
+    t.record
+        .phases
+        .iter()
+        .map(|p| trial_dir.join(format!("{}.pickle", p.phase)))
+        .filter(|f| dir.join(f).is_file())
+        .map(|f| TraceLink {
+            phase: f
+                .file_stem()
+                .map_or(String::new(), |s| s.to_string_lossy().into_owned()),
+            href: f.to_string_lossy().replace('\\', "/"),
+        })
+        .collect()
+}
+
+fn trial(dir: &Path, t: &TrialResult) -> Result<TrialView> {
+    let r = &t.record;
+    let recorded = !r.phases.is_empty();
+    let div = divergence(t);
+    let (loss_svg, memory_svg, time_svg) = if recorded {
+        let s = slots(r);
+        (
+            plots::loss(r, div)?,
+            plots::memory(r, &s)?,
+            plots::time(&s)?,
+        )
+    } else {
+        Default::default()
+    };
+    let (anatomy, anatomy_note) = anatomy(r);
+    Ok(TrialView {
+        id: trial_id(&t.name),
+        name: t.name.clone(),
+        passed: t.passed,
+        negative_control: !t.expect_fail.is_empty(),
+        seconds: format!("{:.2}", t.seconds),
+        path: t.path.display().to_string(),
+        verdict: t.verdict.clone(),
+        failed_checks: t
+            .failed_checks()
+            .iter()
+            .map(|c| c.name())
+            .collect::<Vec<_>>()
+            .join(", "),
+        checks: checks(t),
+        recorded,
+        divergence: div.map_or(String::new(), |(p, s)| format!("{p} step {s}")),
+        loss_svg,
+        memory_svg,
+        time_svg,
+        anatomy,
+        anatomy_note,
+        phases: phase_rows(r),
+        traces: traces(dir, t),
+    })
+}
+
+fn trends_view(t: &Trends) -> TrendsView {
+    TrendsView {
+        baseline: t.baseline.clone(),
+        regressions: t.regressions(),
+        changes: t
+            .changes
+            .iter()
+            .map(|c| ChangeView {
+                regression: c.kind.regression(),
+                kind: c.kind.name(),
+                trial: c.trial.clone(),
+                what: c.what.clone(),
+                before: c.before.clone(),
+                after: c.after.clone(),
+            })
+            .collect(),
+    }
+}
+
+/// The page of `summary`, linking the memory traces found under `dir`.
+pub fn render(summary: &Summary, dir: &Path) -> Result<String> {
+    let page = Page {
+        passed: summary.passed,
+        failed: summary.failed,
+        skipped: summary.skipped.clone(),
+        trends: summary.trends.as_ref().map(trends_view),
+        trials: summary
+            .trials
+            .iter()
+            .map(|t| trial(dir, t))
+            .collect::<Result<_>>()?,
+    };
+    page.render().context("cannot fill the report's template")
+}
+
+/// Writes `index.html` of `summary` under `dir`.
+pub fn write(summary: &Summary, dir: &Path) -> Result<()> {
+    let text = render(summary, dir)?;
+    std::fs::create_dir_all(dir).with_context(|| format!("{}: cannot create", dir.display()))?;
+    let file = dir.join("index.html");
+    std::fs::write(&file, text).with_context(|| format!("{}: cannot write", file.display()))
+}

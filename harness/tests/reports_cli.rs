@@ -1,0 +1,341 @@
+//! The reports from the command line: `run` writes index.html and every step into summary.json,
+//! `run --memory-trace` writes PyTorch snapshots that read back, `diff` and `run --baseline` say
+//! what changed, and `report merge` puts a run split over machines back together.
+
+mod common;
+
+use common::{first_difference, without_timings};
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_ckpt-harness");
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn harness(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .current_dir(root())
+        .env_remove("CI")
+        .output()
+        .unwrap()
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn json(file: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(file).unwrap()).unwrap()
+}
+
+fn recorded(name: &str) -> String {
+    root()
+        .join(format!("harness/tests/data/recorded/{name}.json"))
+        .display()
+        .to_string()
+}
+
+/// `run --device cpu` of `suites` with its report in `dir`, and `extra` arguments.
+fn run(dir: &Path, suites: &[&str], extra: &[&str]) -> Output {
+    let mut args = vec!["run", "--device", "cpu", "--report", dir.to_str().unwrap()];
+    args.extend(extra);
+    args.extend(suites);
+    harness(&args)
+}
+
+#[test]
+fn run_writes_index_html_and_every_step_into_the_summary() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run(dir.path(), &["suites/tiny-fp32.yaml"], &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let page = std::fs::read_to_string(dir.path().join("index.html")).unwrap();
+    assert!(page.contains("data-trial=\"cpu::tiny-fp32\""), "{page}");
+    assert_eq!(page.matches("<figure class=\"plot").count(), 3);
+    let summary = json(&dir.path().join("summary.json"));
+    let phases = summary["trials"][0]["record"]["phases"].as_array().unwrap();
+    assert_eq!(phases.len(), 3);
+    let step = &phases[0]["steps"][3];
+    assert_eq!(step["step"], 3);
+    for key in ["loss", "lr", "grad_norm", "seconds"] {
+        assert!(step[key].as_f64().is_some(), "{key}: {step}");
+    }
+    let peak = step["memory"]["allocated"]["peak"].as_u64().unwrap();
+    let at_peak: u64 = [
+        "params",
+        "grads",
+        "optimizer",
+        "activations",
+        "workspace",
+        "io",
+    ]
+    .iter()
+    .map(|c| step["memory"]["at_peak"][c].as_u64().unwrap())
+    .sum();
+    assert_eq!(peak, at_peak, "the peak's bytes per category: {step}");
+}
+
+/// The parts of PyTorch's snapshot the test reads.
+#[derive(Deserialize)]
+struct Snapshot {
+    segments: Vec<Segment>,
+    device_traces: Vec<Vec<Entry>>,
+}
+
+#[derive(Deserialize)]
+struct Segment {
+    total_size: u64,
+    blocks: Vec<Block>,
+}
+
+#[derive(Deserialize)]
+struct Block {
+    size: u64,
+    state: String,
+}
+
+#[derive(Deserialize)]
+struct Entry {
+    action: String,
+    addr: u64,
+    size: u64,
+    category: String,
+    frames: Vec<Frame>,
+}
+
+#[derive(Deserialize)]
+struct Frame {
+    filename: String,
+    name: String,
+}
+
+#[test]
+fn a_memory_trace_reads_back_as_a_pytorch_snapshot_of_every_allocation_and_free() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run(dir.path(), &["suites/tiny-fp32.yaml"], &["--memory-trace"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let summary = json(&dir.path().join("summary.json"));
+    let page = std::fs::read_to_string(dir.path().join("index.html")).unwrap();
+    for (i, phase) in ["reference", "resume-mid", "resume-end"].iter().enumerate() {
+        let file = dir
+            .path()
+            .join(format!("memory/cpu.tiny-fp32/{phase}.pickle"));
+        assert!(page.contains(&format!("href=\"memory/cpu.tiny-fp32/{phase}.pickle\"")));
+        let snap: Snapshot =
+            serde_pickle::from_reader(std::fs::File::open(&file).unwrap(), Default::default())
+                .unwrap();
+        let trace = &snap.device_traces[0];
+        let (mut held, mut peak) = (0u64, 0u64);
+        let mut live: Vec<(u64, u64)> = Vec::new();
+        let mut markers = Vec::new();
+        for e in trace {
+            match e.action.as_str() {
+                "alloc" => {
+                    let end = e.addr + e.size.max(1);
+                    assert!(
+                        live.iter().all(|&(a, b)| end <= a || e.addr >= b),
+                        "{phase}: allocations overlap at {}",
+                        e.addr
+                    );
+                    live.push((e.addr, end));
+                    held += e.size;
+                    peak = peak.max(held);
+                    assert_ne!(e.category, "unknown");
+                }
+                "free_completed" => {
+                    let at = live.iter().position(|&(a, _)| a == e.addr);
+                    live.remove(at.unwrap_or_else(|| panic!("{phase}: a free of nothing")));
+                    held -= e.size;
+                }
+                "snapshot" => markers.push(e.frames.last().unwrap().name.clone()),
+                "free_requested" => {}
+                other => panic!("{phase}: action {other}"),
+            }
+        }
+        assert_eq!(held, 0, "{phase}: every byte given back");
+        let record = &summary["trials"][0]["record"]["phases"][i];
+        let measured = record["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["memory"]["allocated"]["peak"].as_u64().unwrap())
+            .chain([record["setup"]["peak"].as_u64().unwrap()])
+            .max()
+            .unwrap();
+        assert_eq!(peak, measured, "{phase}: the trace's peak is the run's");
+        let first = record["steps"][0]["step"].as_u64().unwrap();
+        assert_eq!(markers[0], format!("{phase} step {first}"), "{markers:?}");
+        assert_eq!(
+            markers.last().unwrap(),
+            &format!("{phase}: dropping the trainer")
+        );
+        let engine_frame = trace.iter().any(|e| {
+            e.frames.iter().any(|f| {
+                f.filename.starts_with("engine/src/model/") && f.name.contains("ckpt_engine::model")
+            })
+        });
+        assert!(
+            engine_frame,
+            "{phase}: the frames name the model's functions"
+        );
+        for category in ["params", "grads", "activations"] {
+            assert!(
+                trace.iter().any(|e| e.category == category),
+                "{phase}: {category}"
+            );
+        }
+        let seg = &snap.segments[0];
+        assert_eq!(
+            seg.blocks.iter().map(|b| b.size).sum::<u64>(),
+            seg.total_size
+        );
+        assert!(seg.blocks.iter().all(|b| b.state == "inactive"));
+    }
+}
+
+#[test]
+fn diff_names_each_regression_and_exits_1() {
+    let out = harness(&["diff", &recorded("passing"), &recorded("regressed")]);
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    assert!(all.contains(": 3 regressions, 3 changes"), "{all}");
+    assert!(
+        all.contains("REGRESSION: cpu::tiny-fp32 step peak up: resume-end step 10 peak: 1.1 MiB -> 1.1 MiB (+5.1%)"),
+        "{all}"
+    );
+    assert!(
+        all.contains("REGRESSION: cpu::tiny-fp32 newly failing: golden: passed -> failed"),
+        "{all}"
+    );
+    assert!(
+        all.contains("REGRESSION: cpu::tiny-fp32 loss moved: reference loss from step 0"),
+        "{all}"
+    );
+    let same = harness(&["diff", &recorded("passing"), &recorded("passing")]);
+    assert_eq!(same.status.code(), Some(0), "{}", text(&same));
+    assert!(text(&same).contains(": 0 regressions, 0 changes"));
+    let bad = harness(&["diff", &recorded("passing"), "suites/tiny-fp32.yaml"]);
+    assert_eq!(bad.status.code(), Some(2), "{}", text(&bad));
+    assert!(
+        text(&bad).contains("suites/tiny-fp32.yaml:1:1: not a summary"),
+        "{}",
+        text(&bad)
+    );
+}
+
+#[test]
+fn a_run_against_a_baseline_says_what_changed_and_fails_on_regression_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let baseline = recorded("regressed");
+    let out = run(
+        dir.path(),
+        &["suites/tiny-fp32.yaml"],
+        &["--baseline", &baseline],
+    );
+    let all = text(&out);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "regressions alone do not fail the run: {all}"
+    );
+    assert!(
+        all.contains("REGRESSION: cpu::tiny-fp32 loss moved"),
+        "{all}"
+    );
+    assert!(
+        all.contains("change: cpu::tiny-fp32 newly passing"),
+        "{all}"
+    );
+    let summary = json(&dir.path().join("summary.json"));
+    let kinds: Vec<&str> = summary["trends"]["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["kind"].as_str().unwrap())
+        .collect();
+    assert!(kinds.contains(&"loss_moved"), "{kinds:?}");
+    let page = std::fs::read_to_string(dir.path().join("index.html")).unwrap();
+    assert!(page.find("<td>loss moved</td>").unwrap() < page.find("data-trial=").unwrap());
+    let out = run(
+        dir.path(),
+        &["suites/tiny-fp32.yaml"],
+        &["--baseline", &baseline, "--fail-on-regression"],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+}
+
+#[test]
+fn merging_two_partitions_gives_the_report_of_the_whole_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let at = |name: &str| dir.path().join(name);
+    let suites = [
+        "suites/tiny-fp32.yaml",
+        "suites/faults/moments_not_saved.yaml",
+    ];
+    assert!(run(&at("whole"), &suites, &[]).status.success());
+    assert!(run(&at("part1"), &suites[1..], &[]).status.success());
+    assert!(run(&at("part2"), &suites[..1], &[]).status.success());
+    let junit = at("merged/junit.xml");
+    let out = harness(&[
+        "report",
+        "merge",
+        at("part1").to_str().unwrap(),
+        at("part2").to_str().unwrap(),
+        "--out",
+        at("merged").to_str().unwrap(),
+        "--junit",
+        junit.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("2 passed, 0 failed"), "{}", text(&out));
+    let (mut whole, mut merged) = (
+        json(&at("whole/summary.json")),
+        json(&at("merged/summary.json")),
+    );
+    without_timings(&mut whole);
+    without_timings(&mut merged);
+    assert!(
+        whole == merged,
+        "{}",
+        first_difference(&whole, &merged, String::new())
+    );
+    let order = |file: PathBuf| {
+        let page = std::fs::read_to_string(file).unwrap();
+        page.split("data-trial=\"")
+            .skip(1)
+            .map(|s| s.split('"').next().unwrap().to_string())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        order(at("whole/index.html")),
+        order(at("merged/index.html"))
+    );
+    assert_eq!(
+        order(at("merged/index.html")),
+        ["cpu::tiny-fp32", "cpu::faults::moments_not_saved"]
+    );
+    assert!(std::fs::read_to_string(junit)
+        .unwrap()
+        .contains("name=\"cpu::faults::moments_not_saved\""));
+    let twice = harness(&[
+        "report",
+        "merge",
+        at("part1").to_str().unwrap(),
+        at("whole").to_str().unwrap(),
+        "--out",
+        at("bad").to_str().unwrap(),
+    ]);
+    assert_eq!(twice.status.code(), Some(2), "{}", text(&twice));
+    assert!(
+        text(&twice).contains("trial cpu::faults::moments_not_saved is also in"),
+        "{}",
+        text(&twice)
+    );
+}
