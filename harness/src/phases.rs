@@ -145,6 +145,25 @@ pub struct PredictedStep {
     pub at_peak: Breakdown,
 }
 
+/// A phase as the suite plans it: the trainer is built (fresh, or from the checkpoint of step
+/// `from`) and trains the steps `from..end`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct PlannedPhase {
+    /// Which phase.
+    pub phase: Phase,
+    /// The first step it trains (the checkpoint it resumes from, 0 for the reference).
+    pub from: u64,
+    /// The step it stops before.
+    pub end: u64,
+}
+
+impl PlannedPhase {
+    /// The steps it trains.
+    pub fn steps(&self) -> u64 {
+        self.end.saturating_sub(self.from)
+    }
+}
+
 /// Everything a trial observed; checks read only this.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct RunRecord {
@@ -170,6 +189,8 @@ pub struct RunRecord {
     pub budget: Option<u64>,
     /// The per-phase host memory budget in bytes, if the suite sets one.
     pub rss_budget: Option<u64>,
+    /// The phases the suite implies, in order: what a complete record holds.
+    pub planned: Vec<PlannedPhase>,
     /// The phases in order.
     pub phases: Vec<PhaseRecord>,
 }
@@ -183,6 +204,21 @@ impl RunRecord {
     /// The trial's name, as failures and reports write it.
     pub fn trial(&self) -> String {
         self.name.clone()
+    }
+
+    /// Whether an out-of-memory error ended a phase early (and the later phases never ran).
+    pub fn ended_early(&self) -> bool {
+        self.phases.iter().any(|p| p.oom.is_some())
+    }
+
+    /// The planned phases that resume from a checkpoint.
+    pub fn planned_resumes(&self) -> impl Iterator<Item = &PlannedPhase> {
+        self.planned.iter().filter(|p| p.phase != Phase::Reference)
+    }
+
+    /// The steps every planned phase trains, added up.
+    pub fn planned_steps(&self) -> u64 {
+        self.planned.iter().map(PlannedPhase::steps).sum()
     }
 }
 
@@ -252,6 +288,13 @@ impl<P: FnMut(&PhaseRecord)> OnDevice for Phases<'_, P> {
             (Phase::ResumeMid, Some(suite.resume_from())),
             (Phase::ResumeEnd, Some(suite.max_steps())),
         ];
+        let planned = plan
+            .map(|(phase, from)| PlannedPhase {
+                phase,
+                from: from.unwrap_or(0),
+                end,
+            })
+            .to_vec();
         let mut reference_digests: BTreeMap<u64, StateDigest> = BTreeMap::new();
         let mut phases = Vec::new();
         for (phase, from) in plan {
@@ -337,6 +380,7 @@ impl<P: FnMut(&PhaseRecord)> OnDevice for Phases<'_, P> {
             capacity: tracker.capacity(),
             budget: suite.budget().map(|b| b.bytes(tracker.capacity())),
             rss_budget: suite.file.memory.rss_budget,
+            planned,
             phases,
         })
     }

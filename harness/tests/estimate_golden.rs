@@ -2,13 +2,14 @@
 //! records, for each reference step of a CI suite, the tracker's step peak and the bytes of every
 //! category at the peak and at the step's end, as measured on that device (`golden/cuda/` on an
 //! NVIDIA H100). The estimate for the same backend must give the same figures; the other
-//! backend's estimate must not, which shows the comparison can fail.
+//! backend's estimate must not, which shows the comparison can fail. A snapshot is required for
+//! every suite that needs one (see [`needs_snapshot`]), so none can vanish unnoticed.
 
 use ckpt_engine::backend::count::Like;
 use ckpt_engine::estimate::{estimate, Estimate, EstimateConfig};
 use ckpt_engine::memory::Breakdown;
 use ckpt_harness::checks::golden;
-use ckpt_harness::suite::Suite;
+use ckpt_harness::suite::{Suite, Tier};
 use std::path::{Path, PathBuf};
 
 /// One measured step of a snapshot.
@@ -70,9 +71,20 @@ fn predicted(e: &Estimate, measured: &[Row]) -> Vec<Row> {
         .collect()
 }
 
-/// Every CI suite with a snapshot for `device`, with its measured rows.
+/// Whether `suite` must have a snapshot for `device`: the suite runs there with `golden` on, and
+/// it is a CI suite or the device is the CPU (every tier's CPU snapshot is blessed here; CUDA
+/// snapshots need a GPU, and the nightly suites' are not written yet).
+fn needs_snapshot(suite: &Suite, device: &str) -> bool {
+    suite.file.checks.golden
+        && suite.devices().iter().any(|d| d.name() == device)
+        && (suite.file.tier == Tier::Ci || device == "cpu")
+}
+
+/// Every suite of `suites/` with a snapshot for `device`, with its measured rows; panics naming
+/// every suite that needs a snapshot there and has none.
 fn measured(device: &str) -> Vec<(Suite, Vec<Row>)> {
     let mut out = Vec::new();
+    let mut missing = Vec::new();
     let mut files: Vec<PathBuf> = std::fs::read_dir(root().join("suites"))
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -82,12 +94,20 @@ fn measured(device: &str) -> Vec<(Suite, Vec<Row>)> {
     for file in files {
         let suite = Suite::load(&file).unwrap();
         let snap = golden::load(&root().join("golden"), device, &suite.file.name).unwrap();
-        if let Some(text) = snap.stored {
-            let rows = rows(&text);
-            assert!(!rows.is_empty(), "{}: no step rows", snap.file);
-            out.push((suite, rows));
+        match snap.stored {
+            Some(text) => {
+                let rows = rows(&text);
+                assert!(!rows.is_empty(), "{}: no step rows", snap.file);
+                out.push((suite, rows));
+            }
+            None if needs_snapshot(&suite, device) => missing.push(snap.file),
+            None => {}
         }
     }
+    assert!(
+        missing.is_empty(),
+        "{device}: missing snapshots {missing:?}: bless them on that device with `ckpt-harness run --bless`"
+    );
     out
 }
 

@@ -99,7 +99,14 @@ fn fp32_matches_pytorch(family: &str) -> Vec<String> {
         .iter()
         .map(|x| x.as_f64().unwrap())
         .collect();
-    for (got, want) in report.losses.unwrap().iter().zip(&want) {
+    let losses = report.losses.unwrap();
+    assert_eq!(
+        losses.len(),
+        want.len(),
+        "losses before each AdamW step: {losses:?} against PyTorch's {want:?}"
+    );
+    assert!(!want.is_empty());
+    for (got, want) in losses.iter().zip(&want) {
         assert!(
             ((*got as f64 - want) / want).abs() <= 1e-5,
             "AdamW loss {got} vs {want}"

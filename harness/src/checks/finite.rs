@@ -44,7 +44,8 @@ pub fn check(r: &RunRecord) -> Outcome {
             );
         }
     }
-    Outcome::new(Check::Finite, compared, out).with("non_finite_steps", bad_steps)
+    Outcome::new(Check::Finite, r, compared, r.planned_steps(), out)
+        .with("non_finite_steps", bad_steps)
 }
 
 #[cfg(test)]

@@ -156,7 +156,10 @@ pub fn check(r: &RunRecord, golden: &GoldenInput) -> Outcome {
         }
     };
     let compared = r.reference().map_or(0, |p| p.steps.len() as u64);
-    Outcome::new(Check::Golden, compared, failures).with("snapshot", golden.file.clone())
+    let implied = r.planned.iter().find(|p| p.phase == Phase::Reference);
+    let implied = implied.map_or(0, |p| p.steps());
+    Outcome::new(Check::Golden, r, compared, implied, failures)
+        .with("snapshot", golden.file.clone())
 }
 
 #[cfg(test)]

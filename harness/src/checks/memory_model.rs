@@ -52,6 +52,7 @@ pub fn check(r: &RunRecord) -> Outcome {
                 Some((from, long)) if s.step >= *from => long,
                 _ => &r.predicted,
             };
+            compared += 1;
             let Some(want) = table.iter().find(|w| w.start == start) else {
                 out.push(
                     fail("bytes held when the step began")
@@ -70,7 +71,6 @@ pub fn check(r: &RunRecord) -> Outcome {
                 );
                 continue;
             };
-            compared += 1;
             let own = s.memory.allocated.peak.saturating_sub(base);
             max_diff = max_diff.max(own.abs_diff(want.peak));
             if own.abs_diff(want.peak) > tolerance(r, want.peak) {
@@ -86,7 +86,8 @@ pub fn check(r: &RunRecord) -> Outcome {
             }
         }
     }
-    Outcome::new(Check::MemoryModel, compared, out).with("max_diff_bytes", max_diff)
+    let implied = r.planned_resumes().count() as u64 + r.planned_steps();
+    Outcome::new(Check::MemoryModel, r, compared, implied, out).with("max_diff_bytes", max_diff)
 }
 
 #[cfg(test)]

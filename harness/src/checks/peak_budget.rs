@@ -87,7 +87,15 @@ pub fn check(r: &RunRecord) -> Outcome {
     let outcome = if r.budget.is_none() && r.rss_budget.is_none() {
         Outcome::nothing_asked(Check::PeakBudget)
     } else {
-        Outcome::new(Check::PeakBudget, compared, out)
+        let phases = r.planned.len() as u64;
+        let mut implied = 0;
+        if r.budget.is_some() {
+            implied += phases + r.planned_steps();
+        }
+        if r.rss_budget.is_some() {
+            implied += phases;
+        }
+        Outcome::new(Check::PeakBudget, r, compared, implied, out)
     };
     outcome
         .with("budget", r.budget)
@@ -154,6 +162,9 @@ mod tests {
     fn host_memory_counts() {
         let mut r = fixtures::run();
         r.rss_budget = Some(1 << 20);
+        for p in &mut r.phases {
+            p.host.peak_rss = Some(1 << 20);
+        }
         r.phases[0].host.peak_rss = Some(2 << 20);
         r.phases[0].host.reset = true;
         let o = check(&r);
