@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Checks that transformers loads a ckpt-harness checkpoint and computes the engine's loss.
+"""Checks that transformers loads a ckpt-harness checkpoint (of any family: the class comes from
+config.json's model_type) and computes the engine's loss.
 
     python3 scripts/check_hf_load.py CHECKPOINT_DIR BATCH.safetensors ENGINE_LOSS [--rtol X]
 
@@ -17,7 +18,7 @@ import sys
 
 import torch
 from safetensors.torch import load_file
-from transformers import LlamaForCausalLM
+from transformers import AutoModelForCausalLM
 
 
 def main() -> int:
@@ -28,7 +29,7 @@ def main() -> int:
     ap.add_argument("--rtol", type=float, default=1e-5)
     args = ap.parse_args()
 
-    model, info = LlamaForCausalLM.from_pretrained(
+    model, info = AutoModelForCausalLM.from_pretrained(
         args.checkpoint, output_loading_info=True, torch_dtype="auto"
     )
     problems = {k: v for k, v in info.items() if v}

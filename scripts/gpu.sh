@@ -84,18 +84,8 @@ run() {
         tee "$out/suites.log" || status=1
 
     if python3 -c "import torch, transformers" 2>/dev/null; then
-        echo "== Hugging Face transformers loads a checkpoint"
-        local run_dir="$out/hf-check"
-        rm -rf "$run_dir"
-        bin/ckpt-harness train suites/tiny-fp32.yaml --out "$run_dir" >/dev/null
-        local ckpt
-        ckpt="$(ls -d "$run_dir"/step-* | tail -1)"
-        python3 scripts/make_batch.py "$ckpt/config.json" "$run_dir/batch.safetensors"
-        local loss
-        loss="$(bin/ckpt-harness eval --model "$ckpt" --batch "$run_dir/batch.safetensors" |
-            python3 -c 'import json, sys; print(json.load(sys.stdin)["loss"])')"
-        python3 scripts/check_hf_load.py "$ckpt" "$run_dir/batch.safetensors" "$loss" 2>&1 |
-            tee "$out/hf-check.log" || status=1
+        echo "== Hugging Face transformers loads a checkpoint of every family"
+        scripts/check_hf_families.sh bin/ckpt-harness "$out/hf-check" || status=1
     else
         echo "== Hugging Face check skipped: python3 cannot import torch and transformers"
     fi

@@ -163,6 +163,12 @@ impl TrainConfig {
                 format!("{name} is {seq}; it must be between 1 and max_position_embeddings ({max})")
             })?;
         }
+        if let Some(window) = self.model.sliding_window {
+            let longest = self.long_batch.map_or(0, |l| l.seq_len).max(self.seq_len);
+            require(window >= longest, || {
+                format!("model.sliding_window is {window}, shorter than the rows of {longest} tokens; the engine's attention sees every earlier token, so write rows of at most {window} tokens")
+            })?;
+        }
         self.validate_optimizer()?;
         if let LossKind::Chunked { chunk_tokens } = self.loss {
             require(chunk_tokens >= 1, || {
@@ -269,7 +275,8 @@ mod tests {
                 rope_theta: 10000.0,
                 tie_word_embeddings: false,
                 max_position_embeddings: 16,
-                qk_norm: false,
+                family: Default::default(),
+                sliding_window: None,
             },
             init: Init::Random { seed: 0, std: 0.02 },
             precision: Precision::Fp32,
@@ -335,6 +342,10 @@ mod tests {
                 r.init = Init::Random { seed: 0, std: -1.0 }
             }),
             ("head_dim is 0", |r| r.model.head_dim = Some(0)),
+            (
+                "model.sliding_window is 4, shorter than the rows of 8 tokens",
+                |r| r.model.sliding_window = Some(4),
+            ),
             ("data.min_len is 9", |r| {
                 r.data = DataConfig::Synthetic {
                     seed: 0,

@@ -315,6 +315,12 @@ pub trait Device: Clone + Send + Sync + 'static {
         inverse: bool,
     ) -> Result<()>;
 
+    /// `y[r, :] += b` for every row of `y` (`[rows, b.len()]`).
+    fn add_bias<E: Elem>(&self, y: &mut Self::Tensor<E>, b: &Self::Tensor<E>) -> Result<()>;
+
+    /// `db += Σ_r dy[r, :]`, each column's rows summed in order.
+    fn bias_grad<E: Elem>(&self, dy: &Self::Tensor<E>, db: &mut Self::Tensor<f32>) -> Result<()>;
+
     /// `act = silu(gate) · up`.
     fn swiglu_forward<E: Elem>(
         &self,

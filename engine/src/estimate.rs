@@ -283,7 +283,7 @@ fn anatomy(cfg: &EstimateConfig, seq: usize) -> Anatomy {
     let rope = (m.max_position_embeddings * (m.head_dim() / 2) * 2 * 4) as u64;
     let lse = (a.batch * a.heads * a.seq * 4) as u64;
     // Qwen3's per-head norms keep the queries and keys before them, and each head's 1 / rms.
-    let head_norms = match m.qk_norm {
+    let head_norms = match m.family.qk_norm() {
         true => rows * (qw + kvw) * e + rows * (a.heads + a.kv_heads) as u64 * 4,
         false => 0,
     };
@@ -324,7 +324,7 @@ mod tests {
     use crate::config::Init;
     use crate::data::{DataConfig, LongBatch};
     use crate::model::loss::LossKind;
-    use crate::model::LlamaConfig;
+    use crate::model::{Family, LlamaConfig};
     use crate::optim::{AdamWConfig, Schedule};
 
     fn config(checkpointing: Checkpointing, precision: Precision) -> EstimateConfig {
@@ -341,7 +341,8 @@ mod tests {
                 rope_theta: 10000.0,
                 tie_word_embeddings: false,
                 max_position_embeddings: 8,
-                qk_norm: false,
+                family: Default::default(),
+                sliding_window: None,
             },
             init: Init::Random { seed: 0, std: 0.02 },
             precision,
@@ -375,10 +376,12 @@ mod tests {
     /// last output and the final norm.
     #[test]
     fn saved_activations_are_what_the_forward_pass_leaves() {
-        for (precision, qk_norm) in [
-            (Precision::Fp32, false),
-            (Precision::Bf16Mixed, false),
-            (Precision::Fp32, true),
+        for (precision, family) in [
+            (Precision::Fp32, Family::Llama),
+            (Precision::Bf16Mixed, Family::Llama),
+            (Precision::Fp32, Family::Qwen3),
+            (Precision::Fp32, Family::Qwen2),
+            (Precision::Bf16Mixed, Family::Phi3),
         ] {
             for policy in [
                 Checkpointing::None,
@@ -386,7 +389,7 @@ mod tests {
                 Checkpointing::Selective,
             ] {
                 let mut cfg = config(policy, precision);
-                cfg.run.model.qk_norm = qk_norm;
+                cfg.run.model.family = family;
                 let e = estimate(&cfg).unwrap();
                 let elem = if precision == Precision::Fp32 { 4 } else { 2 };
                 let (rows, h) = (10, 24);

@@ -3,9 +3,10 @@
 //! threads, `__syncthreads` a barrier, blocks run one after another) and its kernels are run on
 //! small random inputs against the CPU backend's: the attention kernels (the tiled forward pass
 //! and dq, dk, dv), residual dropout (whose masks must be the CPU's, bit for bit), RMSNorm
-//! forward and backward, the rotary embedding both ways, SwiGLU forward and backward, the
-//! embedding forward and backward, the cross-entropy rows, AdamW, the gradient norm's partial
-//! sums and the bf16 copy of the master weights: every kernel in the file.
+//! forward and backward, the rotary embedding both ways, bias rows and their gradient, SwiGLU
+//! forward and backward, the embedding forward and backward, the cross-entropy rows, AdamW, the
+//! gradient norm's partial sums and the bf16 copy of the master weights: every kernel in the
+//! file.
 //! Memory coalescing, occupancy and speed are a GPU's to show (`tests/cuda.rs`).
 //!
 //! Needs a C++20 compiler (`$CXX`, else `c++`); without one the trials are listed as ignored.
@@ -56,6 +57,8 @@ fn main() {
         trial("rmsnorm_bf16_matches_the_cpu", || rmsnorm::<bf16>(1e-2)),
         trial("rope_f32_is_the_cpu_s_bit_for_bit", rope_both_ways::<f32>),
         trial("rope_bf16_is_the_cpu_s_bit_for_bit", rope_both_ways::<bf16>),
+        trial("bias_f32_is_the_cpu_s_bit_for_bit", bias::<f32>),
+        trial("bias_bf16_is_the_cpu_s_bit_for_bit", bias::<bf16>),
         trial("swiglu_f32_is_the_cpu_s_bit_for_bit", swiglu::<f32>),
         trial("swiglu_bf16_is_the_cpu_s_bit_for_bit", swiglu::<bf16>),
         trial("embedding_f32_is_the_cpu_s_bit_for_bit", embedding::<f32>),
@@ -544,6 +547,42 @@ fn rope_both_ways<E: Elem>() -> Outcome {
     let g_back: Vec<E> = split(&mut rest, rows * width);
     if g_once != once || g_back != back {
         return Err("the emulated rotary embedding differs from the CPU's".into());
+    }
+    Ok(())
+}
+
+/// A bias added to every row, and its gradient summed over the rows in order, give the CPU's
+/// bits, on rows narrower and wider than a block.
+fn bias<E: Elem>() -> Outcome {
+    let dev = CpuDevice::new(1, u64::MAX)?;
+    let mut rng = ChaCha8Rng::seed_from_u64(29);
+    for (rows, width) in [(7, 24), (33, 300)] {
+        let n = rows * width;
+        let (y, b, dy) = (
+            random::<E>(&mut rng, n),
+            random::<E>(&mut rng, width),
+            random::<E>(&mut rng, n),
+        );
+        let [mut ty, tb, tdy] = [&y, &b, &dy].map(|v| on_cpu(&dev, v));
+        let mut tdb = on_cpu(&dev, &vec![0f32; width]);
+        dev.add_bias(&mut ty, &tb)?;
+        dev.bias_grad(&tdy, &mut tdb)?;
+        let bytes = run_driver(
+            &driver()?,
+            &format!("bias-{}", elem_name::<E>()),
+            &command::<E>("bias", &[rows.to_string(), width.to_string()]),
+            &[
+                bytemuck::cast_slice(&y),
+                bytemuck::cast_slice(&b),
+                bytemuck::cast_slice(&dy),
+            ],
+        )?;
+        let mut rest = bytes.as_slice();
+        let g_y: Vec<E> = split(&mut rest, n);
+        let g_db: Vec<f32> = split(&mut rest, width);
+        if g_y != ty.as_slice() || g_db != tdb.as_slice() {
+            return Err(format!("{rows}x{width}: the emulated bias differs from the CPU's").into());
+        }
     }
     Ok(())
 }

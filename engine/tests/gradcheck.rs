@@ -6,12 +6,16 @@
 use ckpt_engine::memory::Category;
 use ckpt_engine::model::loss::{LossKind, IGNORE_INDEX};
 use ckpt_engine::model::{
-    param_specs, weights, Batch, Checkpointing, Dropout, LlamaConfig, Model, Params, PassConfig,
+    param_specs, weights, Batch, Checkpointing, Dropout, Family, LlamaConfig, Model, Params,
+    PassConfig,
 };
 use ckpt_engine::{CpuDevice, Faults, Tensor};
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+
+/// Every family's block.
+const FAMILIES: [Family; 4] = [Family::Llama, Family::Qwen2, Family::Qwen3, Family::Phi3];
 
 /// A model shape, a batch for it and a seed for its weights.
 #[derive(Clone, Debug)]
@@ -23,7 +27,8 @@ struct Case {
 
 /// Shapes: 1-4 query heads with any dividing number of key/value heads, head width 2-6, residual
 /// width 4-24 (set apart from the heads or derived from them), 1-2 layers, tied or untied
-/// embeddings, with or without per-head query and key norms (Qwen3), 1-2 rows of 1-5 tokens
+/// embeddings, every family's block (Qwen2's biases, Qwen3's per-head norms, Phi-3's fused
+/// projections), 1-2 rows of 1-5 tokens
 /// with about one label in four ignored (at least one counted).
 fn cases() -> impl Strategy<Value = Case> {
     (1usize..=4)
@@ -37,7 +42,7 @@ fn cases() -> impl Strategy<Value = Case> {
                 3usize..=24,
                 2usize..=12,
                 1usize..=2,
-                (any::<bool>(), any::<bool>()),
+                (any::<bool>(), prop::sample::select(FAMILIES.to_vec())),
                 (1usize..=2, 1usize..=5),
                 any::<u64>(),
             )
@@ -51,7 +56,7 @@ fn cases() -> impl Strategy<Value = Case> {
                 vocab,
                 ffn,
                 layers,
-                (tied, qk_norm),
+                (tied, family),
                 (batch, seq),
                 seed,
             )| {
@@ -76,7 +81,8 @@ fn cases() -> impl Strategy<Value = Case> {
                     rope_theta: 10000.0,
                     tie_word_embeddings: tied,
                     max_position_embeddings: 16,
-                    qk_norm,
+                    family,
+                    sliding_window: None,
                 };
                 let rows = batch * seq;
                 let label = prop_oneof![3 => 0..vocab as i64, 1 => Just(IGNORE_INDEX)];

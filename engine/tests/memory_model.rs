@@ -6,7 +6,7 @@ use ckpt_engine::config::{Init, Precision};
 use ckpt_engine::data::{DataConfig, LongBatch};
 use ckpt_engine::estimate::{estimate, EstimateConfig};
 use ckpt_engine::model::loss::{LossKind, IGNORE_INDEX};
-use ckpt_engine::model::weights;
+use ckpt_engine::model::{weights, Family};
 use ckpt_engine::optim::{AdamWConfig, Schedule};
 use ckpt_engine::state::rounded;
 use ckpt_engine::{
@@ -14,6 +14,9 @@ use ckpt_engine::{
     TrainConfig, Trainer,
 };
 use proptest::prelude::*;
+
+/// Every family's block.
+const FAMILIES: [Family; 4] = [Family::Llama, Family::Qwen2, Family::Qwen3, Family::Phi3];
 
 const POLICIES: [Checkpointing; 3] = [
     Checkpointing::None,
@@ -34,7 +37,8 @@ fn tiny() -> LlamaConfig {
         rope_theta: 10000.0,
         tie_word_embeddings: false,
         max_position_embeddings: 16,
-        qk_norm: false,
+        family: Default::default(),
+        sliding_window: None,
     }
 }
 
@@ -236,7 +240,7 @@ fn case() -> impl Strategy<Value = Case> {
         (1usize..=4, 1usize..=4, 1usize..=3), // kv heads, group, head_dim / 2
         (3usize..=50, 1usize..=40, 1usize..=3), // vocab, ffn, layers
         (1usize..=3, 1usize..=9, 0usize..=4), // batch, seq, extra positions
-        (any::<bool>(), any::<bool>()),       // tied embeddings, per-head q/k norms
+        (any::<bool>(), prop::sample::select(FAMILIES.to_vec())), // tied embeddings, family
     );
     let run = (
         prop_oneof![Just(Precision::Fp32), Just(Precision::Bf16Mixed)],
@@ -254,7 +258,7 @@ fn case() -> impl Strategy<Value = Case> {
     );
     (shape, run, step).prop_map(
         |(
-            ((kv, group, half), (vocab, ffn, layers), (rows, seq, extra), (tied, qk_norm)),
+            ((kv, group, half), (vocab, ffn, layers), (rows, seq, extra), (tied, family)),
             run,
             step,
         )| {
@@ -273,7 +277,8 @@ fn case() -> impl Strategy<Value = Case> {
                 rope_theta: 10000.0,
                 tie_word_embeddings: tied,
                 max_position_embeddings: seq + extra,
-                qk_norm,
+                family,
+                sliding_window: None,
             };
             let train = TrainConfig {
                 model,

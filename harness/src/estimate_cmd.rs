@@ -100,7 +100,8 @@ fn llama_1b() -> LlamaConfig {
         rope_theta: 500000.0,
         tie_word_embeddings: true,
         max_position_embeddings: 131072,
-        qk_norm: false,
+        family: Default::default(),
+        sliding_window: None,
     }
 }
 
@@ -169,7 +170,8 @@ fn run_config(a: &EstimateArgs, suite: Option<&Suite>) -> Result<TrainConfig> {
             rope_theta: 10000.0,
             tie_word_embeddings: false,
             max_position_embeddings: need(a.seq, "seq")?,
-            qk_norm: false,
+            family: Default::default(),
+            sliding_window: None,
         };
         synthetic_run(model, need(a.batch, "batch")?, need(a.seq, "seq")?)
     };

@@ -2,11 +2,11 @@
 //! exactly the activations the backward pass consumes, and the backward pass frees each one as
 //! soon as it has used it.
 
-use crate::device::{n, out, t, AttnShape, Device, DeviceTensor};
+use crate::device::{n, out, t, AttnShape, Device, DeviceTensor, Out};
 use crate::error::Result;
 use crate::memory::Category::Activations;
 use crate::model::dropout::{Dropout, DropoutMask, Site};
-use crate::model::params::LayerParams;
+use crate::model::params::{LayerLayout, Params, Rows};
 use crate::tensor::Elem;
 
 /// Sizes the block's kernels need.
@@ -107,32 +107,47 @@ impl<D: Device, E: Elem> BlockActivations<D, E> {
     }
 }
 
-/// `y[rows, out] (+)= x[rows, in] · wᵀ` for a weight stored `[out, in]`.
+/// `y[rows, out] (+)= x[rows, in] · wᵀ` for the block of rows `w` of a weight stored
+/// `[rows, in]` (a whole weight, or one projection of a fused one).
 fn linear<D: Device, E: Elem>(
     dev: &D,
     x: &D::Tensor<E>,
-    w: &D::Tensor<E>,
+    (p, w): (&Params<D::Tensor<E>>, Rows),
     y: &mut D::Tensor<E>,
     accumulate: bool,
 ) -> Result<()> {
-    let (o, i) = (w.shape()[0], w.shape()[1]);
-    dev.matmul((x.numel() / i, o, i), n(x), t(w), out(y), accumulate)
+    let weight = p.get(w.tensor);
+    let i = weight.shape()[1];
+    let wt = t(weight).at(w.start * i);
+    dev.matmul((x.numel() / i, w.len, i), n(x), wt, out(y), accumulate)
 }
 
-/// Backward of [`linear`]: `dx (+)= dy · w` and `dw += dyᵀ · x` (f32).
+/// Backward of [`linear`]: `dx (+)= dy · w` and `dw += dyᵀ · x` (f32), into the same block of
+/// rows of the gradient.
 fn linear_backward<D: Device, E: Elem>(
     dev: &D,
-    dy: &D::Tensor<E>,
-    x: &D::Tensor<E>,
-    w: &D::Tensor<E>,
+    (dy, x): (&D::Tensor<E>, &D::Tensor<E>),
+    (p, w): (&Params<D::Tensor<E>>, Rows),
     dx: &mut D::Tensor<E>,
-    dw: &mut D::Tensor<f32>,
+    g: &mut Params<D::Tensor<f32>>,
     accumulate_dx: bool,
 ) -> Result<()> {
-    let (o, i) = (w.shape()[0], w.shape()[1]);
+    let weight = p.get(w.tensor);
+    let i = weight.shape()[1];
     let rows = x.numel() / i;
-    dev.matmul((rows, i, o), n(dy), n(w), out(dx), accumulate_dx)?;
-    dev.matmul((o, i, rows), t(dy), n(x), out(dw), true)
+    let at = w.start * i;
+    dev.matmul(
+        (rows, i, w.len),
+        n(dy),
+        n(weight).at(at),
+        out(dx),
+        accumulate_dx,
+    )?;
+    let dw = Out {
+        tensor: g.get_mut(w.tensor),
+        offset: at,
+    };
+    dev.matmul((w.len, i, rows), t(dy), n(x), dw, true)
 }
 
 /// `res + dropout(input · wᵀ)` (`[rows, hidden]`): a projection joining the residual stream at
@@ -143,7 +158,7 @@ fn residual_linear<D: Device, E: Elem>(
     site: Site,
     res: &D::Tensor<E>,
     input: &D::Tensor<E>,
-    w: &D::Tensor<E>,
+    w: (&Params<D::Tensor<E>>, Rows),
 ) -> Result<D::Tensor<E>> {
     let (dev, h) = (ctx.dev, ctx.dims.hidden);
     let mut sum = ctx.act(h)?;
@@ -217,23 +232,27 @@ fn head_norm<D: Device, E: Elem>(
     Ok((out, Some(HeadNorm { input: x, rinv })))
 }
 
-/// Backward of [`head_norm`]: the gradient of its input from `dy`, the gradient of its output;
-/// the weight's gradient is added to `dw`.
+/// Backward of [`head_norm`] with the norm's weight `w` at `index` of the layout: the gradient of
+/// its input from `dy`, the gradient of its output; the weight's gradient is added to `g`'s.
 fn head_norm_backward<D: Device, E: Elem>(
     ctx: BlockCtx<'_, D>,
     dy: D::Tensor<E>,
     saved: Option<HeadNorm<D, E>>,
-    w: Option<&D::Tensor<E>>,
-    dw: Option<&mut D::Tensor<f32>>,
+    w: &Params<D::Tensor<E>>,
+    g: &mut Params<D::Tensor<f32>>,
+    index: Option<usize>,
 ) -> Result<D::Tensor<E>> {
-    let (Some(HeadNorm { input, rinv }), Some(w), Some(dw)) = (saved, w, dw) else {
+    let (Some(HeadNorm { input, rinv }), Some(i)) = (saved, index) else {
         return Ok(dy);
     };
     let mut dx = ctx.act(input.numel() / ctx.dims.rows)?;
     ctx.dev
-        .rmsnorm_backward(&dy, &input, w, &rinv, &mut dx, dw)?;
+        .rmsnorm_backward(&dy, &input, w.get(i), &rinv, &mut dx, g.get_mut(i))?;
     Ok(dx)
 }
+
+/// A block's parameters: its tensors and where each of its weights is in them.
+pub type Weights<'a, D, E> = (&'a Params<<D as Device>::Tensor<E>>, &'a LayerLayout);
 
 /// `silu(gate) · up`.
 fn swiglu<D: Device, E: Elem>(
@@ -249,12 +268,12 @@ fn swiglu<D: Device, E: Elem>(
 /// Runs the block on `x` (`[rows, hidden]`): returns its output and every activation.
 pub fn forward<D: Device, E: Elem>(
     ctx: BlockCtx<'_, D>,
-    w: &LayerParams<D::Tensor<E>>,
+    (w, l): Weights<'_, D, E>,
     x: &D::Tensor<E>,
 ) -> Result<(D::Tensor<E>, BlockActivations<D, E>)> {
-    let acts = activations(ctx, w, x)?;
+    let acts = activations(ctx, (w, l), x)?;
     let act = acts.act.as_ref().expect("activations keeps everything");
-    let out = residual_linear(ctx, Site::Mlp, &acts.h_mid, act, &w.down)?;
+    let out = residual_linear(ctx, Site::Mlp, &acts.h_mid, act, (w, l.down))?;
     Ok((out, acts))
 }
 
@@ -262,32 +281,40 @@ pub fn forward<D: Device, E: Elem>(
 /// recomputes for its backward pass.
 pub fn activations<D: Device, E: Elem>(
     ctx: BlockCtx<'_, D>,
-    w: &LayerParams<D::Tensor<E>>,
+    (w, l): Weights<'_, D, E>,
     x: &D::Tensor<E>,
 ) -> Result<BlockActivations<D, E>> {
     let (dev, d) = (ctx.dev, &ctx.dims);
     let (qw, kw) = (d.attn.q_width(), d.attn.kv_width());
-    let norm1 = norm(ctx, x, &w.input_norm)?;
+    let norm1 = norm(ctx, x, w.get(l.input_norm))?;
     let mut q = ctx.act(qw)?;
     let mut k = ctx.act(kw)?;
     let mut v = ctx.act(kw)?;
-    linear(dev, &norm1.out, &w.q, &mut q, false)?;
-    linear(dev, &norm1.out, &w.k, &mut k, false)?;
-    linear(dev, &norm1.out, &w.v, &mut v, false)?;
-    let (mut q, q_norm) = head_norm(ctx, q, w.q_norm.as_ref())?;
-    let (mut k, k_norm) = head_norm(ctx, k, w.k_norm.as_ref())?;
+    for (y, rows) in [&mut q, &mut k, &mut v].into_iter().zip(l.qkv) {
+        linear(dev, &norm1.out, (w, rows), y, false)?;
+    }
+    if let Some(bias) = l.qkv_bias {
+        for (y, b) in [&mut q, &mut k, &mut v].into_iter().zip(bias) {
+            dev.add_bias(y, w.get(b))?;
+        }
+    }
+    let [q_norm, k_norm] = l
+        .qk_norm
+        .map_or([None, None], |n| n.map(|i| Some(w.get(i))));
+    let (mut q, q_norm) = head_norm(ctx, q, q_norm)?;
+    let (mut k, k_norm) = head_norm(ctx, k, k_norm)?;
     ctx.rotate(&mut q, qw, false)?;
     ctx.rotate(&mut k, kw, false)?;
     let mut att = ctx.act(qw)?;
     let a = d.attn;
     let mut lse = dev.zeros::<f32>(&[a.batch, a.heads, a.seq], Activations)?;
     dev.attention_forward(a, &q, &k, &v, &mut att, &mut lse)?;
-    let h_mid = residual_linear(ctx, Site::Attention, x, &att, &w.o)?;
-    let norm2 = norm(ctx, &h_mid, &w.post_norm)?;
+    let h_mid = residual_linear(ctx, Site::Attention, x, &att, (w, l.o))?;
+    let norm2 = norm(ctx, &h_mid, w.get(l.post_norm))?;
     let mut gate = ctx.act(d.ffn)?;
     let mut up = ctx.act(d.ffn)?;
-    linear(dev, &norm2.out, &w.gate, &mut gate, false)?;
-    linear(dev, &norm2.out, &w.up, &mut up, false)?;
+    linear(dev, &norm2.out, (w, l.gate_up[0]), &mut gate, false)?;
+    linear(dev, &norm2.out, (w, l.gate_up[1]), &mut up, false)?;
     let act = swiglu(ctx, &gate, &up)?;
     Ok(BlockActivations {
         q,
@@ -311,8 +338,8 @@ pub fn activations<D: Device, E: Elem>(
 /// dropped cheap one is recomputed right before its first.
 pub fn backward<D: Device, E: Elem>(
     ctx: BlockCtx<'_, D>,
-    w: &LayerParams<D::Tensor<E>>,
-    g: &mut LayerParams<D::Tensor<f32>>,
+    (w, l): Weights<'_, D, E>,
+    g: &mut Params<D::Tensor<f32>>,
     x: &D::Tensor<E>,
     saved: BlockActivations<D, E>,
     dh: &mut D::Tensor<E>,
@@ -343,7 +370,7 @@ pub fn backward<D: Device, E: Elem>(
     let dmlp = residual_grad(ctx, Site::Mlp, dh)?;
     let mut dact = ctx.act(d.ffn)?;
     let dy = dmlp.as_ref().unwrap_or(dh);
-    linear_backward(dev, dy, &act, &w.down, &mut dact, &mut g.down, false)?;
+    linear_backward(dev, (dy, &act), (w, l.down), &mut dact, g, false)?;
     drop((act, dmlp));
     let mut dgate = ctx.act(d.ffn)?;
     let mut dup = ctx.act(d.ffn)?;
@@ -354,20 +381,22 @@ pub fn backward<D: Device, E: Elem>(
         out: n2,
     } = match norm2 {
         Some(n) => n,
-        None => norm(ctx, &h_mid, &w.post_norm)?,
+        None => norm(ctx, &h_mid, w.get(l.post_norm))?,
     };
     let mut dn2 = ctx.act(h)?;
-    linear_backward(dev, &dgate, &n2, &w.gate, &mut dn2, &mut g.gate, false)?;
-    linear_backward(dev, &dup, &n2, &w.up, &mut dn2, &mut g.up, true)?;
+    let [gate_rows, up_rows] = l.gate_up;
+    linear_backward(dev, (&dgate, &n2), (w, gate_rows), &mut dn2, g, false)?;
+    linear_backward(dev, (&dup, &n2), (w, up_rows), &mut dn2, g, true)?;
     drop((dgate, dup, n2));
-    dev.rmsnorm_backward(&dn2, &h_mid, &w.post_norm, &rinv2, dh, &mut g.post_norm)?;
+    let post_norm = (w.get(l.post_norm), g.get_mut(l.post_norm));
+    dev.rmsnorm_backward(&dn2, &h_mid, post_norm.0, &rinv2, dh, post_norm.1)?;
     drop((dn2, h_mid, rinv2));
 
     // Attention: h_mid = x + dropout(att·oᵀ)
     let dattn = residual_grad(ctx, Site::Attention, dh)?;
     let mut datt = ctx.act(qw)?;
     let dy = dattn.as_ref().unwrap_or(dh);
-    linear_backward(dev, dy, &att, &w.o, &mut datt, &mut g.o, false)?;
+    linear_backward(dev, (dy, &att), (w, l.o), &mut datt, g, false)?;
     drop(dattn);
     let mut dq = ctx.act(qw)?;
     let mut dk = ctx.act(kw)?;
@@ -386,19 +415,27 @@ pub fn backward<D: Device, E: Elem>(
     drop((datt, att, lse, q, k, v));
     ctx.rotate(&mut dq, qw, true)?;
     ctx.rotate(&mut dk, kw, true)?;
-    let dq = head_norm_backward(ctx, dq, q_norm, w.q_norm.as_ref(), g.q_norm.as_mut())?;
-    let dk = head_norm_backward(ctx, dk, k_norm, w.k_norm.as_ref(), g.k_norm.as_mut())?;
+    let [q_norm_at, k_norm_at] = l.qk_norm.map_or([None, None], |n| n.map(Some));
+    let dq = head_norm_backward(ctx, dq, q_norm, w, g, q_norm_at)?;
+    let dk = head_norm_backward(ctx, dk, k_norm, w, g, k_norm_at)?;
+    if let Some(bias) = l.qkv_bias {
+        for (dy, b) in [&dq, &dk, &dv].into_iter().zip(bias) {
+            dev.bias_grad(dy, g.get_mut(b))?;
+        }
+    }
     let Norm {
         rinv: rinv1,
         out: n1,
     } = match norm1 {
         Some(n) => n,
-        None => norm(ctx, x, &w.input_norm)?,
+        None => norm(ctx, x, w.get(l.input_norm))?,
     };
     let mut dn1 = ctx.act(h)?;
-    linear_backward(dev, &dq, &n1, &w.q, &mut dn1, &mut g.q, false)?;
-    linear_backward(dev, &dk, &n1, &w.k, &mut dn1, &mut g.k, true)?;
-    linear_backward(dev, &dv, &n1, &w.v, &mut dn1, &mut g.v, true)?;
+    let [q_rows, k_rows, v_rows] = l.qkv;
+    linear_backward(dev, (&dq, &n1), (w, q_rows), &mut dn1, g, false)?;
+    linear_backward(dev, (&dk, &n1), (w, k_rows), &mut dn1, g, true)?;
+    linear_backward(dev, (&dv, &n1), (w, v_rows), &mut dn1, g, true)?;
     drop((dq, dk, dv, n1));
-    dev.rmsnorm_backward(&dn1, x, &w.input_norm, &rinv1, dh, &mut g.input_norm)
+    let input_norm = (w.get(l.input_norm), g.get_mut(l.input_norm));
+    dev.rmsnorm_backward(&dn1, x, input_norm.0, &rinv1, dh, input_norm.1)
 }

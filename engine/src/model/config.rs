@@ -1,5 +1,5 @@
-//! The shape of a Llama-family decoder, read from a Hugging Face `config.json` (`model_type`
-//! `llama`, or `qwen3`: Llama with an RMSNorm on each head's queries and keys) or written inline.
+//! The shape of a Llama-family decoder, read from a Hugging Face `config.json` by its
+//! `model_type` ([`Family`]) or written inline, and written back so transformers loads it.
 
 use crate::error::{EngineError, Result};
 use serde::{Deserialize, Serialize};
@@ -36,10 +36,82 @@ pub struct LlamaConfig {
     /// Longest sequence the model is configured for.
     #[serde(default = "default_positions")]
     pub max_position_embeddings: usize,
-    /// Whether each head's queries and keys pass an RMSNorm of their own before the rotary
-    /// embedding (`q_norm`, `k_norm`: Qwen3).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub qk_norm: bool,
+    /// Which member of the family: what its block adds to Llama's.
+    #[serde(default, skip_serializing_if = "Family::is_llama")]
+    pub family: Family,
+    /// Keys a query attends to at most (Mistral); `None` attends to every earlier key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sliding_window: Option<usize>,
+}
+
+/// A member of the Llama family, as Hugging Face's `model_type` names it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Family {
+    /// Llama: RMSNorm, rotary embedding, grouped-query attention, SwiGLU.
+    #[default]
+    Llama,
+    /// Llama's block, with attention limited to a sliding window of keys.
+    Mistral,
+    /// Llama's block with a bias on the query, key and value projections.
+    Qwen2,
+    /// Llama's block with an RMSNorm on each head's queries and keys before the rotary embedding.
+    Qwen3,
+    /// Llama's block with fused projections: `qkv_proj` [q; k; v] and `gate_up_proj` [gate; up]
+    /// (phi-4's architecture).
+    Phi3,
+}
+
+impl Family {
+    /// Every family, as `model_type` names it.
+    pub const ALL: [Family; 5] = [
+        Family::Llama,
+        Family::Mistral,
+        Family::Qwen2,
+        Family::Qwen3,
+        Family::Phi3,
+    ];
+
+    /// Hugging Face's `model_type`.
+    pub fn model_type(self) -> &'static str {
+        match self {
+            Family::Llama => "llama",
+            Family::Mistral => "mistral",
+            Family::Qwen2 => "qwen2",
+            Family::Qwen3 => "qwen3",
+            Family::Phi3 => "phi3",
+        }
+    }
+
+    /// The transformers class that loads it.
+    fn architecture(self) -> &'static str {
+        match self {
+            Family::Llama => "LlamaForCausalLM",
+            Family::Mistral => "MistralForCausalLM",
+            Family::Qwen2 => "Qwen2ForCausalLM",
+            Family::Qwen3 => "Qwen3ForCausalLM",
+            Family::Phi3 => "Phi3ForCausalLM",
+        }
+    }
+
+    fn is_llama(&self) -> bool {
+        *self == Family::Llama
+    }
+
+    /// Whether each head's queries and keys pass an RMSNorm of their own (`q_norm`, `k_norm`).
+    pub fn qk_norm(self) -> bool {
+        self == Family::Qwen3
+    }
+
+    /// Whether the query, key and value projections have a bias.
+    pub fn qkv_bias(self) -> bool {
+        self == Family::Qwen2
+    }
+
+    /// Whether q, k, v and gate, up are stored fused, one tensor each.
+    pub fn fused(self) -> bool {
+        self == Family::Phi3
+    }
 }
 
 fn default_eps() -> f64 {
@@ -73,35 +145,55 @@ struct HfConfig {
     mlp_bias: Option<bool>,
     hidden_act: Option<String>,
     use_sliding_window: Option<bool>,
+    sliding_window: Option<usize>,
 }
 
 #[derive(Deserialize)]
 struct HfRope {
     rope_theta: Option<f64>,
     rope_type: Option<String>,
+    partial_rotary_factor: Option<f64>,
 }
 
 impl LlamaConfig {
-    /// Reads a Hugging Face Llama `config.json`.
+    /// Reads a Hugging Face `config.json` of the Llama family.
     pub fn from_hf_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| EngineError::io(path, e))?;
         Self::from_hf_json(&text).map_err(|m| EngineError::bad_file(path, m))
     }
 
-    /// Parses the text of a Hugging Face Llama `config.json`.
+    /// Parses the text of a Hugging Face `config.json` of the Llama family.
     pub fn from_hf_json(text: &str) -> Result<Self, String> {
         let hf: HfConfig = serde_json::from_str(text).map_err(|e| e.to_string())?;
-        let qk_norm = match hf.model_type.as_deref() {
-            None | Some("llama") => false,
-            Some("qwen3") => true,
-            Some(t) => {
-                return Err(format!(
-                    "model_type is \"{t}\"; the engine trains \"llama\" and \"qwen3\""
-                ))
-            }
+        let model_type = hf.model_type.as_deref().unwrap_or("llama");
+        let Some(family) = Family::ALL
+            .into_iter()
+            .find(|f| f.model_type() == model_type)
+        else {
+            let known: Vec<&str> = Family::ALL.iter().map(|f| f.model_type()).collect();
+            return Err(format!(
+                "model_type is \"{model_type}\"; the engine trains {}",
+                known.join(", ")
+            ));
         };
-        if hf.use_sliding_window == Some(true) {
-            return Err("use_sliding_window is true; only full attention is supported".into());
+        // Qwen's configs carry a window that applies only with `use_sliding_window`.
+        let sliding_window = match family {
+            Family::Mistral => hf.sliding_window,
+            _ if hf.use_sliding_window == Some(true) => {
+                return Err("use_sliding_window is true; only full attention is supported".into())
+            }
+            _ => None,
+        };
+        if let Some(f) = hf
+            .rope_parameters
+            .as_ref()
+            .and_then(|r| r.partial_rotary_factor)
+        {
+            if f != 1.0 {
+                return Err(format!(
+                    "rope_parameters.partial_rotary_factor is {f}; only rotary embeddings over the whole head (1.0) are supported"
+                ));
+            }
         }
         let rope_type = hf
             .rope_parameters
@@ -122,7 +214,9 @@ impl LlamaConfig {
             (hf.mlp_bias, "mlp_bias"),
         ] {
             if flag == Some(true) {
-                return Err(format!("{name} is true; the engine's Llama has no biases"));
+                return Err(format!(
+                    "{name} is true; the engine's {model_type} has no such biases"
+                ));
             }
         }
         if let Some(act) = hf.hidden_act.as_deref().filter(|a| *a != "silu") {
@@ -146,23 +240,19 @@ impl LlamaConfig {
                 .unwrap_or_else(default_theta),
             tie_word_embeddings: hf.tie_word_embeddings.unwrap_or(false),
             max_position_embeddings: hf.max_position_embeddings.unwrap_or_else(default_positions),
-            qk_norm,
+            family,
+            sliding_window,
         };
         cfg.validate()?;
         Ok(cfg)
     }
 
-    /// A Hugging Face `config.json` for this shape, which `LlamaForCausalLM` (or
-    /// `Qwen3ForCausalLM`) loads.
+    /// A Hugging Face `config.json` for this shape, which the family's transformers class
+    /// (`LlamaForCausalLM`, `Qwen3ForCausalLM`, …) loads.
     pub fn to_hf_json(&self) -> serde_json::Value {
-        let (architecture, model_type) = if self.qk_norm {
-            ("Qwen3ForCausalLM", "qwen3")
-        } else {
-            ("LlamaForCausalLM", "llama")
-        };
         let mut json = serde_json::json!({
-            "architectures": [architecture],
-            "model_type": model_type,
+            "architectures": [self.family.architecture()],
+            "model_type": self.family.model_type(),
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
@@ -175,12 +265,16 @@ impl LlamaConfig {
             "tie_word_embeddings": self.tie_word_embeddings,
             "max_position_embeddings": self.max_position_embeddings,
             "hidden_act": "silu",
+            "pad_token_id": null,
             "attention_bias": false,
             "mlp_bias": false,
             "torch_dtype": "float32",
         });
         if let Some(d) = self.head_dim {
             json["head_dim"] = d.into();
+        }
+        if self.family == Family::Mistral {
+            json["sliding_window"] = self.sliding_window.into();
         }
         json
     }

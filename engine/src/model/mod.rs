@@ -15,10 +15,10 @@ use crate::fault::{Fault, Faults};
 use crate::memory::Category;
 use crate::tensor::Elem;
 use block::{BlockActivations, BlockCtx, BlockDims};
-pub use config::LlamaConfig;
+pub use config::{Family, LlamaConfig};
 pub use dropout::Dropout;
 use loss::{linear_cross_entropy, LossKind, IGNORE_INDEX};
-pub use params::{param_specs, LayerParams, ParamSpec, Params};
+pub use params::{param_specs, Layout, ParamSpec, Params};
 use rope::RopeSpec;
 use serde::{Deserialize, Serialize};
 
@@ -117,9 +117,11 @@ impl PassConfig<'_> {
     }
 }
 
-/// The model's fixed state besides parameters: its shape and rotary tables.
+/// The model's fixed state besides parameters: its shape, where its parameters are, and its
+/// rotary tables.
 pub struct Model<D: Device> {
     cfg: LlamaConfig,
+    layout: Layout,
     rope: D::Rope,
 }
 
@@ -132,12 +134,21 @@ impl<D: Device> Model<D> {
             theta: cfg.rope_theta,
             positions: cfg.max_position_embeddings,
         })?;
-        Ok(Model { cfg, rope })
+        Ok(Model {
+            layout: Layout::of(&cfg),
+            cfg,
+            rope,
+        })
     }
 
     /// The model's shape.
     pub fn config(&self) -> &LlamaConfig {
         &self.cfg
+    }
+
+    /// Where its parameters are.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
     }
 
     fn dims(&self, batch: &Batch) -> BlockDims {
@@ -241,51 +252,44 @@ impl<D: Device> Model<D> {
             layer: 0,
             dropout: pass.dropout,
         };
-        let (rows, h) = (d.rows, d.hidden);
+        let (rows, h, p) = (d.rows, d.hidden, &self.layout);
         let ids = dev.ids(&batch.input_ids)?;
         let mut x = dev.zeros::<E>(&[rows, h], Category::Activations)?;
-        dev.embedding_forward(&w.embed, &ids, &mut x)?;
+        dev.embedding_forward(w.get(p.embed), &ids, &mut x)?;
 
-        let mut inputs: Vec<D::Tensor<E>> = Vec::with_capacity(w.layers.len());
-        let mut saved = Vec::with_capacity(w.layers.len());
-        for (l, layer) in w.layers.iter().enumerate() {
-            let (out, acts) = block::forward(BlockCtx { layer: l, ..ctx }, layer, &x)?;
+        let mut inputs: Vec<D::Tensor<E>> = Vec::with_capacity(p.layers.len());
+        let mut saved = Vec::with_capacity(p.layers.len());
+        for (l, layer) in p.layers.iter().enumerate() {
+            let (out, acts) = block::forward(BlockCtx { layer: l, ..ctx }, (w, layer), &x)?;
             saved.push(pass.policy(l).keep(acts));
             inputs.push(std::mem::replace(&mut x, out));
         }
-        let final_norm = block::norm(ctx, &x, &w.final_norm)?;
+        let final_norm = block::norm(ctx, &x, w.get(p.final_norm))?;
 
         dev.enter(StepPhase::Loss);
         let mut dhn = dev.zeros::<E>(&[rows, h], Category::Activations)?;
-        let head_grad = grads.lm_head.as_mut().unwrap_or(&mut grads.embed);
         let loss = linear_cross_entropy(
             dev,
             &final_norm.out,
-            w.head(),
+            w.get(p.head),
             &batch.labels,
             pass.loss,
             &mut dhn,
-            head_grad,
+            grads.get_mut(p.head),
         )?;
 
         dev.enter(StepPhase::Backward);
         let block::Norm { rinv, out: hn } = final_norm;
         drop(hn);
         let mut dh = dev.zeros::<E>(&[rows, h], Category::Activations)?;
-        dev.rmsnorm_backward(
-            &dhn,
-            &x,
-            &w.final_norm,
-            &rinv,
-            &mut dh,
-            &mut grads.final_norm,
-        )?;
+        let final_norm = (w.get(p.final_norm), grads.get_mut(p.final_norm));
+        dev.rmsnorm_backward(&dhn, &x, final_norm.0, &rinv, &mut dh, final_norm.1)?;
         drop((dhn, x, rinv));
 
         let keep_inputs = pass.faults.has(Fault::RecomputeInputsKept);
         let mut kept = Vec::new();
         let mut recomputed_blocks = 0;
-        for (l, layer) in w.layers.iter().enumerate().rev() {
+        for (l, layer) in p.layers.iter().enumerate().rev() {
             let ctx = BlockCtx { layer: l, ..ctx };
             let input = inputs.pop().expect("one input per block");
             let (acts, recomputes) = match saved.pop().flatten() {
@@ -293,15 +297,15 @@ impl<D: Device> Model<D> {
                     let partial = acts.is_partial();
                     (acts, partial)
                 }
-                None => (block::activations(ctx, layer, &input)?, true),
+                None => (block::activations(ctx, (w, layer), &input)?, true),
             };
             recomputed_blocks += usize::from(recomputes);
-            block::backward(ctx, layer, &mut grads.layers[l], &input, acts, &mut dh)?;
+            block::backward(ctx, (w, layer), grads, &input, acts, &mut dh)?;
             if recomputes && keep_inputs {
                 kept.push(input);
             }
         }
-        dev.embedding_backward(&dh, &ids, &mut grads.embed)?;
+        dev.embedding_backward(&dh, &ids, grads.get_mut(p.embed))?;
         let out = PassOutput {
             loss: loss.loss,
             tokens: loss.tokens,

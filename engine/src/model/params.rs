@@ -1,5 +1,8 @@
-//! The model's parameters by Hugging Face name, as one struct generic over what is stored per
-//! parameter: weights, gradients and optimizer moments all share this layout.
+//! The model's parameters: one table ([`Layout`]) says every tensor's Hugging Face name and shape
+//! and where each projection of a block lives in them, as llm.c's parameter table does; weights,
+//! gradients and optimizer moments are each a list of tensors in that table's order
+//! ([`Params`]). A family's layout is its only difference in storage: Phi-3's fused `qkv_proj`
+//! holds q, k and v as blocks of rows of one tensor; Qwen2 adds bias vectors; Qwen3 per-head norms.
 
 use super::config::LlamaConfig;
 
@@ -21,44 +24,173 @@ impl ParamSpec {
     }
 }
 
-/// The parameters of one decoder block.
-#[derive(Debug)]
-pub struct LayerParams<T> {
-    /// Query projection `[heads·d, hidden]`.
-    pub q: T,
-    /// Key projection `[kv_heads·d, hidden]`.
-    pub k: T,
-    /// Value projection `[kv_heads·d, hidden]`.
-    pub v: T,
-    /// Output projection `[hidden, heads·d]`.
-    pub o: T,
-    /// RMSNorm of each query head `[d]` (Qwen3).
-    pub q_norm: Option<T>,
-    /// RMSNorm of each key head `[d]` (Qwen3).
-    pub k_norm: Option<T>,
-    /// MLP gate projection `[ffn, hidden]`.
-    pub gate: T,
-    /// MLP up projection `[ffn, hidden]`.
-    pub up: T,
-    /// MLP down projection `[hidden, ffn]`.
-    pub down: T,
-    /// RMSNorm before attention `[hidden]`.
-    pub input_norm: T,
-    /// RMSNorm before the MLP `[hidden]`.
-    pub post_norm: T,
+/// Rows `start..start + len` of the `[rows, cols]` parameter `tensor`: a whole weight, or one
+/// projection of a fused one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rows {
+    /// Index of the tensor in the layout.
+    pub tensor: usize,
+    /// The first row.
+    pub start: usize,
+    /// Rows in the block: the projection's output width.
+    pub len: usize,
 }
 
-/// Every parameter of the model.
-#[derive(Debug)]
-pub struct Params<T> {
+impl Rows {
+    /// All `len` rows of `tensor`.
+    pub fn whole(tensor: usize, len: usize) -> Self {
+        Rows {
+            tensor,
+            start: 0,
+            len,
+        }
+    }
+}
+
+/// Where one decoder block's parameters are.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LayerLayout {
+    /// Query, key and value projections.
+    pub qkv: [Rows; 3],
+    /// Their biases (Qwen2).
+    pub qkv_bias: Option<[usize; 3]>,
+    /// Output projection `[hidden, heads·d]`.
+    pub o: Rows,
+    /// RMSNorm of each query head and each key head, `[d]` each (Qwen3).
+    pub qk_norm: Option<[usize; 2]>,
+    /// MLP gate and up projections.
+    pub gate_up: [Rows; 2],
+    /// MLP down projection `[hidden, ffn]`.
+    pub down: Rows,
+    /// RMSNorm before attention `[hidden]`.
+    pub input_norm: usize,
+    /// RMSNorm before the MLP `[hidden]`.
+    pub post_norm: usize,
+}
+
+/// Every parameter of a model: names and shapes in Hugging Face's `named_parameters()` order,
+/// and where the passes find each weight.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// Every tensor, in order.
+    pub specs: Vec<ParamSpec>,
     /// Token embedding `[vocab, hidden]`.
-    pub embed: T,
+    pub embed: usize,
     /// Decoder blocks.
-    pub layers: Vec<LayerParams<T>>,
+    pub layers: Vec<LayerLayout>,
     /// Final RMSNorm `[hidden]`.
-    pub final_norm: T,
-    /// LM head `[vocab, hidden]`; `None` when tied to the embedding.
-    pub lm_head: Option<T>,
+    pub final_norm: usize,
+    /// LM head `[vocab, hidden]`: its own, or the embedding when tied.
+    pub head: usize,
+}
+
+impl Layout {
+    /// The layout of `cfg`'s family and shape.
+    pub fn of(cfg: &LlamaConfig) -> Self {
+        let (h, f, v, d) = (
+            cfg.hidden_size,
+            cfg.intermediate_size,
+            cfg.vocab_size,
+            cfg.head_dim(),
+        );
+        let (qw, kvw) = (cfg.num_attention_heads * d, cfg.num_key_value_heads * d);
+        let family = cfg.family;
+        let mut specs = Vec::new();
+        let mut add = |name: String, shape: Vec<usize>| {
+            specs.push(ParamSpec {
+                is_norm: name.ends_with("norm.weight"),
+                name,
+                shape,
+            });
+            specs.len() - 1
+        };
+        // A `[rows, hidden]` weight for each of `parts` (name, rows), or one fused weight
+        // `fused` stacking them; the blocks of rows of each part.
+        let projections = |add: &mut dyn FnMut(String, Vec<usize>) -> usize,
+                           fused: String,
+                           parts: &[(String, usize)]| {
+            let mut start = 0;
+            let fused = family
+                .fused()
+                .then(|| add(fused, vec![parts.iter().map(|p| p.1).sum(), h]));
+            parts
+                .iter()
+                .map(|(name, len)| {
+                    let rows = match fused {
+                        Some(tensor) => Rows {
+                            tensor,
+                            start,
+                            len: *len,
+                        },
+                        None => Rows::whole(add(name.clone(), vec![*len, h]), *len),
+                    };
+                    start += len;
+                    rows
+                })
+                .collect::<Vec<_>>()
+        };
+        let embed = add("model.embed_tokens.weight".into(), vec![v, h]);
+        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
+        for l in 0..cfg.num_hidden_layers {
+            let a = format!("model.layers.{l}.self_attn");
+            let qkv = projections(
+                &mut add,
+                format!("{a}.qkv_proj.weight"),
+                &[
+                    (format!("{a}.q_proj.weight"), qw),
+                    (format!("{a}.k_proj.weight"), kvw),
+                    (format!("{a}.v_proj.weight"), kvw),
+                ],
+            );
+            let qkv_bias = family.qkv_bias().then(|| {
+                [("q", qw), ("k", kvw), ("v", kvw)]
+                    .map(|(p, len)| add(format!("{a}.{p}_proj.bias"), vec![len]))
+            });
+            let o = Rows::whole(add(format!("{a}.o_proj.weight"), vec![h, qw]), h);
+            let qk_norm = family
+                .qk_norm()
+                .then(|| ["q", "k"].map(|p| add(format!("{a}.{p}_norm.weight"), vec![d])));
+            let m = format!("model.layers.{l}.mlp");
+            let gate_up = projections(
+                &mut add,
+                format!("{m}.gate_up_proj.weight"),
+                &[
+                    (format!("{m}.gate_proj.weight"), f),
+                    (format!("{m}.up_proj.weight"), f),
+                ],
+            );
+            let down = Rows::whole(add(format!("{m}.down_proj.weight"), vec![h, f]), h);
+            let p = format!("model.layers.{l}");
+            layers.push(LayerLayout {
+                qkv: [qkv[0], qkv[1], qkv[2]],
+                qkv_bias,
+                o,
+                qk_norm,
+                gate_up: [gate_up[0], gate_up[1]],
+                down,
+                input_norm: add(format!("{p}.input_layernorm.weight"), vec![h]),
+                post_norm: add(format!("{p}.post_attention_layernorm.weight"), vec![h]),
+            });
+        }
+        let final_norm = add("model.norm.weight".into(), vec![h]);
+        let head = if cfg.tie_word_embeddings {
+            embed
+        } else {
+            add("lm_head.weight".into(), vec![v, h])
+        };
+        Layout {
+            specs,
+            embed,
+            layers,
+            final_norm,
+            head,
+        }
+    }
+}
+
+/// Every parameter's name and shape, in Hugging Face's `named_parameters()` order.
+pub fn param_specs(cfg: &LlamaConfig) -> Vec<ParamSpec> {
+    Layout::of(cfg).specs
 }
 
 impl LlamaConfig {
@@ -68,148 +200,50 @@ impl LlamaConfig {
     }
 }
 
-/// Every parameter's name and shape, in Hugging Face's `named_parameters()` order.
-pub fn param_specs(cfg: &LlamaConfig) -> Vec<ParamSpec> {
-    let (h, f, v) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
-    let qw = cfg.num_attention_heads * cfg.head_dim();
-    let kvw = cfg.num_key_value_heads * cfg.head_dim();
-    let spec = |name: String, shape: Vec<usize>| ParamSpec {
-        is_norm: name.ends_with("norm.weight"),
-        name,
-        shape,
-    };
-    let mut out = vec![spec("model.embed_tokens.weight".into(), vec![v, h])];
-    for l in 0..cfg.num_hidden_layers {
-        let p = format!("model.layers.{l}");
-        out.push(spec(format!("{p}.self_attn.q_proj.weight"), vec![qw, h]));
-        out.push(spec(format!("{p}.self_attn.k_proj.weight"), vec![kvw, h]));
-        out.push(spec(format!("{p}.self_attn.v_proj.weight"), vec![kvw, h]));
-        out.push(spec(format!("{p}.self_attn.o_proj.weight"), vec![h, qw]));
-        if cfg.qk_norm {
-            for name in ["q_norm", "k_norm"] {
-                out.push(spec(
-                    format!("{p}.self_attn.{name}.weight"),
-                    vec![cfg.head_dim()],
-                ));
-            }
-        }
-        out.push(spec(format!("{p}.mlp.gate_proj.weight"), vec![f, h]));
-        out.push(spec(format!("{p}.mlp.up_proj.weight"), vec![f, h]));
-        out.push(spec(format!("{p}.mlp.down_proj.weight"), vec![h, f]));
-        out.push(spec(format!("{p}.input_layernorm.weight"), vec![h]));
-        out.push(spec(
-            format!("{p}.post_attention_layernorm.weight"),
-            vec![h],
-        ));
-    }
-    out.push(spec("model.norm.weight".into(), vec![h]));
-    if !cfg.tie_word_embeddings {
-        out.push(spec("lm_head.weight".into(), vec![v, h]));
-    }
-    out
+/// Every parameter of a model, in its [`Layout`]'s order: weights, gradients or moments.
+#[derive(Debug)]
+pub struct Params<T> {
+    tensors: Vec<T>,
 }
 
 impl<T> Params<T> {
     /// Builds every parameter with `make`, called once per [`param_specs`] entry, in order.
     pub fn try_new<E>(
         cfg: &LlamaConfig,
-        mut make: impl FnMut(&ParamSpec) -> Result<T, E>,
+        make: impl FnMut(&ParamSpec) -> Result<T, E>,
     ) -> Result<Self, E> {
-        let specs = param_specs(cfg);
-        let mut it = specs.iter();
-        let mut next = || make(it.next().expect("param_specs lists every parameter"));
-        let embed = next()?;
-        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
-        for _ in 0..cfg.num_hidden_layers {
-            layers.push(LayerParams {
-                q: next()?,
-                k: next()?,
-                v: next()?,
-                o: next()?,
-                q_norm: cfg.qk_norm.then(&mut next).transpose()?,
-                k_norm: cfg.qk_norm.then(&mut next).transpose()?,
-                gate: next()?,
-                up: next()?,
-                down: next()?,
-                input_norm: next()?,
-                post_norm: next()?,
-            });
-        }
-        let final_norm = next()?;
-        let lm_head = if cfg.tie_word_embeddings {
-            None
-        } else {
-            Some(next()?)
-        };
         Ok(Params {
-            embed,
-            layers,
-            final_norm,
-            lm_head,
+            tensors: param_specs(cfg)
+                .iter()
+                .map(make)
+                .collect::<Result<_, E>>()?,
         })
     }
 
     /// Every parameter, in [`param_specs`] order.
     pub fn tensors(&self) -> Vec<&T> {
-        let mut out = vec![&self.embed];
-        for l in &self.layers {
-            out.extend([&l.q, &l.k, &l.v, &l.o]);
-            out.extend(l.q_norm.iter().chain(&l.k_norm));
-            out.extend([&l.gate, &l.up, &l.down, &l.input_norm, &l.post_norm]);
-        }
-        out.push(&self.final_norm);
-        out.extend(self.lm_head.as_ref());
-        out
+        self.tensors.iter().collect()
     }
 
     /// Every parameter, mutably, in [`param_specs`] order.
     pub fn tensors_mut(&mut self) -> Vec<&mut T> {
-        let mut out = vec![&mut self.embed];
-        for l in &mut self.layers {
-            out.extend([&mut l.q, &mut l.k, &mut l.v, &mut l.o]);
-            out.extend(l.q_norm.iter_mut().chain(&mut l.k_norm));
-            out.extend([
-                &mut l.gate,
-                &mut l.up,
-                &mut l.down,
-                &mut l.input_norm,
-                &mut l.post_norm,
-            ]);
-        }
-        out.push(&mut self.final_norm);
-        out.extend(self.lm_head.as_mut());
-        out
+        self.tensors.iter_mut().collect()
     }
 
     /// Each parameter through `f`, in [`param_specs`] order.
-    pub fn try_map<U, E>(self, mut f: impl FnMut(T) -> Result<U, E>) -> Result<Params<U>, E> {
-        let embed = f(self.embed)?;
-        let mut layers = Vec::with_capacity(self.layers.len());
-        for l in self.layers {
-            layers.push(LayerParams {
-                q: f(l.q)?,
-                k: f(l.k)?,
-                v: f(l.v)?,
-                o: f(l.o)?,
-                q_norm: l.q_norm.map(&mut f).transpose()?,
-                k_norm: l.k_norm.map(&mut f).transpose()?,
-                gate: f(l.gate)?,
-                up: f(l.up)?,
-                down: f(l.down)?,
-                input_norm: f(l.input_norm)?,
-                post_norm: f(l.post_norm)?,
-            });
-        }
+    pub fn try_map<U, E>(self, f: impl FnMut(T) -> Result<U, E>) -> Result<Params<U>, E> {
         Ok(Params {
-            embed,
-            layers,
-            final_norm: f(self.final_norm)?,
-            lm_head: self.lm_head.map(f).transpose()?,
+            tensors: self.tensors.into_iter().map(f).collect::<Result<_, E>>()?,
         })
     }
 
-    /// The LM head's weight: its own, or the embedding when tied.
-    pub fn head(&self) -> &T {
-        self.lm_head.as_ref().unwrap_or(&self.embed)
+    /// The parameter at `index` of the layout.
+    pub fn get(&self, index: usize) -> &T {
+        &self.tensors[index]
+    }
+
+    /// The parameter at `index` of the layout, mutably.
+    pub fn get_mut(&mut self, index: usize) -> &mut T {
+        &mut self.tensors[index]
     }
 }

@@ -21,7 +21,8 @@ pub fn llama(vocab: usize, hidden: usize, layers: usize) -> LlamaConfig {
         rope_theta: 10000.0,
         tie_word_embeddings: false,
         max_position_embeddings: 128,
-        qk_norm: false,
+        family: Default::default(),
+        sliding_window: None,
     }
 }
 

@@ -9,6 +9,8 @@
 //     IN: x, w, dy, dx; OUT: y, rinv (f32), dx + the gradient, dw (f32, from zeros)
 //   driver rope ELEM ROWS WIDTH SEQ HALF POSITIONS IN OUT
 //     IN: x, cos (f32), sin (f32); OUT: x rotated, then that rotated back
+//   driver bias ELEM ROWS WIDTH IN OUT
+//     IN: y, b, dy; OUT: y + b per row, the bias gradient (f32, from zeros)
 //   driver swiglu ELEM N IN OUT
 //     IN: gate, up, dact; OUT: act, dgate, dup
 //   driver embedding ELEM ROWS WIDTH VOCAB IN OUT
@@ -125,6 +127,18 @@ template <typename T> void rope_both_ways(char** a) {
     }
 }
 
+template <typename T> void bias(char** a) {
+    size_t rows = std::stoull(a[0]), width = std::stoull(a[1]), n = rows * width;
+    Reader r{std::ifstream(a[2], std::ios::binary)};
+    auto y = r.read<T>(n), b = r.read<T>(width), dy = r.read<T>(n);
+    std::vector<float> db(width, 0.0f);
+    launch({blocks_of(n), 1, 1}, THREADS, 0, [&] { add_bias<T>(y.data(), b.data(), n, width); });
+    launch({blocks_of(width), 1, 1}, THREADS, 0, [&] { bias_grad<T>(dy.data(), db.data(), rows, width); });
+    Writer out{std::ofstream(a[3], std::ios::binary)};
+    out.write(y);
+    out.write(db);
+}
+
 template <typename T> void swiglu(char** a) {
     size_t n = std::stoull(a[0]);
     Reader r{std::ifstream(a[1], std::ios::binary)};
@@ -215,6 +229,8 @@ int main(int argc, char** argv) {
             elem == "bf16" ? rmsnorm<bf16>(argv + 3) : rmsnorm<float>(argv + 3);
         } else if (cmd == "rope" && argc == 10) {
             elem == "bf16" ? rope_both_ways<bf16>(argv + 3) : rope_both_ways<float>(argv + 3);
+        } else if (cmd == "bias" && argc == 7) {
+            elem == "bf16" ? bias<bf16>(argv + 3) : bias<float>(argv + 3);
         } else if (cmd == "swiglu" && argc == 6) {
             elem == "bf16" ? swiglu<bf16>(argv + 3) : swiglu<float>(argv + 3);
         } else if (cmd == "embedding" && argc == 8) {

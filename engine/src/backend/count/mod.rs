@@ -167,6 +167,8 @@ impl Device for CountingDevice {
         fn rmsnorm_forward<E>(&self, &T<E>, &T<E>, f32, &mut T<E>, &mut T<f32>);
         fn rmsnorm_backward<E>(&self, &T<E>, &T<E>, &T<E>, &T<f32>, &mut T<E>, &mut T<f32>);
         fn rope<E>(&self, &mut T<E>, (usize, usize), &Vec<Lease>, bool);
+        fn add_bias<E>(&self, &mut T<E>, &T<E>);
+        fn bias_grad<E>(&self, &T<E>, &mut T<f32>);
         fn swiglu_forward<E>(&self, &T<E>, &T<E>, &mut T<E>);
         fn swiglu_backward<E>(&self, &T<E>, (&T<E>, &T<E>), &mut T<E>, &mut T<E>);
         fn dropout_add<E>(&self, &DropoutMask, &T<E>, &T<E>, &mut T<E>);

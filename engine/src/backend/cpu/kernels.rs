@@ -253,6 +253,31 @@ impl Device for CpuDevice {
         Ok(())
     }
 
+    fn add_bias<E: Elem>(&self, y: &mut Tensor<E>, b: &Tensor<E>) -> Result<()> {
+        let (y, b) = (y.as_mut_slice(), b.as_slice());
+        let w = b.len();
+        self.install(|| {
+            y.par_chunks_mut(w * ROWS_PER_TASK).for_each(|rows| {
+                for row in rows.chunks_mut(w) {
+                    for (y, b) in row.iter_mut().zip(b) {
+                        *y = E::from_f32(y.to_f32() + b.to_f32());
+                    }
+                }
+            })
+        });
+        Ok(())
+    }
+
+    fn bias_grad<E: Elem>(&self, dy: &Tensor<E>, db: &mut Tensor<f32>) -> Result<()> {
+        let db = db.as_mut_slice();
+        for row in dy.as_slice().chunks(db.len()) {
+            for (d, g) in db.iter_mut().zip(row) {
+                *d += g.to_f32();
+            }
+        }
+        Ok(())
+    }
+
     fn swiglu_forward<E: Elem>(
         &self,
         gate: &Tensor<E>,

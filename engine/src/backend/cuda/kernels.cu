@@ -213,6 +213,22 @@ template <typename T> __device__ void dropout_bwd(const T* dout, T* dy, u64 n, D
     dy[i] = narrow<T>(dropout_keeps(m, i) ? widen(dout[i]) * m.scale : 0.0f);
 }
 
+// y[r, j] += b[j] for every row of y ([n / width, width]).
+template <typename T> __device__ void add_bias(T* y, const T* b, u64 n, u32 width) {
+    u64 i = global_index();
+    if (i >= n) return;
+    y[i] = narrow<T>(widen(y[i]) + widen(b[i % width]));
+}
+
+// db[j] += sum over rows of dy[r, j], one thread per column summing the rows in order.
+template <typename T> __device__ void bias_grad(const T* dy, float* db, u64 rows, u32 width) {
+    u64 j = global_index();
+    if (j >= width) return;
+    float s = db[j];
+    for (u64 r = 0; r < rows; r++) s += widen(dy[r * width + j]);
+    db[j] = s;
+}
+
 template <typename T> __device__ void swiglu_fwd(const T* gate, const T* up, T* act, u64 n) {
     u64 i = global_index();
     if (i >= n) return;
@@ -550,6 +566,12 @@ __device__ void xent(T* logits, const long long* labels, float* row_loss, u32 vo
     }                                                                                                    \
     extern "C" __global__ void dropout_bwd_##S(const T* dout, T* dy, u64 n, DropoutMask m) {             \
         dropout_bwd<T>(dout, dy, n, m);                                                                  \
+    }                                                                                                    \
+    extern "C" __global__ void add_bias_##S(T* y, const T* b, u64 n, u32 width) {                      \
+        add_bias<T>(y, b, n, width);                                                                     \
+    }                                                                                                    \
+    extern "C" __global__ void bias_grad_##S(const T* dy, float* db, u64 rows, u32 width) {             \
+        bias_grad<T>(dy, db, rows, width);                                                               \
     }                                                                                                    \
     extern "C" __global__ void swiglu_fwd_##S(const T* gate, const T* up, T* act, u64 n) {               \
         swiglu_fwd<T>(gate, up, act, n);                                                                 \

@@ -313,6 +313,20 @@ impl Device for CudaDevice {
         )
     }
 
+    fn add_bias<E: Elem>(&self, y: &mut CudaTensor<E>, b: &CudaTensor<E>) -> Result<()> {
+        let (n, width) = (y.numel() as u64, b.numel() as u32);
+        let (yp, bp) = (y.ptr(), b.ptr());
+        self.each(&kernel::<E>("add_bias"), y.numel(), args![yp, bp, n, width])
+    }
+
+    fn bias_grad<E: Elem>(&self, dy: &CudaTensor<E>, db: &mut CudaTensor<f32>) -> Result<()> {
+        let width = db.numel() as u32;
+        let rows = (dy.numel() / db.numel().max(1)) as u64;
+        let (dyp, dbp) = (dy.ptr(), db.ptr());
+        let name = kernel::<E>("bias_grad");
+        self.each(&name, db.numel(), args![dyp, dbp, rows, width])
+    }
+
     fn swiglu_forward<E: Elem>(
         &self,
         gate: &CudaTensor<E>,

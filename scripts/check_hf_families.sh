@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Hugging Face transformers loads a checkpoint of every family the engine trains and computes the
+# engine's loss on it: `train` writes the checkpoint of each family suite, `eval` gives the
+# engine's loss on a random batch, scripts/check_hf_load.py loads the checkpoint with
+# AutoModelForCausalLM and compares. Needs python3 with torch, transformers and safetensors.
+#
+#     scripts/check_hf_families.sh BIN OUT [SUITE...]
+#
+# BIN is the ckpt-harness binary; OUT collects the checkpoints and hf-check.log; the suites
+# default to every suites/family-*.yaml, tiny-fp32 and the bf16-mixed gqa-bf16-ac.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin="$1" out="$2"
+shift 2
+suites=("$@")
+[[ ${#suites[@]} -gt 0 ]] || suites=(suites/family-*.yaml suites/tiny-fp32.yaml suites/gqa-bf16-ac.yaml)
+mkdir -p "$out"
+status=0
+for suite in "${suites[@]}"; do
+    name="$(basename "$suite" .yaml)"
+    run_dir="$out/$name"
+    rm -rf "$run_dir"
+    "$bin" train "$suite" --out "$run_dir" >/dev/null
+    ckpt="$(ls -d "$run_dir"/step-* | tail -1)"
+    python3 scripts/make_batch.py "$ckpt/config.json" "$run_dir/batch.safetensors"
+    loss="$("$bin" eval --model "$ckpt" --batch "$run_dir/batch.safetensors" |
+        python3 -c 'import json, sys; print(json.load(sys.stdin)["loss"])')"
+    python3 scripts/check_hf_load.py "$ckpt" "$run_dir/batch.safetensors" "$loss" 2>&1 |
+        tee -a "$out/hf-check.log" || status=1
+done
+exit "$status"
