@@ -76,10 +76,21 @@ pub struct Window {
 /// The process's resident host memory over one phase.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct HostMemory {
+    /// Resident bytes (`VmRSS`) at the phase's start, when the platform reports them.
+    pub start_rss: Option<u64>,
     /// Peak resident bytes (`VmHWM`), when the platform reports it.
     pub peak_rss: Option<u64>,
     /// Whether the peak was reset at the phase's start; if not, it covers the process so far.
     pub reset: bool,
+}
+
+impl HostMemory {
+    /// The resident bytes the phase added at its peak: the peak above the phase's start, when
+    /// the platform reports both (the whole peak where the start is unknown).
+    pub fn growth(&self) -> Option<u64> {
+        let peak = self.peak_rss?;
+        Some(peak.saturating_sub(self.start_rss.unwrap_or(0)))
+    }
 }
 
 /// One phase as observed.
@@ -304,6 +315,7 @@ impl<P: FnMut(&PhaseRecord)> OnDevice for Phases<'_, P> {
                 ..PhaseRecord::default()
             };
             let host_reset = host_memory::reset_peak();
+            let start_rss = host_memory::current();
             let oom_before = tracker.stats().oom_count;
             tracker.reset_peak();
             let built = match from {
@@ -358,6 +370,7 @@ impl<P: FnMut(&PhaseRecord)> OnDevice for Phases<'_, P> {
             }
             record.after = tracker.stats().current;
             record.host = HostMemory {
+                start_rss,
                 peak_rss: host_memory::peak(),
                 reset: host_reset,
             };
