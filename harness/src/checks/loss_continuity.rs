@@ -115,6 +115,13 @@ mod tests {
     }
 
     #[test]
+    fn the_largest_loss_difference_is_reported() {
+        let want = fixtures::step(2).loss;
+        let o = check(&with_resumed_loss(want + 0.25), Continuity::Bitwise);
+        assert_eq!(o.figures["max_loss_diff"], serde_json::json!(0.25));
+    }
+
+    #[test]
     fn a_restarted_schedule_fails() {
         let mut r = fixtures::run();
         for (i, s) in r.phases[2].steps.iter_mut().enumerate() {

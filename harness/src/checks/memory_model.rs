@@ -127,6 +127,31 @@ mod tests {
         );
     }
 
+    /// From the long batches' first step on, steps are compared with the long rows' predictions.
+    #[test]
+    fn long_steps_are_compared_with_the_long_predictions() {
+        let mut r = fixtures::run();
+        let mut long = r.predicted.clone();
+        for p in &mut long {
+            p.peak += 2048;
+            p.at_peak.activations += 2048;
+        }
+        r.predicted_long = Some((4, long));
+        for s in r.phases.iter_mut().flat_map(|p| &mut p.steps) {
+            if s.step >= 4 {
+                s.memory.allocated.peak += 2048;
+                s.memory.at_peak.activations += 2048;
+            }
+        }
+        let o = check(&r);
+        assert!(o.failures.is_empty(), "{:?}", o.failures);
+        assert_eq!(o.compared, o.implied);
+        r.phases[0].steps[3].memory.allocated.peak += 2048;
+        let o = check(&r);
+        assert_eq!(o.failures.len(), 1);
+        assert_eq!(o.failures[0].step, Some(3));
+    }
+
     #[test]
     fn inputs_kept_past_the_step_fail() {
         let mut r = fixtures::run();

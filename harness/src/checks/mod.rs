@@ -646,4 +646,31 @@ mod tests {
             "no_leak: cpu::s resume-mid step 3: allocated at the step's end: expected 1, got 2; why"
         );
     }
+
+    #[test]
+    fn an_outcome_says_whether_it_failed_or_did_not_run() {
+        let r = fixtures::run();
+        let passed = Outcome::new(Check::Finite, &r, 12, 12, Vec::new());
+        assert_eq!(
+            (passed.status, passed.failed(), passed.not_run()),
+            (Status::Passed, false, false)
+        );
+        let nothing = Outcome::new(Check::Finite, &r, 0, 0, Vec::new());
+        assert_eq!(
+            (nothing.status, nothing.failed(), nothing.not_run()),
+            (Status::NotRun, false, true)
+        );
+        let short = Outcome::new(Check::Finite, &r, 11, 12, Vec::new());
+        assert_eq!(
+            (short.status, short.failed(), short.not_run()),
+            (Status::Failed, true, false)
+        );
+        assert!(!Outcome::off(Check::Finite).not_run());
+    }
+
+    #[test]
+    fn byte_counts_from_a_kibibyte_on_carry_the_exact_figure() {
+        assert_eq!(bytes(1023), "1023 B");
+        assert_eq!(bytes(1024), "1.0 KiB (1024 bytes)");
+    }
 }

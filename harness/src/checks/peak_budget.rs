@@ -152,6 +152,22 @@ mod tests {
         assert!(!check(&r).failed());
     }
 
+    /// Each trainer built and each step under `budget`, each phase under `rss_budget`.
+    #[test]
+    fn what_each_budget_implies_is_compared() {
+        let mut r = fixtures::run();
+        r.budget = Some(u64::MAX);
+        let o = check(&r);
+        assert_eq!((o.compared, o.implied), (3 + 12, 3 + 12));
+        assert_eq!(o.status, crate::checks::Status::Passed);
+        r.rss_budget = Some(u64::MAX);
+        for p in &mut r.phases {
+            p.host.peak_rss = Some(1);
+        }
+        let o = check(&r);
+        assert_eq!((o.compared, o.implied), (3 + 12 + 3, 3 + 12 + 3));
+    }
+
     #[test]
     fn checkpoint_loading_counts() {
         let mut r = fixtures::run();
@@ -204,12 +220,16 @@ mod tests {
             let mut r = fixtures::run();
             r.budget = Some(budget);
             for p in &mut r.phases {
+                p.setup.peak = budget;
                 for s in &mut p.steps {
                     s.memory.allocated.peak = budget;
                 }
             }
             prop_assert!(!check(&r).failed());
             r.phases[2].steps[1].memory.allocated.peak = budget + 1;
+            prop_assert_eq!(check(&r).failures.len(), 1);
+            r.phases[2].steps[1].memory.allocated.peak = budget;
+            r.phases[1].setup.peak = budget + 1;
             prop_assert_eq!(check(&r).failures.len(), 1);
         }
     }
