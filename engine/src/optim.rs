@@ -231,6 +231,13 @@ mod tests {
         assert!((s.lr(1.0, 10) - 0.1).abs() < 1e-12);
         assert_eq!(s.lr(1.0, 13), s.lr(1.0, 10));
         assert!(s.lr(1.0, 9) > s.lr(1.0, 10));
+        // A horizon at the warmup's end: the floor right after the peak.
+        let abrupt = Schedule::WarmupCosine {
+            warmup_steps: 3,
+            horizon: 3,
+            min_lr_ratio: 0.5,
+        };
+        assert_eq!((abrupt.lr(1.0, 2), abrupt.lr(1.0, 3)), (1.0, 0.5));
     }
 
     #[test]
@@ -259,17 +266,6 @@ mod tests {
         for (step, (got, want)) in lrs.iter().zip(want).enumerate() {
             assert!((got - want).abs() < 1e-12, "step {step}: {got} vs {want}");
         }
-    }
-
-    #[test]
-    fn a_horizon_at_the_warmup_s_end_drops_to_the_floor() {
-        let s = Schedule::WarmupCosine {
-            warmup_steps: 3,
-            horizon: 3,
-            min_lr_ratio: 0.5,
-        };
-        assert_eq!(s.lr(1.0, 2), 1.0);
-        assert_eq!(s.lr(1.0, 3), 0.5);
     }
 
     #[test]
@@ -332,6 +328,11 @@ mod tests {
         p
     }
 
+    /// Elements over every tensor of `p`.
+    fn elements(p: &Params<Tensor<f32>>) -> usize {
+        p.tensors().iter().map(|t| t.as_slice().len()).sum()
+    }
+
     #[test]
     fn two_updates_follow_torch_s_adamw_and_count_themselves() {
         let dev = CpuDevice::new(1, u64::MAX).unwrap();
@@ -371,8 +372,7 @@ mod tests {
         let dev = CpuDevice::new(1, u64::MAX).unwrap();
         let cfg = tiny();
         let mut g = filled(&dev, &cfg, |_| 1.0);
-        let count: usize = g.tensors().iter().map(|t| t.as_slice().len()).sum();
-        let norm = (count as f64).sqrt();
+        let norm = (elements(&g) as f64).sqrt();
         assert_eq!(
             clip_grad_norm(&dev, &mut g, Some(norm + 1.0)).unwrap(),
             norm
@@ -393,12 +393,7 @@ mod tests {
     fn the_clipping_coefficient_adds_a_millionth_to_the_norm() {
         let dev = CpuDevice::new(1, u64::MAX).unwrap();
         let cfg = tiny();
-        let count: usize = filled(&dev, &cfg, |_| 0.0)
-            .tensors()
-            .iter()
-            .map(|t| t.as_slice().len())
-            .sum();
-        let x = (2e-6 / (count as f64).sqrt()) as f32;
+        let x = (2e-6 / (elements(&filled(&dev, &cfg, |_| 0.0)) as f64).sqrt()) as f32;
         let mut g = filled(&dev, &cfg, |_| x);
         let norm = clip_grad_norm(&dev, &mut g, Some(1e-6)).unwrap();
         let clipped = grad_norm(&dev, &g).unwrap();

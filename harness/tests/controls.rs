@@ -7,31 +7,21 @@ use ckpt_harness::devices::DeviceKind;
 use ckpt_harness::snapshot::Snapshot;
 use ckpt_harness::suite::Suite;
 use ckpt_harness::trial::{self, GoldenMode};
+use common::{root, suites_in};
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
+mod common;
 
 fn suite(path: &str) -> Suite {
     Suite::load(&root().join(path)).unwrap()
 }
 
-/// Every suite of `suites/faults/`.
-fn controls() -> Vec<Suite> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(root().join("suites/faults"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
-        .collect();
-    files.sort();
-    files.iter().map(|f| Suite::load(f).unwrap()).collect()
-}
-
 #[test]
 fn every_check_is_named_in_the_expect_fail_of_a_negative_control() {
-    let named: BTreeSet<Check> = controls().iter().flat_map(|s| s.expect_fail()).collect();
+    let named: BTreeSet<Check> = suites_in("suites/faults")
+        .iter()
+        .flat_map(|s| s.expect_fail())
+        .collect();
     let missing: Vec<Check> = Check::ALL
         .into_iter()
         .filter(|c| !named.contains(c))

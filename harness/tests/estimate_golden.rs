@@ -10,7 +10,9 @@ use ckpt_engine::estimate::{estimate, Estimate, EstimateConfig};
 use ckpt_engine::memory::Breakdown;
 use ckpt_harness::checks::golden;
 use ckpt_harness::suite::{Suite, Tier};
-use std::path::{Path, PathBuf};
+use common::{root, suites_in};
+
+mod common;
 
 /// One measured step of a snapshot.
 #[derive(Debug, PartialEq)]
@@ -19,10 +21,6 @@ struct Row {
     peak: u64,
     at_peak: Breakdown,
     end: Breakdown,
-}
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
 /// A snapshot's bytes per category, in its header's order:
@@ -103,14 +101,7 @@ fn measured(device: &str) -> Vec<(Suite, Vec<Row>)> {
     let mut out = Vec::new();
     let mut missing = Vec::new();
     let mut awaiting = Vec::new();
-    let mut files: Vec<PathBuf> = std::fs::read_dir(root().join("suites"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
-        .collect();
-    files.sort();
-    for file in files {
-        let suite = Suite::load(&file).unwrap();
+    for suite in suites_in("suites") {
         let snap = golden::load(&root().join("golden"), device, &suite.file.name).unwrap();
         let awaited = awaits_its_device(device, &suite.file.name);
         match snap.stored {

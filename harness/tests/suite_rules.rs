@@ -2,23 +2,13 @@
 //! the device's tracker (batches, host copies of checkpoints, other buffers) is bounded by a check.
 
 use ckpt_harness::suite::{Suite, Tier};
-use std::path::{Path, PathBuf};
+use common::suites_in;
 
-/// Every suite file of `suites/` (not the negative controls of `suites/faults/`).
-fn suites() -> Vec<Suite> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../suites");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
-        .collect();
-    files.sort();
-    files.iter().map(|f| Suite::load(f).unwrap()).collect()
-}
+mod common;
 
 #[test]
 fn every_ci_suite_bounds_the_host_memory_a_phase_adds() {
-    let ci: Vec<Suite> = suites()
+    let ci: Vec<Suite> = suites_in("suites")
         .into_iter()
         .filter(|s| s.file.tier == Tier::Ci)
         .collect();

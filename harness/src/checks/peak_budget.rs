@@ -14,9 +14,9 @@ pub fn check(r: &RunRecord) -> Outcome {
     let mut out = Vec::new();
     let mut compared = 0u64;
     let mut max_peak = 0u64;
-    let mut max_rss = 0u64;
+    let mut max_rss_added = 0u64;
     for p in &r.phases {
-        max_rss = max_rss.max(p.host.growth().unwrap_or(0));
+        max_rss_added = max_rss_added.max(p.host.growth().unwrap_or(0));
         let peaks = p.steps.iter().map(|s| s.memory.allocated.peak);
         max_peak = peaks.fold(max_peak.max(p.setup.peak), u64::max);
         if let Some(budget) = r.budget {
@@ -103,7 +103,7 @@ pub fn check(r: &RunRecord) -> Outcome {
         .with("budget", r.budget)
         .with("max_peak", max_peak)
         .with("rss_budget", r.rss_budget)
-        .with("max_rss", max_rss)
+        .with("max_rss_added", max_rss_added)
 }
 
 #[cfg(test)]
@@ -191,7 +191,7 @@ mod tests {
         let o = check(&r);
         assert!(!o.failed(), "{:?}", o.failures);
         assert_eq!((o.compared, o.implied), (3, 3));
-        assert_eq!(o.figures["max_rss"], serde_json::json!(1u64 << 20));
+        assert_eq!(o.figures["max_rss_added"], serde_json::json!(1u64 << 20));
         r.phases[1].host.peak_rss = Some((41 << 20) + 1);
         let o = check(&r);
         assert_eq!(o.failures.len(), 1);
