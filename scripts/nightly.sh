@@ -2,26 +2,29 @@
 # The nightly job: every suite of every tier (the CI suites, the nightly ones and the negative
 # controls) on every device present, with memory traces; the report rendered in headless Chromium
 # (a screenshot; fails over 2 MB or a second to open) and the traces read by PyTorch's
-# _memory_viz where they can be; then the CPU benchmarks.
+# _memory_viz where they can be; then the CPU benchmarks; then mutation testing of the code that
+# decides verdicts and state (scripts/mutants.sh: hours, so never in CI).
 #
 #   scripts/nightly.sh [--tier ci|nightly|all] [--baseline SUMMARY] [--fail-on-regression]
-#                      [--no-bench] [OUT]
+#                      [--no-bench] [--no-mutants] [OUT]
 #
 # OUT (default report/nightly) gets summary.json, index.html (+ index.png), junit.xml, memory/
-# and the logs. --baseline names last night's summary.json: what changed is at the top of the
-# report. CI runs `--tier ci --no-bench`.
+# and the logs, the mutants' in OUT/mutants. --baseline names last night's summary.json: what
+# changed is at the top of the report. CI runs `--tier ci --no-bench --no-mutants`.
 #
 # Exit status: 1 if a trial failed (or regressed, with --fail-on-regression), the report did
-# not render, torch could not read a trace, or a benchmark could not run; 2 for bad input.
+# not render, torch could not read a trace, a benchmark could not run, or a surviving mutant is
+# not explained in docs/TESTING.md; 2 for bad input.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tier=all bench=1 out=report/nightly run_args=()
+tier=all bench=1 mutants=1 out=report/nightly run_args=()
 while [[ $# -gt 0 ]]; do
     case "$1" in
     --tier) tier="$2" && shift ;;
     --baseline) run_args+=(--baseline "$2") && shift ;;
     --fail-on-regression) run_args+=(--fail-on-regression) ;;
     --no-bench) bench=0 ;;
+    --no-mutants) mutants=0 ;;
     -*)
         echo "nightly.sh: unknown option $1" >&2
         exit 2
@@ -49,6 +52,9 @@ scripts/memory_viz.sh "$out/memory" 2>&1 | tee "$out/memory_viz.log" || status=1
 
 if [[ $bench == 1 ]]; then
     scripts/bench.sh --rounds 3 2>&1 | tee "$out/bench.log" || status=1
+fi
+if [[ $mutants == 1 ]]; then
+    scripts/mutants.sh "$out/mutants" 2>&1 | tee "$out/mutants.log" || status=1
 fi
 
 echo "nightly: $([[ $status == 0 ]] && echo passed || echo FAILED); report in $out/index.html"

@@ -412,4 +412,85 @@ mod tests {
             assert_eq!(b.labels[i], b.input_ids[i] as i64 + 1);
         }
     }
+
+    /// A file of the ids `0..n` as u16.
+    fn counting_file(dir: &std::path::Path, n: u16) -> DataConfig {
+        let path = dir.join("tokens.bin");
+        let tokens: Vec<u8> = (0..n).flat_map(|t| t.to_le_bytes()).collect();
+        std::fs::write(&path, tokens).unwrap();
+        DataConfig::TokenFile {
+            path,
+            dtype: TokenDtype::U16,
+        }
+    }
+
+    #[test]
+    fn a_token_file_holds_a_sample_per_whole_window() {
+        let dir = tempfile::tempdir().unwrap();
+        // 16 tokens: one window of 8 and its next token, 7 left over.
+        let l = DataLoader::new(&counting_file(dir.path(), 16), 64, 1, 8, 0).unwrap();
+        assert_eq!(l.samples(), 1);
+    }
+
+    #[test]
+    fn an_epoch_of_a_token_file_reads_every_window_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut l = DataLoader::new(&counting_file(dir.path(), 41), 64, 5, 8, 3).unwrap();
+        let b = l.next_batch().unwrap();
+        let mut starts: Vec<u32> = b.input_ids.chunks(8).map(|row| row[0]).collect();
+        starts.sort_unstable();
+        assert_eq!(starts, [0, 8, 16, 24, 32]);
+    }
+
+    #[test]
+    fn synthetic_samples_follow_the_chain() {
+        let l = DataLoader::new(&synthetic(None), 50, 1, 64, 0).unwrap();
+        let Source::Synthetic { successors, .. } = &l.source else {
+            unreachable!()
+        };
+        let (mut transitions, mut followed) = (0, 0);
+        for index in 0..10 {
+            for pair in l.sample(index, 64).windows(2) {
+                let next = &successors[pair[0] as usize * 4..][..4];
+                transitions += 1;
+                followed += usize::from(next.contains(&pair[1]));
+            }
+        }
+        // One token in sixteen is noise (which may still hit a successor).
+        assert!(
+            followed * 100 >= transitions * 90,
+            "{followed} of {transitions} transitions follow the chain"
+        );
+    }
+
+    #[test]
+    fn synthetic_data_defaults_to_4096_samples_of_4_successors() {
+        let cfg: DataConfig = serde_json::from_str(r#"{"kind": "synthetic", "seed": 1}"#).unwrap();
+        assert_eq!(
+            cfg,
+            DataConfig::Synthetic {
+                seed: 1,
+                samples: 4096,
+                branching: 4,
+                min_len: None,
+            }
+        );
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_batch_larger_than_the_host_is_refused_before_anything_is_allocated() {
+        let available = crate::memory::host_available().unwrap();
+        // Twelve bytes a token (a u32 id and an i64 label): half the host's bytes in tokens is
+        // six times what it has; the ids alone would be twice.
+        let seq = usize::try_from(available / 2).unwrap();
+        let mut l = DataLoader::new(&synthetic(Some(1)), 50, 1, seq, 0).unwrap();
+        match l.next_batch() {
+            Err(EngineError::HostMemory { what, bytes }) => {
+                assert_eq!(what, "a batch (token ids and labels)");
+                assert_eq!(bytes, seq as u64 * 12);
+            }
+            other => panic!("{:?}", other.map(|b| b.input_ids.len())),
+        }
+    }
 }

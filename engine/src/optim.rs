@@ -215,6 +215,7 @@ pub fn clip_grad_norm<D: Device>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{CpuDevice, Tensor};
 
     #[test]
     fn schedule_warms_up_decays_and_stays_pinned_past_the_horizon() {
@@ -230,5 +231,173 @@ mod tests {
         assert!((s.lr(1.0, 10) - 0.1).abs() < 1e-12);
         assert_eq!(s.lr(1.0, 13), s.lr(1.0, 10));
         assert!(s.lr(1.0, 9) > s.lr(1.0, 10));
+        // A horizon at the warmup's end: the floor right after the peak.
+        let abrupt = Schedule::WarmupCosine {
+            warmup_steps: 3,
+            horizon: 3,
+            min_lr_ratio: 0.5,
+        };
+        assert_eq!((abrupt.lr(1.0, 2), abrupt.lr(1.0, 3)), (1.0, 0.5));
+    }
+
+    #[test]
+    fn a_constant_schedule_is_the_peak_and_a_warmup_ends_at_it() {
+        assert_eq!(Schedule::Constant.lr(0.25, 0), 0.25);
+        assert_eq!(Schedule::Constant.lr(0.25, 1000), 0.25);
+        let s = Schedule::WarmupCosine {
+            warmup_steps: 4,
+            horizon: 8,
+            min_lr_ratio: 0.0,
+        };
+        let lrs: Vec<f64> = (0..10).map(|step| s.lr(2.0, step)).collect();
+        let cosine = |x: f64| 1.0 + (std::f64::consts::PI * x).cos();
+        let want = [
+            0.5,
+            1.0,
+            1.5,
+            2.0,
+            cosine(0.0),
+            cosine(0.25),
+            cosine(0.5),
+            cosine(0.75),
+            0.0,
+            0.0,
+        ];
+        for (step, (got, want)) in lrs.iter().zip(want).enumerate() {
+            assert!((got - want).abs() < 1e-12, "step {step}: {got} vs {want}");
+        }
+    }
+
+    #[test]
+    fn adamw_defaults_to_torch_s() {
+        let cfg: AdamWConfig = serde_json::from_str(r#"{"lr": 0.5}"#).unwrap();
+        assert_eq!(
+            cfg,
+            AdamWConfig {
+                lr: 0.5,
+                betas: [0.9, 0.999],
+                eps: 1e-8,
+                weight_decay: 0.0,
+                grad_clip: None,
+            }
+        );
+    }
+
+    fn config() -> AdamWConfig {
+        AdamWConfig {
+            lr: 1e-2,
+            betas: [0.9, 0.95],
+            eps: 1e-8,
+            weight_decay: 0.1,
+            grad_clip: None,
+        }
+    }
+
+    /// The scalars of the third update: bias corrections 1 − 0.9³ = 0.271 and 1 − 0.95³ =
+    /// 0.142625.
+    #[test]
+    fn the_update_s_scalars_are_torch_s() {
+        let a = config().args(1e-2, 3);
+        let close = |got: f32, want: f64| ((got as f64 - want) / want).abs() < 1e-6;
+        assert!(close(a.decay, 0.999), "{a:?}");
+        assert!(close(a.one_minus_b1, 0.1), "{a:?}");
+        assert!(close(a.b2, 0.95), "{a:?}");
+        assert!(close(a.one_minus_b2, 0.05), "{a:?}");
+        assert!(close(a.eps, 1e-8), "{a:?}");
+        assert!(close(a.step_size, 1e-2 / 0.271), "{a:?}");
+        assert!(close(a.bc2_sqrt, 0.142625f64.sqrt()), "{a:?}");
+    }
+
+    /// A model of one layer, small enough to check every element.
+    fn tiny() -> LlamaConfig {
+        serde_json::from_str(
+            r#"{"vocab_size": 4, "hidden_size": 4, "intermediate_size": 4,
+                "num_hidden_layers": 1, "num_attention_heads": 1, "num_key_value_heads": 1}"#,
+        )
+        .unwrap()
+    }
+
+    /// Parameters or gradients of `cfg`, element `i` of every tensor `f(i)`.
+    fn filled(dev: &CpuDevice, cfg: &LlamaConfig, f: impl Fn(usize) -> f32) -> Params<Tensor<f32>> {
+        let mut p = Params::try_new(cfg, |s| dev.zeros::<f32>(&s.shape, Category::Params)).unwrap();
+        for t in p.tensors_mut() {
+            for (i, x) in t.as_mut_slice().iter_mut().enumerate() {
+                *x = f(i);
+            }
+        }
+        p
+    }
+
+    /// Elements over every tensor of `p`.
+    fn elements(p: &Params<Tensor<f32>>) -> usize {
+        p.tensors().iter().map(|t| t.as_slice().len()).sum()
+    }
+
+    #[test]
+    fn two_updates_follow_torch_s_adamw_and_count_themselves() {
+        let dev = CpuDevice::new(1, u64::MAX).unwrap();
+        let cfg = tiny();
+        let start = |i: usize| 0.5 - 0.125 * (i % 8) as f32;
+        let grad = |i: usize| 0.25 * (i % 5) as f32 - 0.5;
+        let mut p = filled(&dev, &cfg, start);
+        let g = filled(&dev, &cfg, grad);
+        let mut opt = AdamW::<CpuDevice>::new(config());
+        assert!(opt.moments().is_none());
+        for lr in [1e-2, 5e-3] {
+            opt.update(&dev, &cfg, &mut p, &g, lr).unwrap();
+        }
+        assert_eq!(opt.step_count(), 2);
+        let (b1, b2, eps, wd) = (0.9f64, 0.95f64, 1e-8, 0.1);
+        for t in p.tensors() {
+            for (i, &got) in t.as_slice().iter().enumerate() {
+                let (gi, mut x, mut m, mut v) = (grad(i) as f64, start(i) as f64, 0.0, 0.0);
+                for (step, lr) in [(1, 1e-2), (2, 5e-3)] {
+                    x *= 1.0 - lr * wd;
+                    m = b1 * m + (1.0 - b1) * gi;
+                    v = b2 * v + (1.0 - b2) * gi * gi;
+                    let (bc1, bc2) = (1.0 - b1.powi(step), 1.0 - b2.powi(step));
+                    x -= lr / bc1 * m / ((v / bc2).sqrt() + eps);
+                }
+                assert!((got as f64 - x).abs() < 1e-6, "[{i}]: {got} vs {x}");
+            }
+        }
+        let m = opt.moments().unwrap();
+        let m0 = m.exp_avg.tensors()[0].as_slice()[1] as f64;
+        let want = (0.1 * 0.9 + 0.1) * grad(1) as f64;
+        assert!((m0 - want).abs() < 1e-7, "{m0} vs {want}");
+    }
+
+    #[test]
+    fn clipping_scales_down_to_the_limit_only_above_it() {
+        let dev = CpuDevice::new(1, u64::MAX).unwrap();
+        let cfg = tiny();
+        let mut g = filled(&dev, &cfg, |_| 1.0);
+        let norm = (elements(&g) as f64).sqrt();
+        assert_eq!(
+            clip_grad_norm(&dev, &mut g, Some(norm + 1.0)).unwrap(),
+            norm
+        );
+        assert!(g
+            .tensors()
+            .iter()
+            .all(|t| t.as_slice().iter().all(|&x| x == 1.0)));
+        assert_eq!(clip_grad_norm(&dev, &mut g, None).unwrap(), norm);
+        assert_eq!(clip_grad_norm(&dev, &mut g, Some(2.0)).unwrap(), norm);
+        let clipped = grad_norm(&dev, &g).unwrap();
+        assert!((clipped - 2.0).abs() < 1e-5, "{clipped}");
+    }
+
+    /// torch's coefficient is `max / (norm + 1e-6)`: at a norm of 2e-6 and a limit of 1e-6 it
+    /// is a third.
+    #[test]
+    fn the_clipping_coefficient_adds_a_millionth_to_the_norm() {
+        let dev = CpuDevice::new(1, u64::MAX).unwrap();
+        let cfg = tiny();
+        let x = (2e-6 / (elements(&filled(&dev, &cfg, |_| 0.0)) as f64).sqrt()) as f32;
+        let mut g = filled(&dev, &cfg, |_| x);
+        let norm = clip_grad_norm(&dev, &mut g, Some(1e-6)).unwrap();
+        let clipped = grad_norm(&dev, &g).unwrap();
+        let want = norm / 3.0;
+        assert!((clipped - want).abs() < 1e-3 * want, "{clipped} vs {want}");
     }
 }

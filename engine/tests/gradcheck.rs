@@ -12,6 +12,7 @@ use ckpt_engine::model::{
 };
 use ckpt_engine::{CpuDevice, Faults, Tensor};
 use proptest::prelude::*;
+use proptest::test_runner::RngSeed;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -205,11 +206,18 @@ fn pass_output(
 /// Finite-difference step. The loss is f32, so its rounding (about 1e-6 of its size) divided by
 /// the step is the noise floor; the step is as small as that floor allows.
 const STEP: f32 = 2e-3;
-/// Tolerance `ABS + REL · max(|analytic|, |numeric|) + 2 · |Richardson correction|`. Over 400
-/// cases (29,441 coordinates) the largest error was 0.58 of this tolerance with half this `ABS`;
-/// the bugs this test is meant to catch miss it by factors of ten and more.
-const ABS: f64 = 2e-3;
-const REL: f64 = 1e-2;
+/// Tolerance `ABS + REL · max(|analytic|, |numeric|) + 2 · |Richardson correction|`, where the
+/// correction may be at most `RESOLVED` of the larger derivative (a point where the loss curves
+/// more sharply than that over the step is not resolved by finite differences, and fails).
+/// Measured over about 1,300 cases of random seeds (30,000 coordinates without dropout, 68,000
+/// with; docs/PRECISION.md): the largest error was 0.71 of this tolerance, the largest
+/// correction 0.84 of what `RESOLVED` allows, and 7 coordinates needed the correction term.
+const ABS: f64 = 1e-3;
+const REL: f64 = 5e-3;
+const RESOLVED: f64 = 0.25;
+/// The cases run: fixed, so that the test's verdict does not depend on the run
+/// (`PROPTEST_RNG_SEED` draws others).
+const SEED: u64 = 0x6772_6164;
 /// Coordinates checked per tensor: the largest analytic gradients, and a few random ones.
 const LARGEST: usize = 2;
 const RANDOM: usize = 3;
@@ -266,7 +274,14 @@ fn check_gradients(case: &Case, dropout: Option<Dropout>) -> Result<(), TestCase
                 continue;
             }
             let a = analytic[ti][i] as f64;
-            let tol = ABS + REL * a.abs().max(numeric.abs()) + 2.0 * correction;
+            let size = a.abs().max(numeric.abs());
+            prop_assert!(
+                correction <= ABS + RESOLVED * size,
+                "{}[{}]: finite differences do not resolve the loss: Richardson correction {correction:e} for a derivative of {size:e}",
+                spec.name,
+                i
+            );
+            let tol = ABS + REL * size + 2.0 * correction;
             prop_assert!(
                 (a - numeric).abs() <= tol,
                 "{}[{}]: analytic {a:e}, finite difference {numeric:e} (tolerance {tol:e})",
@@ -373,8 +388,22 @@ fn check_dropout_policies(case: &Case, dropout: Option<Dropout>) -> Result<(), T
     Ok(())
 }
 
+/// 16 cases drawn from [`SEED`], unless `PROPTEST_RNG_SEED` names another seed.
+fn config() -> ProptestConfig {
+    let default = ProptestConfig::default();
+    let rng_seed = match default.rng_seed {
+        RngSeed::Random => RngSeed::Fixed(SEED),
+        chosen => chosen,
+    };
+    ProptestConfig {
+        cases: 16,
+        rng_seed,
+        ..default
+    }
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(12))]
+    #![proptest_config(config())]
 
     /// Every parameter tensor's analytic gradient matches finite differences of the loss.
     #[test]

@@ -1,6 +1,7 @@
-//! The process's peak resident host memory. On Linux the peak (`VmHWM` in `/proc/self/status`)
-//! can be reset by writing `5` to `/proc/self/clear_refs` where the kernel permits it; elsewhere,
-//! or without permission, the peak covers the whole process so far.
+//! The process's resident host memory: its current size (`VmRSS` in `/proc/self/status`) and its
+//! peak (`VmHWM`). On Linux the peak can be reset to the current size by writing `5` to
+//! `/proc/self/clear_refs` where the kernel permits it; elsewhere, or without permission, the
+//! peak covers the whole process so far.
 
 /// Resets the peak to the current resident size; whether that was permitted.
 pub fn reset_peak() -> bool {
@@ -9,12 +10,22 @@ pub fn reset_peak() -> bool {
 
 /// The peak resident bytes, where the platform reports them.
 pub fn peak() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    parse_vm_hwm(&status)
+    status_bytes("VmHWM:")
 }
 
-fn parse_vm_hwm(status: &str) -> Option<u64> {
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+/// The resident bytes now, where the platform reports them.
+pub fn current() -> Option<u64> {
+    status_bytes("VmRSS:")
+}
+
+fn status_bytes(key: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    parse_kib(&status, key)
+}
+
+/// The figure of the `/proc/self/status` line starting with `key`, in bytes.
+fn parse_kib(status: &str, key: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with(key))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
 }
@@ -24,18 +35,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn reads_vm_hwm_in_bytes() {
+    fn reads_vm_hwm_and_vm_rss_in_bytes() {
         let status = "Name:\tx\nVmPeak:\t  2000 kB\nVmHWM:\t   1536 kB\nVmRSS:\t 1000 kB\n";
-        assert_eq!(parse_vm_hwm(status), Some(1536 * 1024));
-        assert_eq!(parse_vm_hwm("Name:\tx\n"), None);
+        assert_eq!(parse_kib(status, "VmHWM:"), Some(1536 * 1024));
+        assert_eq!(parse_kib(status, "VmRSS:"), Some(1000 * 1024));
+        assert_eq!(parse_kib("Name:\tx\n", "VmHWM:"), None);
     }
 
     #[cfg(target_os = "linux")]
     #[test]
-    fn the_peak_is_at_least_a_touched_buffer() {
+    fn the_peak_and_the_current_size_hold_a_touched_buffer() {
         let before = peak().unwrap();
         let buf = vec![1u8; 64 << 20];
         std::hint::black_box(&buf);
         assert!(peak().unwrap() >= before.max(64 << 20), "{:?}", peak());
+        assert!(current().unwrap() >= 64 << 20, "{:?}", current());
     }
 }

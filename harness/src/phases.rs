@@ -107,10 +107,21 @@ pub struct Window {
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct HostMemory {
+    /// Resident bytes (`VmRSS`) at the phase's start, when the platform reports them.
+    pub start_rss: Option<u64>,
     /// Peak resident bytes (`VmHWM`), when the platform reports it.
     pub peak_rss: Option<u64>,
     /// Whether the peak was reset at the phase's start; if not, it covers the process so far.
     pub reset: bool,
+}
+
+impl HostMemory {
+    /// The resident bytes the phase added at its peak: the peak above the phase's start, when
+    /// the platform reports both (the whole peak where the start is unknown).
+    pub fn growth(&self) -> Option<u64> {
+        let peak = self.peak_rss?;
+        Some(peak.saturating_sub(self.start_rss.unwrap_or(0)))
+    }
 }
 
 /// One phase as observed.
@@ -183,6 +194,25 @@ pub struct PredictedStep {
     pub at_peak: Breakdown,
 }
 
+/// A phase as the suite plans it: the trainer is built (fresh, or from the checkpoint of step
+/// `from`) and trains the steps `from..end`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlannedPhase {
+    /// Which phase.
+    pub phase: Phase,
+    /// The first step it trains (the checkpoint it resumes from, 0 for the reference).
+    pub from: u64,
+    /// The step it stops before.
+    pub end: u64,
+}
+
+impl PlannedPhase {
+    /// The steps it trains.
+    pub fn steps(&self) -> u64 {
+        self.end.saturating_sub(self.from)
+    }
+}
+
 /// Everything a trial observed; checks read only this.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(default)]
@@ -211,6 +241,8 @@ pub struct RunRecord {
     pub budget: Option<u64>,
     /// The per-phase host memory budget in bytes, if the suite sets one.
     pub rss_budget: Option<u64>,
+    /// The phases the suite implies, in order: what a complete record holds.
+    pub planned: Vec<PlannedPhase>,
     /// The phases in order.
     pub phases: Vec<PhaseRecord>,
 }
@@ -234,6 +266,21 @@ impl RunRecord {
             Some((from, long)) if step >= *from => &long[moments],
             _ => &self.predicted[moments],
         }
+    }
+
+    /// Whether an out-of-memory error ended a phase early (and the later phases never ran).
+    pub fn ended_early(&self) -> bool {
+        self.phases.iter().any(|p| p.oom.is_some())
+    }
+
+    /// The planned phases that resume from a checkpoint.
+    pub fn planned_resumes(&self) -> impl Iterator<Item = &PlannedPhase> {
+        self.planned.iter().filter(|p| p.phase != Phase::Reference)
+    }
+
+    /// The steps every planned phase trains, added up.
+    pub fn planned_steps(&self) -> u64 {
+        self.planned.iter().map(PlannedPhase::steps).sum()
     }
 }
 
@@ -386,6 +433,13 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
             (Phase::ResumeMid, Some(suite.resume_from())),
             (Phase::ResumeEnd, Some(suite.max_steps())),
         ];
+        let planned = plan
+            .map(|(phase, from)| PlannedPhase {
+                phase,
+                from: from.unwrap_or(0),
+                end,
+            })
+            .to_vec();
         let mut reference_digests: BTreeMap<u64, StateDigest> = BTreeMap::new();
         let mut phases = Vec::new();
         for (phase, from) in plan {
@@ -397,6 +451,7 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
                 ..PhaseRecord::default()
             };
             let host_reset = host_memory::reset_peak();
+            let start_rss = host_memory::current();
             let oom_before = tracker.stats().oom_count;
             tracker.reset_peak();
             let built = match from {
@@ -463,6 +518,7 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
             }
             record.after = tracker.stats().current;
             record.host = HostMemory {
+                start_rss,
                 peak_rss: host_memory::peak(),
                 reset: host_reset,
             };
@@ -487,6 +543,7 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
             capacity: tracker.capacity(),
             budget: suite.budget().map(|b| b.bytes(tracker.capacity())),
             rss_budget: suite.file.memory.rss_budget,
+            planned,
             phases,
         })
     }

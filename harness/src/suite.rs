@@ -223,8 +223,8 @@ pub struct MemorySpec {
     /// Every step's peak, and checkpoint loading's, must stay at or under this.
     #[serde(default)]
     pub budget: Option<Spanned<Budget>>,
-    /// The process's peak resident host memory in each phase must stay at or under this many
-    /// bytes.
+    /// The resident host bytes each phase may add: its peak above the resident bytes at its
+    /// start must stay at or under this many bytes.
     #[serde(default)]
     pub rss_budget: Option<u64>,
 }

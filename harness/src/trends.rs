@@ -386,7 +386,7 @@ mod tests {
             verdict: String::new(),
             checks: Check::ALL
                 .iter()
-                .map(|&c| Outcome::new(c, 1, Vec::new()))
+                .map(|&c| Outcome::new(c, &record, 1, 1, Vec::new()))
                 .collect(),
             seconds: 1.0,
             record,
@@ -414,6 +414,8 @@ mod tests {
         let r = t.record.clone();
         t.checks[4] = Outcome::new(
             Check::NoLeak,
+            &r,
+            9,
             9,
             vec![Failure::new(Check::NoLeak, &r, "held").saw(1, 2)],
         );
@@ -435,6 +437,8 @@ mod tests {
         t.expect_fail = vec![Check::NoLeak];
         t.checks[4] = Outcome::new(
             Check::NoLeak,
+            &t.record,
+            9,
             9,
             vec![Failure::new(Check::NoLeak, &t.record, "held")],
         );
@@ -445,7 +449,7 @@ mod tests {
     fn checks_and_trials_newly_skipped_are_regressions() {
         let old = summary(vec![trial("cpu::a"), trial("cuda::a")]);
         let mut t = trial("cpu::a");
-        t.checks[0] = Outcome::new(Check::LossContinuity, 0, Vec::new());
+        t.checks[0] = Outcome::new(Check::LossContinuity, &t.record, 0, 0, Vec::new());
         let mut now = summary(vec![t]);
         now.skipped.push(Skipped {
             name: "cuda::a".into(),

@@ -45,8 +45,19 @@ fn request(family: &str, precision: Precision, out: &Path, threads: usize) -> Ev
     }
 }
 
-/// ‖a − b‖ / ‖b‖ for every tensor of `expected`, keyed by name.
-fn relative_errors(family: &str, ours: &Path) -> Vec<(String, f64)> {
+/// One tensor of ours against PyTorch's.
+struct Compared {
+    /// The tensor's name in `expected.safetensors`.
+    name: String,
+    /// ‖ours − expected‖ / ‖expected‖.
+    relative: f64,
+    /// ⟨ours, expected⟩ / ‖expected‖²: how far ours is scaled along PyTorch's (1 when
+    /// equal; rounding noise leaves it near 1, a scaled gradient moves it by its factor).
+    scale: f64,
+}
+
+/// Every tensor of `expected` against ours, by name.
+fn relative_errors(family: &str, ours: &Path) -> Vec<Compared> {
     let exp_path = oracle_dir(family).join("expected.safetensors");
     let exp_bytes = std::fs::read(&exp_path).unwrap();
     let exp = weights::parse_safetensors(&exp_path, &exp_bytes).unwrap();
@@ -55,6 +66,9 @@ fn relative_errors(family: &str, ours: &Path) -> Vec<(String, f64)> {
     let mut names = exp.names();
     names.sort();
     assert!(!names.is_empty());
+    let mut ours_names = got.names();
+    ours_names.sort();
+    assert_eq!(ours_names, names, "the tensors written against PyTorch's");
     names
         .into_iter()
         .map(|name| {
@@ -73,7 +87,12 @@ fn relative_errors(family: &str, ours: &Path) -> Vec<(String, f64)> {
                 .map(|(a, b)| ((a - b) as f64).powi(2))
                 .sum();
             let norm: f64 = e.iter().map(|a| (*a as f64).powi(2)).sum();
-            (name.to_string(), (diff / norm).sqrt())
+            let along: f64 = e.iter().zip(&g).map(|(a, b)| *a as f64 * *b as f64).sum();
+            Compared {
+                name: name.to_string(),
+                relative: (diff / norm).sqrt(),
+                scale: along / norm,
+            }
         })
         .collect()
 }
@@ -87,9 +106,9 @@ fn fp32_matches_pytorch(family: &str) -> Vec<String> {
     let e = expected_json(family);
     let loss64 = e["loss_f64"].as_f64().unwrap();
     let rel = ((report.loss as f64 - loss64) / loss64).abs();
-    eprintln!("fp32 loss relative error {rel:e}");
+    eprintln!("{family} fp32 loss relative error {rel:e}");
     assert!(
-        rel <= 1e-5,
+        rel <= FP32_LOSS_TOL,
         "loss {} vs {loss64}: relative error {rel:e}",
         report.loss
     );
@@ -99,18 +118,30 @@ fn fp32_matches_pytorch(family: &str) -> Vec<String> {
         .iter()
         .map(|x| x.as_f64().unwrap())
         .collect();
-    for (got, want) in report.losses.unwrap().iter().zip(&want) {
-        assert!(
-            ((*got as f64 - want) / want).abs() <= 1e-5,
-            "AdamW loss {got} vs {want}"
-        );
+    let losses = report.losses.unwrap();
+    assert_eq!(
+        losses.len(),
+        want.len(),
+        "losses before each AdamW step: {losses:?} against PyTorch's {want:?}"
+    );
+    assert!(!want.is_empty());
+    for (got, want) in losses.iter().zip(&want) {
+        let rel = ((*got as f64 - want) / want).abs();
+        eprintln!("{family} fp32 AdamW-step loss relative error {rel:e}");
+        assert!(rel <= FP32_ADAMW_LOSS_TOL, "AdamW loss {got} vs {want}");
     }
     let errors = relative_errors(family, &out);
-    for (name, err) in &errors {
+    for c in &errors {
+        let (name, err) = (&c.name, c.relative);
         eprintln!("{family} fp32 {name}: {err:e}");
-        assert!(*err <= 1e-4, "{name}: relative L2 error {err:e} > 1e-4");
+        let tol = if name.starts_with("grad.") {
+            FP32_GRAD_TOL
+        } else {
+            FP32_PARAM_TOL
+        };
+        assert!(err <= tol, "{name}: relative L2 error {err:e} > {tol:e}");
     }
-    errors.into_iter().map(|(name, _)| name).collect()
+    errors.into_iter().map(|c| c.name).collect()
 }
 
 #[test]
@@ -189,7 +220,9 @@ fn mixtral_fp32_matches_pytorch() {
 }
 
 /// bf16-mixed rounds weights and activations to 8 mantissa bits; docs/PRECISION.md records the
-/// measured errors these bounds are set from.
+/// measured errors these bounds are set from. Rounding noise is unbiased, so each gradient's scale
+/// along PyTorch's stays near 1 where its relative error does not: the scale catches a gradient
+/// off by a few percent, and the test shows that one 5% too large fails.
 #[test]
 fn bf16_mixed_stays_within_the_documented_tolerance() {
     let dir = tempfile::tempdir().unwrap();
@@ -199,29 +232,74 @@ fn bf16_mixed_stays_within_the_documented_tolerance() {
     let rel = ((report.loss as f64 - loss64) / loss64).abs();
     eprintln!("bf16-mixed loss relative error {rel:e}");
     let errors = relative_errors(LLAMA, &out);
-    for (name, err) in &errors {
-        eprintln!("bf16-mixed {name}: {err:e}");
+    for c in &errors {
+        eprintln!(
+            "bf16-mixed {}: {:e}, scale 1 {:+e}",
+            c.name,
+            c.relative,
+            c.scale - 1.0
+        );
     }
     assert!(
         rel <= BF16_LOSS_TOL,
         "loss relative error {rel:e} > {BF16_LOSS_TOL:e}"
     );
-    for (name, err) in errors {
-        let tol = if name.starts_with("grad.") {
-            BF16_GRAD_TOL
-        } else {
-            BF16_PARAM_TOL
-        };
-        assert!(err <= tol, "{name}: relative L2 error {err:e} > {tol:e}");
+    for Compared {
+        name,
+        relative,
+        scale,
+    } in errors
+    {
+        if !name.starts_with("grad.") {
+            assert!(
+                relative <= BF16_PARAM_TOL,
+                "{name}: relative L2 error {relative:e} > {BF16_PARAM_TOL:e}"
+            );
+            continue;
+        }
+        assert!(
+            relative <= BF16_GRAD_TOL,
+            "{name}: relative L2 error {relative:e} > {BF16_GRAD_TOL:e}"
+        );
+        assert!(
+            (scale - 1.0).abs() <= BF16_GRAD_SCALE_TOL,
+            "{name}: scaled by {scale} against PyTorch's"
+        );
+        assert!(
+            (scale * 1.05 - 1.0).abs() > BF16_GRAD_SCALE_TOL,
+            "{name}: 5% more would pass"
+        );
     }
 }
 
-/// Measured 8.8e-4.
+// The limits below, and the measurements they are set from (docs/PRECISION.md), on the 2-core
+// development machine; the figures do not depend on the thread count.
+
+/// Relative error of the fp32 loss. Measured at most 7.5e-8 (Phi-3; Llama 2.2e-8, Mistral 2.0e-8,
+/// Qwen2 2.1e-9, Qwen3 3.9e-9): about one f32 rounding of the loss (8.7e-8 relative); the limit
+/// is about 6 roundings.
+const FP32_LOSS_TOL: f64 = 5e-7;
+/// Relative error of the fp32 losses before each of the 3 AdamW steps, which grows with the
+/// updates. Measured at most 2.3e-6 (Mistral; the others 3.4e-7 to 7.8e-7), at the third step.
+const FP32_ADAMW_LOSS_TOL: f64 = 1e-5;
+/// Relative L2 error of an fp32 gradient. Measured at most 2.3e-6 (Qwen2,
+/// `layers.0.input_layernorm`; Llama 2.2e-6, `layers.0.self_attn.k_proj`).
+const FP32_GRAD_TOL: f64 = 1e-5;
+/// Relative L2 error of an fp32 parameter after 3 AdamW steps. Measured at most 1.5e-5 (Qwen2,
+/// `layers.1.self_attn.k_proj.bias`) and 1.3e-5 (Qwen3, `layers.0.mlp.gate_proj`): AdamW
+/// divides by the root of small second moments, which magnifies the gradients' rounding.
+const FP32_PARAM_TOL: f64 = 5e-5;
+/// Relative error of the bf16-mixed loss. Measured 8.8e-4.
 const BF16_LOSS_TOL: f64 = 2e-3;
-/// Measured at most 4.8e-2 (an RMSNorm weight's gradient).
-const BF16_GRAD_TOL: f64 = 1e-1;
-/// Measured at most 1.7e-2.
-const BF16_PARAM_TOL: f64 = 5e-2;
+/// Relative L2 error of a bf16-mixed gradient. Measured at most 4.8e-2
+/// (`layers.1.input_layernorm`).
+const BF16_GRAD_TOL: f64 = 7.5e-2;
+/// How far a bf16-mixed gradient's scale along PyTorch's may be from 1. Measured at most 1.2e-2
+/// (`layers.0.self_attn.q_proj`).
+const BF16_GRAD_SCALE_TOL: f64 = 2.5e-2;
+/// Relative L2 error of a bf16-mixed parameter after 3 AdamW steps. Measured at most 1.7e-2
+/// (`layers.1.self_attn.q_proj`).
+const BF16_PARAM_TOL: f64 = 3e-2;
 
 #[test]
 fn bad_inputs_are_one_line_errors() {

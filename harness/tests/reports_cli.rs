@@ -2,6 +2,8 @@
 //! `run --memory-trace` writes PyTorch snapshots that read back, `diff` and `run --baseline` say
 //! what changed, and `report merge` puts a run split over machines back together.
 
+// Each test binary uses part of what the tests share.
+#[allow(dead_code)]
 mod common;
 
 use common::{first_difference, without_timings};

@@ -14,6 +14,8 @@
 //! way `cargo nextest run --partition count:K/2` splits this binary and checks that `report merge`
 //! of the two halves is the summary `ckpt-harness run` writes for the same suites.
 
+// Each test binary uses part of what the tests share.
+#[allow(dead_code)]
 mod common;
 
 use anyhow::{ensure, Context};

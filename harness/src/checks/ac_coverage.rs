@@ -25,9 +25,15 @@ pub fn check(r: &RunRecord) -> Outcome {
                 .detail("checkpointing is configured but not applied to every block")
         })
         .collect();
-    Outcome::new(Check::AcCoverage, steps.len() as u64, out)
-        .with("checkpointing", true)
-        .with("layers", r.layers)
+    Outcome::new(
+        Check::AcCoverage,
+        r,
+        steps.len() as u64,
+        r.planned_steps(),
+        out,
+    )
+    .with("checkpointing", true)
+    .with("layers", r.layers)
 }
 
 #[cfg(test)]

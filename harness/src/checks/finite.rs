@@ -44,7 +44,8 @@ pub fn check(r: &RunRecord) -> Outcome {
             );
         }
     }
-    Outcome::new(Check::Finite, compared, out).with("non_finite_steps", bad_steps)
+    Outcome::new(Check::Finite, r, compared, r.planned_steps(), out)
+        .with("non_finite_steps", bad_steps)
 }
 
 #[cfg(test)]
@@ -63,6 +64,7 @@ mod tests {
         let o = check(&r);
         assert_eq!(o.failures.len(), 1);
         assert_eq!(o.compared, 12);
+        assert_eq!(o.figures["non_finite_steps"], serde_json::json!(3));
         let m = o.failures[0].to_string();
         assert!(
             m.starts_with("finite: cpu::s reference step 3: grad_norm: expected a finite number, got NaN; 3 of the phase's 6 steps"),

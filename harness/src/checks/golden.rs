@@ -178,7 +178,10 @@ pub fn check(r: &RunRecord, golden: &GoldenInput) -> Outcome {
         }
     };
     let compared = r.reference().map_or(0, |p| p.steps.len() as u64);
-    Outcome::new(Check::Golden, compared, failures).with("snapshot", golden.file.clone())
+    let implied = r.planned.iter().find(|p| p.phase == Phase::Reference);
+    let implied = implied.map_or(0, |p| p.steps());
+    Outcome::new(Check::Golden, r, compared, implied, failures)
+        .with("snapshot", golden.file.clone())
 }
 
 #[cfg(test)]
@@ -243,5 +246,24 @@ mod tests {
         let g = load(dir.path(), "cpu", "s").unwrap();
         let o = check(&fixtures::run(), &g);
         assert!(o.failures[0].to_string().contains("--bless"));
+    }
+
+    #[test]
+    fn the_golden_directory_is_the_nearest_above_the_suite_or_beside_its_directory() {
+        let tmp = tempfile::tempdir().unwrap();
+        let base = tmp.path().canonicalize().unwrap();
+        std::fs::create_dir_all(base.join("suites/faults")).unwrap();
+        let (top, control) = (
+            base.join("suites/x.yaml"),
+            base.join("suites/faults/y.yaml"),
+        );
+        std::fs::write(&top, "").unwrap();
+        std::fs::write(&control, "").unwrap();
+        // No golden/ above either: beside suites/, the controls' faults/ skipped.
+        assert_eq!(dir_for(&top), base.join("golden"));
+        assert_eq!(dir_for(&control), base.join("golden"));
+        std::fs::create_dir(base.join("suites/golden")).unwrap();
+        assert_eq!(dir_for(&top), base.join("suites/golden"));
+        assert_eq!(dir_for(&control), base.join("suites/golden"));
     }
 }

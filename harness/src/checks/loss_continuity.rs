@@ -30,7 +30,7 @@ pub fn check(r: &RunRecord, c: Continuity) -> Outcome {
     let Some(reference) = r.reference() else {
         let f = Failure::new(Check::LossContinuity, r, "the reference phase")
             .saw("recorded", "missing");
-        return Outcome::new(Check::LossContinuity, 0, vec![f]);
+        return Outcome::new(Check::LossContinuity, r, 0, 0, vec![f]);
     };
     let mut out = Vec::new();
     let mut compared = 0u64;
@@ -74,7 +74,8 @@ pub fn check(r: &RunRecord, c: Continuity) -> Outcome {
             }
         }
     }
-    Outcome::new(Check::LossContinuity, compared, out)
+    let implied = r.planned_resumes().map(|p| p.steps()).sum();
+    Outcome::new(Check::LossContinuity, r, compared, implied, out)
         .with(
             "mode",
             match c {
@@ -114,6 +115,13 @@ mod tests {
     }
 
     #[test]
+    fn the_largest_loss_difference_is_reported() {
+        let want = fixtures::step(2).loss;
+        let o = check(&with_resumed_loss(want + 0.25), Continuity::Bitwise);
+        assert_eq!(o.figures["max_loss_diff"], serde_json::json!(0.25));
+    }
+
+    #[test]
     fn a_restarted_schedule_fails() {
         let mut r = fixtures::run();
         for (i, s) in r.phases[2].steps.iter_mut().enumerate() {
@@ -126,6 +134,36 @@ mod tests {
             "{:?}",
             o.failures
         );
+    }
+
+    #[test]
+    fn a_changed_gradient_norm_fails_bitwise_and_beyond_a_tolerance() {
+        let mut r = fixtures::run();
+        let want = r.phases[2].steps[1].grad_norm;
+        r.phases[2].steps[1].grad_norm = f64::from_bits(want.to_bits() + 1);
+        let o = check(&r, Continuity::Bitwise);
+        assert_eq!(o.failures.len(), 1, "{:?}", o.failures);
+        let m = o.failures[0].to_string();
+        assert!(
+            m.starts_with(
+                "loss_continuity: cpu::s resume-end step 5: grad_norm: expected 1.5e0 bit for bit"
+            ),
+            "{m}"
+        );
+        assert!(!check(&r, Continuity::Within(Tolerance::TIGHT)).failed());
+        r.phases[2].steps[1].grad_norm = want * (1.0 + 1e-5);
+        let o = check(&r, Continuity::Within(Tolerance::TIGHT));
+        assert_eq!(o.failures.len(), 1, "{:?}", o.failures);
+        assert_eq!(o.failures[0].what, "grad_norm");
+    }
+
+    #[test]
+    fn a_changed_learning_rate_fails_within_a_tolerance() {
+        let mut r = fixtures::run();
+        r.phases[1].steps[0].lr *= 1.0 + 1e-4;
+        let o = check(&r, Continuity::Within(Tolerance::TIGHT));
+        assert_eq!(o.failures.len(), 1, "{:?}", o.failures);
+        assert_eq!(o.failures[0].what, "lr");
     }
 
     #[test]

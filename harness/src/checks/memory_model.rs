@@ -54,6 +54,7 @@ pub fn check(r: &RunRecord) -> Outcome {
                 (None, Some((from, long))) if s.step >= *from => long,
                 _ => &r.predicted,
             };
+            compared += 1;
             let Some(want) = table.iter().find(|w| w.start == start) else {
                 out.push(
                     fail("bytes held when the step began")
@@ -72,7 +73,6 @@ pub fn check(r: &RunRecord) -> Outcome {
                 );
                 continue;
             };
-            compared += 1;
             let own = s.memory.allocated.peak.saturating_sub(base);
             max_diff = max_diff.max(own.abs_diff(want.peak));
             if own.abs_diff(want.peak) > tolerance(r, want.peak) {
@@ -88,7 +88,8 @@ pub fn check(r: &RunRecord) -> Outcome {
             }
         }
     }
-    Outcome::new(Check::MemoryModel, compared, out).with("max_diff_bytes", max_diff)
+    let implied = r.planned_resumes().count() as u64 + r.planned_steps();
+    Outcome::new(Check::MemoryModel, r, compared, implied, out).with("max_diff_bytes", max_diff)
 }
 
 #[cfg(test)]
@@ -126,6 +127,31 @@ mod tests {
             "{}",
             o.failures[0]
         );
+    }
+
+    /// From the long batches' first step on, steps are compared with the long rows' predictions.
+    #[test]
+    fn long_steps_are_compared_with_the_long_predictions() {
+        let mut r = fixtures::run();
+        let mut long = r.predicted.clone();
+        for p in &mut long {
+            p.peak += 2048;
+            p.at_peak.activations += 2048;
+        }
+        r.predicted_long = Some((4, long));
+        for s in r.phases.iter_mut().flat_map(|p| &mut p.steps) {
+            if s.step >= 4 {
+                s.memory.allocated.peak += 2048;
+                s.memory.at_peak.activations += 2048;
+            }
+        }
+        let o = check(&r);
+        assert!(o.failures.is_empty(), "{:?}", o.failures);
+        assert_eq!(o.compared, o.implied);
+        r.phases[0].steps[3].memory.allocated.peak += 2048;
+        let o = check(&r);
+        assert_eq!(o.failures.len(), 1);
+        assert_eq!(o.failures[0].step, Some(3));
     }
 
     #[test]

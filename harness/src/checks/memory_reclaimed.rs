@@ -24,7 +24,8 @@ pub fn check(r: &RunRecord) -> Outcome {
                 ))
         })
         .collect();
-    Outcome::new(Check::MemoryReclaimed, r.phases.len() as u64, out).with("max_bytes_left", worst)
+    let (compared, implied) = (r.phases.len() as u64, r.planned.len() as u64);
+    Outcome::new(Check::MemoryReclaimed, r, compared, implied, out).with("max_bytes_left", worst)
 }
 
 #[cfg(test)]

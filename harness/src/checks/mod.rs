@@ -191,6 +191,8 @@ pub struct Outcome {
     pub status: Status,
     /// How many things it compared (steps, resume points, phases, ...; see each check).
     pub compared: u64,
+    /// How many a complete record of the suite holds: fewer compared is not a pass.
+    pub implied: u64,
     /// What it measured, by name.
     pub figures: BTreeMap<String, serde_json::Value>,
     /// What it found wrong.
@@ -198,12 +200,28 @@ pub struct Outcome {
 }
 
 impl Outcome {
-    /// The verdict of `check` given how many things it compared and its failures: failed with
-    /// any failure, not run when it compared nothing, passed otherwise.
-    pub fn new(check: Check, compared: u64, failures: Vec<Failure>) -> Self {
+    /// The verdict of `check` over `r`, having compared `compared` of the `implied` things a
+    /// complete record of the suite holds: failed with any failure; below `implied`, not run
+    /// when an out-of-memory error ended the run early, and failed otherwise (the record lacks
+    /// what the suite's phases should have produced); not run when it compared nothing; passed
+    /// otherwise.
+    pub fn new(
+        check: Check,
+        r: &RunRecord,
+        compared: u64,
+        implied: u64,
+        mut failures: Vec<Failure>,
+    ) -> Self {
+        if compared < implied && !r.ended_early() {
+            failures.push(
+                Failure::new(check, r, "comparisons")
+                    .saw(format!("{implied}, as the suite's phases imply"), compared)
+                    .detail("the record lacks steps or phases the suite plans, and no out-of-memory error ended it"),
+            );
+        }
         let status = if !failures.is_empty() {
             Status::Failed
-        } else if compared == 0 {
+        } else if compared == 0 || compared < implied {
             Status::NotRun
         } else {
             Status::Passed
@@ -212,6 +230,7 @@ impl Outcome {
             check,
             status,
             compared,
+            implied,
             figures: BTreeMap::new(),
             failures,
         }
@@ -232,6 +251,7 @@ impl Outcome {
             check,
             status: Status::Off,
             compared: 0,
+            implied: 0,
             figures: BTreeMap::new(),
             failures: Vec::new(),
         }
@@ -339,7 +359,9 @@ pub fn bytes(n: u64) -> String {
 pub(crate) mod fixtures {
     //! Hand-made records: a faithful run that every check passes.
 
-    use crate::phases::{Oom, Phase, PhaseRecord, PredictedStep, RunRecord, StepRecord, Window};
+    use crate::phases::{
+        Oom, Phase, PhaseRecord, PlannedPhase, PredictedStep, RunRecord, StepRecord, Window,
+    };
     use ckpt_engine::checkpoint::state::RngState;
     use ckpt_engine::data::LoaderState;
     use ckpt_engine::memory::{Breakdown, MemoryStats, Usage};
@@ -468,6 +490,17 @@ pub(crate) mod fixtures {
             capacity: u64::MAX,
             budget: None,
             rss_budget: None,
+            planned: [
+                (Phase::Reference, 0),
+                (Phase::ResumeMid, 2),
+                (Phase::ResumeEnd, 4),
+            ]
+            .map(|(phase, from)| PlannedPhase {
+                phase,
+                from,
+                end: 6,
+            })
+            .to_vec(),
             phases: vec![
                 phase(Phase::Reference, 0, 6),
                 phase(Phase::ResumeMid, 2, 6),
@@ -501,52 +534,84 @@ mod tests {
     }
 
     #[test]
-    fn every_check_says_how_much_it_compared() {
-        let compared: Vec<(Check, u64)> = outcomes(&fixtures::run())
+    fn every_check_says_how_much_it_compared_of_what_the_suite_implies() {
+        let compared: Vec<(Check, u64, u64)> = outcomes(&fixtures::run())
             .iter()
-            .map(|o| (o.check, o.compared))
+            .map(|o| (o.check, o.compared, o.implied))
             .collect();
         use Check::*;
         assert_eq!(
             compared,
             [
-                (LossContinuity, 6),
-                (StateDigest, 2),
-                (MemoryReclaimed, 3),
-                (PeakBudget, 0),
-                (NoLeak, 9),
-                (AcCoverage, 12),
-                (MemoryModel, 14),
-                (OomFree, 15),
-                (Golden, 6),
-                (Finite, 12),
+                (LossContinuity, 6, 6),
+                (StateDigest, 2, 2),
+                (MemoryReclaimed, 3, 3),
+                (PeakBudget, 0, 0),
+                (NoLeak, 9, 9),
+                (AcCoverage, 12, 12),
+                (MemoryModel, 14, 14),
+                (OomFree, 15, 15),
+                (Golden, 6, 6),
+                (Finite, 12, 12),
             ]
         );
     }
 
+    /// The statuses of every check over `r`, in report order.
+    fn statuses(r: &RunRecord) -> Vec<(Check, Status)> {
+        outcomes(r).iter().map(|o| (o.check, o.status)).collect()
+    }
+
     #[test]
-    fn checks_left_with_nothing_to_compare_after_an_out_of_memory_did_not_run() {
+    fn a_record_short_of_what_the_suite_implies_fails_every_check_that_counts_it() {
+        use Check::*;
+        use Status::*;
+        let mut lost_step = fixtures::run();
+        lost_step.phases[2].steps.pop();
+        let mut lost_phase = fixtures::run();
+        lost_phase.phases.pop();
+        for (r, passing) in [
+            (lost_step, [StateDigest, MemoryReclaimed, Golden].as_slice()),
+            (lost_phase, [Golden].as_slice()),
+        ] {
+            for (check, status) in statuses(&r) {
+                let want = if check == PeakBudget || passing.contains(&check) {
+                    Passed
+                } else {
+                    Failed
+                };
+                assert_eq!(status, want, "{check}");
+            }
+            let o = loss_continuity::check(&r, Continuity::Bitwise);
+            let f = o.failures.last().unwrap().to_string();
+            assert!(
+                f.starts_with("loss_continuity: cpu::s: comparisons: expected 6, as the suite's phases imply, got "),
+                "{f}"
+            );
+        }
+    }
+
+    #[test]
+    fn checks_left_short_by_an_out_of_memory_did_not_run() {
         let mut r = fixtures::run();
         r.phases.truncate(1);
         r.phases[0].steps.truncate(1);
         r.phases[0].oom = Some(fixtures::oom(Some(1), 4000, 1000));
-        let status: Vec<(Check, Status)> =
-            outcomes(&r).iter().map(|o| (o.check, o.status)).collect();
         use Check::*;
         use Status::*;
         assert_eq!(
-            status,
+            statuses(&r),
             [
                 (LossContinuity, NotRun),
                 (StateDigest, NotRun),
-                (MemoryReclaimed, Passed),
+                (MemoryReclaimed, NotRun),
                 (PeakBudget, Passed),
                 (NoLeak, NotRun),
-                (AcCoverage, Passed),
-                (MemoryModel, Passed),
+                (AcCoverage, NotRun),
+                (MemoryModel, NotRun),
                 (OomFree, Failed),
-                (Golden, Passed),
-                (Finite, Passed),
+                (Golden, NotRun),
+                (Finite, NotRun),
             ]
         );
     }
@@ -584,5 +649,32 @@ mod tests {
             f.to_string(),
             "no_leak: cpu::s resume-mid step 3: allocated at the step's end: expected 1, got 2; why"
         );
+    }
+
+    #[test]
+    fn an_outcome_says_whether_it_failed_or_did_not_run() {
+        let r = fixtures::run();
+        let passed = Outcome::new(Check::Finite, &r, 12, 12, Vec::new());
+        assert_eq!(
+            (passed.status, passed.failed(), passed.not_run()),
+            (Status::Passed, false, false)
+        );
+        let nothing = Outcome::new(Check::Finite, &r, 0, 0, Vec::new());
+        assert_eq!(
+            (nothing.status, nothing.failed(), nothing.not_run()),
+            (Status::NotRun, false, true)
+        );
+        let short = Outcome::new(Check::Finite, &r, 11, 12, Vec::new());
+        assert_eq!(
+            (short.status, short.failed(), short.not_run()),
+            (Status::Failed, true, false)
+        );
+        assert!(!Outcome::off(Check::Finite).not_run());
+    }
+
+    #[test]
+    fn byte_counts_from_a_kibibyte_on_carry_the_exact_figure() {
+        assert_eq!(bytes(1023), "1023 B");
+        assert_eq!(bytes(1024), "1.0 KiB (1024 bytes)");
     }
 }

@@ -38,7 +38,8 @@ pub fn check(r: &RunRecord) -> Outcome {
             );
         }
     }
-    Outcome::new(Check::NoLeak, compared, out).with("max_growth", growth)
+    let implied = r.planned.iter().map(|p| p.steps().saturating_sub(1)).sum();
+    Outcome::new(Check::NoLeak, r, compared, implied, out).with("max_growth", growth)
 }
 
 #[cfg(test)]

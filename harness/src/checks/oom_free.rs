@@ -31,7 +31,8 @@ pub fn check(r: &RunRecord) -> Outcome {
         }
     }
     let compared = r.phases.iter().map(|p| 1 + p.steps.len() as u64).sum();
-    Outcome::new(Check::OomFree, compared, out).with("oom_count", refused)
+    let implied = r.planned.len() as u64 + r.planned_steps();
+    Outcome::new(Check::OomFree, r, compared, implied, out).with("oom_count", refused)
 }
 
 #[cfg(test)]

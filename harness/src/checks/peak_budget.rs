@@ -1,6 +1,7 @@
 //! `peak_budget`: every step's peak in every phase, and the peak of building each trainer
-//! (checkpoint loading included), at or under `memory.budget`; each phase's peak resident host
-//! memory at or under `memory.rss_budget`.
+//! (checkpoint loading included), at or under `memory.budget`; the resident host memory each
+//! phase adds at its peak (above the resident bytes at its start) at or under
+//! `memory.rss_budget`.
 
 use super::{bytes, memory_detail, Check, Failure, Outcome};
 use crate::phases::{Phase, RunRecord};
@@ -13,9 +14,9 @@ pub fn check(r: &RunRecord) -> Outcome {
     let mut out = Vec::new();
     let mut compared = 0u64;
     let mut max_peak = 0u64;
-    let mut max_rss = 0u64;
+    let mut max_rss_added = 0u64;
     for p in &r.phases {
-        max_rss = max_rss.max(p.host.peak_rss.unwrap_or(0));
+        max_rss_added = max_rss_added.max(p.host.growth().unwrap_or(0));
         let peaks = p.steps.iter().map(|s| s.memory.allocated.peak);
         max_peak = peaks.fold(max_peak.max(p.setup.peak), u64::max);
         if let Some(budget) = r.budget {
@@ -65,20 +66,21 @@ pub fn check(r: &RunRecord) -> Outcome {
                 );
             }
         }
-        if let (Some(limit), Some(rss)) = (r.rss_budget, p.host.peak_rss) {
+        if let (Some(limit), Some(rss)) = (r.rss_budget, p.host.growth()) {
             compared += 1;
             if rss > limit {
                 let scope = if p.host.reset {
-                    "over the phase"
+                    "the phase's peak"
                 } else {
-                    "over the process so far (the peak could not be reset)"
+                    "the process's peak so far (it could not be reset)"
                 };
                 out.push(
-                    Failure::new(Check::PeakBudget, r, "peak resident host memory")
+                    Failure::new(Check::PeakBudget, r, "resident host memory added")
                         .phase(p.phase)
                         .saw(format!("at most {}", bytes(limit)), bytes(rss))
                         .detail(format!(
-                            "measured {scope}; host copies of checkpoints and batches count here"
+                            "{scope} above the {} resident at its start; on the CPU device the tensors count here, and on every device host copies of checkpoints and batches",
+                            bytes(p.host.start_rss.unwrap_or(0))
                         )),
                 );
             }
@@ -87,19 +89,28 @@ pub fn check(r: &RunRecord) -> Outcome {
     let outcome = if r.budget.is_none() && r.rss_budget.is_none() {
         Outcome::nothing_asked(Check::PeakBudget)
     } else {
-        Outcome::new(Check::PeakBudget, compared, out)
+        let phases = r.planned.len() as u64;
+        let mut implied = 0;
+        if r.budget.is_some() {
+            implied += phases + r.planned_steps();
+        }
+        if r.rss_budget.is_some() {
+            implied += phases;
+        }
+        Outcome::new(Check::PeakBudget, r, compared, implied, out)
     };
     outcome
         .with("budget", r.budget)
         .with("max_peak", max_peak)
         .with("rss_budget", r.rss_budget)
-        .with("max_rss", max_rss)
+        .with("max_rss_added", max_rss_added)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::checks::fixtures;
+    use crate::phases::HostMemory;
     use proptest::prelude::*;
 
     #[test]
@@ -141,6 +152,22 @@ mod tests {
         assert!(!check(&r).failed());
     }
 
+    /// Each trainer built and each step under `budget`, each phase under `rss_budget`.
+    #[test]
+    fn what_each_budget_implies_is_compared() {
+        let mut r = fixtures::run();
+        r.budget = Some(u64::MAX);
+        let o = check(&r);
+        assert_eq!((o.compared, o.implied), (3 + 12, 3 + 12));
+        assert_eq!(o.status, crate::checks::Status::Passed);
+        r.rss_budget = Some(u64::MAX);
+        for p in &mut r.phases {
+            p.host.peak_rss = Some(1);
+        }
+        let o = check(&r);
+        assert_eq!((o.compared, o.implied), (3 + 12 + 3, 3 + 12 + 3));
+    }
+
     #[test]
     fn checkpoint_loading_counts() {
         let mut r = fixtures::run();
@@ -151,14 +178,39 @@ mod tests {
     }
 
     #[test]
-    fn host_memory_counts() {
+    fn host_memory_added_by_a_phase_counts() {
         let mut r = fixtures::run();
         r.rss_budget = Some(1 << 20);
-        r.phases[0].host.peak_rss = Some(2 << 20);
-        r.phases[0].host.reset = true;
+        for p in &mut r.phases {
+            p.host = HostMemory {
+                start_rss: Some(40 << 20),
+                peak_rss: Some(41 << 20),
+                reset: true,
+            };
+        }
+        let o = check(&r);
+        assert!(!o.failed(), "{:?}", o.failures);
+        assert_eq!((o.compared, o.implied), (3, 3));
+        assert_eq!(o.figures["max_rss_added"], serde_json::json!(1u64 << 20));
+        r.phases[1].host.peak_rss = Some((41 << 20) + 1);
         let o = check(&r);
         assert_eq!(o.failures.len(), 1);
-        assert_eq!(o.failures[0].what, "peak resident host memory");
+        let m = o.failures[0].to_string();
+        assert!(
+            m.starts_with("peak_budget: cpu::s resume-mid: resident host memory added: expected at most 1.0 MiB (1048576 bytes), got 1.0 MiB (1048577 bytes); the phase's peak above the 40.0 MiB (41943040 bytes) resident at its start"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn an_unknown_start_counts_the_whole_peak() {
+        let host = HostMemory {
+            start_rss: None,
+            peak_rss: Some(7),
+            reset: false,
+        };
+        assert_eq!(host.growth(), Some(7));
+        assert_eq!(HostMemory::default().growth(), None);
     }
 
     proptest! {
@@ -168,12 +220,16 @@ mod tests {
             let mut r = fixtures::run();
             r.budget = Some(budget);
             for p in &mut r.phases {
+                p.setup.peak = budget;
                 for s in &mut p.steps {
                     s.memory.allocated.peak = budget;
                 }
             }
             prop_assert!(!check(&r).failed());
             r.phases[2].steps[1].memory.allocated.peak = budget + 1;
+            prop_assert_eq!(check(&r).failures.len(), 1);
+            r.phases[2].steps[1].memory.allocated.peak = budget;
+            r.phases[1].setup.peak = budget + 1;
             prop_assert_eq!(check(&r).failures.len(), 1);
         }
     }

@@ -70,7 +70,8 @@ pub fn check(r: &RunRecord) -> Outcome {
             }
         }
     }
-    Outcome::new(Check::StateDigest, compared, out)
+    let implied = r.planned_resumes().count() as u64;
+    Outcome::new(Check::StateDigest, r, compared, implied, out)
 }
 
 #[cfg(test)]
@@ -120,6 +121,41 @@ mod tests {
         assert_eq!(o.failures.len(), 1);
         assert_eq!(o.failures[0].what, "next lr");
         assert_eq!(o.failures[0].expected, "3e-3");
+    }
+
+    /// Every field of the state is compared on its own: changing one fails on it alone.
+    #[test]
+    fn every_field_of_the_state_is_compared() {
+        type Change = fn(&mut ckpt_engine::StateDigest);
+        let changes: [(&str, Change); 7] = [
+            ("step", |d| d.step += 1),
+            ("params digest", |d| d.params.push('x')),
+            ("optimizer digest (masters and moments)", |d| {
+                d.optimizer.push('x')
+            }),
+            ("optimizer steps", |d| d.optimizer_steps -= 1),
+            ("next lr", |d| d.next_lr *= 2.0),
+            ("loader position", |d| d.loader.epoch += 1),
+            ("dropout generator state", |d| d.rng.seed += 1),
+        ];
+        for (what, change) in changes {
+            let mut r = fixtures::run();
+            change(r.phases[2].resumed_digest.as_mut().unwrap());
+            let o = check(&r);
+            let failed: Vec<&str> = o.failures.iter().map(|f| f.what.as_str()).collect();
+            assert_eq!(failed, [what]);
+            assert_eq!(o.failures[0].step, Some(4), "{what}");
+        }
+    }
+
+    #[test]
+    fn a_batch_that_differs_from_the_reference_s_fails() {
+        let mut r = fixtures::run();
+        r.phases[1].steps[0].batch_digest = "other".into();
+        let o = check(&r);
+        assert_eq!(o.failures.len(), 1);
+        let m = o.failures[0].to_string();
+        assert_eq!(m, "state_digest: cpu::s resume-mid step 2: batch digest: expected batch2, got other; the resumed loader hands out a different batch");
     }
 
     #[test]

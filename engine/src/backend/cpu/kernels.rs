@@ -545,10 +545,17 @@ mod tests {
             Tensor::<f32>::from_f32(dev.tracker(), &[4, 16], &values, Category::Activations)
                 .unwrap();
         dev.rope(&mut y, (16, 4), &tables, false).unwrap();
-        let (a, b) = (values[16], values[16 + 4]);
-        let (c, s) = (1f32.cos(), 1f32.sin());
-        assert!((y.as_slice()[16] - (a * c - b * s)).abs() < 1e-6);
-        assert!((y.as_slice()[16 + 4] - (b * c + a * s)).abs() < 1e-6);
+        // Row p is position p; each of its two heads of 8 rotates pair (i, i + 4) by
+        // p · 10000^(−2i/8), Hugging Face's angle.
+        for (at, got) in y.as_slice().iter().enumerate() {
+            let (p, i, second) = (at / 16, at % 8 % 4, at % 8 >= 4);
+            let angle = p as f64 * 10000f64.powf(-((2 * i) as f64) / 8.0);
+            let (c, s) = (angle.cos() as f32, angle.sin() as f32);
+            let first = at - if second { 4 } else { 0 };
+            let (a, b) = (values[first], values[first + 4]);
+            let want = if second { b * c + a * s } else { a * c - b * s };
+            assert!((got - want).abs() < 1e-6, "element {at}: {got} vs {want}");
+        }
         dev.rope(&mut y, (16, 4), &tables, true).unwrap();
         for (a, b) in values.iter().zip(y.as_slice()) {
             assert!((a - b).abs() < 1e-6);

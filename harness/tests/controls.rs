@@ -1,0 +1,82 @@
+//! The negative controls of `suites/faults/` as a whole: every check must fail in at least one of
+//! them, and the controls that need no fault are what they say they are (the golden control's
+//! snapshot differs from its twin's in the one deliberate loss only).
+
+use ckpt_harness::checks::{Check, Status};
+use ckpt_harness::devices::DeviceKind;
+use ckpt_harness::snapshot::Snapshot;
+use ckpt_harness::suite::Suite;
+use ckpt_harness::trial::{self, GoldenMode};
+use common::{root, suites_in};
+use std::collections::BTreeSet;
+
+// Each test binary uses part of what the tests share.
+#[allow(dead_code)]
+mod common;
+
+fn suite(path: &str) -> Suite {
+    Suite::load(&root().join(path)).unwrap()
+}
+
+#[test]
+fn every_check_is_named_in_the_expect_fail_of_a_negative_control() {
+    let named: BTreeSet<Check> = suites_in("suites/faults")
+        .iter()
+        .flat_map(|s| s.expect_fail())
+        .collect();
+    let missing: Vec<Check> = Check::ALL
+        .into_iter()
+        .filter(|c| !named.contains(c))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "no control in suites/faults/ expects these to fail: {missing:?}"
+    );
+}
+
+/// The snapshot text of `suite` on `device`.
+fn snapshot(device: &str, suite: &str) -> String {
+    let file = root().join(format!("golden/{device}/{suite}.snap"));
+    let content = std::fs::read_to_string(&file).unwrap();
+    Snapshot::parse(&content).unwrap().text
+}
+
+const CONTROL: &str = "golden_snapshot_differs";
+
+#[test]
+fn the_golden_control_is_tiny_fp32_with_one_loss_changed() {
+    let (control, twin) = (
+        suite(&format!("suites/faults/{CONTROL}.yaml")),
+        suite("suites/tiny-fp32.yaml"),
+    );
+    assert_eq!(control.train, twin.train);
+    for device in ["cpu", "cuda"] {
+        let renamed = snapshot(device, "tiny-fp32").replace(
+            &format!("{device}::tiny-fp32"),
+            &format!("{device}::faults::{CONTROL}"),
+        );
+        let deliberate = renamed.replace("\n6 | 4.14119e0 |", "\n6 | 4.14120e0 |");
+        assert_ne!(deliberate, renamed, "{device}: step 6's loss moved");
+        assert_eq!(snapshot(device, CONTROL), deliberate, "{device}");
+    }
+}
+
+#[test]
+fn the_golden_control_fails_at_the_changed_step_only() {
+    let control = suite(&format!("suites/faults/{CONTROL}.yaml"));
+    let t = trial::run(
+        &control,
+        DeviceKind::Cpu,
+        &root().join("golden"),
+        GoldenMode::Check,
+        &mut (),
+    );
+    assert!(t.passed, "{}", t.verdict);
+    let golden = t.checks.iter().find(|o| o.check == Check::Golden).unwrap();
+    assert_eq!(golden.status, Status::Failed);
+    let f = &golden.failures[..];
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert_eq!(f[0].step, Some(6));
+    assert!(f[0].expected.starts_with("6 | 4.14120e0 |"), "{}", f[0]);
+    assert!(f[0].actual.starts_with("6 | 4.14119e0 |"), "{}", f[0]);
+}

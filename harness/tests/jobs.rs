@@ -1,0 +1,37 @@
+//! Which job runs what: mutation testing (`scripts/mutants.sh`, hours of rebuilds) is part of the
+//! nightly job and of nothing CI runs.
+
+use std::path::{Path, PathBuf};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The lines of `script` that run something: neither blank nor comments.
+fn commands(script: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(root().join(script)).unwrap();
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(String::from)
+        .collect()
+}
+
+#[test]
+fn the_nightly_job_runs_the_mutants_and_ci_does_not() {
+    let runs_mutants = |script: &str| {
+        commands(script)
+            .iter()
+            .any(|l| l.contains("scripts/mutants.sh"))
+    };
+    assert!(runs_mutants("scripts/nightly.sh"));
+    let ci = commands(".ci/run");
+    assert!(ci.iter().any(|l| l == "scripts/test.sh"), "{ci:?}");
+    for script in [".ci/run", "scripts/test.sh"] {
+        assert!(!runs_mutants(script), "{script} runs the mutants");
+        let cargo_mutants = commands(script)
+            .iter()
+            .any(|l| l.contains("cargo mutants") || l.contains("cargo-mutants"));
+        assert!(!cargo_mutants, "{script} runs cargo-mutants");
+    }
+}
