@@ -191,7 +191,9 @@ pub struct Outcome {
     pub status: Status,
     /// How many things it compared (steps, resume points, phases, ...; see each check).
     pub compared: u64,
-    /// How many a complete record of the suite holds: fewer compared is not a pass.
+    /// How many a complete record of the suite holds: fewer compared is not a pass. A summary
+    /// written before this was recorded reads as 0 (last night's baseline stays readable).
+    #[serde(default)]
     pub implied: u64,
     /// What it measured, by name.
     pub figures: BTreeMap<String, serde_json::Value>,

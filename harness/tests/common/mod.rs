@@ -29,7 +29,7 @@ pub fn without_timings(v: &mut Value) {
             map.retain(|k, _| {
                 !matches!(
                     k.as_str(),
-                    "seconds" | "setup_seconds" | "host" | "capacity" | "max_rss"
+                    "seconds" | "setup_seconds" | "host" | "capacity" | "max_rss" | "max_rss_added"
                 )
             });
             map.values_mut().for_each(without_timings);
