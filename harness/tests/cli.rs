@@ -32,9 +32,16 @@ fn text(out: &Output) -> String {
 /// `suites/tiny-fp32.yaml` renamed `name`, with `extra` keys after the name and each `(from, to)`
 /// replaced, written into `dir`.
 fn tiny_suite(dir: &Path, name: &str, extra: &str, replace: &[(&str, &str)]) -> PathBuf {
-    let mut text = std::fs::read_to_string(root().join("suites/tiny-fp32.yaml"))
-        .unwrap()
-        .replace("name: tiny-fp32", &format!("name: {name}\n{extra}"));
+    let base = std::fs::read_to_string(root().join("suites/tiny-fp32.yaml")).unwrap();
+    // A `memory:` among the extra keys replaces the suite's own.
+    let own_memory =
+        |l: &&str| extra.lines().any(|e| e.starts_with("memory:")) && l.starts_with("memory:");
+    let base: String = base
+        .lines()
+        .filter(|l| !own_memory(l))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let mut text = base.replace("name: tiny-fp32", &format!("name: {name}\n{extra}"));
     for (from, to) in replace {
         assert!(text.contains(from), "{from}");
         text = text.replace(from, to);
