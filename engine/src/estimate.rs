@@ -14,7 +14,6 @@ use crate::config::{Precision, TrainConfig};
 use crate::device::{AttnShape, Device, StepPhase};
 use crate::error::{check_host, try_vec, EngineError, Result};
 use crate::memory::Breakdown;
-use crate::model::router::RouteSpec;
 use crate::model::{Batch, Checkpointing, Dropout};
 use crate::state::State;
 use serde::{Deserialize, Serialize};
@@ -323,15 +322,9 @@ fn anatomy(cfg: &EstimateConfig, seq: usize) -> Anatomy {
                 // rows are kept, whichever experts they are.
                 let slots = rows * moe.num_experts_per_tok as u64;
                 let f = moe.moe_intermediate_size as u64;
-                let spec = RouteSpec {
-                    experts: moe.num_experts,
-                    top_k: moe.num_experts_per_tok,
-                    normalize: moe.norm_topk_prob,
-                    layer: l,
-                };
                 let busiest = cfg
                     .routes
-                    .counts(rows as usize, spec)
+                    .counts(rows as usize, moe.route_spec(l))
                     .map_or(rows, |c| c.into_iter().max().unwrap_or(0) as u64);
                 [
                     attn_products + slots * e * (1 + hidden + 2 * f),

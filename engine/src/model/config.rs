@@ -2,6 +2,7 @@
 //! `model_type` ([`Family`]) or written inline, and written back so transformers loads it.
 
 use crate::error::{EngineError, Result};
+use crate::model::router::RouteSpec;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -74,6 +75,16 @@ pub struct MoeConfig {
 }
 
 impl MoeConfig {
+    /// How block `layer`'s router routes.
+    pub fn route_spec(&self, layer: usize) -> RouteSpec {
+        RouteSpec {
+            experts: self.num_experts,
+            top_k: self.num_experts_per_tok,
+            normalize: self.norm_topk_prob,
+            layer,
+        }
+    }
+
     /// Whether layer `layer` has the MoE MLP.
     pub fn is_moe_layer(&self, layer: usize) -> bool {
         !self.mlp_only_layers.contains(&layer) && (layer + 1) % self.decoder_sparse_step.max(1) == 0

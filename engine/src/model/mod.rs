@@ -22,7 +22,7 @@ pub use dropout::Dropout;
 use loss::{linear_cross_entropy, LossKind, IGNORE_INDEX};
 pub use params::{param_specs, Layout, ParamSpec, Params};
 use rope::RopeSpec;
-use router::{LoadBalance, RouteSpec};
+use router::LoadBalance;
 use serde::{Deserialize, Serialize};
 
 /// Which activations a block keeps for its backward pass.
@@ -167,12 +167,7 @@ impl<D: Device> Model<D> {
             hidden: c.hidden_size,
             ffn: c.intermediate_size,
             eps: c.rms_norm_eps as f32,
-            route: c.moe.as_ref().map(|m| RouteSpec {
-                experts: m.num_experts,
-                top_k: m.num_experts_per_tok,
-                normalize: m.norm_topk_prob,
-                layer: 0,
-            }),
+            route: c.moe.as_ref().map(|m| m.route_spec(0)),
             attn: AttnShape {
                 batch: batch.batch,
                 seq: batch.seq,
