@@ -70,6 +70,23 @@ pub struct LongBatch {
     pub seq_len: usize,
 }
 
+/// One sample a batch row holds: the epoch it was drawn in and its index in the dataset. A run's
+/// sequence of these is its sample ledger: within an epoch no index repeats, and an epoch begins
+/// only after the previous one handed out every sample.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct SampleId {
+    /// The epoch (completed passes over the dataset before it).
+    pub epoch: u64,
+    /// The sample's index in the dataset.
+    pub index: u64,
+}
+
+impl std::fmt::Display for SampleId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "sample {} of epoch {}", self.index, self.epoch)
+    }
+}
+
 /// Where the loader stands: everything needed to continue with the same batches.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LoaderState {
@@ -103,6 +120,7 @@ pub struct DataLoader {
     state: LoaderState,
     order: Vec<u64>,
     order_epoch: Option<u64>,
+    drawn: Vec<SampleId>,
 }
 
 /// The padding token of short rows (their labels are ignored).
@@ -205,6 +223,7 @@ impl DataLoader {
             },
             order: Vec::new(),
             order_epoch: None,
+            drawn: Vec::new(),
         })
     }
 
@@ -224,6 +243,11 @@ impl DataLoader {
     /// Continues from a saved position.
     pub fn set_state(&mut self, state: LoaderState) {
         self.state = state;
+    }
+
+    /// The samples of the rows handed out since the last call, in row order.
+    pub fn take_drawn(&mut self) -> Vec<SampleId> {
+        std::mem::take(&mut self.drawn)
     }
 
     /// The next `[batch, seq]` batch; moves the position on.
@@ -247,6 +271,10 @@ impl DataLoader {
                 self.state.position = 0;
             }
             let index = self.shuffled(self.state.position)?;
+            self.drawn.push(SampleId {
+                epoch: self.state.epoch,
+                index,
+            });
             self.state.position += 1;
             let tokens = self.sample(index, seq);
             let len = tokens.len() - 1;
@@ -343,6 +371,31 @@ mod tests {
             assert_eq!(a.next_batch().unwrap(), b.next_batch().unwrap());
         }
         assert!(a.state().epoch >= 2, "crossed epochs: {:?}", a.state());
+    }
+
+    #[test]
+    fn every_epoch_hands_out_each_sample_once_in_its_own_order() {
+        let mut l = DataLoader::new(&synthetic(Some(3)), 50, 3, 8, 1).unwrap();
+        for _ in 0..7 {
+            l.next_batch().unwrap();
+        }
+        let drawn = l.take_drawn();
+        assert_eq!(drawn.len(), 21);
+        assert!(l.take_drawn().is_empty());
+        let epoch = |e: u64| -> Vec<u64> {
+            drawn
+                .iter()
+                .filter(|s| s.epoch == e)
+                .map(|s| s.index)
+                .collect()
+        };
+        for e in 0..2 {
+            let mut sorted = epoch(e);
+            sorted.sort_unstable();
+            assert_eq!(sorted, (0..10).collect::<Vec<_>>(), "epoch {e}");
+        }
+        assert_ne!(epoch(0), epoch(1), "each epoch has its own shuffle");
+        assert_eq!(epoch(2).len(), 1);
     }
 
     #[test]

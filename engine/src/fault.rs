@@ -23,6 +23,9 @@ pub enum Fault {
     RngNotRestored,
     /// The data loader restarts from the beginning on resume.
     LoaderPositionNotRestored,
+    /// A run resumed from a checkpoint written exactly at an epoch's end starts the epoch after
+    /// the next: the finished epoch is counted twice, so a whole epoch of samples is skipped.
+    EpochSkippedAtBoundary,
     /// The learning-rate schedule restarts from step 0 on resume.
     ScheduleReset,
     /// Checkpoints are written without the AdamW moments.

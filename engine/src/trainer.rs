@@ -6,7 +6,7 @@
 use crate::checkpoint::state::{RngState, ScheduleState, TrainerState, FORMAT_VERSION};
 use crate::checkpoint::{self, LoadRequest, SaveRequest};
 use crate::config::{Init, Precision, TrainConfig};
-use crate::data::{DataLoader, LoaderState};
+use crate::data::{DataLoader, LoaderState, SampleId};
 use crate::device::Device;
 use crate::error::Result;
 use crate::fault::Fault;
@@ -32,6 +32,9 @@ pub struct StepStats {
     pub tokens: usize,
     /// sha256 of the batch's token ids and labels: which data the step saw.
     pub batch_digest: String,
+    /// The samples of the batch's rows, in row order (the run's sample ledger).
+    #[serde(default)]
+    pub samples: Vec<SampleId>,
     /// Blocks recomputed in the backward pass.
     pub recomputed_blocks: usize,
     /// Each block's tokens per expert (empty for a dense block) in a MoE model: the step's
@@ -143,7 +146,14 @@ impl<D: Device> Trainer<D> {
         let mut trainer = Self::assemble(cfg, state)?;
         let faults = &trainer.cfg.faults;
         if !faults.has(Fault::LoaderPositionNotRestored) {
-            trainer.loader.set_state(loaded.state.loader);
+            let mut loader = loaded.state.loader;
+            if faults.has(Fault::EpochSkippedAtBoundary)
+                && loader.position >= trainer.loader.samples()
+            {
+                loader.epoch += 2;
+                loader.position = 0;
+            }
+            trainer.loader.set_state(loader);
         }
         trainer.rng = RngState {
             offset: if faults.has(Fault::RngNotRestored) {
@@ -263,6 +273,7 @@ impl<D: Device> Trainer<D> {
             grad_norm,
             tokens: pass.tokens,
             batch_digest: batch.digest(),
+            samples: self.loader.take_drawn(),
             recomputed_blocks: pass.recomputed_blocks,
             tokens_per_expert: pass.tokens_per_expert,
             memory: tracker.stats(),

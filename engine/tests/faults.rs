@@ -7,7 +7,7 @@ mod common;
 use ckpt_engine::backend::count::Like;
 use ckpt_engine::checkpoint::{step_dir_name, OPTIMIZER_FILE};
 use ckpt_engine::config::{Precision, TrainConfig};
-use ckpt_engine::data::LongBatch;
+use ckpt_engine::data::{DataConfig, LongBatch};
 use ckpt_engine::estimate::{estimate, Estimate, EstimateConfig};
 use ckpt_engine::model::config::MoeConfig;
 use ckpt_engine::model::Family;
@@ -154,6 +154,43 @@ fn loader_position_not_restored_replays_the_first_batches() {
     assert_eq!(step.batch_digest, t.reference[0].batch_digest);
     assert_eq!(t.resumed_state.loader.position, 0);
     assert_ne!(t.resumed_state.loader, t.saved.loader);
+}
+
+/// A dataset of `samples` samples in `config`'s run (2 rows a step).
+fn with_samples(mut cfg: TrainConfig, samples: u64) -> TrainConfig {
+    cfg.data = DataConfig::Synthetic {
+        seed: 3,
+        samples,
+        branching: 4,
+        min_len: None,
+    };
+    cfg
+}
+
+#[test]
+fn epoch_skipped_at_boundary_skips_an_epoch_only_when_resumed_at_its_end() {
+    // 6 samples, 2 a step: the checkpoint of step 3 is written at the end of epoch 0.
+    let t = trial(&with_samples(config(&[Fault::EpochSkippedAtBoundary]), 6));
+    println!(
+        "epoch_skipped_at_boundary: resumed loader {:?} (saved {:?})",
+        t.resumed_state.loader, t.saved.loader
+    );
+    assert_eq!(first_divergence(&t), Some((RESUME_AT, "batch")));
+    assert_eq!(t.saved.loader.position, 6);
+    assert_eq!(t.resumed_state.loader.epoch, t.saved.loader.epoch + 2);
+    let epochs = |steps: &[StepStats]| -> Vec<u64> {
+        steps
+            .iter()
+            .flat_map(|s| s.samples.iter().map(|id| id.epoch))
+            .collect()
+    };
+    assert_eq!(epochs(&t.reference[RESUME_AT as usize..]), [1; 6]);
+    assert_eq!(epochs(&t.resumed), [2; 6], "epoch 1 is skipped");
+    let faithful = trial(&with_samples(config(&[]), 6));
+    assert_faithful(&faithful, "resumed at an epoch's end");
+    // 7 samples: the checkpoint is written mid-epoch, where the fault does nothing.
+    let mid = trial(&with_samples(config(&[Fault::EpochSkippedAtBoundary]), 7));
+    assert_faithful(&mid, "resumed mid-epoch with the fault");
 }
 
 #[test]

@@ -13,6 +13,7 @@ pub mod merge;
 pub mod phases;
 pub mod plan;
 pub mod progress;
+pub mod repeat;
 pub mod report;
 pub mod run_cmd;
 pub mod snapshot;

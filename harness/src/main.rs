@@ -98,6 +98,11 @@ enum Command {
         /// Rewrite the golden snapshots from this run.
         #[arg(long)]
         bless: bool,
+        /// Run each trial N times: report the per-step spread of losses, gradient norms and
+        /// peaks, and the loss_continuity tolerance it calls for; a trial passes only when
+        /// every run does.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+        repeat: u16,
     },
     /// Lists the trials the suites hold, and which cannot run here.
     #[command(after_help = exit_codes::plain_help())]
@@ -370,6 +375,7 @@ fn dispatch(command: Command) -> Result<u8> {
             fail_on_regression,
             golden,
             bless,
+            repeat,
         } => {
             let stdout = std::io::stdout();
             let progress = Style::detect(stdout.is_terminal(), std::env::var_os("CI").as_deref());
@@ -384,6 +390,7 @@ fn dispatch(command: Command) -> Result<u8> {
                 progress,
                 memory_trace,
                 baseline: baseline.as_deref().map(summary_file),
+                repeat: repeat.into(),
             };
             let summary = run_cmd::run(&opts, &mut stdout.lock())?;
             Ok(run_status(&summary, fail_on_regression))

@@ -115,6 +115,7 @@ mod tests {
             checks: Vec::new(),
             seconds: 1.0,
             record: fixtures::run(),
+            repeat: None,
         }
     }
 

@@ -11,6 +11,7 @@ use crate::suite::Suite;
 use anyhow::Result;
 use ckpt_engine::backend::count::{Like, Routes};
 use ckpt_engine::checkpoint::step_dir_name;
+use ckpt_engine::data::SampleId;
 use ckpt_engine::estimate::{estimate, routed_steps, EstimateConfig};
 use ckpt_engine::memory::{Breakdown, MemoryTracker, OutOfMemory};
 use ckpt_engine::{Device, EngineError, MemoryStats, StateDigest, StepStats, Trainer};
@@ -73,6 +74,8 @@ pub struct StepRecord {
     pub grad_norm: f64,
     /// sha256 of the batch's token ids and labels.
     pub batch_digest: String,
+    /// The samples of the batch's rows, in row order.
+    pub samples: Vec<SampleId>,
     /// Blocks recomputed in backward.
     pub recomputed_blocks: usize,
     /// Each block's tokens per expert (empty for a dense block); empty for a dense model.
@@ -241,6 +244,8 @@ pub struct RunRecord {
     pub budget: Option<u64>,
     /// The per-phase host memory budget in bytes, if the suite sets one.
     pub rss_budget: Option<u64>,
+    /// Samples in one epoch of the dataset.
+    pub samples_per_epoch: u64,
     /// The phases the suite implies, in order: what a complete record holds.
     pub planned: Vec<PlannedPhase>,
     /// The phases in order.
@@ -441,6 +446,7 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
             })
             .to_vec();
         let mut reference_digests: BTreeMap<u64, StateDigest> = BTreeMap::new();
+        let mut samples_per_epoch = 0;
         let mut phases = Vec::new();
         for (phase, from) in plan {
             let phase_start = Instant::now();
@@ -466,6 +472,7 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
             record.setup_seconds = phase_start.elapsed().as_secs_f64();
             match built {
                 Ok(mut trainer) => {
+                    samples_per_epoch = trainer.loader().samples();
                     if let Some(step) = from {
                         record.resumed_digest = Some(trainer.state_digest()?);
                         record.reference_digest = reference_digests.get(&step).cloned();
@@ -490,6 +497,7 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
                                     lr: s.lr,
                                     grad_norm: s.grad_norm,
                                     batch_digest: s.batch_digest,
+                                    samples: s.samples,
                                     recomputed_blocks: s.recomputed_blocks,
                                     start,
                                     memory: s.memory,
@@ -543,6 +551,7 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
             capacity: tracker.capacity(),
             budget: suite.budget().map(|b| b.bytes(tracker.capacity())),
             rss_budget: suite.file.memory.rss_budget,
+            samples_per_epoch,
             planned,
             phases,
         })

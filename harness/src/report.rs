@@ -98,6 +98,9 @@ impl Summary {
                 t.seconds,
                 failed.join(", ")
             );
+            if let Some(spread) = &t.repeat {
+                let _ = writeln!(out, "    repeated: {}", spread.line());
+            }
             if !t.passed {
                 let _ = writeln!(out, "    {}", t.verdict);
                 for line in t.failure_lines(FAILURES_SHOWN) {

@@ -8,6 +8,7 @@ use crate::html;
 use crate::memory_trace::{self, Tracer};
 use crate::plan::{self, DeviceChoice, TierFilter};
 use crate::progress::{Reporter, Style};
+use crate::repeat::Spread;
 use crate::report::{Skipped, Summary};
 use crate::trends::Trends;
 use crate::trial::{self, GoldenMode};
@@ -40,6 +41,9 @@ pub struct RunOptions {
     pub memory_trace: bool,
     /// The summary of an earlier run to compare with.
     pub baseline: Option<PathBuf>,
+    /// Runs of each trial (1: once); from 2 on the trial's result carries their spread, and
+    /// it passes only when every run does.
+    pub repeat: usize,
 }
 
 /// Writes the reports of `summary` into `dir` (`summary.json`, `index.html`) and JUnit XML to
@@ -100,11 +104,26 @@ pub fn run(opts: &RunOptions, out: &mut impl Write) -> Result<Summary> {
             .memory_trace
             .then(|| Tracer::new(memory_trace::trial_dir(&traces, &p.name)));
         let mut watch = (reporter.trial(&p.name, w), tracer);
-        let result = trial::run(suite, p.device, &golden, mode, &mut watch);
+        let mut result = trial::run(suite, p.device, &golden, mode, &mut watch);
         let (progress, tracer) = watch;
         drop(progress);
         if let Some(tracer) = tracer {
             tracer.finish()?;
+        }
+        if opts.repeat > 1 {
+            let mut records = vec![result.record.clone()];
+            for k in 2..=opts.repeat {
+                let label = format!("{} (run {k})", p.name);
+                let mut progress = reporter.trial(&label, w);
+                let again = trial::run(suite, p.device, &golden, GoldenMode::Check, &mut progress);
+                drop(progress);
+                if result.passed && !again.passed {
+                    result.passed = false;
+                    result.verdict = format!("run {k} of {}: {}", opts.repeat, again.verdict);
+                }
+                records.push(again.record);
+            }
+            result.repeat = Some(Spread::of(&records));
         }
         if let Some(e) = reporter.take_error() {
             return Err(e.into());

@@ -336,6 +336,10 @@ pub struct ChecksSpec {
     /// State digests at the first resumed step.
     #[serde(default = "on")]
     pub state_digest: bool,
+    /// Every phase's samples, joined at its resume point, the reference's; no sample skipped
+    /// or repeated within an epoch.
+    #[serde(default = "on")]
+    pub data_ledger: bool,
     /// Bytes returned when a trainer is dropped.
     #[serde(default = "on")]
     pub memory_reclaimed: bool,
@@ -367,6 +371,7 @@ impl Default for ChecksSpec {
         ChecksSpec {
             loss_continuity: ContinuitySetting::default(),
             state_digest: true,
+            data_ledger: true,
             memory_reclaimed: true,
             peak_budget: true,
             no_leak: true,
@@ -385,6 +390,7 @@ impl ChecksSpec {
         match check {
             Check::LossContinuity => self.loss_continuity.0.is_some(),
             Check::StateDigest => self.state_digest,
+            Check::DataLedger => self.data_ledger,
             Check::MemoryReclaimed => self.memory_reclaimed,
             Check::PeakBudget => self.peak_budget,
             Check::NoLeak => self.no_leak,

@@ -390,6 +390,7 @@ mod tests {
                 .collect(),
             seconds: 1.0,
             record,
+            repeat: None,
         }
     }
 

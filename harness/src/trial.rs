@@ -6,6 +6,7 @@ use crate::checks::{self, golden, Check, Outcome, Status};
 use crate::devices::DeviceKind;
 use crate::error_text;
 use crate::phases::{self, RunRecord, Watch};
+use crate::repeat::Spread;
 use crate::suite::Suite;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
@@ -52,6 +53,9 @@ pub struct TrialResult {
     /// What was recorded: every phase and step (empty in summaries written before it was kept).
     #[serde(default)]
     pub record: RunRecord,
+    /// The spread of the trial's repeated runs, under `run --repeat`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repeat: Option<Spread>,
 }
 
 impl TrialResult {
@@ -252,6 +256,7 @@ pub fn run(
         checks,
         seconds: started.elapsed().as_secs_f64(),
         record,
+        repeat: None,
     }
 }
 

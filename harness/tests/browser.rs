@@ -2,6 +2,7 @@
 //! Chromium, saves a screenshot and reads the page's structure from the rendered DOM. Needs
 //! Chromium (`scripts/test.sh` installs it); without one the test fails, naming the fix.
 
+use ckpt_harness::checks::Check;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -65,7 +66,11 @@ fn the_rendered_page_shows_every_trial_every_plot_the_failures_and_the_changes_f
             })
             .collect();
         assert_eq!(kinds, ["loss", "memory", "time"], "{t}");
-        assert_eq!(t["checks"].as_array().unwrap().len(), 10, "{t}");
+        assert_eq!(
+            t["checks"].as_array().unwrap().len(),
+            Check::ALL.len(),
+            "{t}"
+        );
     }
     assert_eq!(trials[0]["verdict"], "PASS");
     let control = &trials[1];

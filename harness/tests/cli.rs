@@ -1,6 +1,7 @@
 //! The command-line tool: `run` over a suite, its summary, JUnit and exit statuses; `list` and
 //! `validate`.
 
+use ckpt_harness::checks::Check;
 use ckpt_harness::exit_codes;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -99,7 +100,7 @@ fn run_writes_the_summary_and_junit() {
     let trial = &summary["trials"][0];
     assert_eq!(trial["name"], "cpu::tiny-fp32");
     let checks = trial["checks"].as_array().unwrap();
-    assert_eq!(checks.len(), 10);
+    assert_eq!(checks.len(), Check::ALL.len());
     for c in checks {
         assert_eq!(c["status"], "passed", "{c}");
     }
@@ -233,7 +234,7 @@ fn failures_name_the_whole_trial_and_long_lists_are_cut_short() {
         text(&out)
     );
     let summary = summary_json(dir.path());
-    let failures = summary["trials"][0]["checks"][3]["failures"]
+    let failures = check_of(&summary["trials"][0], "peak_budget")["failures"]
         .as_array()
         .unwrap();
     let total = failures.len();
@@ -254,11 +255,56 @@ fn failures_name_the_whole_trial_and_long_lists_are_cut_short() {
 }
 
 #[test]
+fn repeated_runs_report_their_spread_and_a_tolerance() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = tiny_suite(
+        dir.path(),
+        "twice",
+        "devices: [cpu]\nchecks: {golden: false}",
+        &[],
+    );
+    let report = dir.path().to_str().unwrap();
+    let out = harness(&["run", "--repeat", "2", "--report", report], &[&suite]);
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("cpu::twice (run 2)"), "{stdout}");
+    assert!(
+        stdout.contains("    repeated: 2 runs, 21 steps each: loss ±0e0 (relative 0e0), grad_norm ±0e0, peak ±0 B; recommended loss_continuity: bitwise"),
+        "{stdout}"
+    );
+    let summary = summary_json(dir.path());
+    let repeat = &summary["trials"][0]["repeat"];
+    assert_eq!(
+        (&repeat["runs"], &repeat["steps"]),
+        (&2.into(), &21.into()),
+        "{repeat}"
+    );
+    let once = harness(&["run", "--report", report], &[&suite]);
+    assert!(once.status.success(), "{}", text(&once));
+    assert!(summary_json(dir.path())["trials"][0]
+        .get("repeat")
+        .is_none());
+    let zero = harness(&["run", "--repeat", "0"], &[&suite]);
+    assert_eq!(zero.status.code(), Some(2), "{}", text(&zero));
+    assert!(text(&zero).contains("--repeat"), "{}", text(&zero));
+}
+
+/// The outcome of the check named `name` in a trial of `summary.json`.
+fn check_of<'a>(trial: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    trial["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["check"] == name)
+        .unwrap_or_else(|| panic!("no {name} in {trial}"))
+}
+
+#[test]
 fn checks_an_out_of_memory_left_without_steps_did_not_run() {
     let dir = tempfile::tempdir().unwrap();
     let oom = "devices: [cpu]\nmemory: {capacity: 1000000}\nchecks: {golden: false}\nexpect_fail: [oom_free]";
     tiny_suite(dir.path(), "a-unexpected", oom, &[]);
-    let expected = format!("{oom}\nexpect_not_run: [loss_continuity, state_digest, memory_reclaimed, no_leak, memory_model, finite]");
+    let expected = format!("{oom}\nexpect_not_run: [loss_continuity, state_digest, data_ledger, memory_reclaimed, no_leak, memory_model, finite]");
     tiny_suite(dir.path(), "b-expected", &expected, &[]);
     let out = harness(
         &["run", "--report", dir.path().to_str().unwrap()],
@@ -268,7 +314,7 @@ fn checks_an_out_of_memory_left_without_steps_did_not_run() {
     assert_eq!(out.status.code(), Some(exit_codes::FAILED.into()), "{all}");
     assert!(all.contains("1 passed, 1 failed"), "{all}");
     assert!(
-        all.contains("not run: loss_continuity, state_digest, memory_reclaimed, no_leak, memory_model, finite"),
+        all.contains("not run: loss_continuity, state_digest, data_ledger, memory_reclaimed, no_leak, memory_model, finite"),
         "{all}"
     );
     let summary = summary_json(dir.path());
@@ -283,10 +329,10 @@ fn checks_an_out_of_memory_left_without_steps_did_not_run() {
 #[test]
 fn the_step_an_allocation_was_refused_in_counts_against_the_budget() {
     let dir = tempfile::tempdir().unwrap();
-    let out = run_tiny(dir.path(), "refused", "devices: [cpu]\nmemory: {capacity: 1000000, budget: 950000}\nchecks: {golden: false}\nexpect_fail: [peak_budget, oom_free]\nexpect_not_run: [loss_continuity, state_digest, memory_reclaimed, no_leak, memory_model, finite]", &[]);
+    let out = run_tiny(dir.path(), "refused", "devices: [cpu]\nmemory: {capacity: 1000000, budget: 950000}\nchecks: {golden: false}\nexpect_fail: [peak_budget, oom_free]\nexpect_not_run: [loss_continuity, state_digest, data_ledger, memory_reclaimed, no_leak, memory_model, finite]", &[]);
     assert!(out.status.success(), "{}", text(&out));
     let summary = summary_json(dir.path());
-    let budget = &summary["trials"][0]["checks"][3];
+    let budget = check_of(&summary["trials"][0], "peak_budget");
     assert_eq!(budget["check"], "peak_budget", "{budget}");
     let f = &budget["failures"][0];
     assert_eq!(f["what"], "peak when an allocation was refused", "{f}");
@@ -472,7 +518,7 @@ fn the_golden_directory_is_found_from_the_suite_not_the_working_directory() {
         .unwrap();
     assert!(out.status.success(), "{}", text(&out));
     let summary = summary_json(&report);
-    let golden = &summary["trials"][0]["checks"][8];
+    let golden = check_of(&summary["trials"][0], "golden");
     assert_eq!(golden["status"], "passed", "{golden}");
 
     let project = tempfile::tempdir().unwrap();

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 pub mod ac_coverage;
+pub mod data_ledger;
 pub mod finite;
 pub mod golden;
 pub mod loss_continuity;
@@ -28,6 +29,9 @@ pub enum Check {
     LossContinuity,
     /// Weights, optimizer state, step, learning rate and batch equal at the first resumed step.
     StateDigest,
+    /// Every phase's samples, joined at its resume point, are the reference's; none skipped or
+    /// repeated within an epoch.
+    DataLedger,
     /// Every byte comes back when a trainer is dropped.
     MemoryReclaimed,
     /// Every step's peak, and checkpoint loading's, under the budget.
@@ -48,9 +52,10 @@ pub enum Check {
 
 impl Check {
     /// Every check, in report order.
-    pub const ALL: [Check; 10] = [
+    pub const ALL: [Check; 11] = [
         Check::LossContinuity,
         Check::StateDigest,
+        Check::DataLedger,
         Check::MemoryReclaimed,
         Check::PeakBudget,
         Check::NoLeak,
@@ -66,6 +71,7 @@ impl Check {
         match self {
             Check::LossContinuity => "loss_continuity",
             Check::StateDigest => "state_digest",
+            Check::DataLedger => "data_ledger",
             Check::MemoryReclaimed => "memory_reclaimed",
             Check::PeakBudget => "peak_budget",
             Check::NoLeak => "no_leak",
@@ -298,6 +304,7 @@ pub fn run_all(r: &RunRecord, spec: &ChecksSpec, golden: &GoldenInput) -> Vec<Ou
                     loss_continuity::check(r, spec.loss_continuity.0.unwrap_or(Continuity::Bitwise))
                 }
                 Check::StateDigest => state_digest::check(r),
+                Check::DataLedger => data_ledger::check(r),
                 Check::MemoryReclaimed => memory_reclaimed::check(r),
                 Check::PeakBudget => peak_budget::check(r),
                 Check::NoLeak => no_leak::check(r),
@@ -365,7 +372,7 @@ pub(crate) mod fixtures {
         Oom, Phase, PhaseRecord, PlannedPhase, PredictedStep, RunRecord, StepRecord, Window,
     };
     use ckpt_engine::checkpoint::state::RngState;
-    use ckpt_engine::data::LoaderState;
+    use ckpt_engine::data::{LoaderState, SampleId};
     use ckpt_engine::memory::{Breakdown, MemoryStats, Usage};
     use ckpt_engine::StateDigest;
 
@@ -396,6 +403,12 @@ pub(crate) mod fixtures {
             lr: 0.001 * (step + 1) as f64,
             grad_norm: 1.5,
             batch_digest: format!("batch{step}"),
+            samples: (step * 4..step * 4 + 4)
+                .map(|n| SampleId {
+                    epoch: n / 10,
+                    index: n % 10,
+                })
+                .collect(),
             recomputed_blocks: 2,
             tokens_per_expert: Vec::new(),
             predicted: None,
@@ -492,6 +505,7 @@ pub(crate) mod fixtures {
             capacity: u64::MAX,
             budget: None,
             rss_budget: None,
+            samples_per_epoch: 10,
             planned: [
                 (Phase::Reference, 0),
                 (Phase::ResumeMid, 2),
@@ -547,6 +561,7 @@ mod tests {
             [
                 (LossContinuity, 6, 6),
                 (StateDigest, 2, 2),
+                (DataLedger, 12, 12),
                 (MemoryReclaimed, 3, 3),
                 (PeakBudget, 0, 0),
                 (NoLeak, 9, 9),
@@ -606,6 +621,7 @@ mod tests {
             [
                 (LossContinuity, NotRun),
                 (StateDigest, NotRun),
+                (DataLedger, NotRun),
                 (MemoryReclaimed, NotRun),
                 (PeakBudget, Passed),
                 (NoLeak, NotRun),
@@ -626,7 +642,7 @@ mod tests {
             stored: None,
         };
         let out = run_all(&fixtures::run(), &spec, &golden);
-        assert_eq!(out[8].status, Status::Off);
+        assert_eq!(out[9].status, Status::Off);
     }
 
     #[test]
