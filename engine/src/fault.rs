@@ -23,6 +23,10 @@ pub enum Fault {
     RngNotRestored,
     /// The data loader restarts from the beginning on resume.
     LoaderPositionNotRestored,
+    /// With gradient accumulation, checkpoints save the loader position as if each optimizer
+    /// step had read one micro-batch (`steps × batch_size` samples) instead of
+    /// `accumulation` of them, so a resumed run reads samples again.
+    LoaderPositionCountsSteps,
     /// The learning-rate schedule restarts from step 0 on resume.
     ScheduleReset,
     /// Checkpoints are written without the AdamW moments.

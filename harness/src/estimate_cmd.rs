@@ -132,6 +132,7 @@ fn synthetic_run(model: LlamaConfig, batch_size: usize, seq_len: usize) -> Train
             min_len: None,
         },
         batch_size,
+        accumulation: 1,
         seq_len,
         shuffle_seed: 0,
         checkpointing: Checkpointing::None,
