@@ -1,8 +1,8 @@
 //! The training loop: one [`Trainer::step`] is load the step's micro-batches → forward/backward
 //! over each, accumulating gradients → clip → AdamW → refresh the compute weights, on any
-//! [`Device`]. The trainer owns what is the same on every
-//! device (the data, the schedule, the dropout generator, the checkpoints); the [`State`]
-//! owns the tensors. Everything a trainer allocates is freed when it is dropped.
+//! [`Device`]. The trainer owns what is the same on every device (the data, the schedule, the
+//! dropout generator, the checkpoints); the [`State`] owns the tensors. Everything a trainer
+//! allocates is freed when it is dropped.
 
 use crate::checkpoint::state::{RngState, ScheduleState, TrainerState, FORMAT_VERSION};
 use crate::checkpoint::{self, LoadRequest, SaveRequest};
