@@ -64,8 +64,16 @@ pub struct TrainConfig {
     pub schedule: Schedule,
     /// Samples.
     pub data: DataConfig,
-    /// Rows per batch.
+    /// Rows per micro-batch.
     pub batch_size: usize,
+    /// Micro-batches per optimizer step (gradient accumulation): each step draws this many
+    /// batches of `batch_size` rows and weights every token's loss by the step's total counted
+    /// labels; 1 (the default) is a step of one batch.
+    #[serde(
+        default = "default_accumulation",
+        skip_serializing_if = "accumulates_nothing"
+    )]
+    pub accumulation: usize,
     /// Tokens per row.
     pub seq_len: usize,
     /// Seed of the data order.
@@ -93,6 +101,14 @@ fn default_loss() -> LossKind {
     LossKind::Standard
 }
 
+fn default_accumulation() -> usize {
+    1
+}
+
+fn accumulates_nothing(accumulation: &usize) -> bool {
+    *accumulation == 1
+}
+
 /// `Err(message)` unless `ok`.
 fn require(ok: bool, message: impl FnOnce() -> String) -> Result<()> {
     if ok {
@@ -104,10 +120,11 @@ fn require(ok: bool, message: impl FnOnce() -> String) -> Result<()> {
 
 impl TrainConfig {
     /// What a checkpoint must share with a run to resume it: everything that changes the
-    /// numbers (model, precision, optimizer, schedule, data, batch shape, dropout, long
-    /// batches), not how memory is managed (checkpointing, loss chunking) nor where the initial
-    /// weights came from. Dropout and long batches appear only when set, so runs without them
-    /// keep the identity they had before these options existed.
+    /// numbers (model, precision, optimizer, schedule, data, batch shape, accumulation, dropout,
+    /// long batches), not how memory is managed (checkpointing, loss chunking) nor where the
+    /// initial weights came from. Accumulation, dropout and long batches appear only when set
+    /// (accumulation other than 1), so runs without them keep the identity they had before
+    /// these options existed.
     pub fn identity(&self) -> serde_json::Value {
         let mut identity = serde_json::json!({
             "model": self.model,
@@ -119,6 +136,9 @@ impl TrainConfig {
             "seq_len": self.seq_len,
             "shuffle_seed": self.shuffle_seed,
         });
+        if self.accumulation != 1 {
+            identity["accumulation"] = serde_json::json!(self.accumulation);
+        }
         if self.dropout != 0.0 {
             identity["dropout"] = serde_json::json!(self.dropout);
         }
@@ -147,7 +167,8 @@ impl TrainConfig {
     }
 
     /// Everything a trainer refuses at start, checked without allocating on a device: the
-    /// model's shape, every optimizer, schedule, loss and dropout value, the batch shape, the
+    /// model's shape, every optimizer, schedule, loss and dropout value, the batch shape and
+    /// accumulation, the
     /// data (a token file is read), and the initial weights' directory. The message names the
     /// value and what to write instead.
     pub fn validate(&self) -> Result<()> {
@@ -155,6 +176,9 @@ impl TrainConfig {
         let max = self.model.max_position_embeddings;
         require(self.batch_size >= 1, || {
             "batch_size is 0; it must be at least 1".into()
+        })?;
+        require(self.accumulation >= 1, || {
+            "accumulation is 0; write the micro-batches per optimizer step, at least 1 (1 accumulates nothing)".into()
         })?;
         for (name, seq) in std::iter::once(("seq_len", self.seq_len))
             .chain(self.long_batch.map(|l| ("long_batch.seq_len", l.seq_len)))
@@ -300,6 +324,7 @@ mod tests {
                 min_len: None,
             },
             batch_size: 2,
+            accumulation: 1,
             seq_len: 8,
             shuffle_seed: 0,
             checkpointing: Checkpointing::None,
@@ -337,6 +362,7 @@ mod tests {
                 r.loss = LossKind::Chunked { chunk_tokens: 0 }
             }),
             ("batch_size is 0", |r| r.batch_size = 0),
+            ("accumulation is 0", |r| r.accumulation = 0),
             ("seq_len is 17", |r| r.seq_len = 17),
             ("dropout is 1", |r| r.dropout = 1.0),
             ("init.std is -1", |r| {

@@ -51,9 +51,13 @@ impl EstimateConfig {
     fn validate(&self) -> Result<()> {
         let r = &self.run;
         r.model.validate().map_err(EngineError::Config)?;
-        if r.batch_size == 0 || r.seq_len == 0 || self.like == (Like::Cpu { threads: 0 }) {
+        if r.batch_size == 0
+            || r.accumulation == 0
+            || r.seq_len == 0
+            || self.like == (Like::Cpu { threads: 0 })
+        {
             return Err(EngineError::Config(
-                "batch_size, seq_len and threads must be at least 1".into(),
+                "batch_size, accumulation, seq_len and threads must be at least 1".into(),
             ));
         }
         for seq in std::iter::once(r.seq_len).chain(r.long_batch.map(|l| l.seq_len)) {
@@ -123,8 +127,8 @@ pub struct StepEstimate {
     pub peak_by_category: Breakdown,
     /// Allocations the step makes.
     pub allocations: u64,
-    /// Held when the forward pass has ended: the saved activations, the last block's output and
-    /// the final norm's, on top of the start.
+    /// Held when the forward pass (the last micro-batch's) has ended: the saved activations, the
+    /// last block's output and the final norm's, on top of the start.
     pub after_forward: Breakdown,
     /// The peak of each phase.
     pub phases: PhasePeaks,
@@ -227,15 +231,15 @@ pub fn routed_steps(cfg: &EstimateConfig, seq: usize) -> Result<[StepEstimate; 2
 }
 
 /// The parts, and a step without and with AdamW's moments, at rows of `seq` tokens: two steps
-/// of a fresh state on the counting device.
+/// of a fresh state on the counting device, each over the run's `accumulation` micro-batches.
 fn steps(cfg: &EstimateConfig, seq: usize) -> Result<(Anatomy, StepEstimate, StepEstimate)> {
     let run = &cfg.run;
     let dev = CountingDevice::new(cfg.like).with_routes(cfg.routes.clone());
     let mut state = State::zeros(run, dev.clone())?;
     let rows = run.batch_size.saturating_mul(seq);
     check_host(
-        rows as u64 * 12,
-        "the dry run's batch (token ids and labels)",
+        (rows as u64 * 12).saturating_mul(run.accumulation as u64),
+        "the dry run's micro-batches (token ids and labels)",
     )?;
     let batch = Batch {
         batch: run.batch_size,
@@ -243,6 +247,7 @@ fn steps(cfg: &EstimateConfig, seq: usize) -> Result<(Anatomy, StepEstimate, Ste
         input_ids: try_vec(rows, 0, "the dry run's token ids")?,
         labels: try_vec(rows, 0, "the dry run's labels")?,
     };
+    let batches = vec![batch; run.accumulation];
     let dropout = (run.dropout > 0.0).then_some(Dropout {
         p: run.dropout,
         seed: 0,
@@ -253,7 +258,7 @@ fn steps(cfg: &EstimateConfig, seq: usize) -> Result<(Anatomy, StepEstimate, Ste
         let before = tracker.stats();
         tracker.reset_peak();
         dev.reset_log();
-        state.train_step(&batch, dropout, 0.0)?;
+        state.train_step(&batches, dropout, 0.0)?;
         let after = tracker.stats();
         let log = dev.log();
         Ok(StepEstimate {
@@ -322,10 +327,14 @@ fn anatomy(cfg: &EstimateConfig, seq: usize) -> Anatomy {
                 // rows are kept, whichever experts they are.
                 let slots = rows * moe.num_experts_per_tok as u64;
                 let f = moe.moe_intermediate_size as u64;
-                let busiest = cfg
-                    .routes
-                    .counts(rows as usize, moe.route_spec(l))
-                    .map_or(rows, |c| c.into_iter().max().unwrap_or(0) as u64);
+                let busiest = (0..r.accumulation)
+                    .map(|micro_batch| {
+                        cfg.routes
+                            .counts(rows as usize, moe.route_spec(l), micro_batch)
+                            .map_or(rows, |c| c.into_iter().max().unwrap_or(0) as u64)
+                    })
+                    .max()
+                    .unwrap_or(0);
                 [
                     attn_products + slots * e * (1 + hidden + 2 * f),
                     2 * norm + slots * e * (hidden + f),
@@ -415,6 +424,7 @@ mod tests {
                 min_len: None,
             },
             batch_size: 2,
+            accumulation: 1,
             seq_len: 5,
             shuffle_seed: 0,
             checkpointing,

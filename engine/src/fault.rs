@@ -26,6 +26,10 @@ pub enum Fault {
     /// A run resumed from a checkpoint written exactly at an epoch's end starts the epoch after
     /// the next: the finished epoch is counted twice, so a whole epoch of samples is skipped.
     EpochSkippedAtBoundary,
+    /// With gradient accumulation, checkpoints save the loader position as if each optimizer
+    /// step had read one micro-batch (`steps × batch_size` samples) instead of
+    /// `accumulation` of them, so a resumed run reads samples again.
+    LoaderPositionCountsSteps,
     /// The learning-rate schedule restarts from step 0 on resume.
     ScheduleReset,
     /// Checkpoints are written without the AdamW moments.

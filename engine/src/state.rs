@@ -5,11 +5,12 @@
 use crate::checkpoint::Entry;
 use crate::config::{Precision, TrainConfig};
 use crate::device::{safetensors_dtype, Device, DeviceTensor, StepPhase};
-use crate::error::Result;
+use crate::error::{EngineError, Result};
 use crate::fault::Fault;
 use crate::memory::Category;
+use crate::model::loss::counted;
 use crate::model::{
-    param_specs, Batch, Dropout, LlamaConfig, Model, Params, PassConfig, PassOutput,
+    param_specs, Batch, Dropout, LlamaConfig, Model, Params, PassConfig, PassOutput, StepShare,
 };
 use crate::optim::{clip_grad_norm, AdamW, Moments};
 use crate::tensor::Elem;
@@ -115,7 +116,7 @@ impl<D: Device> State<D> {
         &self.weights
     }
 
-    /// The gradients of the last pass.
+    /// The gradients of the last step (all its micro-batches').
     pub fn grads(&self) -> &Params<D::Tensor<f32>> {
         &self.grads
     }
@@ -132,29 +133,61 @@ impl<D: Device> State<D> {
         batch: &Batch,
         dropout: Option<Dropout>,
     ) -> Result<PassOutput> {
+        self.accumulate(std::slice::from_ref(batch), dropout)
+    }
+
+    /// Zeroes the gradients, then runs a forward and backward pass over each of `batches` (the
+    /// micro-batches of one optimizer step) in turn, adding every parameter's gradient: the
+    /// gradients are those of the step's loss ([`StepShare`]). Micro-batch `i` draws its dropout
+    /// masks at the generator offset `dropout.offset + i`. Each pass frees its activations before
+    /// the next starts; only the gradients live across them. Returns the step's output
+    /// ([`Model::step_output`]).
+    pub fn accumulate(
+        &mut self,
+        batches: &[Batch],
+        dropout: Option<Dropout>,
+    ) -> Result<PassOutput> {
+        if batches.is_empty() {
+            return Err(EngineError::Config(
+                "an optimizer step needs at least one micro-batch".into(),
+            ));
+        }
         for g in self.grads.tensors_mut() {
             self.dev.fill_zero(g)?;
         }
-        let pass = PassConfig {
-            checkpointing: self.cfg.checkpointing,
-            loss: self.cfg.loss,
-            dropout,
-            faults: &self.cfg.faults,
+        let share = StepShare {
+            tokens: batches.iter().map(|b| counted(&b.labels)).sum(),
+            micro_batches: batches.len(),
         };
-        let (dev, model, grads) = (&self.dev, &self.model, &mut self.grads);
-        let out = match &self.weights {
-            Weights::Fp32(p) => {
-                let (out, kept) = model.forward_backward_with(dev, p, grads, batch, &pass)?;
-                self.kept.extend(kept.into_iter().map(|t| Box::new(t) as _));
-                out
-            }
-            Weights::Bf16Mixed { compute, .. } => {
-                let (out, kept) = model.forward_backward_with(dev, compute, grads, batch, &pass)?;
-                self.kept.extend(kept.into_iter().map(|t| Box::new(t) as _));
-                out
-            }
-        };
-        Ok(out)
+        let mut passes = Vec::with_capacity(batches.len());
+        for (i, batch) in (0u64..).zip(batches) {
+            let pass = PassConfig {
+                checkpointing: self.cfg.checkpointing,
+                loss: self.cfg.loss,
+                dropout: dropout.map(|d| Dropout {
+                    offset: d.offset + i,
+                    ..d
+                }),
+                faults: &self.cfg.faults,
+                share: Some(share),
+            };
+            let (dev, model, grads) = (&self.dev, &self.model, &mut self.grads);
+            let out = match &self.weights {
+                Weights::Fp32(p) => {
+                    let (out, kept) = model.forward_backward_with(dev, p, grads, batch, &pass)?;
+                    self.kept.extend(kept.into_iter().map(|t| Box::new(t) as _));
+                    out
+                }
+                Weights::Bf16Mixed { compute, .. } => {
+                    let (out, kept) =
+                        model.forward_backward_with(dev, compute, grads, batch, &pass)?;
+                    self.kept.extend(kept.into_iter().map(|t| Box::new(t) as _));
+                    out
+                }
+            };
+            passes.push(out);
+        }
+        Ok(self.model.step_output(passes))
     }
 
     /// The global L2 norm of the gradients before clipping; scales them down to the run's
@@ -179,15 +212,16 @@ impl<D: Device> State<D> {
         }
     }
 
-    /// One training step's arithmetic: the pass, clipping and the update at `lr`; returns the
-    /// pass's output and the gradient norm before clipping.
+    /// One training step's arithmetic: the passes over its micro-batches `batches` (one for a
+    /// step without accumulation, see [`State::accumulate`]), clipping and the update at `lr`;
+    /// returns the step's output and the gradient norm before clipping.
     pub fn train_step(
         &mut self,
-        batch: &Batch,
+        batches: &[Batch],
         dropout: Option<Dropout>,
         lr: f64,
     ) -> Result<(PassOutput, f64)> {
-        let pass = self.forward_backward(batch, dropout)?;
+        let pass = self.accumulate(batches, dropout)?;
         self.dev.enter(StepPhase::Optimizer);
         let grad_norm = self.clip_grad_norm()?;
         self.adamw_step(lr)?;

@@ -1,7 +1,8 @@
-//! The training loop: one [`Trainer::step`] is load batch → forward/backward → clip → AdamW →
-//! refresh the compute weights, on any [`Device`]. The trainer owns what is the same on every
-//! device (the data, the schedule, the dropout generator, the checkpoints); the [`State`]
-//! owns the tensors. Everything a trainer allocates is freed when it is dropped.
+//! The training loop: one [`Trainer::step`] is load the step's micro-batches → forward/backward
+//! over each, accumulating gradients → clip → AdamW → refresh the compute weights, on any
+//! [`Device`]. The trainer owns what is the same on every device (the data, the schedule, the
+//! dropout generator, the checkpoints); the [`State`] owns the tensors. Everything a trainer
+//! allocates is freed when it is dropped.
 
 use crate::checkpoint::state::{RngState, ScheduleState, TrainerState, FORMAT_VERSION};
 use crate::checkpoint::{self, LoadRequest, SaveRequest};
@@ -11,7 +12,7 @@ use crate::device::Device;
 use crate::error::Result;
 use crate::fault::Fault;
 use crate::memory::{MemoryStats, MemoryTracker};
-use crate::model::{weights, Dropout, Params};
+use crate::model::{weights, Batch, Dropout, Params};
 use crate::optim::Moments;
 use crate::state::State;
 use serde::{Deserialize, Serialize};
@@ -22,23 +23,24 @@ use std::path::{Path, PathBuf};
 pub struct StepStats {
     /// The step's 0-based index.
     pub step: u64,
-    /// Mean loss of the step's batch.
+    /// Mean loss of the step's batches: their token losses summed over their counted labels.
     pub loss: f32,
     /// Learning rate applied.
     pub lr: f64,
     /// Global gradient norm before clipping.
     pub grad_norm: f64,
-    /// Labels counted.
+    /// Labels counted, over all the step's micro-batches.
     pub tokens: usize,
-    /// sha256 of the batch's token ids and labels: which data the step saw.
+    /// sha256 of the token ids and labels of the step's micro-batches in order: which data the
+    /// step saw.
     pub batch_digest: String,
-    /// The samples of the batch's rows, in row order (the run's sample ledger).
+    /// The samples of the rows of the step's micro-batches, in order (the run's sample ledger).
     #[serde(default)]
     pub samples: Vec<SampleId>,
     /// Blocks recomputed in the backward pass.
     pub recomputed_blocks: usize,
-    /// Each block's tokens per expert (empty for a dense block) in a MoE model: the step's
-    /// expert buffers depend on them. Empty for a dense model.
+    /// Each block's tokens per expert (empty for a dense block) in a MoE model, one micro-batch's
+    /// after the other: the step's expert buffers depend on them. Empty for a dense model.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tokens_per_expert: Vec<Vec<u32>>,
     /// Memory figures, peaks covering this step only.
@@ -185,7 +187,7 @@ impl<D: Device> Trainer<D> {
                 peak_lr: self.cfg.optimizer.lr,
                 next_lr: self.next_lr(),
             },
-            loader: self.loader.state(),
+            loader: self.saved_loader_state(),
             rng: self.rng,
             fingerprint: checkpoint::fingerprint(&identity),
             identity,
@@ -198,6 +200,22 @@ impl<D: Device> Trainer<D> {
             state,
         };
         checkpoint::save(run_dir, req, keep_last)
+    }
+
+    /// The loader position a checkpoint saves: where the loader stands, except that
+    /// [`Fault::LoaderPositionCountsSteps`] counts one micro-batch per step taken.
+    fn saved_loader_state(&self) -> LoaderState {
+        let state = self.loader.state();
+        if !self.cfg.faults.has(Fault::LoaderPositionCountsSteps) {
+            return state;
+        }
+        let read = self.step * self.cfg.batch_size as u64;
+        let samples = self.loader.samples();
+        LoaderState {
+            epoch: read / samples,
+            position: read % samples,
+            ..state
+        }
     }
 
     /// Digests of the weights, the optimizer state, the step, the next learning rate, the
@@ -254,32 +272,36 @@ impl<D: Device> Trainer<D> {
         &self.loader
     }
 
-    /// One training step on the next batch.
+    /// One training step on the next `accumulation` batches (micro-batches); the dropout
+    /// generator advances once per micro-batch.
     pub fn step(&mut self) -> Result<StepStats> {
         let tracker = self.tracker().clone();
         tracker.reset_peak();
-        let batch = self.loader.next_batch_of(self.cfg.seq_len_at(self.step))?;
+        let seq = self.cfg.seq_len_at(self.step);
+        let batches = (0..self.cfg.accumulation)
+            .map(|_| self.loader.next_batch_of(seq))
+            .collect::<Result<Vec<_>>>()?;
         let dropout = (self.cfg.dropout > 0.0).then_some(Dropout {
             p: self.cfg.dropout,
             seed: self.rng.seed,
             offset: self.rng.offset,
         });
         let lr = self.next_lr();
-        let (pass, grad_norm) = self.state.train_step(&batch, dropout, lr)?;
+        let (pass, grad_norm) = self.state.train_step(&batches, dropout, lr)?;
         let stats = StepStats {
             step: self.step,
             loss: pass.loss,
             lr,
             grad_norm,
             tokens: pass.tokens,
-            batch_digest: batch.digest(),
+            batch_digest: Batch::digest_all(&batches),
             samples: self.loader.take_drawn(),
             recomputed_blocks: pass.recomputed_blocks,
             tokens_per_expert: pass.tokens_per_expert,
             memory: tracker.stats(),
         };
         self.step += 1;
-        self.rng.offset += 1;
+        self.rng.offset += self.cfg.accumulation as u64;
         Ok(stats)
     }
 }

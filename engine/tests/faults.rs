@@ -194,6 +194,39 @@ fn epoch_skipped_at_boundary_skips_an_epoch_only_when_resumed_at_its_end() {
 }
 
 #[test]
+fn resume_with_accumulation_is_bitwise_for_dense_and_moe_models() {
+    for mut cfg in [config(&[]), moe_config(2, &[])] {
+        cfg.accumulation = 3;
+        cfg.dropout = 0.1;
+        let t = trial(&cfg);
+        assert_faithful(&t, "accumulation 3");
+        assert_eq!(t.saved.loader.position, RESUME_AT * 3 * 2);
+        assert_eq!(t.saved.rng.offset, RESUME_AT * 3);
+    }
+}
+
+#[test]
+fn loader_position_counts_steps_rereads_samples_with_accumulation_only() {
+    let mut cfg = config(&[Fault::LoaderPositionCountsSteps]);
+    cfg.accumulation = 3;
+    let t = trial(&cfg);
+    let step = &t.resumed[0];
+    println!(
+        "loader_position_counts_steps: resumed loader {:?} (saved {:?}); step {} loss {} vs reference {}",
+        t.resumed_state.loader, t.saved.loader, step.step, step.loss, t.reference[RESUME_AT as usize].loss
+    );
+    assert_eq!(first_divergence(&t), Some((RESUME_AT, "batch")));
+    // Steps 0..3 read 18 samples; the checkpoint says 6, so step 3 reads step 1's.
+    assert_eq!(t.saved.loader.position, 18);
+    assert_eq!(t.resumed_state.loader.position, 6);
+    assert_eq!(step.batch_digest, t.reference[1].batch_digest);
+    assert_faithful(
+        &trial(&config(&[Fault::LoaderPositionCountsSteps])),
+        "one micro-batch per step",
+    );
+}
+
+#[test]
 fn schedule_reset_restarts_the_learning_rate() {
     let t = trial(&config(&[Fault::ScheduleReset]));
     let step = &t.resumed[0];

@@ -194,6 +194,7 @@ fn pass_output(
         loss,
         dropout,
         faults: &faults,
+        share: None,
     };
     let (out, kept) = model
         .forward_backward_with(dev, w, &mut g, batch, &cfg)

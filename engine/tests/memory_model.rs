@@ -257,6 +257,7 @@ fn case() -> impl Strategy<Value = Case> {
     let step = (
         prop_oneof![Just(0.0f32), Just(0.2)],     // dropout
         prop::option::of((0u64..=2, 0usize..=4)), // long rows: first step, extra tokens
+        1usize..=3,                               // micro-batches per step
     );
     // Experts, top-k (reduced below the experts), expert width, renormalised, a dense first layer.
     let moe = (
@@ -274,7 +275,7 @@ fn case() -> impl Strategy<Value = Case> {
             (experts, k, expert_ffn, normalize, dense_first),
         )| {
             let (precision, checkpointing, loss, threads, seed) = run;
-            let (dropout, long) = step;
+            let (dropout, long, accumulation) = step;
             let moe = family.moe().then(|| MoeConfig {
                 num_experts: experts,
                 num_experts_per_tok: 1 + (k - 1) % experts,
@@ -327,6 +328,7 @@ fn case() -> impl Strategy<Value = Case> {
                     min_len: Some(1),
                 },
                 batch_size: rows,
+                accumulation,
                 seq_len: seq,
                 shuffle_seed: seed,
                 checkpointing,
@@ -346,8 +348,8 @@ fn case() -> impl Strategy<Value = Case> {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(200))]
 
-    /// Steps 0, 1 and 2 of a fresh trainer, with or without dropout and long rows from one of
-    /// them on: the measured peak, the breakdown at the peak, each category's peak, the bytes
+    /// Steps 0, 1 and 2 of a fresh trainer, with or without dropout, gradient accumulation and
+    /// long rows from one of them on: the measured peak, the breakdown at the peak, each category's peak, the bytes
     /// held at the step's start and end and the number of allocations all equal the estimate's
     /// (for a MoE model, the estimate at the tokens per expert the step recorded).
     #[test]

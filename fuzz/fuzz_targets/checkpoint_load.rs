@@ -51,6 +51,7 @@ fn fixture() -> &'static Fixture {
             schedule: Schedule::Constant,
             data: DataConfig::Synthetic { seed: 0, samples: 4, branching: 2, min_len: None },
             batch_size: 1,
+            accumulation: 1,
             seq_len: 4,
             shuffle_seed: 0,
             checkpointing: Checkpointing::None,

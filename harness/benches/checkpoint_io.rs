@@ -109,6 +109,7 @@ fn main() {
             min_len: None,
         },
         batch_size: 1,
+        accumulation: 1,
         seq_len: 16,
         shuffle_seed: 0,
         checkpointing: Checkpointing::None,

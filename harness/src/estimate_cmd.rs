@@ -132,6 +132,7 @@ fn synthetic_run(model: LlamaConfig, batch_size: usize, seq_len: usize) -> Train
             min_len: None,
         },
         batch_size,
+        accumulation: 1,
         seq_len,
         shuffle_seed: 0,
         checkpointing: Checkpointing::None,
@@ -531,7 +532,7 @@ pub fn table(a: &EstimateArgs) -> Result<Report> {
     }
     let m = &run.model;
     let header = format!(
-        "{} parameters (vocab {}, hidden {}, FFN {}, {} layers, {}/{} heads), batch {} × {} tokens, {}, {}\n\n",
+        "{} parameters (vocab {}, hidden {}, FFN {}, {} layers, {}/{} heads), batch {} × {} tokens{}, {}, {}\n\n",
         m.num_params(),
         m.vocab_size,
         m.hidden_size,
@@ -541,6 +542,10 @@ pub fn table(a: &EstimateArgs) -> Result<Report> {
         m.num_key_value_heads,
         run.batch_size,
         run.seq_len,
+        match run.accumulation {
+            1 => String::new(),
+            n => format!(" × {n} micro-batches per step"),
+        },
         match run.precision {
             Precision::Fp32 => "fp32",
             Precision::Bf16Mixed => "bf16-mixed",
@@ -651,6 +656,23 @@ mod tests {
             .text;
         assert!(text.contains("1 layers"), "{text}");
         assert!(text.contains("batch 3 × 16 tokens, fp32"), "{text}");
+    }
+
+    #[test]
+    fn accumulation_is_named_beside_the_batch() {
+        let mut run = synthetic_run(llama_1b(), 2, 16);
+        run.model.num_hidden_layers = 1;
+        run.accumulation = 3;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run.json");
+        std::fs::write(&path, serde_json::to_string(&run).unwrap()).unwrap();
+        let text = table(&args(&["--config", path.to_str().unwrap()]))
+            .unwrap()
+            .text;
+        assert!(
+            text.contains("batch 2 × 16 tokens × 3 micro-batches per step, fp32"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -181,7 +181,7 @@ pub fn run(req: &EvalRequest) -> Result<EvalReport> {
     Ok(EvalReport {
         loss: first.loss,
         ce: first.aux.is_some().then_some(first.ce),
-        aux: first.aux,
+        aux: first.aux.map(|a| a as f32),
         losses,
     })
 }

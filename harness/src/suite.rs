@@ -80,6 +80,9 @@ pub struct Training {
     /// Checkpoints to keep (at least 1).
     #[serde(default, deserialize_with = "keep_last")]
     pub keep_last: Option<usize>,
+    /// Micro-batches of `batch_size` rows per optimizer step (at least 1); 1 when absent.
+    #[serde(default, deserialize_with = "accumulation")]
+    pub accumulation: Option<usize>,
 }
 
 /// A count of at least 1, or absent; `zero` says what to write instead of 0.
@@ -106,6 +109,13 @@ fn keep_last<'de, D: Deserializer<'de>>(d: D) -> Result<Option<usize>, D::Error>
     at_least_one(
         d,
         "keep_last is 0, but the newest checkpoint is always kept; write keep_last: 1 or more, or leave it out to keep every checkpoint",
+    )
+}
+
+fn accumulation<'de, D: Deserializer<'de>>(d: D) -> Result<Option<usize>, D::Error> {
+    at_least_one(
+        d,
+        "accumulation is 0; write the micro-batches per optimizer step, accumulation: 1 or more, or leave it out for one batch per step",
     )
 }
 
@@ -561,6 +571,7 @@ impl Suite {
             schedule,
             data,
             batch_size: file.batch_size,
+            accumulation: t.accumulation.unwrap_or(1),
             seq_len: file.seq_len,
             shuffle_seed: file.shuffle_seed,
             checkpointing: file.checkpointing,
@@ -928,6 +939,13 @@ expect_fail: [state_digest, loss_continuity]
             "{e}"
         );
         assert!(parse("  save_every: 1\n  keep_last: 12\n").is_ok());
+        let e = error("  accumulation: 0\n");
+        assert!(
+            e.starts_with("s.yaml:9:17:") && e.contains("accumulation: 1 or more"),
+            "{e}"
+        );
+        assert_eq!(parse("").unwrap().train.accumulation, 1);
+        assert_eq!(parse("  accumulation: 3\n").unwrap().train.accumulation, 3);
     }
 
     #[test]

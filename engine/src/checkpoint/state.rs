@@ -39,7 +39,8 @@ pub struct ScheduleState {
 pub struct RngState {
     /// Seed of the run's generator.
     pub seed: u64,
-    /// Where the generator stands: one per step taken; a step's masks are keyed by it.
+    /// Where the generator stands: one per micro-batch taken (one per step without gradient
+    /// accumulation); a micro-batch's masks are keyed by it.
     pub offset: u64,
 }
 

@@ -9,7 +9,7 @@ pub struct Dropout {
     pub p: f32,
     /// The run's generator seed.
     pub seed: u64,
-    /// The generator's offset: one per training step.
+    /// The generator's offset: one per micro-batch (per training step without accumulation).
     pub offset: u64,
 }
 

@@ -37,33 +37,51 @@ impl LossKind {
     }
 }
 
-/// Mean cross-entropy over labels that are not [`IGNORE_INDEX`].
+/// Labels that are not [`IGNORE_INDEX`]: the tokens a loss counts.
+pub fn counted(labels: &[i64]) -> usize {
+    labels.iter().filter(|&&l| l != IGNORE_INDEX).count()
+}
+
+/// The factor that turns summed token losses into their mean over `tokens` counted labels (1
+/// when there are none), in the f32 the kernels scale gradients by.
+pub fn mean_scale(tokens: usize) -> f32 {
+    1.0 / tokens.max(1) as f32
+}
+
+/// Cross-entropy over labels that are not [`IGNORE_INDEX`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LossOutput {
-    /// The mean loss (0 when every label is ignored).
+    /// The summed loss divided by the labels it is averaged over (0 when every label is
+    /// ignored).
     pub loss: f32,
+    /// The token losses summed in f64, in row order.
+    pub sum: f64,
     /// Labels counted.
     pub tokens: usize,
 }
 
 /// Computes the loss of `hn` (`[rows, hidden]`, the final-norm output) through the head `w`
-/// (`[vocab, hidden]`); writes `dhn` and adds the head's gradient to `dw`.
+/// (`[vocab, hidden]`); writes `dhn` and adds the head's gradient to `dw`. The loss and its
+/// gradients are averaged over `mean_over` labels: these rows' own counted labels when `None`,
+/// else the count given (an accumulating step's labels over all its micro-batches).
+#[allow(clippy::too_many_arguments)]
 pub fn linear_cross_entropy<D: Device, E: Elem>(
     dev: &D,
     hn: &D::Tensor<E>,
     w: &D::Tensor<E>,
     labels: &[i64],
     kind: LossKind,
+    mean_over: Option<usize>,
     dhn: &mut D::Tensor<E>,
     dw: &mut D::Tensor<f32>,
 ) -> Result<LossOutput> {
     let (vocab, hidden) = (w.shape()[0], w.shape()[1]);
     let rows = labels.len();
-    let tokens = labels.iter().filter(|&&l| l != IGNORE_INDEX).count();
+    let tokens = counted(labels);
     let (chunk, category) = kind.chunk(rows);
     let mut row_loss = dev.zeros::<f32>(&[rows], Category::Workspace)?;
     let label_buf = dev.labels(labels)?;
-    let scale = 1.0 / tokens.max(1) as f32;
+    let scale = mean_scale(mean_over.unwrap_or(tokens));
     let mut logits = dev.zeros::<E>(&[chunk, vocab], category)?;
     for start in (0..rows).step_by(chunk) {
         let len = chunk.min(rows - start);
@@ -81,6 +99,7 @@ pub fn linear_cross_entropy<D: Device, E: Elem>(
     let total: f64 = dev.to_host(&row_loss)?.iter().map(|&l| l as f64).sum();
     Ok(LossOutput {
         loss: (total * scale as f64) as f32,
+        sum: total,
         tokens,
     })
 }

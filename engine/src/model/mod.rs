@@ -19,7 +19,7 @@ use crate::tensor::Elem;
 use block::{BlockActivations, BlockCtx, BlockDims};
 pub use config::{Family, LlamaConfig};
 pub use dropout::Dropout;
-use loss::{linear_cross_entropy, LossKind, IGNORE_INDEX};
+use loss::{linear_cross_entropy, mean_scale, LossKind, IGNORE_INDEX};
 pub use params::{param_specs, Layout, ParamSpec, Params};
 use rope::RopeSpec;
 use router::LoadBalance;
@@ -69,35 +69,64 @@ pub struct Batch {
 impl Batch {
     /// sha256 of the token ids and labels (little-endian u32 and i64), naming the data a step saw.
     pub fn digest(&self) -> String {
+        Self::digest_all(std::slice::from_ref(self))
+    }
+
+    /// sha256 of the shapes, token ids and labels of `batches` in order (the micro-batches of a
+    /// step): for one batch, its [`Batch::digest`].
+    pub fn digest_all(batches: &[Batch]) -> String {
         use sha2::{Digest, Sha256};
         let mut h = Sha256::new();
-        h.update((self.batch as u64).to_le_bytes());
-        h.update((self.seq as u64).to_le_bytes());
-        for id in &self.input_ids {
-            h.update(id.to_le_bytes());
-        }
-        for label in &self.labels {
-            h.update(label.to_le_bytes());
+        for b in batches {
+            h.update((b.batch as u64).to_le_bytes());
+            h.update((b.seq as u64).to_le_bytes());
+            for id in &b.input_ids {
+                h.update(id.to_le_bytes());
+            }
+            for label in &b.labels {
+                h.update(label.to_le_bytes());
+            }
         }
         format!("{:x}", h.finalize())
     }
 }
 
-/// What one forward + backward pass produced.
+/// What one forward + backward pass produced, or the passes over the micro-batches of one
+/// optimizer step together ([`Model::step_output`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct PassOutput {
     /// The loss trained on: the cross-entropy, plus `router_aux_loss_coef × aux` for a MoE model.
     pub loss: f32,
-    /// Mean cross-entropy over counted labels.
+    /// Cross-entropy summed over counted labels and divided by the labels it is averaged over:
+    /// the pass's own, or its step's ([`StepShare::tokens`]).
     pub ce: f32,
-    /// The load-balancing loss of a MoE model (before its coefficient).
-    pub aux: Option<f32>,
-    /// Each block's tokens per expert (empty for a dense block); empty for a dense model.
+    /// The token losses summed in f64, in row order (micro-batch by micro-batch for a step).
+    pub ce_sum: f64,
+    /// The load-balancing loss of a MoE model (before its coefficient); for a step of several
+    /// micro-batches, the mean of theirs.
+    pub aux: Option<f64>,
+    /// Each block's tokens per expert (empty for a dense block); empty for a dense model. For a
+    /// step of several micro-batches, each block's list holds the micro-batches' counts one after
+    /// the other.
     pub tokens_per_expert: Vec<Vec<u32>>,
     /// Labels counted.
     pub tokens: usize,
-    /// Blocks that recomputed activations (all of them, or the cheap part) during backward.
+    /// Blocks that recomputed activations (all of them, or the cheap part) during backward; for
+    /// a step of several micro-batches, the most any of their passes recomputed.
     pub recomputed_blocks: usize,
+}
+
+/// A pass's place in an optimizer step that accumulates the gradients of several micro-batches.
+/// Each micro-batch's token losses are divided by the labels counted over the whole step, and a
+/// MoE model's load-balancing loss of each by the number of micro-batches, so the gradients the
+/// passes add up are those of the step's loss: its summed token losses over its counted labels,
+/// plus the coefficient times the mean of the micro-batches' load-balancing losses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepShare {
+    /// Labels counted over every micro-batch of the step.
+    pub tokens: usize,
+    /// Micro-batches in the step.
+    pub micro_batches: usize,
 }
 
 /// How a training pass runs.
@@ -112,6 +141,8 @@ pub struct PassConfig<'a> {
     /// Deliberate bugs: [`Fault::CheckpointingSkippedNested`], [`Fault::RecomputeInputsKept`]
     /// and [`Fault::MoeDispatchKept`] act here.
     pub faults: &'a Faults,
+    /// The pass's place in an accumulating step; `None`: the pass is its own step.
+    pub share: Option<StepShare>,
 }
 
 impl PassConfig<'_> {
@@ -233,6 +264,7 @@ impl<D: Device> Model<D> {
             loss,
             dropout: None,
             faults: &faults,
+            share: None,
         };
         let (out, kept) = self.forward_backward_with(dev, w, grads, batch, &pass)?;
         debug_assert!(kept.is_empty(), "no fault keeps inputs here");
@@ -295,6 +327,7 @@ impl<D: Device> Model<D> {
             w.get(p.head),
             &batch.labels,
             pass.loss,
+            pass.share.map(|s| s.tokens),
             &mut dhn,
             grads.get_mut(p.head),
         )?;
@@ -305,7 +338,8 @@ impl<D: Device> Model<D> {
             .as_ref()
             .map_or(0.0, |m| m.router_aux_loss_coef);
         let aux = (!balance.is_empty()).then(|| balance.loss());
-        let dprob = balance.prob_grad(coef);
+        let micro_batches = pass.share.map_or(1, |s| s.micro_batches);
+        let dprob = balance.prob_grad(coef / micro_batches as f64);
 
         dev.enter(StepPhase::Backward);
         let ctx = BlockCtx {
@@ -345,11 +379,48 @@ impl<D: Device> Model<D> {
         let out = PassOutput {
             loss: (loss.loss as f64 + coef * aux.unwrap_or(0.0)) as f32,
             ce: loss.loss,
-            aux: aux.map(|a| a as f32),
+            ce_sum: loss.sum,
+            aux,
             tokens_per_expert,
             tokens: loss.tokens,
             recomputed_blocks,
         };
         Ok((out, kept))
+    }
+
+    /// The output of an optimizer step from its micro-batches' passes, in order: the summed
+    /// token losses over all counted labels, the mean load-balancing loss, the tokens per expert
+    /// of each block one micro-batch after the other. For one pass, that pass's output.
+    pub fn step_output(&self, passes: Vec<PassOutput>) -> PassOutput {
+        let coef = self
+            .cfg
+            .moe
+            .as_ref()
+            .map_or(0.0, |m| m.router_aux_loss_coef);
+        let tokens = passes.iter().map(|p| p.tokens).sum();
+        let ce_sum: f64 = passes.iter().map(|p| p.ce_sum).sum();
+        let ce = (ce_sum * mean_scale(tokens) as f64) as f32;
+        let auxes: Vec<f64> = passes.iter().filter_map(|p| p.aux).collect();
+        let aux = (!auxes.is_empty()).then(|| auxes.iter().sum::<f64>() / auxes.len() as f64);
+        let mut tokens_per_expert: Vec<Vec<u32>> = Vec::new();
+        for p in &passes {
+            tokens_per_expert.resize(p.tokens_per_expert.len(), Vec::new());
+            for (all, counts) in tokens_per_expert.iter_mut().zip(&p.tokens_per_expert) {
+                all.extend(counts);
+            }
+        }
+        PassOutput {
+            loss: (ce as f64 + coef * aux.unwrap_or(0.0)) as f32,
+            ce,
+            ce_sum,
+            aux,
+            tokens_per_expert,
+            tokens,
+            recomputed_blocks: passes
+                .iter()
+                .map(|p| p.recomputed_blocks)
+                .max()
+                .unwrap_or(0),
+        }
     }
 }

@@ -62,6 +62,7 @@ pub fn train_config(
             min_len: Some(seq_len / 4),
         },
         batch_size,
+        accumulation: 1,
         seq_len,
         shuffle_seed: 3,
         checkpointing: Checkpointing::None,

@@ -40,10 +40,14 @@ impl Like {
     }
 }
 
-/// The peak of each [`StepPhase`] and what was held when it began.
+/// The peak of each [`StepPhase`] and what was held when it began. A step that accumulates
+/// micro-batches enters its forward, loss and backward phases once per micro-batch: a phase's
+/// peak is the highest of all its entries, its start the last entry's.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct PhaseLog {
     current: Option<usize>,
+    /// Forward passes begun: the micro-batch under way is the last of them.
+    passes: usize,
     /// Bytes held at each phase's start, in [`StepPhase`] order.
     pub start: [Breakdown; 4],
     /// Each phase's peak, in [`StepPhase`] order.
@@ -78,7 +82,8 @@ pub enum Routes {
     /// The bound over all routings: the first `top_k` experts get every row, so one expert's
     /// buffers are as large as they can be.
     Concentrated,
-    /// Each block's tokens per expert as a real step recorded them (empty for a dense block).
+    /// Each block's tokens per expert as a real step recorded them (empty for a dense block):
+    /// for a step of several micro-batches, each micro-batch's counts one after the other.
     Recorded(Vec<Vec<u32>>),
 }
 
@@ -88,8 +93,9 @@ impl Routes {
         *self == Routes::Balanced
     }
 
-    /// How many rows each expert of the layer `spec` gets out of `rows`.
-    pub fn counts(&self, rows: usize, spec: RouteSpec) -> Result<Vec<u32>> {
+    /// How many rows each expert of the layer `spec` gets out of `rows` in micro-batch
+    /// `micro_batch` of a step (the same in each unless recorded otherwise).
+    pub fn counts(&self, rows: usize, spec: RouteSpec, micro_batch: usize) -> Result<Vec<u32>> {
         let (e, k) = (spec.experts, spec.top_k);
         Ok(match self {
             Routes::Balanced => (0..e)
@@ -98,12 +104,16 @@ impl Routes {
             Routes::Concentrated => (0..e)
                 .map(|x| if x < k { rows as u32 } else { 0 })
                 .collect(),
-            Routes::Recorded(layers) => layers.get(spec.layer).cloned().ok_or_else(|| {
-                EngineError::Config(format!(
-                    "no tokens per expert recorded for block {}",
-                    spec.layer
-                ))
-            })?,
+            Routes::Recorded(layers) => layers
+                .get(spec.layer)
+                .and_then(|counts| counts.chunks(e.max(1)).nth(micro_batch))
+                .map(<[u32]>::to_vec)
+                .ok_or_else(|| {
+                    EngineError::Config(format!(
+                        "no tokens per expert recorded for block {} of micro-batch {micro_batch}",
+                        spec.layer
+                    ))
+                })?,
         })
     }
 }
@@ -251,7 +261,8 @@ impl Device for CountingDevice {
         let i = PhaseLog::index(phase);
         log.current = Some(i);
         log.start[i] = stats.current;
-        log.peak[i] = stats.allocated.current;
+        log.peak[i] = log.peak[i].max(stats.allocated.current);
+        log.passes += usize::from(phase == StepPhase::Forward);
     }
 
     fn zeros<E: Elem>(&self, shape: &[usize], category: Category) -> Result<T<E>> {
@@ -275,7 +286,8 @@ impl Device for CountingDevice {
 
     fn route<E: Elem>(&self, logits: &T<E>, spec: RouteSpec) -> Result<Routing> {
         let rows = logits.numel() / spec.experts;
-        Routing::from_counts(rows, &self.routes.counts(rows, spec)?, spec)
+        let micro_batch = self.log().passes.saturating_sub(1);
+        Routing::from_counts(rows, &self.routes.counts(rows, spec, micro_batch)?, spec)
     }
 
     fn to_host<E: Elem>(&self, t: &T<E>) -> Result<Vec<E>> {
