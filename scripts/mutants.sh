@@ -6,7 +6,8 @@
 #   checks      harness/src/checks/*.rs   the harness's unit tests
 #   optim       engine/src/optim.rs       the engine's unit, training, fault and determinism tests
 #   data        engine/src/data.rs        the same
-#   checkpoint  engine/src/checkpoint/    the engine's unit tests and the harness's checkpoint tests
+#   checkpoint  engine/src/checkpoint/    the engine's unit tests and the harness's checkpoint and
+#                                         frozen-checkpoint tests
 #
 #   scripts/mutants.sh [OUT [AREA...]]    OUT defaults to report/mutants, AREA to all four
 #
@@ -37,7 +38,8 @@ args_for() {
         data) args=(-f engine/src/data.rs "${engine_tests[@]}") ;;
         checkpoint)
             args=(-f 'engine/src/checkpoint/*.rs' --test-package ckpt-engine,ckpt-harness
-                --cargo-arg=--lib --cargo-arg=--test=checkpoint --cargo-arg=--test=retention)
+                --cargo-arg=--lib --cargo-arg=--test=checkpoint --cargo-arg=--test=retention
+                --cargo-arg=--test=golden_checkpoints)
             ;;
         *)
             echo "mutants: unknown area $1 (checks, optim, data, checkpoint)" >&2
