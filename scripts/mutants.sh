@@ -37,7 +37,8 @@ args_for() {
         optim) args=(-f engine/src/optim.rs "${engine_tests[@]}") ;;
         data) args=(-f engine/src/data.rs "${engine_tests[@]}") ;;
         checkpoint)
-            args=(-f 'engine/src/checkpoint/*.rs' --test-package ckpt-engine,ckpt-harness
+            # cargo-mutants names only the mutated package; --package adds the harness's tests.
+            args=(-f 'engine/src/checkpoint/*.rs' --test-package ckpt-engine --cargo-arg=--package=ckpt-harness
                 --cargo-arg=--lib --cargo-arg=--test=checkpoint --cargo-arg=--test=retention
                 --cargo-arg=--test=golden_checkpoints)
             ;;

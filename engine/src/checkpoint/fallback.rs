@@ -134,4 +134,20 @@ mod tests {
         let err = newest(run, &other).unwrap_err().to_string();
         assert!(err.contains("another run configuration"), "{err}");
     }
+
+    #[test]
+    fn a_directory_without_checkpoints_or_latest_is_loaded_as_it_is() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut tried = Vec::new();
+        let err = load_newest(tmp.path(), &serde_json::json!({}), |dir| -> Result<()> {
+            tried.push(dir.to_path_buf());
+            Err(EngineError::bad_file(dir, "is not a checkpoint directory"))
+        })
+        .unwrap_err();
+        assert_eq!(tried, [tmp.path()], "the loader's own error, not a search");
+        assert!(
+            err.to_string().ends_with("is not a checkpoint directory"),
+            "{err}"
+        );
+    }
 }

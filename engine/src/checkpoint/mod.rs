@@ -239,7 +239,72 @@ pub fn fingerprint(identity: &serde_json::Value) -> String {
 #[cfg(all(test, unix))]
 mod tests {
     use super::testing::save_step;
+    use super::{entries_digest, resolve, Entry, LATEST_FILE};
+    use safetensors::Dtype;
+    use std::borrow::Cow;
     use std::os::unix::fs::PermissionsExt;
+
+    fn entry(name: &str, dtype: Dtype, shape: &[usize], data: &[u8]) -> Entry<'static> {
+        Entry {
+            name: name.into(),
+            dtype,
+            shape: shape.to_vec(),
+            data: Cow::Owned(data.to_vec()),
+        }
+    }
+
+    #[test]
+    fn the_entries_digest_changes_with_every_name_type_shape_and_byte() {
+        let base = || {
+            vec![
+                entry("a", Dtype::F32, &[2], &[0; 8]),
+                entry("b", Dtype::BF16, &[1, 2], &[1; 4]),
+            ]
+        };
+        let digest = entries_digest(&base());
+        assert_eq!(digest.len(), 64);
+        assert!(digest.bytes().all(|b| b.is_ascii_hexdigit()));
+        assert_eq!(
+            digest,
+            entries_digest(&base()),
+            "the same entries, the same digest"
+        );
+        type Change = fn(&mut Vec<Entry<'static>>);
+        let changes: [(&str, Change); 5] = [
+            ("name", |e| e[1].name = "c".into()),
+            ("dtype", |e| e[1].dtype = Dtype::F16),
+            ("shape", |e| e[1].shape = vec![2, 1]),
+            ("byte", |e| e[0].data.to_mut()[7] = 1),
+            ("order", |e| e.swap(0, 1)),
+        ];
+        for (what, change) in changes {
+            let mut changed = base();
+            change(&mut changed);
+            assert_ne!(entries_digest(&changed), digest, "{what}");
+        }
+    }
+
+    #[test]
+    fn a_path_resolves_to_itself_unless_only_its_latest_names_a_checkpoint() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = tmp.path().join("run");
+        let saved = save_step(&run, 2);
+        assert_eq!(resolve(&run).unwrap(), saved, "a run directory: its latest");
+        assert_eq!(resolve(&saved).unwrap(), saved, "a checkpoint: itself");
+        std::fs::write(saved.join(LATEST_FILE), "elsewhere").unwrap();
+        assert_eq!(
+            resolve(&saved).unwrap(),
+            saved,
+            "a checkpoint's stray latest is ignored"
+        );
+        let empty = tmp.path().join("empty");
+        std::fs::create_dir(&empty).unwrap();
+        assert_eq!(
+            resolve(&empty).unwrap(),
+            empty,
+            "neither: itself, for load to refuse"
+        );
+    }
 
     #[test]
     fn a_checkpoint_directory_is_created_as_any_other() {
