@@ -97,6 +97,33 @@ pub fn entries_digest(entries: &[Entry<'_>]) -> String {
     format!("{:x}", h.finalize())
 }
 
+/// The digests of what the checkpoint in `dir` holds on disk: [`entries_digest`] over the
+/// tensors of `model.safetensors` and over those of `optimizer.safetensors`, each in the order
+/// they were written (as `Trainer::state_digest` computes them over the live tensors). Reads
+/// the files as they are, checking nothing else.
+pub fn tensor_digests(dir: &Path) -> Result<[String; 2]> {
+    let digest = |file: &str| -> Result<String> {
+        let path = dir.join(file);
+        let bytes = std::fs::read(&path).map_err(|e| EngineError::io(&path, e))?;
+        let tensors = safetensors::SafeTensors::deserialize(&bytes)
+            .map_err(|e| EngineError::bad_file(&path, format!("not a safetensors file: {e}")))?;
+        let mut views = tensors.tensors();
+        // Written back to back in entry order: their data's addresses restore the order.
+        views.sort_by_key(|(_, v)| v.data().as_ptr() as usize);
+        let entries: Vec<Entry<'_>> = views
+            .iter()
+            .map(|(name, v)| Entry {
+                name: name.clone(),
+                dtype: v.dtype(),
+                shape: v.shape().to_vec(),
+                data: Cow::Borrowed(v.data()),
+            })
+            .collect();
+        Ok(entries_digest(&entries))
+    };
+    Ok([digest(MODEL_FILE)?, digest(OPTIMIZER_FILE)?])
+}
+
 /// Writes a safetensors file straight from tensor buffers (no staging copy), fsynced.
 fn write_safetensors(path: &Path, entries: &[Entry<'_>]) -> Result<FileRecord> {
     let mut header = serde_json::Map::new();
