@@ -32,7 +32,7 @@ pub use foreign::{foreign, remove_foreign, Foreign};
 pub use load::{load, LoadRequest, Loaded};
 pub use lock::RunLock;
 pub use recover::recover;
-use recover::{OLD_PREFIX, TMP_PREFIX};
+use recover::{OLD_PREFIX, PRUNED_PREFIX, TMP_PREFIX};
 use safetensors::Dtype;
 use state::{FileRecord, TrainerState};
 use std::borrow::Cow;
@@ -224,14 +224,22 @@ pub fn list(run_dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(dirs)
 }
 
+/// Deletes the oldest checkpoints beyond `keep`, never `latest`'s. Each is first renamed out of
+/// the checkpoints' names (to `.pruned-step-N`), so a crash while its files are deleted leaves
+/// no half-deleted `step-N` behind; [`recover`] deletes what it left.
 fn prune(run_dir: &Path, keep: usize, latest: &str) -> Result<()> {
     let dirs = list(run_dir)?;
     let excess = dirs.len().saturating_sub(keep);
     for dir in dirs.into_iter().take(excess) {
-        if dir.file_name().is_some_and(|n| n == latest) {
+        let Some(name) = dir.file_name().map(|n| n.to_string_lossy().into_owned()) else {
+            continue;
+        };
+        if name == latest {
             continue;
         }
-        std::fs::remove_dir_all(&dir).map_err(|e| EngineError::io(&dir, e))?;
+        let aside = run_dir.join(format!("{PRUNED_PREFIX}{name}"));
+        rename_synced(&dir, &aside, run_dir)?;
+        std::fs::remove_dir_all(&aside).map_err(|e| EngineError::io(&aside, e))?;
     }
     Ok(())
 }

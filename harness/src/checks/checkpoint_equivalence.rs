@@ -66,7 +66,11 @@ fn compare(r: &RunRecord, phase: Phase, save: &SaveRecord, out: &mut Vec<Failure
         "the save wrote other tensors than the trainer held"
     };
     let fields = [
-        ("step in trainer_state.json", want.step.to_string(), disk.step.to_string()),
+        (
+            "step in trainer_state.json",
+            want.step.to_string(),
+            disk.step.to_string(),
+        ),
         (
             "optimizer steps in trainer_state.json",
             want.optimizer_steps.to_string(),
@@ -161,7 +165,11 @@ mod tests {
         r.phases[0].saves.pop();
         let o = check(&r);
         assert!(o.failed());
-        assert!(o.failures[0].actual.contains("none at steps [6]"), "{:?}", o.failures);
+        assert!(
+            o.failures[0].actual.contains("none at steps [6]"),
+            "{:?}",
+            o.failures
+        );
     }
 
     #[test]
