@@ -10,6 +10,10 @@
 //! presence, sizes, the run's configuration, dtypes and shapes, allocates every tensor in its
 //! final place, and reads each file once straight into them while verifying its checksum; it
 //! names exactly what is wrong.
+//!
+//! `Trainer::save_async` runs the same [`save`] on a writer thread over copies of the tensors
+//! staged in host memory, so an asynchronous checkpoint is byte for byte a synchronous one and a
+//! crash while it is written leaves the previous checkpoint as `latest`.
 
 mod fallback;
 pub mod files;
