@@ -3,7 +3,10 @@
 //! each operation allocates the scratch of the backend the device imitates, so the tracker's
 //! figures are the step's: the measured peak (`StepStats::memory.allocated.peak`) equals the
 //! estimate's to the byte. Checkpoint saving and loading stage nothing on the device, so their
-//! peak is what a trainer holds between steps.
+//! peak is what a trainer holds between steps. An asynchronous save stages a copy of every
+//! checkpoint tensor in host memory ([`Estimate::save_staging`]) until the end of the next
+//! step: on the CPU, whose host memory is the device's, that step starts with those bytes held
+//! under `io` and its peak is the same step's plus them.
 //!
 //! The [`Anatomy`] beside it is the same memory as a table of tensor shapes (llm.c's
 //! `fill_in_activation_sizes`), for people; a test checks it against the dry run.
@@ -151,6 +154,10 @@ pub struct Estimate {
     /// the tensors and a load reads each tensor into its final place, so neither stages a copy
     /// on the device: this is what a trainer holds between steps once AdamW's moments exist.
     pub checkpoint_io: u64,
+    /// The host staging buffers of an asynchronous save (`Trainer::save_async`): a copy of
+    /// every tensor of the checkpoint (weights, master weights, AdamW's moments), counted under
+    /// `io` and held from the save to the end of the next step.
+    pub save_staging: u64,
 }
 
 /// The memory model of the steps with long rows (`TrainConfig::long_batch`).
@@ -167,6 +174,16 @@ pub struct LongBatchEstimate {
 }
 
 impl Estimate {
+    /// The staging bytes of an asynchronous save on the device's own tracker: all of them on
+    /// the CPU, whose host memory is the device's; none on CUDA, which stages in host memory
+    /// apart from the GPU's.
+    pub fn save_staging_on_device(&self) -> u64 {
+        match self.config.like {
+            Like::Cpu { .. } => self.save_staging,
+            Like::Cuda => 0,
+        }
+    }
+
     /// The estimate of a step at the run's own row length with (`true`) or without AdamW's
     /// moments already allocated.
     pub fn step(&self, moments_exist: bool) -> &StepEstimate {
@@ -198,10 +215,10 @@ impl Estimate {
 /// The memory model of `cfg`.
 pub fn estimate(cfg: &EstimateConfig) -> Result<Estimate> {
     cfg.validate()?;
-    let (anatomy, first_step, later_step) = steps(cfg, cfg.run.seq_len)?;
+    let (anatomy, first_step, later_step, save_staging) = steps(cfg, cfg.run.seq_len)?;
     let long_batch = match cfg.run.long_batch {
         Some(long) => {
-            let (anatomy, first_step, later_step) = steps(cfg, long.seq_len)?;
+            let (anatomy, first_step, later_step, _) = steps(cfg, long.seq_len)?;
             Some(LongBatchEstimate {
                 from_step: long.from_step,
                 anatomy,
@@ -219,6 +236,7 @@ pub fn estimate(cfg: &EstimateConfig) -> Result<Estimate> {
         later_step,
         long_batch,
         checkpoint_io,
+        save_staging,
     })
 }
 
@@ -226,13 +244,14 @@ pub fn estimate(cfg: &EstimateConfig) -> Result<Estimate> {
 /// `cfg.routes` says: what a step that recorded its tokens per expert should have held.
 pub fn routed_steps(cfg: &EstimateConfig, seq: usize) -> Result<[StepEstimate; 2]> {
     cfg.validate()?;
-    let (_, first, later) = steps(cfg, seq)?;
+    let (_, first, later, _) = steps(cfg, seq)?;
     Ok([first, later])
 }
 
-/// The parts, and a step without and with AdamW's moments, at rows of `seq` tokens: two steps
-/// of a fresh state on the counting device, each over the run's `accumulation` micro-batches.
-fn steps(cfg: &EstimateConfig, seq: usize) -> Result<(Anatomy, StepEstimate, StepEstimate)> {
+/// The parts, a step without and with AdamW's moments at rows of `seq` tokens, and the bytes of
+/// a checkpoint's tensors after them: two steps of a fresh state on the counting device, each
+/// over the run's `accumulation` micro-batches.
+fn steps(cfg: &EstimateConfig, seq: usize) -> Result<(Anatomy, StepEstimate, StepEstimate, u64)> {
     let run = &cfg.run;
     let dev = CountingDevice::new(cfg.like).with_routes(cfg.routes.clone());
     let mut state = State::zeros(run, dev.clone())?;
@@ -279,7 +298,7 @@ fn steps(cfg: &EstimateConfig, seq: usize) -> Result<(Anatomy, StepEstimate, Ste
     };
     let first = step()?;
     let later = step()?;
-    Ok((anatomy(cfg, seq), first, later))
+    Ok((anatomy(cfg, seq), first, later, state.checkpoint_bytes()))
 }
 
 /// The parts, from the shapes of the tensors that hold them.

@@ -34,6 +34,11 @@ pub enum Fault {
     ScheduleReset,
     /// Checkpoints are written without the AdamW moments.
     MomentsNotSaved,
+    /// An asynchronous save copies nothing when it is asked for: its writer reads the live
+    /// weights and optimizer state when the save is finished, after the next step has updated
+    /// them, so the checkpoint of step `s` holds step `s + 1`'s tensors under step `s`'s
+    /// trainer state.
+    AsyncSaveReadsLiveWeights,
 }
 
 /// The set of faults a run injects.

@@ -233,6 +233,23 @@ impl<D: Device> State<D> {
         self.optimizer.step_count()
     }
 
+    /// The bytes of the tensors [`State::checkpoint_entries`] returns, from their sizes alone
+    /// (the counting device holds no data): what an asynchronous save stages in host memory.
+    pub fn checkpoint_bytes(&self) -> u64 {
+        fn total<T: DeviceTensor>(p: &Params<T>) -> u64 {
+            p.tensors().iter().map(|t| t.bytes()).sum()
+        }
+        let weights = match &self.weights {
+            Weights::Fp32(p) => total(p),
+            Weights::Bf16Mixed { master, compute } => total(master) + total(compute),
+        };
+        let moments = self
+            .optimizer
+            .moments()
+            .map_or(0, |m| total(&m.exp_avg) + total(&m.exp_avg_sq));
+        weights + moments
+    }
+
     /// What a checkpoint holds: `model.safetensors` entries (the weights the passes read, in
     /// Hugging Face names) and `optimizer.safetensors` entries (`<name>.master` in bf16-mixed,
     /// `<name>.exp_avg` and `<name>.exp_avg_sq` once the moments exist).

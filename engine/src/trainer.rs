@@ -3,20 +3,29 @@
 //! [`Device`]. The trainer owns what is the same on every device (the data, the schedule, the
 //! dropout generator, the checkpoints); the [`State`] owns the tensors. Everything a trainer
 //! allocates is freed when it is dropped.
+//!
+//! A checkpoint is saved synchronously ([`Trainer::save`]) or in the background
+//! ([`Trainer::save_async`]): the state is copied into host staging buffers counted under
+//! [`Category::Io`], a writer thread runs the same crash-safe [`checkpoint::save`], and the
+//! trainer joins it at a fixed point (the end of the next step, the next save,
+//! [`Trainer::finish_saves`] or the drop), freeing the staging buffers only then, so the bytes a
+//! step holds do not depend on how fast the disk is.
 
 use crate::checkpoint::state::{RngState, ScheduleState, TrainerState, FORMAT_VERSION};
-use crate::checkpoint::{self, LoadRequest, SaveRequest};
+use crate::checkpoint::{self, Entry, LoadRequest, SaveRequest};
 use crate::config::{Init, Precision, TrainConfig};
 use crate::data::{DataLoader, LoaderState, SampleId};
 use crate::device::Device;
-use crate::error::Result;
+use crate::error::{EngineError, Result};
 use crate::fault::Fault;
-use crate::memory::{MemoryStats, MemoryTracker};
+use crate::memory::{Category, Lease, MemoryStats, MemoryTracker};
 use crate::model::{weights, Batch, Dropout, Params};
 use crate::optim::Moments;
 use crate::state::State;
 use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
 
 /// What one step did.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -66,6 +75,28 @@ pub struct StateDigest {
     pub rng: RngState,
 }
 
+/// A checkpoint an asynchronous save has not finished yet.
+enum PendingSave {
+    /// A writer thread writes the staged copy.
+    Writing {
+        /// The thread running [`checkpoint::save`].
+        writer: JoinHandle<Result<PathBuf>>,
+        /// The staging buffers' bytes on the host tracker, one lease per tensor: given back when
+        /// the writer is joined.
+        staging: Vec<Lease>,
+    },
+    /// [`Fault::AsyncSaveReadsLiveWeights`]: nothing was copied; the checkpoint is written from
+    /// the live tensors when the save is finished.
+    Deferred {
+        /// The run directory to save into.
+        run_dir: PathBuf,
+        /// Checkpoints to keep.
+        keep_last: Option<usize>,
+        /// The trainer state at the save.
+        state: TrainerState,
+    },
+}
+
 /// A model in training on one device.
 pub struct Trainer<D: Device> {
     cfg: TrainConfig,
@@ -74,6 +105,7 @@ pub struct Trainer<D: Device> {
     step: u64,
     rng: RngState,
     resumed_at: u64,
+    pending: Option<PendingSave>,
 }
 
 impl<D: Device> Trainer<D> {
@@ -112,6 +144,7 @@ impl<D: Device> Trainer<D> {
             step: 0,
             rng,
             resumed_at: 0,
+            pending: None,
         })
     }
 
@@ -171,14 +204,130 @@ impl<D: Device> Trainer<D> {
     }
 
     /// Saves a checkpoint of the current state under `run_dir` (see [`checkpoint::save`]),
-    /// keeping the newest `keep_last`; returns its directory.
+    /// keeping the newest `keep_last`; returns its directory. It writes straight from the
+    /// tensors, staging nothing; call [`Trainer::finish_saves`] first when an asynchronous save
+    /// into the same run directory may still be in flight.
     pub fn save(&self, run_dir: &Path, keep_last: Option<usize>) -> Result<PathBuf> {
+        let (model, optimizer) = self.checkpoint_entries()?;
+        let req = SaveRequest {
+            config: &self.cfg.model,
+            model,
+            optimizer,
+            state: self.trainer_state(),
+        };
+        checkpoint::save(run_dir, req, keep_last)
+    }
+
+    /// Saves a checkpoint of the current state under `run_dir` in the background, keeping the
+    /// newest `keep_last`: finishes the save before it (see [`Trainer::finish_saves`]), copies
+    /// every tensor of the checkpoint into host staging buffers counted under
+    /// [`Category::Io`] on the host tracker ([`Device::host`]: the device's own on the CPU),
+    /// hands them to a writer thread that runs [`checkpoint::save`] (temporary directory,
+    /// fsync, rename, then `latest`), and returns. The checkpoint is complete, and its staging
+    /// buffers freed, once the trainer joins the writer: at the end of the next step, at the
+    /// next save, at [`Trainer::finish_saves`] or when the trainer is dropped. A crash before
+    /// then leaves the previous checkpoint as `latest`.
+    pub fn save_async(&mut self, run_dir: &Path, keep_last: Option<usize>) -> Result<()> {
+        self.finish_saves()?;
+        let state = self.trainer_state();
+        if self.cfg.faults.has(Fault::AsyncSaveReadsLiveWeights) {
+            self.pending = Some(PendingSave::Deferred {
+                run_dir: run_dir.to_path_buf(),
+                keep_last,
+                state,
+            });
+            return Ok(());
+        }
+        let (model, optimizer) = self.checkpoint_entries()?;
+        let host = self.state.device().host();
+        let staging = model
+            .iter()
+            .chain(&optimizer)
+            .map(|e| host.allocate(e.data.len() as u64, Category::Io))
+            .collect::<std::result::Result<Vec<Lease>, _>>()?;
+        let stage = |entries: Vec<Entry<'_>>| -> Vec<Entry<'static>> {
+            entries
+                .into_iter()
+                .map(|e| Entry {
+                    name: e.name,
+                    dtype: e.dtype,
+                    shape: e.shape,
+                    data: Cow::Owned(e.data.into_owned()),
+                })
+                .collect()
+        };
+        let (model, optimizer) = (stage(model), stage(optimizer));
+        let config = self.cfg.model.clone();
+        let dir = run_dir.to_path_buf();
+        let writer = std::thread::Builder::new()
+            .name("checkpoint-writer".into())
+            .spawn(move || {
+                let req = SaveRequest {
+                    config: &config,
+                    model,
+                    optimizer,
+                    state,
+                };
+                checkpoint::save(&dir, req, keep_last)
+            })
+            .map_err(|e| EngineError::io(run_dir, e))?;
+        self.pending = Some(PendingSave::Writing { writer, staging });
+        Ok(())
+    }
+
+    /// Waits for the asynchronous save in flight, if any, and frees its staging buffers;
+    /// returns the checkpoint's directory (`None` when no save was in flight). A failed write
+    /// returns the error a synchronous save would have.
+    pub fn finish_saves(&mut self) -> Result<Option<PathBuf>> {
+        match self.pending.take() {
+            None => Ok(None),
+            Some(PendingSave::Writing { writer, staging }) => {
+                let written = writer.join().unwrap_or_else(|_| {
+                    Err(EngineError::Config(
+                        "the checkpoint writer thread panicked; the checkpoint was not written and `latest` still names the one before".into(),
+                    ))
+                });
+                drop(staging);
+                written.map(Some)
+            }
+            Some(PendingSave::Deferred {
+                run_dir,
+                keep_last,
+                state,
+            }) => {
+                let (model, optimizer) = self.checkpoint_entries()?;
+                let req = SaveRequest {
+                    config: &self.cfg.model,
+                    model,
+                    optimizer,
+                    state,
+                };
+                checkpoint::save(&run_dir, req, keep_last).map(Some)
+            }
+        }
+    }
+
+    /// The bytes the staging buffers of the asynchronous save in flight hold (0 when none is).
+    pub fn staging_bytes(&self) -> u64 {
+        match &self.pending {
+            Some(PendingSave::Writing { staging, .. }) => staging.iter().map(Lease::bytes).sum(),
+            _ => 0,
+        }
+    }
+
+    /// The tensors a checkpoint of the current state holds.
+    fn checkpoint_entries(&self) -> Result<(Vec<Entry<'_>>, Vec<Entry<'_>>)> {
         let (model, mut optimizer) = self.state.checkpoint_entries()?;
         if self.cfg.faults.has(Fault::MomentsNotSaved) {
             optimizer.retain(|e| !e.name.ends_with(".exp_avg") && !e.name.ends_with(".exp_avg_sq"));
         }
+        Ok((model, optimizer))
+    }
+
+    /// The `trainer_state.json` of a checkpoint of the current state, without its files.
+    fn trainer_state(&self) -> TrainerState {
         let identity = self.cfg.identity();
-        let state = TrainerState {
+        TrainerState {
             format_version: FORMAT_VERSION,
             global_step: self.step,
             optimizer_step: self.state.optimizer_steps(),
@@ -192,14 +341,7 @@ impl<D: Device> Trainer<D> {
             fingerprint: checkpoint::fingerprint(&identity),
             identity,
             files: Default::default(),
-        };
-        let req = SaveRequest {
-            config: &self.cfg.model,
-            model,
-            optimizer,
-            state,
-        };
-        checkpoint::save(run_dir, req, keep_last)
+        }
     }
 
     /// The loader position a checkpoint saves: where the loader stands, except that
@@ -273,7 +415,9 @@ impl<D: Device> Trainer<D> {
     }
 
     /// One training step on the next `accumulation` batches (micro-batches); the dropout
-    /// generator advances once per micro-batch.
+    /// generator advances once per micro-batch. An asynchronous save in flight when it starts is
+    /// finished at its end, before its figures are read: its staging buffers count in the
+    /// step's peak, not in the bytes held at its end.
     pub fn step(&mut self) -> Result<StepStats> {
         let tracker = self.tracker().clone();
         tracker.reset_peak();
@@ -288,6 +432,7 @@ impl<D: Device> Trainer<D> {
         });
         let lr = self.next_lr();
         let (pass, grad_norm) = self.state.train_step(&batches, dropout, lr)?;
+        self.finish_saves()?;
         let stats = StepStats {
             step: self.step,
             loss: pass.loss,
@@ -303,5 +448,16 @@ impl<D: Device> Trainer<D> {
         self.step += 1;
         self.rng.offset += self.cfg.accumulation as u64;
         Ok(stats)
+    }
+}
+
+/// Finishes an asynchronous save still in flight: its writer never outlives the trainer. Its
+/// error, which nothing can return here, is written to stderr; call [`Trainer::finish_saves`]
+/// before dropping a trainer to handle it.
+impl<D: Device> Drop for Trainer<D> {
+    fn drop(&mut self) {
+        if let Err(e) = self.finish_saves() {
+            eprintln!("error: the asynchronous checkpoint save failed: {e}");
+        }
     }
 }

@@ -16,6 +16,7 @@ pub mod progress;
 pub mod repeat;
 pub mod report;
 pub mod run_cmd;
+pub mod saves;
 pub mod snapshot;
 pub mod suite;
 pub mod train_cmd;

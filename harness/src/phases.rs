@@ -7,6 +7,7 @@
 
 use crate::devices::{self, DeviceKind, OnDevice};
 use crate::host_memory;
+use crate::saves::{SaveRecord, Saver};
 use crate::suite::Suite;
 use anyhow::Result;
 use ckpt_engine::backend::count::{Like, Routes};
@@ -57,6 +58,10 @@ fn float_or_null<'de, D: Deserializer<'de>, F: From<f32> + Deserialize<'de>>(
     Ok(Option::<F>::deserialize(d)?.unwrap_or_else(|| F::from(f32::NAN)))
 }
 
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
 /// One training step as observed.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(default)]
@@ -87,6 +92,10 @@ pub struct StepRecord {
     pub predicted: Option<[PredictedStep; 2]>,
     /// Bytes held per category when the step began.
     pub start: Breakdown,
+    /// Bytes of an asynchronous save's staging buffers held on the device's tracker when the
+    /// step began (0 when no save was in flight, and on a GPU, whose staging is host memory).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub staging: u64,
     /// The step's memory figures: `allocated.peak` is the step peak, `current` the bytes held
     /// at its end, `at_peak` the categories at the peak.
     pub memory: MemoryStats,
@@ -147,6 +156,9 @@ pub struct PhaseRecord {
     pub host: HostMemory,
     /// Its steps.
     pub steps: Vec<StepRecord>,
+    /// The checkpoints it saved.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub saves: Vec<SaveRecord>,
     /// The out-of-memory error that ended the phase early, if one did.
     pub oom: Option<Oom>,
     /// Wall-clock seconds of building or loading the trainer.
@@ -238,6 +250,11 @@ pub struct RunRecord {
     pub predicted_long: Option<(u64, [PredictedStep; 2])>,
     /// The memory model's peak while a checkpoint is loaded (a resumed trainer is built).
     pub predicted_load: u64,
+    /// The memory model's staging bytes of an asynchronous save on the device's tracker, held by
+    /// the step after the save (0 on a GPU, whose staging is host memory).
+    pub predicted_staging: u64,
+    /// The steps after which the reference phase saves a checkpoint.
+    pub planned_saves: Vec<u64>,
     /// The device's capacity in bytes.
     pub capacity: u64,
     /// The per-step budget in bytes, if the suite sets one.
@@ -270,6 +287,16 @@ impl RunRecord {
         match &self.predicted_long {
             Some((from, long)) if step >= *from => &long[moments],
             _ => &self.predicted[moments],
+        }
+    }
+
+    /// The memory model's staging bytes held on the device's tracker when step `s` began: the
+    /// model's for a step that began with an asynchronous save in flight, else 0.
+    pub fn staging_for(&self, s: &StepRecord) -> u64 {
+        if s.staging > 0 {
+            self.predicted_staging
+        } else {
+            0
         }
     }
 
@@ -445,6 +472,7 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
                 end,
             })
             .to_vec();
+        let mut saver = Saver::new(suite, kind, &run_dir, &work.join("sync-checkpoints"));
         let mut reference_digests: BTreeMap<u64, StateDigest> = BTreeMap::new();
         let mut samples_per_epoch = 0;
         let mut phases = Vec::new();
@@ -485,6 +513,7 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
                             reference_digests.insert(trainer.step_index(), trainer.state_digest()?);
                         }
                         let start = tracker.stats().current;
+                        let staging = saver.staging_on_device(&trainer);
                         watch.step_started(phase, trainer.step_index());
                         let step_start = Instant::now();
                         match trainer.step() {
@@ -500,11 +529,13 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
                                     samples: s.samples,
                                     recomputed_blocks: s.recomputed_blocks,
                                     start,
+                                    staging,
                                     memory: s.memory,
                                     seconds: step_start.elapsed().as_secs_f64(),
                                 };
                                 watch.step_done(phase, &step);
                                 record.steps.push(step);
+                                saver.collect()?;
                             }
                             Err(EngineError::OutOfMemory(e)) => {
                                 record.oom = Some(Oom::new(Some(trainer.step_index()), &e));
@@ -513,9 +544,10 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
                             Err(e) => return Err(e.into()),
                         }
                         if phase == Phase::Reference && suite.saves_at(trainer.step_index()) {
-                            trainer.save(&run_dir, suite.file.training.keep_last)?;
+                            saver.save(&mut trainer)?;
                         }
                     }
+                    record.saves = saver.finish(&mut trainer)?;
                     watch.releasing(phase);
                     drop(trainer);
                 }
@@ -548,6 +580,8 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
             predicted,
             predicted_long,
             predicted_load: model.checkpoint_io,
+            predicted_staging: model.save_staging_on_device(),
+            planned_saves: suite.planned_saves(),
             capacity: tracker.capacity(),
             budget: suite.budget().map(|b| b.bytes(tracker.capacity())),
             rss_budget: suite.file.memory.rss_budget,

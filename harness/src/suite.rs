@@ -83,6 +83,10 @@ pub struct Training {
     /// Micro-batches of `batch_size` rows per optimizer step (at least 1); 1 when absent.
     #[serde(default, deserialize_with = "accumulation")]
     pub accumulation: Option<usize>,
+    /// Save the reference phase's checkpoints in the background (`Trainer::save_async`):
+    /// the state is staged in host buffers, training goes on, and a writer thread writes it.
+    #[serde(default)]
+    pub async_save: bool,
 }
 
 /// A count of at least 1, or absent; `zero` says what to write instead of 0.
@@ -374,6 +378,10 @@ pub struct ChecksSpec {
     /// Every step's loss and gradient norm finite.
     #[serde(default = "on")]
     pub finite: bool,
+    /// Every checkpoint on disk holds the state of its step, and an asynchronous save's files
+    /// are a synchronous save's.
+    #[serde(default = "on")]
+    pub checkpoint_equivalence: bool,
 }
 
 impl Default for ChecksSpec {
@@ -390,6 +398,7 @@ impl Default for ChecksSpec {
             oom_free: true,
             golden: true,
             finite: true,
+            checkpoint_equivalence: true,
         }
     }
 }
@@ -409,6 +418,7 @@ impl ChecksSpec {
             Check::OomFree => self.oom_free,
             Check::Golden => self.golden,
             Check::Finite => self.finite,
+            Check::CheckpointEquivalence => self.checkpoint_equivalence,
         }
     }
 }
@@ -767,6 +777,13 @@ impl Suite {
         steps == self.resume_from()
             || steps == self.max_steps()
             || t.save_every.is_some_and(|n| n > 0 && steps % n == 0)
+    }
+
+    /// The steps after which the reference phase saves: every step count up to its end that
+    /// [`Suite::saves_at`] names.
+    pub fn planned_saves(&self) -> Vec<u64> {
+        let end = self.max_steps() + self.file.training.extra_steps;
+        (1..=end).filter(|&s| self.saves_at(s)).collect()
     }
 
     /// The devices the suite runs on.

@@ -1,5 +1,7 @@
 //! `ckpt-harness train`: trains a suite's model, saving checkpoints as the suite says and after
-//! the last step it trains, and prints one JSON line per step.
+//! the last step it trains, and prints one JSON line per step. With `training.async_save` the
+//! saves are written in the background, each finished by the end of the step after it (before
+//! that step's line is printed) and the last before `train` exits.
 //!
 //! It holds the run directory's lock throughout, first puts right what interrupted saves left
 //! there, refuses a run directory holding checkpoints of another configuration unless told to
@@ -97,6 +99,14 @@ fn train_until<D: Device>(
     target: u64,
 ) -> Result<()> {
     let keep = suite.file.training.keep_last;
+    let save = |trainer: &mut Trainer<D>| -> Result<()> {
+        if suite.file.training.async_save {
+            trainer.save_async(out, keep)?;
+        } else {
+            trainer.save(out, keep)?;
+        }
+        Ok(())
+    };
     let mut stdout = std::io::stdout().lock();
     let mut saved = true;
     while trainer.step_index() < target {
@@ -111,12 +121,13 @@ fn train_until<D: Device>(
         writeln!(stdout, "{}", serde_json::to_string(&line)?)?;
         saved = suite.saves_at(trainer.step_index());
         if saved {
-            trainer.save(out, keep)?;
+            save(trainer)?;
         }
     }
     if !saved {
-        trainer.save(out, keep)?;
+        save(trainer)?;
     }
+    trainer.finish_saves()?;
     Ok(())
 }
 

@@ -10,6 +10,10 @@
 //! presence, sizes, the run's configuration, dtypes and shapes, allocates every tensor in its
 //! final place, and reads each file once straight into them while verifying its checksum; it
 //! names exactly what is wrong.
+//!
+//! `Trainer::save_async` runs the same [`save`] on a writer thread over copies of the tensors
+//! staged in host memory, so an asynchronous checkpoint is byte for byte a synchronous one and a
+//! crash while it is written leaves the previous checkpoint as `latest`.
 
 mod fallback;
 pub mod files;
@@ -32,7 +36,7 @@ pub use foreign::{foreign, remove_foreign, Foreign};
 pub use load::{load, LoadRequest, Loaded};
 pub use lock::RunLock;
 pub use recover::recover;
-use recover::{OLD_PREFIX, TMP_PREFIX};
+use recover::{OLD_PREFIX, PRUNED_PREFIX, TMP_PREFIX};
 use safetensors::Dtype;
 use state::{FileRecord, TrainerState};
 use std::borrow::Cow;
@@ -95,6 +99,33 @@ pub fn entries_digest(entries: &[Entry<'_>]) -> String {
         h.update(&e.data);
     }
     format!("{:x}", h.finalize())
+}
+
+/// The digests of what the checkpoint in `dir` holds on disk: [`entries_digest`] over the
+/// tensors of `model.safetensors` and over those of `optimizer.safetensors`, each in the order
+/// they were written (as `Trainer::state_digest` computes them over the live tensors). Reads
+/// the files as they are, checking nothing else.
+pub fn tensor_digests(dir: &Path) -> Result<[String; 2]> {
+    let digest = |file: &str| -> Result<String> {
+        let path = dir.join(file);
+        let bytes = std::fs::read(&path).map_err(|e| EngineError::io(&path, e))?;
+        let tensors = safetensors::SafeTensors::deserialize(&bytes)
+            .map_err(|e| EngineError::bad_file(&path, format!("not a safetensors file: {e}")))?;
+        let mut views = tensors.tensors();
+        // Written back to back in entry order: their data's addresses restore the order.
+        views.sort_by_key(|(_, v)| v.data().as_ptr() as usize);
+        let entries: Vec<Entry<'_>> = views
+            .iter()
+            .map(|(name, v)| Entry {
+                name: name.clone(),
+                dtype: v.dtype(),
+                shape: v.shape().to_vec(),
+                data: Cow::Borrowed(v.data()),
+            })
+            .collect();
+        Ok(entries_digest(&entries))
+    };
+    Ok([digest(MODEL_FILE)?, digest(OPTIMIZER_FILE)?])
 }
 
 /// Writes a safetensors file straight from tensor buffers (no staging copy), fsynced.
@@ -197,14 +228,22 @@ pub fn list(run_dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(dirs)
 }
 
+/// Deletes the oldest checkpoints beyond `keep`, never `latest`'s. Each is first renamed out of
+/// the checkpoints' names (to `.pruned-step-N`), so a crash while its files are deleted leaves
+/// no half-deleted `step-N` behind; [`recover`] deletes what it left.
 fn prune(run_dir: &Path, keep: usize, latest: &str) -> Result<()> {
     let dirs = list(run_dir)?;
     let excess = dirs.len().saturating_sub(keep);
     for dir in dirs.into_iter().take(excess) {
-        if dir.file_name().is_some_and(|n| n == latest) {
+        let Some(name) = dir.file_name().map(|n| n.to_string_lossy().into_owned()) else {
+            continue;
+        };
+        if name == latest {
             continue;
         }
-        std::fs::remove_dir_all(&dir).map_err(|e| EngineError::io(&dir, e))?;
+        let aside = run_dir.join(format!("{PRUNED_PREFIX}{name}"));
+        rename_synced(&dir, &aside, run_dir)?;
+        std::fs::remove_dir_all(&aside).map_err(|e| EngineError::io(&aside, e))?;
     }
     Ok(())
 }

@@ -6,7 +6,8 @@
 //! copy of a step: a copy that verifies is moved back to `step-N` when that is missing, deleted
 //! when `step-N` verifies too, and otherwise kept; a copy that does not verify is unfinished
 //! and deleted. `.old-` copies are looked at first, so a step that has both gets back the copy
-//! `latest` named when it was published.
+//! `latest` named when it was published. A `.pruned-step-N` directory is a checkpoint that
+//! `keep_last` was deleting: it is deleted.
 
 use super::{verify, RunLock};
 use crate::error::{EngineError, Result};
@@ -16,6 +17,8 @@ use std::path::{Path, PathBuf};
 pub(crate) const TMP_PREFIX: &str = ".tmp-";
 /// Prefix of the old copy of a step saved again, while its new copy is renamed into place.
 pub(crate) const OLD_PREFIX: &str = ".old-";
+/// Prefix of a checkpoint `keep_last` is deleting.
+pub(crate) const PRUNED_PREFIX: &str = ".pruned-";
 
 /// Puts right what interrupted saves left in `run_dir`, holding its lock; returns one line per
 /// copy restored, deleted or kept.
@@ -25,6 +28,13 @@ pub fn recover(run_dir: &Path) -> Result<Vec<String>> {
     }
     let _lock = RunLock::acquire(run_dir)?;
     let mut notes = Vec::new();
+    for pruned in pruned(run_dir)? {
+        remove(&pruned)?;
+        notes.push(format!(
+            "removed {}, a checkpoint keep_last was deleting",
+            pruned.display()
+        ));
+    }
     for (copy, step) in leftovers(run_dir)? {
         let shown = copy.display();
         let dest = step.map(|s| run_dir.join(s));
@@ -72,6 +82,18 @@ fn leftovers(run_dir: &Path) -> Result<Vec<(PathBuf, Option<String>)>> {
         .into_iter()
         .map(|(_, path, step)| (path, step))
         .collect())
+}
+
+/// The checkpoints `keep_last` was deleting when a crash stopped it.
+fn pruned(run_dir: &Path) -> Result<Vec<PathBuf>> {
+    let entries = std::fs::read_dir(run_dir).map_err(|e| EngineError::io(run_dir, e))?;
+    let mut found: Vec<PathBuf> = entries
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(PRUNED_PREFIX))
+        .map(|e| e.path())
+        .collect();
+    found.sort();
+    Ok(found)
 }
 
 /// The step directory name `rest` (a copy's name after its prefix) begins with.
@@ -130,6 +152,20 @@ mod tests {
         // Saving again recovers nothing more and keeps the copy.
         save_step(run, 4);
         assert!(verify::intact(&tmp_three));
+    }
+
+    #[test]
+    fn a_checkpoint_left_half_pruned_is_deleted() {
+        let run = tempfile::tempdir().unwrap();
+        let run = run.path();
+        let one = save_step(run, 1);
+        let aside = run.join(format!("{PRUNED_PREFIX}step-00000001"));
+        std::fs::rename(&one, &aside).unwrap();
+        std::fs::remove_file(aside.join(MODEL_FILE)).unwrap();
+        let notes = recover(run).unwrap();
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(notes[0].contains("keep_last was deleting"), "{notes:?}");
+        assert!(!aside.exists());
     }
 
     #[test]

@@ -5,10 +5,12 @@
 //! allocation the model does not know of, or one that did not happen. The CUDA backend's tracker
 //! counts the bytes it asks the pool for (the pool's own rounding is not in them), and the model
 //! replays its allocations too; the 2% leaves room for an allocation cuBLAS or the driver makes
-//! on the tracker's behalf in a later version.
+//! on the tracker's behalf in a later version. A step that began with an asynchronous save in
+//! flight holds its staging buffers throughout: its prediction is the same step's with the
+//! model's staging bytes added under `io` from start to peak.
 
 use super::{bytes, excess, Check, Failure, Outcome};
-use crate::phases::{Phase, RunRecord};
+use crate::phases::{Phase, PredictedStep, RunRecord};
 
 /// How far a measured peak may be from the predicted `want` bytes on the run's device.
 fn tolerance(r: &RunRecord, want: u64) -> u64 {
@@ -55,6 +57,15 @@ pub fn check(r: &RunRecord) -> Outcome {
                 _ => &r.predicted,
             };
             compared += 1;
+            let staging = r.staging_for(s);
+            let shifted = |w: &PredictedStep| {
+                let mut w = w.clone();
+                w.start.io += staging;
+                w.at_peak.io += staging;
+                w.peak += staging;
+                w
+            };
+            let table = table.each_ref().map(shifted);
             let Some(want) = table.iter().find(|w| w.start == start) else {
                 out.push(
                     fail("bytes held when the step began")
@@ -218,6 +229,37 @@ mod tests {
         assert!(beyond.failures[0]
             .to_string()
             .starts_with("memory_model: cuda::s"));
+    }
+
+    /// The fixture's step 3 as a step that began with an asynchronous save's staging held.
+    fn staged(measured: u64, predicted: u64) -> RunRecord {
+        let mut r = fixtures::run();
+        r.predicted_staging = predicted;
+        let s = &mut r.phases[0].steps[3];
+        s.staging = measured;
+        s.start.io += measured;
+        s.memory.allocated.peak += measured;
+        s.memory.at_peak.io += measured;
+        r
+    }
+
+    #[test]
+    fn a_step_holding_an_async_save_s_staging_is_predicted_with_it() {
+        let o = check(&staged(640, 640));
+        assert!(o.failures.is_empty(), "{:?}", o.failures);
+        assert_eq!(o.compared, o.implied);
+        // Staging the model does not know of, or more than it predicts.
+        let o = check(&staged(640, 512));
+        assert_eq!(o.failures.len(), 1);
+        assert_eq!(o.failures[0].what, "bytes held when the step began");
+        let o = check(&staged(640, 0));
+        assert_eq!(o.failures.len(), 1);
+        // Staging held but not counted at the step's peak.
+        let mut r = staged(640, 640);
+        r.phases[0].steps[3].memory.allocated.peak -= 640;
+        let o = check(&r);
+        assert_eq!(o.failures.len(), 1);
+        assert_eq!(o.failures[0].what, "step peak");
     }
 
     proptest! {

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 pub mod ac_coverage;
+pub mod checkpoint_equivalence;
 pub mod data_ledger;
 pub mod finite;
 pub mod golden;
@@ -48,11 +49,14 @@ pub enum Check {
     Golden,
     /// Every step's loss and gradient norm are finite.
     Finite,
+    /// Every checkpoint on disk holds the state of its step; an asynchronous save's files are a
+    /// synchronous save's.
+    CheckpointEquivalence,
 }
 
 impl Check {
     /// Every check, in report order.
-    pub const ALL: [Check; 11] = [
+    pub const ALL: [Check; 12] = [
         Check::LossContinuity,
         Check::StateDigest,
         Check::DataLedger,
@@ -64,6 +68,7 @@ impl Check {
         Check::OomFree,
         Check::Golden,
         Check::Finite,
+        Check::CheckpointEquivalence,
     ];
 
     /// The name used in suites and reports.
@@ -80,6 +85,7 @@ impl Check {
             Check::OomFree => "oom_free",
             Check::Golden => "golden",
             Check::Finite => "finite",
+            Check::CheckpointEquivalence => "checkpoint_equivalence",
         }
     }
 }
@@ -313,6 +319,7 @@ pub fn run_all(r: &RunRecord, spec: &ChecksSpec, golden: &GoldenInput) -> Vec<Ou
                 Check::OomFree => oom_free::check(r),
                 Check::Golden => golden::check(r, golden),
                 Check::Finite => finite::check(r),
+                Check::CheckpointEquivalence => checkpoint_equivalence::check(r),
             }
         })
         .collect()
@@ -371,6 +378,7 @@ pub(crate) mod fixtures {
     use crate::phases::{
         Oom, Phase, PhaseRecord, PlannedPhase, PredictedStep, RunRecord, StepRecord, Window,
     };
+    use crate::saves::{SaveRecord, SavedState};
     use ckpt_engine::checkpoint::state::RngState;
     use ckpt_engine::data::{LoaderState, SampleId};
     use ckpt_engine::memory::{Breakdown, MemoryStats, Usage};
@@ -413,6 +421,7 @@ pub(crate) mod fixtures {
             tokens_per_expert: Vec::new(),
             predicted: None,
             start: HELD,
+            staging: 0,
             memory: MemoryStats {
                 allocated: Usage {
                     current: HELD.total(),
@@ -502,6 +511,8 @@ pub(crate) mod fixtures {
             predicted: [first, later],
             predicted_long: None,
             predicted_load: HELD.total(),
+            predicted_staging: 0,
+            planned_saves: vec![2, 4, 6],
             capacity: u64::MAX,
             budget: None,
             rss_budget: None,
@@ -524,7 +535,27 @@ pub(crate) mod fixtures {
             ],
         };
         r.phases[0].steps[0].start.optimizer = 0;
+        r.phases[0].saves = [2, 4, 6].map(save).to_vec();
         r
+    }
+
+    /// The asynchronous save of the state before `step`, read back as it was asked for and
+    /// identical to its synchronous twin.
+    pub fn save(step: u64) -> SaveRecord {
+        let d = digest(step);
+        let state = SavedState {
+            step,
+            optimizer_steps: d.optimizer_steps,
+            params: d.params,
+            optimizer: d.optimizer,
+        };
+        SaveRecord {
+            step,
+            asynchronous: true,
+            in_memory: state.clone(),
+            on_disk: Some(state),
+            differing_files: Some(Vec::new()),
+        }
     }
 }
 
@@ -570,6 +601,7 @@ mod tests {
                 (OomFree, 15, 15),
                 (Golden, 6, 6),
                 (Finite, 12, 12),
+                (CheckpointEquivalence, 3, 3),
             ]
         );
     }
@@ -588,8 +620,11 @@ mod tests {
         let mut lost_phase = fixtures::run();
         lost_phase.phases.pop();
         for (r, passing) in [
-            (lost_step, [StateDigest, MemoryReclaimed, Golden].as_slice()),
-            (lost_phase, [Golden].as_slice()),
+            (
+                lost_step,
+                [StateDigest, MemoryReclaimed, Golden, CheckpointEquivalence].as_slice(),
+            ),
+            (lost_phase, [Golden, CheckpointEquivalence].as_slice()),
         ] {
             for (check, status) in statuses(&r) {
                 let want = if check == PeakBudget || passing.contains(&check) {
@@ -613,6 +648,7 @@ mod tests {
         let mut r = fixtures::run();
         r.phases.truncate(1);
         r.phases[0].steps.truncate(1);
+        r.phases[0].saves.clear();
         r.phases[0].oom = Some(fixtures::oom(Some(1), 4000, 1000));
         use Check::*;
         use Status::*;
@@ -630,6 +666,7 @@ mod tests {
                 (OomFree, Failed),
                 (Golden, NotRun),
                 (Finite, NotRun),
+                (CheckpointEquivalence, NotRun),
             ]
         );
     }

@@ -42,7 +42,7 @@ pub fn slots(r: &RunRecord) -> Vec<Slot> {
                 step: Some(s.step),
                 peak: s.memory.allocated.peak,
                 at_peak: s.memory.at_peak,
-                estimate: Some(base + r.predicted_for(s.step, fresh).peak),
+                estimate: Some(base + r.predicted_for(s.step, fresh).peak + r.staging_for(s)),
                 seconds: s.seconds,
             });
         }
