@@ -18,7 +18,7 @@ fn the_rendered_page_shows_every_trial_every_plot_the_failures_and_the_changes_f
     let control = std::fs::read_to_string(root().join("suites/faults/moments_not_saved.yaml"))
         .unwrap()
         .replace(
-            "expect_fail: [loss_continuity, state_digest]",
+            "expect_fail: [loss_continuity, state_digest, checkpoint_equivalence]",
             "expect_fail: [state_digest]",
         );
     assert!(control.contains("expect_fail: [state_digest]"), "{control}");
