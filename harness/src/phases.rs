@@ -1,9 +1,12 @@
 //! The phases of a trial, sharing one reference trajectory: `reference` trains
 //! `max_steps + extra_steps` with the schedule's horizon pinned at `max_steps`, saving at
 //! `resume_from` and `max_steps`; `resume-mid` and `resume-end` resume from those checkpoints
-//! and train to the same end. Every step is recorded; the trainer is dropped between phases and
-//! the device's bytes read before and after. A [`Watch`] is told as each phase and step starts
-//! and ends (progress, memory traces).
+//! and train to the same end. With a chain of resume points (`resume_from: [a, b, c]`),
+//! `resume-mid` resumes from the reference's checkpoint at `a` and saves at `b` into its own
+//! run directory, `resume-mid-2` resumes from that and saves at `c`, and `resume-mid-3` resumes
+//! from the checkpoint `resume-mid-2` saved. Every step is recorded; the trainer is dropped
+//! between phases and the device's bytes read before and after. A [`Watch`] is told as each
+//! phase and step starts and ends (progress, memory traces).
 
 use crate::devices::{self, DeviceKind, OnDevice};
 use crate::host_memory;
@@ -17,37 +20,78 @@ use ckpt_engine::memory::{Breakdown, MemoryTracker, OutOfMemory};
 use ckpt_engine::{Device, EngineError, MemoryStats, StateDigest, StepStats, Trainer};
 use serde::{Deserialize, Deserializer, Serialize};
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-/// Which phase a record belongs to.
-#[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
-)]
-#[serde(rename_all = "kebab-case")]
+/// Which phase a record belongs to. Written as `reference`, `resume-mid`, `resume-mid-N` (the
+/// `N`th resume of a chain, from 2) and `resume-end`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Phase {
     /// The uninterrupted run.
     #[default]
     Reference,
-    /// Resumed from the mid-run checkpoint.
+    /// Resumed from the reference's mid-run checkpoint (the first resume point).
     ResumeMid,
+    /// The `n`th resume of a chain (`n` from 2): resumed from the checkpoint the phase before it
+    /// in the chain saved at resume point `n`.
+    ResumeChained(u32),
     /// Resumed from the `max_steps` checkpoint, training past it.
     ResumeEnd,
 }
 
 impl std::fmt::Display for Phase {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Phase::Reference => "reference",
-            Phase::ResumeMid => "resume-mid",
-            Phase::ResumeEnd => "resume-end",
-        })
+        match self {
+            Phase::Reference => f.write_str("reference"),
+            Phase::ResumeMid => f.write_str("resume-mid"),
+            Phase::ResumeChained(n) => write!(f, "resume-mid-{n}"),
+            Phase::ResumeEnd => f.write_str("resume-end"),
+        }
+    }
+}
+
+impl std::str::FromStr for Phase {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let chained = s
+            .strip_prefix("resume-mid-")
+            .and_then(|n| n.parse::<u32>().ok())
+            .filter(|&n| n >= 2);
+        match (s, chained) {
+            ("reference", _) => Ok(Phase::Reference),
+            ("resume-mid", _) => Ok(Phase::ResumeMid),
+            ("resume-end", _) => Ok(Phase::ResumeEnd),
+            (_, Some(n)) => Ok(Phase::ResumeChained(n)),
+            _ => Err(format!(
+                "unknown phase {s:?}: expected reference, resume-mid, resume-mid-N (N from 2) or resume-end"
+            )),
+        }
+    }
+}
+
+impl Serialize for Phase {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Phase {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
     }
 }
 
 impl Phase {
-    /// Every phase, in the order they run.
-    pub const ALL: [Phase; 3] = [Phase::Reference, Phase::ResumeMid, Phase::ResumeEnd];
+    /// The phase of resume `n` of a chain (1-based): `resume-mid` for the first.
+    pub fn chained(n: usize) -> Phase {
+        match n {
+            0 | 1 => Phase::ResumeMid,
+            n => Phase::ResumeChained(u32::try_from(n).unwrap_or(u32::MAX)),
+        }
+    }
 }
 
 /// A float that JSON may hold as `null` (how serde_json writes NaN and infinities): read as NaN.
@@ -369,7 +413,66 @@ fn window(stats: &MemoryStats, oom_before: u64) -> Window {
     }
 }
 
-/// Runs the three phases of `suite` on a device of `kind`, checkpoints under `work`; `watch` is
+/// The phases `suite` implies, in the order they run: the reference; a resume from each of its
+/// resume points (`resume-mid`, then `resume-mid-2` ... for a chain); `resume-end` from
+/// `max_steps`. Each trains to `max_steps + extra_steps`.
+pub fn plan(suite: &Suite) -> Vec<PlannedPhase> {
+    let end = suite.max_steps() + suite.file.training.extra_steps;
+    let chain = suite.resume_points().into_iter().enumerate();
+    std::iter::once((Phase::Reference, 0))
+        .chain(chain.map(|(k, from)| (Phase::chained(k + 1), from)))
+        .chain([(Phase::ResumeEnd, suite.max_steps())])
+        .map(|(phase, from)| PlannedPhase { phase, from, end })
+        .collect()
+}
+
+/// How one planned phase runs: the checkpoint it resumes from and where it saves.
+struct Leg {
+    /// Which phase.
+    phase: Phase,
+    /// The run directory holding the checkpoint it resumes from, and its step; `None` for the
+    /// reference's fresh trainer.
+    resumes: Option<(PathBuf, u64)>,
+    /// The run directory it saves into, when a later phase resumes from it: the reference's,
+    /// and each resume of a chain but the last.
+    saves_into: Option<PathBuf>,
+}
+
+/// How each phase of `planned` runs, its checkpoints under `work`: the reference saves into
+/// `checkpoints`, and `resume-end` and the first resume load from there; each later resume of
+/// a chain loads from the run directory of the one before, `checkpoints-<phase>`.
+fn legs(planned: &[PlannedPhase], work: &Path) -> Vec<Leg> {
+    let reference = work.join("checkpoints");
+    let chain = |p: &&PlannedPhase| matches!(p.phase, Phase::ResumeMid | Phase::ResumeChained(_));
+    let last_of_chain = planned.iter().filter(chain).last().map(|p| p.phase);
+    let mut previous = reference.clone();
+    planned
+        .iter()
+        .map(|p| match p.phase {
+            Phase::Reference => Leg {
+                phase: p.phase,
+                resumes: None,
+                saves_into: Some(reference.clone()),
+            },
+            Phase::ResumeEnd => Leg {
+                phase: p.phase,
+                resumes: Some((reference.clone(), p.from)),
+                saves_into: None,
+            },
+            phase => {
+                let own = work.join(format!("checkpoints-{phase}"));
+                let resumes = Some((std::mem::replace(&mut previous, own.clone()), p.from));
+                Leg {
+                    phase,
+                    resumes,
+                    saves_into: (Some(phase) != last_of_chain).then_some(own),
+                }
+            }
+        })
+        .collect()
+}
+
+/// Runs the phases of `suite` (see [`plan`]) on a device of `kind`, checkpoints under `work`; `watch` is
 /// told as each phase and step starts and ends. An allocation the device refuses ends the run
 /// early and is recorded, not returned as an error.
 pub fn run(
@@ -406,7 +509,6 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
             watch,
         } = self;
         let end = suite.max_steps() + suite.file.training.extra_steps;
-        let run_dir = work.join("checkpoints");
         let tracker = dev.tracker().clone();
         let like = Like::new(kind, suite.file.threads);
         let model = estimate(&EstimateConfig::from_train(&suite.train, like))?;
@@ -433,22 +535,14 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
                 [predict(&long.first_step), predict(&long.later_step)],
             )
         });
-        let plan = [
-            (Phase::Reference, None),
-            (Phase::ResumeMid, Some(suite.resume_from())),
-            (Phase::ResumeEnd, Some(suite.max_steps())),
-        ];
-        let planned = plan
-            .map(|(phase, from)| PlannedPhase {
-                phase,
-                from: from.unwrap_or(0),
-                end,
-            })
-            .to_vec();
+        let planned = plan(suite);
+        let legs = legs(&planned, work);
         let mut reference_digests: BTreeMap<u64, StateDigest> = BTreeMap::new();
         let mut samples_per_epoch = 0;
         let mut phases = Vec::new();
-        for (phase, from) in plan {
+        let digested_at = suite.resume_points();
+        for leg in legs {
+            let (phase, from) = (leg.phase, leg.resumes.as_ref().map(|(_, step)| *step));
             let phase_start = Instant::now();
             watch.phase_started(phase, from.unwrap_or(0), end, &tracker);
             let mut record = PhaseRecord {
@@ -460,12 +554,12 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
             let start_rss = host_memory::current();
             let oom_before = tracker.stats().oom_count;
             tracker.reset_peak();
-            let built = match from {
+            let built = match &leg.resumes {
                 None => Trainer::new(suite.train.clone(), dev.clone()),
-                Some(step) => Trainer::resume(
+                Some((dir, step)) => Trainer::resume(
                     suite.train.clone(),
                     dev.clone(),
-                    &run_dir.join(step_dir_name(step)),
+                    &dir.join(step_dir_name(*step)),
                 ),
             };
             record.setup = window(&tracker.stats(), oom_before);
@@ -479,8 +573,8 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
                     }
                     while trainer.step_index() < end {
                         if phase == Phase::Reference
-                            && [suite.resume_from(), suite.max_steps()]
-                                .contains(&trainer.step_index())
+                            && (digested_at.contains(&trainer.step_index())
+                                || trainer.step_index() == suite.max_steps())
                         {
                             reference_digests.insert(trainer.step_index(), trainer.state_digest()?);
                         }
@@ -512,8 +606,10 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
                             }
                             Err(e) => return Err(e.into()),
                         }
-                        if phase == Phase::Reference && suite.saves_at(trainer.step_index()) {
-                            trainer.save(&run_dir, suite.file.training.keep_last)?;
+                        if let Some(dir) = &leg.saves_into {
+                            if suite.saves_at(from.unwrap_or(0), trainer.step_index()) {
+                                trainer.save(dir, suite.file.training.keep_last)?;
+                            }
                         }
                     }
                     watch.releasing(phase);

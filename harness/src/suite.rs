@@ -3,6 +3,7 @@
 
 use crate::checks::Check;
 use crate::devices::DeviceKind;
+use crate::phases::Phase;
 use anyhow::{bail, Context, Result};
 use ckpt_engine::config::{Init, Precision, TrainConfig};
 use ckpt_engine::data::{DataConfig, LongBatch};
@@ -71,9 +72,10 @@ pub struct Training {
     /// Steps trained past `max_steps` after resuming from its checkpoint.
     #[serde(default = "default_extra")]
     pub extra_steps: u64,
-    /// The mid-run checkpoint to resume from; `max_steps / 2` when absent.
+    /// The mid-run checkpoint to resume from, or a chain of them (each resume saves the next
+    /// one); `max_steps / 2` when absent.
     #[serde(default)]
-    pub resume_from: Option<Spanned<u64>>,
+    pub resume_from: Option<Spanned<ResumeFrom>>,
     /// Also save every this many steps (at least 1).
     #[serde(default, deserialize_with = "save_every")]
     pub save_every: Option<u64>,
@@ -83,6 +85,50 @@ pub struct Training {
     /// Micro-batches of `batch_size` rows per optimizer step (at least 1); 1 when absent.
     #[serde(default, deserialize_with = "accumulation")]
     pub accumulation: Option<usize>,
+}
+
+/// `training.resume_from`: one step, or a strictly increasing list of steps: the reference's
+/// checkpoint at the first is resumed, that run saves at the second and is resumed there, and
+/// so on.
+#[derive(Clone, Debug)]
+pub enum ResumeFrom {
+    /// One resume point.
+    Step(u64),
+    /// A chain of resume points, each written where it is.
+    Chain(Vec<Spanned<u64>>),
+}
+
+const RESUME_FROM_HINT: &str =
+    "a step such as resume_from: 4, or a strictly increasing list of steps such as resume_from: [3, 5, 7]";
+
+impl<'de> Deserialize<'de> for ResumeFrom {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = ResumeFrom;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str(RESUME_FROM_HINT)
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<ResumeFrom, E> {
+                Ok(ResumeFrom::Step(v))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<ResumeFrom, E> {
+                u64::try_from(v).map(ResumeFrom::Step).map_err(|_| {
+                    E::custom(format!(
+                        "resume_from ({v}) is negative; write {RESUME_FROM_HINT}"
+                    ))
+                })
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<ResumeFrom, A::Error> {
+                let mut steps = Vec::new();
+                while let Some(step) = seq.next_element::<Spanned<u64>>()? {
+                    steps.push(step);
+                }
+                Ok(ResumeFrom::Chain(steps))
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 /// A count of at least 1, or absent; `zero` says what to write instead of 0.
@@ -599,15 +645,7 @@ impl Suite {
             );
         }
         if let Some(r) = &t.resume_from {
-            if r.value == 0 || r.value >= max_steps {
-                bail!(
-                    "{}: training.resume_from ({}) must be between 1 and max_steps - 1 ({}); write e.g. resume_from: {}",
-                    place(path, r.referenced),
-                    r.value,
-                    max_steps - 1,
-                    max_steps / 2
-                );
-            }
+            Self::validate_resume_from(path, r, max_steps)?;
         }
         if !(0.0..1.0).contains(&file.dropout) {
             bail!(
@@ -696,27 +734,75 @@ impl Suite {
         Ok(())
     }
 
-    /// Whether `run` can resume the suite under its `keep_last`: its reference phase saves with
+    /// Checks `training.resume_from`: every step between 1 and `max_steps - 1`, a list not
+    /// empty and strictly increasing; the error names the step's place.
+    fn validate_resume_from(path: &Path, r: &Spanned<ResumeFrom>, max_steps: u64) -> Result<()> {
+        let steps: Vec<(u64, Location)> = match &r.value {
+            ResumeFrom::Step(step) => vec![(*step, r.referenced)],
+            ResumeFrom::Chain(steps) => steps.iter().map(|s| (s.value, s.referenced)).collect(),
+        };
+        let in_range = |s: u64| s > 0 && s < max_steps;
+        let mut fixed: Vec<u64> = steps.iter().map(|s| s.0).filter(|&s| in_range(s)).collect();
+        fixed.sort_unstable();
+        fixed.dedup();
+        let example = match (&r.value, fixed.is_empty()) {
+            (ResumeFrom::Chain(_), false) => format!("{fixed:?}"),
+            _ => (max_steps / 2).to_string(),
+        };
+        if steps.is_empty() {
+            bail!(
+                "{}: training.resume_from is an empty list; write at least one step, e.g. resume_from: {}",
+                place(path, r.referenced),
+                max_steps / 2
+            );
+        }
+        for (i, &(step, at)) in steps.iter().enumerate() {
+            if !in_range(step) {
+                bail!(
+                    "{}: training.resume_from ({step}) must be between 1 and max_steps - 1 ({}); write e.g. resume_from: {example}",
+                    place(path, at),
+                    max_steps - 1,
+                );
+            }
+            if let Some(&(before, _)) = steps[..i].last().filter(|b| b.0 >= step) {
+                bail!(
+                    "{}: training.resume_from must increase strictly, but {step} follows {before}; write e.g. resume_from: {example}",
+                    place(path, at),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether `run` can resume the suite under its `keep_last`: the reference phase saves with
     /// it, pruning as it goes, so `keep_last` must keep the mid-run checkpoint `resume-mid` loads
-    /// (and so the later one `resume-end` loads). `train` asks nothing of it.
+    /// (and so the later one `resume-end` loads); with a chain of resume points, each resumed
+    /// run that saves must keep the checkpoint the next resume loads. `train` asks nothing of
+    /// it.
     pub fn check_retention(&self) -> Result<()> {
         let t = &self.file.training;
         let Some(keep) = t.keep_last else {
             return Ok(());
         };
-        let from = self.resume_from();
         let end = self.max_steps().saturating_add(t.extra_steps);
-        let multiples = t.save_every.map_or(0, |n| end / n - (from - 1) / n);
-        let unaligned = [from, self.max_steps()]
-            .into_iter()
-            .filter(|&s| t.save_every.is_none_or(|n| s % n != 0))
-            .count() as u64;
-        let saves = multiples + unaligned;
-        if (keep as u64) < saves {
-            bail!(
-                "{}: training.keep_last ({keep}) would delete the checkpoint of step {from}, which resume-mid loads: the reference saves {saves} times from step {from} to step {end}; write keep_last: {saves} or more",
-                place(&self.path, self.keep_last_at)
-            );
+        for (k, needed) in self.resume_points().into_iter().enumerate() {
+            let multiples = t.save_every.map_or(0, |n| end / n - (needed - 1) / n);
+            let unaligned = [needed, self.max_steps()]
+                .into_iter()
+                .filter(|&s| t.save_every.is_none_or(|n| s % n != 0))
+                .count() as u64;
+            let saves = multiples + unaligned;
+            if (keep as u64) < saves {
+                let saver = match k {
+                    0 => "the reference".to_string(),
+                    k => Phase::chained(k).to_string(),
+                };
+                bail!(
+                    "{}: training.keep_last ({keep}) would delete the checkpoint of step {needed}, which {} loads: {saver} saves {saves} times from step {needed} to step {end}; write keep_last: {saves} or more",
+                    place(&self.path, self.keep_last_at),
+                    Phase::chained(k + 1),
+                );
+            }
         }
         Ok(())
     }
@@ -748,12 +834,20 @@ impl Suite {
         bail!("{at}: {e}")
     }
 
-    /// The mid-run checkpoint step.
+    /// The mid-run checkpoint step: the first resume point.
     pub fn resume_from(&self) -> u64 {
+        self.resume_points()[0]
+    }
+
+    /// The resume points in order: one, or the chain `training.resume_from` lists (`max_steps /
+    /// 2` when absent).
+    pub fn resume_points(&self) -> Vec<u64> {
         let t = &self.file.training;
-        t.resume_from
-            .as_ref()
-            .map_or(t.max_steps.value / 2, |r| r.value)
+        match t.resume_from.as_ref().map(|r| &r.value) {
+            None => vec![t.max_steps.value / 2],
+            Some(ResumeFrom::Step(step)) => vec![*step],
+            Some(ResumeFrom::Chain(steps)) => steps.iter().map(|s| s.value).collect(),
+        }
     }
 
     /// Steps of the nominal run.
@@ -761,10 +855,13 @@ impl Suite {
         self.file.training.max_steps.value
     }
 
-    /// Whether the run saves after `steps` completed steps.
-    pub fn saves_at(&self, steps: u64) -> bool {
+    /// Whether a run that started at step `from` (0 for a fresh run, else the checkpoint it
+    /// resumed) saves after `steps` completed steps: at the first resume point after `from`
+    /// (the checkpoint the next resume loads), at `max_steps`, and every `save_every` steps.
+    pub fn saves_at(&self, from: u64, steps: u64) -> bool {
         let t = &self.file.training;
-        steps == self.resume_from()
+        let next = self.resume_points().into_iter().find(|&p| p > from);
+        Some(steps) == next
             || steps == self.max_steps()
             || t.save_every.is_some_and(|n| n > 0 && steps % n == 0)
     }
