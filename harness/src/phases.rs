@@ -653,3 +653,106 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn suite(training: &str) -> Suite {
+        let text = format!(
+            "name: t
+model: {{vocab_size: 64, hidden_size: 32, intermediate_size: 64, num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 4, max_position_embeddings: 64}}
+data: {{kind: synthetic, seed: 1, samples: 64}}
+batch_size: 2
+seq_len: 16
+optimizer: {{lr: 0.001}}
+training: {training}
+"
+        );
+        Suite::parse(Path::new("s.yaml"), &text).unwrap()
+    }
+
+    fn planned(p: &[PlannedPhase]) -> Vec<(String, u64, u64)> {
+        p.iter()
+            .map(|p| (p.phase.to_string(), p.from, p.end))
+            .collect()
+    }
+
+    #[test]
+    fn one_resume_point_plans_the_three_phases() {
+        let p = plan(&suite("{max_steps: 8, extra_steps: 2, resume_from: 3}"));
+        let want = [
+            ("reference", 0, 10),
+            ("resume-mid", 3, 10),
+            ("resume-end", 8, 10),
+        ];
+        assert_eq!(planned(&p), want.map(|(p, f, e)| (p.to_string(), f, e)));
+    }
+
+    #[test]
+    fn a_chain_plans_a_resume_from_each_point_and_each_resumes_the_one_before() {
+        let p = plan(&suite("{max_steps: 9, resume_from: [3, 5, 7]}"));
+        let want = [
+            ("reference", 0),
+            ("resume-mid", 3),
+            ("resume-mid-2", 5),
+            ("resume-mid-3", 7),
+            ("resume-end", 9),
+        ];
+        assert_eq!(planned(&p), want.map(|(p, f)| (p.to_string(), f, 12)));
+        let work = Path::new("w");
+        let legs: Vec<(Phase, Option<(PathBuf, u64)>, Option<PathBuf>)> = legs(&p, work)
+            .into_iter()
+            .map(|l| (l.phase, l.resumes, l.saves_into))
+            .collect();
+        let dir = |d: &str| work.join(d);
+        assert_eq!(
+            legs,
+            [
+                (Phase::Reference, None, Some(dir("checkpoints"))),
+                (
+                    Phase::ResumeMid,
+                    Some((dir("checkpoints"), 3)),
+                    Some(dir("checkpoints-resume-mid"))
+                ),
+                (
+                    Phase::ResumeChained(2),
+                    Some((dir("checkpoints-resume-mid"), 5)),
+                    Some(dir("checkpoints-resume-mid-2"))
+                ),
+                (
+                    Phase::ResumeChained(3),
+                    Some((dir("checkpoints-resume-mid-2"), 7)),
+                    None
+                ),
+                (Phase::ResumeEnd, Some((dir("checkpoints"), 9)), None),
+            ]
+        );
+    }
+
+    #[test]
+    fn phases_read_and_write_as_their_names_in_run_order() {
+        let phases = [
+            Phase::Reference,
+            Phase::ResumeMid,
+            Phase::ResumeChained(2),
+            Phase::ResumeChained(10),
+            Phase::ResumeEnd,
+        ];
+        let json = serde_json::to_string(&phases).unwrap();
+        assert_eq!(
+            json,
+            r#"["reference","resume-mid","resume-mid-2","resume-mid-10","resume-end"]"#
+        );
+        assert_eq!(serde_json::from_str::<Vec<Phase>>(&json).unwrap(), phases);
+        assert!(phases.windows(2).all(|w| w[0] < w[1]));
+        assert_eq!(Phase::chained(1), Phase::ResumeMid);
+        assert_eq!(Phase::chained(3), Phase::ResumeChained(3));
+        for bad in ["resume-mid-1", "resume-mid-x", "resume", "resume-mid-"] {
+            assert!(
+                serde_json::from_str::<Phase>(&format!("\"{bad}\"")).is_err(),
+                "{bad}"
+            );
+        }
+    }
+}

@@ -3,7 +3,6 @@
 
 use crate::checks::Check;
 use crate::devices::DeviceKind;
-use crate::phases::Phase;
 use anyhow::{bail, Context, Result};
 use ckpt_engine::config::{Init, Precision, TrainConfig};
 use ckpt_engine::data::{DataConfig, LongBatch};
@@ -774,35 +773,31 @@ impl Suite {
         Ok(())
     }
 
-    /// Whether `run` can resume the suite under its `keep_last`: the reference phase saves with
+    /// Whether `run` can resume the suite under its `keep_last`: its reference phase saves with
     /// it, pruning as it goes, so `keep_last` must keep the mid-run checkpoint `resume-mid` loads
-    /// (and so the later one `resume-end` loads); with a chain of resume points, each resumed
-    /// run that saves must keep the checkpoint the next resume loads. `train` asks nothing of
-    /// it.
+    /// (and so the later one `resume-end` loads). Each resumed run of a chain saves with it too,
+    /// into its own run directory, and must keep the checkpoint the next resume loads; it saves
+    /// no more often after that checkpoint than the reference does after the first resume point
+    /// (the steps after a later point are fewer, the saves among them the same), so the
+    /// reference's count bounds them all. `train` asks nothing of it.
     pub fn check_retention(&self) -> Result<()> {
         let t = &self.file.training;
         let Some(keep) = t.keep_last else {
             return Ok(());
         };
+        let from = self.resume_from();
         let end = self.max_steps().saturating_add(t.extra_steps);
-        for (k, needed) in self.resume_points().into_iter().enumerate() {
-            let multiples = t.save_every.map_or(0, |n| end / n - (needed - 1) / n);
-            let unaligned = [needed, self.max_steps()]
-                .into_iter()
-                .filter(|&s| t.save_every.is_none_or(|n| s % n != 0))
-                .count() as u64;
-            let saves = multiples + unaligned;
-            if (keep as u64) < saves {
-                let saver = match k {
-                    0 => "the reference".to_string(),
-                    k => Phase::chained(k).to_string(),
-                };
-                bail!(
-                    "{}: training.keep_last ({keep}) would delete the checkpoint of step {needed}, which {} loads: {saver} saves {saves} times from step {needed} to step {end}; write keep_last: {saves} or more",
-                    place(&self.path, self.keep_last_at),
-                    Phase::chained(k + 1),
-                );
-            }
+        let multiples = t.save_every.map_or(0, |n| end / n - (from - 1) / n);
+        let unaligned = [from, self.max_steps()]
+            .into_iter()
+            .filter(|&s| t.save_every.is_none_or(|n| s % n != 0))
+            .count() as u64;
+        let saves = multiples + unaligned;
+        if (keep as u64) < saves {
+            bail!(
+                "{}: training.keep_last ({keep}) would delete the checkpoint of step {from}, which resume-mid loads: the reference saves {saves} times from step {from} to step {end}; write keep_last: {saves} or more",
+                place(&self.path, self.keep_last_at)
+            );
         }
         Ok(())
     }
@@ -983,6 +978,105 @@ expect_fail: [state_digest, loss_continuity]
             "{e}"
         );
         assert!(e.contains("resume_from: 4"), "{e}");
+    }
+
+    #[test]
+    fn resume_from_is_a_step_or_a_chain() {
+        let s = parse("  resume_from: 3\n").unwrap();
+        assert_eq!((s.resume_from(), s.resume_points()), (3, vec![3]));
+        let s = parse("  resume_from: [2, 4, 7]\n").unwrap();
+        assert_eq!((s.resume_from(), s.resume_points()), (2, vec![2, 4, 7]));
+        let s = parse("  resume_from:\n    - 1\n    - 6\n").unwrap();
+        assert_eq!(s.resume_points(), [1, 6]);
+        assert_eq!(parse("").unwrap().resume_points(), [4]);
+    }
+
+    #[test]
+    fn a_chain_out_of_order_or_out_of_range_is_located_at_its_entry() {
+        let e = error("  resume_from: [2, 6, 5]\n");
+        assert!(
+            e.starts_with(
+                "s.yaml:9:23: training.resume_from must increase strictly, but 5 follows 6"
+            ),
+            "{e}"
+        );
+        assert!(e.ends_with("write e.g. resume_from: [2, 5, 6]"), "{e}");
+        let e = error("  resume_from: [2, 2]\n");
+        assert!(
+            e.starts_with("s.yaml:9:20:") && e.contains("2 follows 2"),
+            "{e}"
+        );
+        let e = error("  resume_from: [3, 8]\n");
+        assert!(
+            e.starts_with(
+                "s.yaml:9:20: training.resume_from (8) must be between 1 and max_steps - 1 (7)"
+            ),
+            "{e}"
+        );
+        assert!(e.ends_with("write e.g. resume_from: [3]"), "{e}");
+        let e = error("  resume_from:\n    - 0\n    - 4\n");
+        assert!(
+            e.starts_with("s.yaml:10:7: training.resume_from (0)"),
+            "{e}"
+        );
+        let e = error("  resume_from: []\n");
+        assert!(
+            e.starts_with("s.yaml:9:16: training.resume_from is an empty list"),
+            "{e}"
+        );
+        let e = error("  resume_from: -1\n");
+        assert!(e.starts_with("s.yaml:9:") && e.contains("negative"), "{e}");
+        let e = error("  resume_from: {at: 3}\n");
+        assert!(e.contains("resume_from: [3, 5, 7]"), "{e}");
+    }
+
+    #[test]
+    fn each_run_saves_at_the_next_resume_point_max_steps_and_its_interval() {
+        let s = parse("  resume_from: [2, 4, 6]\n  save_every: 5\n").unwrap();
+        let saves =
+            |from: u64| -> Vec<u64> { (from + 1..=11).filter(|&n| s.saves_at(from, n)).collect() };
+        assert_eq!(saves(0), [2, 5, 8, 10], "the reference");
+        assert_eq!(saves(2), [4, 5, 8, 10], "resume-mid");
+        assert_eq!(saves(4), [5, 6, 8, 10], "resume-mid-2");
+        assert_eq!(saves(6), [8, 10], "resume-mid-3 saves no resume point");
+    }
+
+    /// A chain's later resumed runs save no more often after the checkpoint the next resume loads
+    /// than the reference after the first: keeping the reference's is enough for every run.
+    #[test]
+    fn keep_last_bounded_by_the_reference_keeps_every_checkpoint_of_a_chain() {
+        for (chain, every) in [
+            ("[1, 5]", 2),
+            ("[2, 3, 7]", 3),
+            ("[1, 2, 3, 4]", 1),
+            ("[5, 6]", 4),
+        ] {
+            let s = parse(&format!("  resume_from: {chain}\n  save_every: {every}\n")).unwrap();
+            let saves_after =
+                |from: u64, needed: u64| (needed..=11).filter(|&n| s.saves_at(from, n)).count();
+            let points = s.resume_points();
+            let reference = saves_after(0, points[0]);
+            for pair in points.windows(2) {
+                assert!(
+                    saves_after(pair[0], pair[1]) <= reference,
+                    "{chain} every {every}: {pair:?}"
+                );
+            }
+            let at = |keep: usize| {
+                let text = BASE.replace("  max_steps: 8\n", &format!("  max_steps: 8\n  resume_from: {chain}\n  save_every: {every}\n  keep_last: {keep}\n"));
+                Suite::parse(Path::new("s.yaml"), &text)
+                    .unwrap()
+                    .check_retention()
+            };
+            assert!(at(reference).is_ok(), "{chain} every {every}");
+            let e = format!("{:#}", at(reference - 1).unwrap_err());
+            assert!(
+                e.contains(&format!(
+                    "which resume-mid loads: the reference saves {reference} times"
+                )),
+                "{e}"
+            );
+        }
     }
 
     #[test]

@@ -377,6 +377,18 @@ mod tests {
     }
 
     #[test]
+    fn each_resume_of_a_chain_is_drawn_in_its_own_colour() {
+        let r = fixtures::chained();
+        let text = loss(&r, None).unwrap();
+        assert!(text.contains("resume-mid-2 from step 3"), "{text}");
+        let colours: Vec<RGBColor> = r.phases.iter().map(|p| phase_colour(p.phase)).collect();
+        for (i, c) in colours.iter().enumerate() {
+            assert!(!colours[..i].contains(c), "phase {i} shares a colour");
+        }
+        assert_ne!(phase_colour(Phase::ResumeChained(3)), colours[2]);
+    }
+
+    #[test]
     fn the_memory_timeline_stacks_categories_and_draws_the_budget_and_phases() {
         let mut r = fixtures::run();
         r.budget = Some(9000);
