@@ -1,5 +1,5 @@
 //! The report's plots as inline SVG, drawn with plotters' SVG backend: the loss curves of the
-//! three phases on one plot, the per-step memory timeline stacked by category, and the wall time
+//! phases on one plot, the per-step memory timeline stacked by category, and the wall time
 //! of each step.
 
 use super::timeline::{phase_summary, Slot};
