@@ -427,6 +427,7 @@ pub fn plan(suite: &Suite) -> Vec<PlannedPhase> {
 }
 
 /// How one planned phase runs: the checkpoint it resumes from and where it saves.
+#[derive(Debug, PartialEq)]
 struct Leg {
     /// Which phase.
     phase: Phase,
@@ -443,8 +444,10 @@ struct Leg {
 /// a chain loads from the run directory of the one before, `checkpoints-<phase>`.
 fn legs(planned: &[PlannedPhase], work: &Path) -> Vec<Leg> {
     let reference = work.join("checkpoints");
-    let chain = |p: &&PlannedPhase| matches!(p.phase, Phase::ResumeMid | Phase::ResumeChained(_));
-    let last_of_chain = planned.iter().filter(chain).last().map(|p| p.phase);
+    let last_of_chain = planned
+        .iter()
+        .rfind(|p| matches!(p.phase, Phase::ResumeMid | Phase::ResumeChained(_)))
+        .map(|p| p.phase);
     let mut previous = reference.clone();
     planned
         .iter()
@@ -701,31 +704,32 @@ training: {training}
         ];
         assert_eq!(planned(&p), want.map(|(p, f)| (p.to_string(), f, 12)));
         let work = Path::new("w");
-        let legs: Vec<(Phase, Option<(PathBuf, u64)>, Option<PathBuf>)> = legs(&p, work)
-            .into_iter()
-            .map(|l| (l.phase, l.resumes, l.saves_into))
-            .collect();
-        let dir = |d: &str| work.join(d);
+        let dir = |d: &str| Some(work.join(d));
+        let leg = |phase, resumes: Option<(&str, u64)>, saves_into| Leg {
+            phase,
+            resumes: resumes.map(|(d, step)| (work.join(d), step)),
+            saves_into,
+        };
         assert_eq!(
-            legs,
+            legs(&p, work),
             [
-                (Phase::Reference, None, Some(dir("checkpoints"))),
-                (
+                leg(Phase::Reference, None, dir("checkpoints")),
+                leg(
                     Phase::ResumeMid,
-                    Some((dir("checkpoints"), 3)),
-                    Some(dir("checkpoints-resume-mid"))
+                    Some(("checkpoints", 3)),
+                    dir("checkpoints-resume-mid")
                 ),
-                (
+                leg(
                     Phase::ResumeChained(2),
-                    Some((dir("checkpoints-resume-mid"), 5)),
-                    Some(dir("checkpoints-resume-mid-2"))
+                    Some(("checkpoints-resume-mid", 5)),
+                    dir("checkpoints-resume-mid-2")
                 ),
-                (
+                leg(
                     Phase::ResumeChained(3),
-                    Some((dir("checkpoints-resume-mid-2"), 7)),
+                    Some(("checkpoints-resume-mid-2", 7)),
                     None
                 ),
-                (Phase::ResumeEnd, Some((dir("checkpoints"), 9)), None),
+                leg(Phase::ResumeEnd, Some(("checkpoints", 9)), None),
             ]
         );
     }
