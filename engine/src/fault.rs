@@ -30,6 +30,10 @@ pub enum Fault {
     /// step had read one micro-batch (`steps × batch_size` samples) instead of
     /// `accumulation` of them, so a resumed run reads samples again.
     LoaderPositionCountsSteps,
+    /// A trainer that was resumed saves its loader position without the position it was
+    /// resumed at: only the samples read since the resume. A resume from a fresh run's
+    /// checkpoint is unharmed; a resume from a resumed run's checkpoint reads samples again.
+    LoaderOffsetLostOnResave,
     /// The learning-rate schedule restarts from step 0 on resume.
     ScheduleReset,
     /// Checkpoints are written without the AdamW moments.

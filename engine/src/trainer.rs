@@ -106,6 +106,8 @@ pub struct Trainer<D: Device> {
     rng: RngState,
     resumed_at: u64,
     pending: Option<PendingSave>,
+    /// Where the loader stood when the trainer was resumed; `None` for a fresh run.
+    resumed_loader: Option<LoaderState>,
 }
 
 impl<D: Device> Trainer<D> {
@@ -145,6 +147,7 @@ impl<D: Device> Trainer<D> {
             rng,
             resumed_at: 0,
             pending: None,
+            resumed_loader: None,
         })
     }
 
@@ -190,6 +193,7 @@ impl<D: Device> Trainer<D> {
             }
             trainer.loader.set_state(loader);
         }
+        trainer.resumed_loader = Some(trainer.loader.state());
         trainer.rng = RngState {
             offset: if faults.has(Fault::RngNotRestored) {
                 0
@@ -345,14 +349,22 @@ impl<D: Device> Trainer<D> {
     }
 
     /// The loader position a checkpoint saves: where the loader stands, except that
-    /// [`Fault::LoaderPositionCountsSteps`] counts one micro-batch per step taken.
+    /// [`Fault::LoaderPositionCountsSteps`] counts one micro-batch per step taken and
+    /// [`Fault::LoaderOffsetLostOnResave`] counts only the samples read since the resume.
     fn saved_loader_state(&self) -> LoaderState {
         let state = self.loader.state();
-        if !self.cfg.faults.has(Fault::LoaderPositionCountsSteps) {
-            return state;
-        }
-        let read = self.step * self.cfg.batch_size as u64;
         let samples = self.loader.samples();
+        let faults = &self.cfg.faults;
+        let read = match self.resumed_loader {
+            _ if faults.has(Fault::LoaderPositionCountsSteps) => {
+                self.step * self.cfg.batch_size as u64
+            }
+            Some(from) if faults.has(Fault::LoaderOffsetLostOnResave) => {
+                let at = |s: LoaderState| s.epoch * samples + s.position;
+                at(state) - at(from)
+            }
+            _ => return state,
+        };
         LoaderState {
             epoch: read / samples,
             position: read % samples,

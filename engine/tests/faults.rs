@@ -226,6 +226,68 @@ fn loader_position_counts_steps_rereads_samples_with_accumulation_only() {
     );
 }
 
+/// Two resumes in a chain: the reference saves at step 2; a run resumed there saves at step 4
+/// into its own directory; a second run resumes from that. Returns the reference's steps, its
+/// state before every step, and the two resumed runs.
+fn chained_trial(cfg: &TrainConfig) -> (Vec<StepStats>, Vec<StateDigest>, Vec<Trial>) {
+    let dev = CpuDevice::new(2, u64::MAX).unwrap();
+    let dirs = [(); 2].map(|_| tempfile::tempdir().unwrap());
+    let mut t = Trainer::new(cfg.clone(), dev.clone()).unwrap();
+    let mut reference = Vec::new();
+    let mut states = Vec::new();
+    while t.step_index() < STEPS {
+        states.push(t.state_digest().unwrap());
+        reference.push(t.step().unwrap());
+        if t.step_index() == 2 {
+            t.save(dirs[0].path(), None).unwrap();
+        }
+    }
+    drop(t);
+    let mut trials = Vec::new();
+    for (i, (at, saves_at)) in [(2, Some(4)), (4, None)].into_iter().enumerate() {
+        let ckpt = dirs[i].path().join(step_dir_name(at));
+        let mut r = Trainer::resume(cfg.clone(), dev.clone(), &ckpt).unwrap();
+        let resumed_state = r.state_digest().unwrap();
+        let mut resumed = Vec::new();
+        while r.step_index() < STEPS {
+            resumed.push(r.step().unwrap());
+            if Some(r.step_index()) == saves_at {
+                r.save(dirs[i + 1].path(), None).unwrap();
+            }
+        }
+        trials.push(Trial {
+            reference: reference.clone(),
+            saved: states[at as usize].clone(),
+            resumed_state,
+            resumed,
+        });
+    }
+    (reference, states, trials)
+}
+
+#[test]
+fn loader_offset_lost_on_resave_rereads_data_only_on_the_second_resume() {
+    let (reference, states, trials) = chained_trial(&config(&[Fault::LoaderOffsetLostOnResave]));
+    let (first, second) = (&trials[0], &trials[1]);
+    assert_faithful(first, "resumed from the reference's checkpoint");
+    println!(
+        "loader_offset_lost_on_resave: second resume's loader {:?} (reference {:?})",
+        second.resumed_state.loader, states[4].loader
+    );
+    assert_eq!(first_divergence(second), Some((4, "batch")));
+    // Steps 2..4 read 4 samples; the resumed run saved those alone, not the 4 before them.
+    assert_eq!(states[4].loader.position, 8);
+    assert_eq!(second.resumed_state.loader.position, 4);
+    assert_eq!(second.resumed[0].batch_digest, reference[2].batch_digest);
+    let (_, _, clean) = chained_trial(&config(&[]));
+    for (i, t) in clean.iter().enumerate() {
+        assert_faithful(
+            t,
+            &format!("resume {} of the chain without the fault", i + 1),
+        );
+    }
+}
+
 #[test]
 fn schedule_reset_restarts_the_learning_rate() {
     let t = trial(&config(&[Fault::ScheduleReset]));

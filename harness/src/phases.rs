@@ -1,9 +1,12 @@
 //! The phases of a trial, sharing one reference trajectory: `reference` trains
 //! `max_steps + extra_steps` with the schedule's horizon pinned at `max_steps`, saving at
 //! `resume_from` and `max_steps`; `resume-mid` and `resume-end` resume from those checkpoints
-//! and train to the same end. Every step is recorded; the trainer is dropped between phases and
-//! the device's bytes read before and after. A [`Watch`] is told as each phase and step starts
-//! and ends (progress, memory traces).
+//! and train to the same end. With a chain of resume points (`resume_from: [a, b, c]`),
+//! `resume-mid` resumes from the reference's checkpoint at `a` and saves at `b` into its own
+//! run directory, `resume-mid-2` resumes from that and saves at `c`, and `resume-mid-3` resumes
+//! from the checkpoint `resume-mid-2` saved. Every step is recorded; the trainer is dropped
+//! between phases and the device's bytes read before and after. A [`Watch`] is told as each
+//! phase and step starts and ends (progress, memory traces).
 
 use crate::devices::{self, DeviceKind, OnDevice};
 use crate::host_memory;
@@ -18,37 +21,78 @@ use ckpt_engine::memory::{Breakdown, MemoryTracker, OutOfMemory};
 use ckpt_engine::{Device, EngineError, MemoryStats, StateDigest, StepStats, Trainer};
 use serde::{Deserialize, Deserializer, Serialize};
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-/// Which phase a record belongs to.
-#[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
-)]
-#[serde(rename_all = "kebab-case")]
+/// Which phase a record belongs to. Written as `reference`, `resume-mid`, `resume-mid-N` (the
+/// `N`th resume of a chain, from 2) and `resume-end`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Phase {
     /// The uninterrupted run.
     #[default]
     Reference,
-    /// Resumed from the mid-run checkpoint.
+    /// Resumed from the reference's mid-run checkpoint (the first resume point).
     ResumeMid,
+    /// The `n`th resume of a chain (`n` from 2): resumed from the checkpoint the phase before it
+    /// in the chain saved at resume point `n`.
+    ResumeChained(u32),
     /// Resumed from the `max_steps` checkpoint, training past it.
     ResumeEnd,
 }
 
 impl std::fmt::Display for Phase {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Phase::Reference => "reference",
-            Phase::ResumeMid => "resume-mid",
-            Phase::ResumeEnd => "resume-end",
-        })
+        match self {
+            Phase::Reference => f.write_str("reference"),
+            Phase::ResumeMid => f.write_str("resume-mid"),
+            Phase::ResumeChained(n) => write!(f, "resume-mid-{n}"),
+            Phase::ResumeEnd => f.write_str("resume-end"),
+        }
+    }
+}
+
+impl std::str::FromStr for Phase {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let chained = s
+            .strip_prefix("resume-mid-")
+            .and_then(|n| n.parse::<u32>().ok())
+            .filter(|&n| n >= 2);
+        match (s, chained) {
+            ("reference", _) => Ok(Phase::Reference),
+            ("resume-mid", _) => Ok(Phase::ResumeMid),
+            ("resume-end", _) => Ok(Phase::ResumeEnd),
+            (_, Some(n)) => Ok(Phase::ResumeChained(n)),
+            _ => Err(format!(
+                "unknown phase {s:?}: expected reference, resume-mid, resume-mid-N (N from 2) or resume-end"
+            )),
+        }
+    }
+}
+
+impl Serialize for Phase {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Phase {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
     }
 }
 
 impl Phase {
-    /// Every phase, in the order they run.
-    pub const ALL: [Phase; 3] = [Phase::Reference, Phase::ResumeMid, Phase::ResumeEnd];
+    /// The phase of resume `n` of a chain (1-based): `resume-mid` for the first.
+    pub fn chained(n: usize) -> Phase {
+        match n {
+            0 | 1 => Phase::ResumeMid,
+            n => Phase::ResumeChained(u32::try_from(n).unwrap_or(u32::MAX)),
+        }
+    }
 }
 
 /// A float that JSON may hold as `null` (how serde_json writes NaN and infinities): read as NaN.
@@ -396,7 +440,69 @@ fn window(stats: &MemoryStats, oom_before: u64) -> Window {
     }
 }
 
-/// Runs the three phases of `suite` on a device of `kind`, checkpoints under `work`; `watch` is
+/// The phases `suite` implies, in the order they run: the reference; a resume from each of its
+/// resume points (`resume-mid`, then `resume-mid-2` ... for a chain); `resume-end` from
+/// `max_steps`. Each trains to `max_steps + extra_steps`.
+pub fn plan(suite: &Suite) -> Vec<PlannedPhase> {
+    let end = suite.max_steps() + suite.file.training.extra_steps;
+    let chain = suite.resume_points().into_iter().enumerate();
+    std::iter::once((Phase::Reference, 0))
+        .chain(chain.map(|(k, from)| (Phase::chained(k + 1), from)))
+        .chain([(Phase::ResumeEnd, suite.max_steps())])
+        .map(|(phase, from)| PlannedPhase { phase, from, end })
+        .collect()
+}
+
+/// How one planned phase runs: the checkpoint it resumes from and where it saves.
+#[derive(Debug, PartialEq)]
+struct Leg {
+    /// Which phase.
+    phase: Phase,
+    /// The run directory holding the checkpoint it resumes from, and its step; `None` for the
+    /// reference's fresh trainer.
+    resumes: Option<(PathBuf, u64)>,
+    /// The run directory it saves into, when a later phase resumes from it: the reference's,
+    /// and each resume of a chain but the last.
+    saves_into: Option<PathBuf>,
+}
+
+/// How each phase of `planned` runs, its checkpoints under `work`: the reference saves into
+/// `checkpoints`, and `resume-end` and the first resume load from there; each later resume of
+/// a chain loads from the run directory of the one before, `checkpoints-<phase>`.
+fn legs(planned: &[PlannedPhase], work: &Path) -> Vec<Leg> {
+    let reference = work.join("checkpoints");
+    let last_of_chain = planned
+        .iter()
+        .rfind(|p| matches!(p.phase, Phase::ResumeMid | Phase::ResumeChained(_)))
+        .map(|p| p.phase);
+    let mut previous = reference.clone();
+    planned
+        .iter()
+        .map(|p| match p.phase {
+            Phase::Reference => Leg {
+                phase: p.phase,
+                resumes: None,
+                saves_into: Some(reference.clone()),
+            },
+            Phase::ResumeEnd => Leg {
+                phase: p.phase,
+                resumes: Some((reference.clone(), p.from)),
+                saves_into: None,
+            },
+            phase => {
+                let own = work.join(format!("checkpoints-{phase}"));
+                let resumes = Some((std::mem::replace(&mut previous, own.clone()), p.from));
+                Leg {
+                    phase,
+                    resumes,
+                    saves_into: (Some(phase) != last_of_chain).then_some(own),
+                }
+            }
+        })
+        .collect()
+}
+
+/// Runs the phases of `suite` (see [`plan`]) on a device of `kind`, checkpoints under `work`; `watch` is
 /// told as each phase and step starts and ends. An allocation the device refuses ends the run
 /// early and is recorded, not returned as an error.
 pub fn run(
@@ -433,7 +539,6 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
             watch,
         } = self;
         let end = suite.max_steps() + suite.file.training.extra_steps;
-        let run_dir = work.join("checkpoints");
         let tracker = dev.tracker().clone();
         let like = Like::new(kind, suite.file.threads);
         let model = estimate(&EstimateConfig::from_train(&suite.train, like))?;
@@ -460,24 +565,22 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
                 [predict(&long.first_step), predict(&long.later_step)],
             )
         });
-        let plan = [
-            (Phase::Reference, None),
-            (Phase::ResumeMid, Some(suite.resume_from())),
-            (Phase::ResumeEnd, Some(suite.max_steps())),
-        ];
-        let planned = plan
-            .map(|(phase, from)| PlannedPhase {
-                phase,
-                from: from.unwrap_or(0),
-                end,
-            })
-            .to_vec();
-        let mut saver = Saver::new(suite, kind, &run_dir, &work.join("sync-checkpoints"));
+        let planned = plan(suite);
+        let legs = legs(&planned, work);
         let mut reference_digests: BTreeMap<u64, StateDigest> = BTreeMap::new();
         let mut samples_per_epoch = 0;
         let mut phases = Vec::new();
-        for (phase, from) in plan {
+        let digested_at = suite.resume_points();
+        for leg in legs {
+            let (phase, from) = (leg.phase, leg.resumes.as_ref().map(|(_, step)| *step));
             let phase_start = Instant::now();
+            let mut saver = leg.saves_into.as_ref().map(|dir| {
+                let twin = work.join(format!(
+                    "sync-{}",
+                    dir.file_name().unwrap_or_default().display()
+                ));
+                Saver::new(suite, kind, dir, &twin)
+            });
             watch.phase_started(phase, from.unwrap_or(0), end, &tracker);
             let mut record = PhaseRecord {
                 phase,
@@ -488,12 +591,12 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
             let start_rss = host_memory::current();
             let oom_before = tracker.stats().oom_count;
             tracker.reset_peak();
-            let built = match from {
+            let built = match &leg.resumes {
                 None => Trainer::new(suite.train.clone(), dev.clone()),
-                Some(step) => Trainer::resume(
+                Some((dir, step)) => Trainer::resume(
                     suite.train.clone(),
                     dev.clone(),
-                    &run_dir.join(step_dir_name(step)),
+                    &dir.join(step_dir_name(*step)),
                 ),
             };
             record.setup = window(&tracker.stats(), oom_before);
@@ -507,13 +610,13 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
                     }
                     while trainer.step_index() < end {
                         if phase == Phase::Reference
-                            && [suite.resume_from(), suite.max_steps()]
-                                .contains(&trainer.step_index())
+                            && (digested_at.contains(&trainer.step_index())
+                                || trainer.step_index() == suite.max_steps())
                         {
                             reference_digests.insert(trainer.step_index(), trainer.state_digest()?);
                         }
                         let start = tracker.stats().current;
-                        let staging = saver.staging_on_device(&trainer);
+                        let staging = saver.as_ref().map_or(0, |s| s.staging_on_device(&trainer));
                         watch.step_started(phase, trainer.step_index());
                         let step_start = Instant::now();
                         match trainer.step() {
@@ -535,7 +638,9 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
                                 };
                                 watch.step_done(phase, &step);
                                 record.steps.push(step);
-                                saver.collect()?;
+                                if let Some(saver) = &mut saver {
+                                    saver.collect()?;
+                                }
                             }
                             Err(EngineError::OutOfMemory(e)) => {
                                 record.oom = Some(Oom::new(Some(trainer.step_index()), &e));
@@ -543,11 +648,15 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
                             }
                             Err(e) => return Err(e.into()),
                         }
-                        if phase == Phase::Reference && suite.saves_at(trainer.step_index()) {
-                            saver.save(&mut trainer)?;
+                        if let Some(saver) = &mut saver {
+                            if suite.saves_at(from.unwrap_or(0), trainer.step_index()) {
+                                saver.save(&mut trainer)?;
+                            }
                         }
                     }
-                    record.saves = saver.finish(&mut trainer)?;
+                    if let Some(saver) = &mut saver {
+                        record.saves = saver.finish(&mut trainer)?;
+                    }
                     watch.releasing(phase);
                     drop(trainer);
                 }
@@ -589,5 +698,109 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
             planned,
             phases,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn suite(training: &str) -> Suite {
+        let text = format!(
+            "name: t
+model: {{vocab_size: 64, hidden_size: 32, intermediate_size: 64, num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 4, max_position_embeddings: 64}}
+data: {{kind: synthetic, seed: 1, samples: 64}}
+batch_size: 2
+seq_len: 16
+optimizer: {{lr: 0.001}}
+training: {training}
+"
+        );
+        Suite::parse(Path::new("s.yaml"), &text).unwrap()
+    }
+
+    fn planned(p: &[PlannedPhase]) -> Vec<(String, u64, u64)> {
+        p.iter()
+            .map(|p| (p.phase.to_string(), p.from, p.end))
+            .collect()
+    }
+
+    #[test]
+    fn one_resume_point_plans_the_three_phases() {
+        let p = plan(&suite("{max_steps: 8, extra_steps: 2, resume_from: 3}"));
+        let want = [
+            ("reference", 0, 10),
+            ("resume-mid", 3, 10),
+            ("resume-end", 8, 10),
+        ];
+        assert_eq!(planned(&p), want.map(|(p, f, e)| (p.to_string(), f, e)));
+    }
+
+    #[test]
+    fn a_chain_plans_a_resume_from_each_point_and_each_resumes_the_one_before() {
+        let p = plan(&suite("{max_steps: 9, resume_from: [3, 5, 7]}"));
+        let want = [
+            ("reference", 0),
+            ("resume-mid", 3),
+            ("resume-mid-2", 5),
+            ("resume-mid-3", 7),
+            ("resume-end", 9),
+        ];
+        assert_eq!(planned(&p), want.map(|(p, f)| (p.to_string(), f, 12)));
+        let work = Path::new("w");
+        let dir = |d: &str| Some(work.join(d));
+        let leg = |phase, resumes: Option<(&str, u64)>, saves_into| Leg {
+            phase,
+            resumes: resumes.map(|(d, step)| (work.join(d), step)),
+            saves_into,
+        };
+        assert_eq!(
+            legs(&p, work),
+            [
+                leg(Phase::Reference, None, dir("checkpoints")),
+                leg(
+                    Phase::ResumeMid,
+                    Some(("checkpoints", 3)),
+                    dir("checkpoints-resume-mid")
+                ),
+                leg(
+                    Phase::ResumeChained(2),
+                    Some(("checkpoints-resume-mid", 5)),
+                    dir("checkpoints-resume-mid-2")
+                ),
+                leg(
+                    Phase::ResumeChained(3),
+                    Some(("checkpoints-resume-mid-2", 7)),
+                    None
+                ),
+                leg(Phase::ResumeEnd, Some(("checkpoints", 9)), None),
+            ]
+        );
+    }
+
+    #[test]
+    fn phases_read_and_write_as_their_names_in_run_order() {
+        let phases = [
+            Phase::Reference,
+            Phase::ResumeMid,
+            Phase::ResumeChained(2),
+            Phase::ResumeChained(10),
+            Phase::ResumeEnd,
+        ];
+        let json = serde_json::to_string(&phases).unwrap();
+        assert_eq!(
+            json,
+            r#"["reference","resume-mid","resume-mid-2","resume-mid-10","resume-end"]"#
+        );
+        assert_eq!(serde_json::from_str::<Vec<Phase>>(&json).unwrap(), phases);
+        assert!(phases.windows(2).all(|w| w[0] < w[1]));
+        assert_eq!(Phase::chained(1), Phase::ResumeMid);
+        assert_eq!(Phase::chained(3), Phase::ResumeChained(3));
+        for bad in ["resume-mid-1", "resume-mid-x", "resume", "resume-mid-"] {
+            assert!(
+                serde_json::from_str::<Phase>(&format!("\"{bad}\"")).is_err(),
+                "{bad}"
+            );
+        }
     }
 }

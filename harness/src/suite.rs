@@ -71,9 +71,10 @@ pub struct Training {
     /// Steps trained past `max_steps` after resuming from its checkpoint.
     #[serde(default = "default_extra")]
     pub extra_steps: u64,
-    /// The mid-run checkpoint to resume from; `max_steps / 2` when absent.
+    /// The mid-run checkpoint to resume from, or a chain of them (each resume saves the next
+    /// one); `max_steps / 2` when absent.
     #[serde(default)]
-    pub resume_from: Option<Spanned<u64>>,
+    pub resume_from: Option<Spanned<ResumeFrom>>,
     /// Also save every this many steps (at least 1).
     #[serde(default, deserialize_with = "save_every")]
     pub save_every: Option<u64>,
@@ -87,6 +88,50 @@ pub struct Training {
     /// the state is staged in host buffers, training goes on, and a writer thread writes it.
     #[serde(default)]
     pub async_save: bool,
+}
+
+/// `training.resume_from`: one step, or a strictly increasing list of steps: the reference's
+/// checkpoint at the first is resumed, that run saves at the second and is resumed there, and
+/// so on.
+#[derive(Clone, Debug)]
+pub enum ResumeFrom {
+    /// One resume point.
+    Step(u64),
+    /// A chain of resume points, each written where it is.
+    Chain(Vec<Spanned<u64>>),
+}
+
+const RESUME_FROM_HINT: &str =
+    "a step such as resume_from: 4, or a strictly increasing list of steps such as resume_from: [3, 5, 7]";
+
+impl<'de> Deserialize<'de> for ResumeFrom {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = ResumeFrom;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str(RESUME_FROM_HINT)
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<ResumeFrom, E> {
+                Ok(ResumeFrom::Step(v))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<ResumeFrom, E> {
+                u64::try_from(v).map(ResumeFrom::Step).map_err(|_| {
+                    E::custom(format!(
+                        "resume_from ({v}) is negative; write {RESUME_FROM_HINT}"
+                    ))
+                })
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<ResumeFrom, A::Error> {
+                let mut steps = Vec::new();
+                while let Some(step) = seq.next_element::<Spanned<u64>>()? {
+                    steps.push(step);
+                }
+                Ok(ResumeFrom::Chain(steps))
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 /// A count of at least 1, or absent; `zero` says what to write instead of 0.
@@ -609,15 +654,7 @@ impl Suite {
             );
         }
         if let Some(r) = &t.resume_from {
-            if r.value == 0 || r.value >= max_steps {
-                bail!(
-                    "{}: training.resume_from ({}) must be between 1 and max_steps - 1 ({}); write e.g. resume_from: {}",
-                    place(path, r.referenced),
-                    r.value,
-                    max_steps - 1,
-                    max_steps / 2
-                );
-            }
+            Self::validate_resume_from(path, r, max_steps)?;
         }
         if !(0.0..1.0).contains(&file.dropout) {
             bail!(
@@ -706,9 +743,53 @@ impl Suite {
         Ok(())
     }
 
+    /// Checks `training.resume_from`: every step between 1 and `max_steps - 1`, a list not
+    /// empty and strictly increasing; the error names the step's place.
+    fn validate_resume_from(path: &Path, r: &Spanned<ResumeFrom>, max_steps: u64) -> Result<()> {
+        let steps: Vec<(u64, Location)> = match &r.value {
+            ResumeFrom::Step(step) => vec![(*step, r.referenced)],
+            ResumeFrom::Chain(steps) => steps.iter().map(|s| (s.value, s.referenced)).collect(),
+        };
+        let in_range = |s: u64| s > 0 && s < max_steps;
+        let mut fixed: Vec<u64> = steps.iter().map(|s| s.0).filter(|&s| in_range(s)).collect();
+        fixed.sort_unstable();
+        fixed.dedup();
+        let example = match (&r.value, fixed.is_empty()) {
+            (ResumeFrom::Chain(_), false) => format!("{fixed:?}"),
+            _ => (max_steps / 2).to_string(),
+        };
+        if steps.is_empty() {
+            bail!(
+                "{}: training.resume_from is an empty list; write at least one step, e.g. resume_from: {}",
+                place(path, r.referenced),
+                max_steps / 2
+            );
+        }
+        for (i, &(step, at)) in steps.iter().enumerate() {
+            if !in_range(step) {
+                bail!(
+                    "{}: training.resume_from ({step}) must be between 1 and max_steps - 1 ({}); write e.g. resume_from: {example}",
+                    place(path, at),
+                    max_steps - 1,
+                );
+            }
+            if let Some(&(before, _)) = steps[..i].last().filter(|b| b.0 >= step) {
+                bail!(
+                    "{}: training.resume_from must increase strictly, but {step} follows {before}; write e.g. resume_from: {example}",
+                    place(path, at),
+                );
+            }
+        }
+        Ok(())
+    }
+
     /// Whether `run` can resume the suite under its `keep_last`: its reference phase saves with
     /// it, pruning as it goes, so `keep_last` must keep the mid-run checkpoint `resume-mid` loads
-    /// (and so the later one `resume-end` loads). `train` asks nothing of it.
+    /// (and so the later one `resume-end` loads). Each resumed run of a chain saves with it too,
+    /// into its own run directory, and must keep the checkpoint the next resume loads; it saves
+    /// no more often after that checkpoint than the reference does after the first resume point
+    /// (the steps after a later point are fewer, the saves among them the same), so the
+    /// reference's count bounds them all. `train` asks nothing of it.
     pub fn check_retention(&self) -> Result<()> {
         let t = &self.file.training;
         let Some(keep) = t.keep_last else {
@@ -758,12 +839,20 @@ impl Suite {
         bail!("{at}: {e}")
     }
 
-    /// The mid-run checkpoint step.
+    /// The mid-run checkpoint step: the first resume point.
     pub fn resume_from(&self) -> u64 {
+        self.resume_points()[0]
+    }
+
+    /// The resume points in order: one, or the chain `training.resume_from` lists (`max_steps /
+    /// 2` when absent).
+    pub fn resume_points(&self) -> Vec<u64> {
         let t = &self.file.training;
-        t.resume_from
-            .as_ref()
-            .map_or(t.max_steps.value / 2, |r| r.value)
+        match t.resume_from.as_ref().map(|r| &r.value) {
+            None => vec![t.max_steps.value / 2],
+            Some(ResumeFrom::Step(step)) => vec![*step],
+            Some(ResumeFrom::Chain(steps)) => steps.iter().map(|s| s.value).collect(),
+        }
     }
 
     /// Steps of the nominal run.
@@ -771,10 +860,13 @@ impl Suite {
         self.file.training.max_steps.value
     }
 
-    /// Whether the run saves after `steps` completed steps.
-    pub fn saves_at(&self, steps: u64) -> bool {
+    /// Whether a run that started at step `from` (0 for a fresh run, else the checkpoint it
+    /// resumed) saves after `steps` completed steps: at the first resume point after `from`
+    /// (the checkpoint the next resume loads), at `max_steps`, and every `save_every` steps.
+    pub fn saves_at(&self, from: u64, steps: u64) -> bool {
         let t = &self.file.training;
-        steps == self.resume_from()
+        let next = self.resume_points().into_iter().find(|&p| p > from);
+        Some(steps) == next
             || steps == self.max_steps()
             || t.save_every.is_some_and(|n| n > 0 && steps % n == 0)
     }
@@ -783,7 +875,7 @@ impl Suite {
     /// [`Suite::saves_at`] names.
     pub fn planned_saves(&self) -> Vec<u64> {
         let end = self.max_steps() + self.file.training.extra_steps;
-        (1..=end).filter(|&s| self.saves_at(s)).collect()
+        (1..=end).filter(|&s| self.saves_at(0, s)).collect()
     }
 
     /// The devices the suite runs on.
@@ -903,6 +995,105 @@ expect_fail: [state_digest, loss_continuity]
             "{e}"
         );
         assert!(e.contains("resume_from: 4"), "{e}");
+    }
+
+    #[test]
+    fn resume_from_is_a_step_or_a_chain() {
+        let s = parse("  resume_from: 3\n").unwrap();
+        assert_eq!((s.resume_from(), s.resume_points()), (3, vec![3]));
+        let s = parse("  resume_from: [2, 4, 7]\n").unwrap();
+        assert_eq!((s.resume_from(), s.resume_points()), (2, vec![2, 4, 7]));
+        let s = parse("  resume_from:\n    - 1\n    - 6\n").unwrap();
+        assert_eq!(s.resume_points(), [1, 6]);
+        assert_eq!(parse("").unwrap().resume_points(), [4]);
+    }
+
+    #[test]
+    fn a_chain_out_of_order_or_out_of_range_is_located_at_its_entry() {
+        let e = error("  resume_from: [2, 6, 5]\n");
+        assert!(
+            e.starts_with(
+                "s.yaml:9:23: training.resume_from must increase strictly, but 5 follows 6"
+            ),
+            "{e}"
+        );
+        assert!(e.ends_with("write e.g. resume_from: [2, 5, 6]"), "{e}");
+        let e = error("  resume_from: [2, 2]\n");
+        assert!(
+            e.starts_with("s.yaml:9:20:") && e.contains("2 follows 2"),
+            "{e}"
+        );
+        let e = error("  resume_from: [3, 8]\n");
+        assert!(
+            e.starts_with(
+                "s.yaml:9:20: training.resume_from (8) must be between 1 and max_steps - 1 (7)"
+            ),
+            "{e}"
+        );
+        assert!(e.ends_with("write e.g. resume_from: [3]"), "{e}");
+        let e = error("  resume_from:\n    - 0\n    - 4\n");
+        assert!(
+            e.starts_with("s.yaml:10:7: training.resume_from (0)"),
+            "{e}"
+        );
+        let e = error("  resume_from: []\n");
+        assert!(
+            e.starts_with("s.yaml:9:16: training.resume_from is an empty list"),
+            "{e}"
+        );
+        let e = error("  resume_from: -1\n");
+        assert!(e.starts_with("s.yaml:9:") && e.contains("negative"), "{e}");
+        let e = error("  resume_from: {at: 3}\n");
+        assert!(e.contains("resume_from: [3, 5, 7]"), "{e}");
+    }
+
+    #[test]
+    fn each_run_saves_at_the_next_resume_point_max_steps_and_its_interval() {
+        let s = parse("  resume_from: [2, 4, 6]\n  save_every: 5\n").unwrap();
+        let saves =
+            |from: u64| -> Vec<u64> { (from + 1..=11).filter(|&n| s.saves_at(from, n)).collect() };
+        assert_eq!(saves(0), [2, 5, 8, 10], "the reference");
+        assert_eq!(saves(2), [4, 5, 8, 10], "resume-mid");
+        assert_eq!(saves(4), [5, 6, 8, 10], "resume-mid-2");
+        assert_eq!(saves(6), [8, 10], "resume-mid-3 saves no resume point");
+    }
+
+    /// A chain's later resumed runs save no more often after the checkpoint the next resume loads
+    /// than the reference after the first: keeping the reference's is enough for every run.
+    #[test]
+    fn keep_last_bounded_by_the_reference_keeps_every_checkpoint_of_a_chain() {
+        for (chain, every) in [
+            ("[1, 5]", 2),
+            ("[2, 3, 7]", 3),
+            ("[1, 2, 3, 4]", 1),
+            ("[5, 6]", 4),
+        ] {
+            let s = parse(&format!("  resume_from: {chain}\n  save_every: {every}\n")).unwrap();
+            let saves_after =
+                |from: u64, needed: u64| (needed..=11).filter(|&n| s.saves_at(from, n)).count();
+            let points = s.resume_points();
+            let reference = saves_after(0, points[0]);
+            for pair in points.windows(2) {
+                assert!(
+                    saves_after(pair[0], pair[1]) <= reference,
+                    "{chain} every {every}: {pair:?}"
+                );
+            }
+            let at = |keep: usize| {
+                let text = BASE.replace("  max_steps: 8\n", &format!("  max_steps: 8\n  resume_from: {chain}\n  save_every: {every}\n  keep_last: {keep}\n"));
+                Suite::parse(Path::new("s.yaml"), &text)
+                    .unwrap()
+                    .check_retention()
+            };
+            assert!(at(reference).is_ok(), "{chain} every {every}");
+            let e = format!("{:#}", at(reference - 1).unwrap_err());
+            assert!(
+                e.contains(&format!(
+                    "which resume-mid loads: the reference saves {reference} times"
+                )),
+                "{e}"
+            );
+        }
     }
 
     #[test]

@@ -109,6 +109,7 @@ fn train_until<D: Device>(
     };
     let mut stdout = std::io::stdout().lock();
     let mut saved = true;
+    let from = trainer.step_index();
     while trainer.step_index() < target {
         let s = trainer.step()?;
         let line = StepLine {
@@ -119,7 +120,7 @@ fn train_until<D: Device>(
             peak_bytes: s.memory.allocated.peak,
         };
         writeln!(stdout, "{}", serde_json::to_string(&line)?)?;
-        saved = suite.saves_at(trainer.step_index());
+        saved = suite.saves_at(from, trainer.step_index());
         if saved {
             save(trainer)?;
         }

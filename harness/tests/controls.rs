@@ -80,3 +80,29 @@ fn the_golden_control_fails_at_the_changed_step_only() {
     assert!(f[0].expected.starts_with("6 | 4.14120e0 |"), "{}", f[0]);
     assert!(f[0].actual.starts_with("6 | 4.14119e0 |"), "{}", f[0]);
 }
+
+/// `loader_offset_lost_on_resave` shows only in a chain of resumes: the same run resumed only
+/// from the reference's checkpoints fails no check.
+#[test]
+fn the_lost_resume_offset_needs_a_chain_to_show() {
+    let path = root().join("suites/faults/loader_offset_lost_on_resave.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let chain = "resume_from: [3, 5, 7]";
+    assert!(text.contains(chain));
+    let single = Suite::parse(&path, &text.replace(chain, "resume_from: 3")).unwrap();
+    let t = trial::run(
+        &single,
+        DeviceKind::Cpu,
+        &root().join("golden"),
+        GoldenMode::Check,
+        &mut (),
+    );
+    let failed: Vec<Check> = t
+        .checks
+        .iter()
+        .filter(|o| o.failed())
+        .map(|o| o.check)
+        .collect();
+    assert!(failed.is_empty(), "{failed:?}");
+    assert!(!t.passed, "the control expects failures: {}", t.verdict);
+}

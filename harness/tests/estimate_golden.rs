@@ -120,8 +120,9 @@ fn needs_snapshot(suite: &Suite, device: &str) -> bool {
 /// model families' and gradient accumulation's CUDA trajectories, to be blessed on a GPU with `ckpt-harness run --device cuda
 /// --bless`. Each must still be missing: the test fails once one is written, so that its entry
 /// goes.
-const AWAITING_THEIR_DEVICE: [(&str, &str); 9] = [
+const AWAITING_THEIR_DEVICE: [(&str, &str); 11] = [
     ("cuda", "async-save"),
+    ("cuda", "chained-resumes"),
     ("cuda", "epoch-boundary"),
     ("cuda", "family-mistral"),
     ("cuda", "family-mixtral"),
@@ -130,6 +131,7 @@ const AWAITING_THEIR_DEVICE: [(&str, &str); 9] = [
     ("cuda", "family-qwen3"),
     ("cuda", "family-qwen3-moe"),
     ("cuda", "grad-accumulation"),
+    ("cuda", "resume-everything"),
 ];
 
 /// Whether `device`/`suite` is listed in [`AWAITING_THEIR_DEVICE`].

@@ -557,6 +557,20 @@ pub(crate) mod fixtures {
             differing_files: Some(Vec::new()),
         }
     }
+
+    /// A faithful chained run: the run above with `resume_from: [2, 3]`, `resume-mid` saving at
+    /// step 3 and `resume-mid-2` resuming there.
+    pub fn chained() -> RunRecord {
+        let mut r = run();
+        let chained = PlannedPhase {
+            phase: Phase::ResumeChained(2),
+            from: 3,
+            end: 6,
+        };
+        r.planned.insert(2, chained);
+        r.phases.insert(2, phase(Phase::ResumeChained(2), 3, 6));
+        r
+    }
 }
 
 #[cfg(test)]
@@ -603,6 +617,91 @@ mod tests {
                 (Finite, 12, 12),
                 (CheckpointEquivalence, 3, 3),
             ]
+        );
+    }
+
+    #[test]
+    fn a_faithful_chained_run_passes_every_check_counting_every_resume() {
+        let r = fixtures::chained();
+        let compared: Vec<(Check, Status, u64, u64)> = outcomes(&r)
+            .iter()
+            .map(|o| (o.check, o.status, o.compared, o.implied))
+            .collect();
+        use Check::*;
+        use Status::*;
+        assert_eq!(
+            compared,
+            [
+                (LossContinuity, Passed, 9, 9),
+                (StateDigest, Passed, 3, 3),
+                (DataLedger, Passed, 15, 15),
+                (MemoryReclaimed, Passed, 4, 4),
+                (PeakBudget, Passed, 0, 0),
+                (NoLeak, Passed, 11, 11),
+                (AcCoverage, Passed, 15, 15),
+                (MemoryModel, Passed, 18, 18),
+                (OomFree, Passed, 19, 19),
+                (Golden, Passed, 6, 6),
+                (Finite, Passed, 15, 15),
+            ]
+        );
+        let mut lost = r.clone();
+        lost.phases.remove(2);
+        let failed: Vec<Check> = outcomes(&lost)
+            .iter()
+            .filter(|o| o.failed())
+            .map(|o| o.check)
+            .collect();
+        assert_eq!(
+            failed,
+            [
+                LossContinuity,
+                StateDigest,
+                DataLedger,
+                MemoryReclaimed,
+                NoLeak,
+                AcCoverage,
+                MemoryModel,
+                OomFree,
+                Finite
+            ],
+            "a chain's lost resume is missed by no check that counts it"
+        );
+    }
+
+    /// `loader_offset_lost_on_resave` as a record shows it: `resume-mid` (from the reference's
+    /// checkpoint) is faithful; `resume-mid-2` resumes from the checkpoint `resume-mid` saved at
+    /// step 3, which holds only the 4 samples read since step 2, so it reads step 1's rows again.
+    #[test]
+    fn a_resave_that_loses_the_resumed_offset_fails_the_second_resume_only() {
+        let mut r = fixtures::chained();
+        let second = &mut r.phases[2];
+        second.resumed_digest.as_mut().unwrap().loader.position = 4;
+        for s in &mut second.steps {
+            let reread = fixtures::step(s.step - 2);
+            s.samples = reread.samples;
+            s.batch_digest = reread.batch_digest;
+            s.loss = reread.loss;
+        }
+        let out = outcomes(&r);
+        let failed: Vec<Check> = out.iter().filter(|o| o.failed()).map(|o| o.check).collect();
+        use Check::*;
+        assert_eq!(failed, [LossContinuity, StateDigest, DataLedger]);
+        for o in out.iter().filter(|o| o.failed()) {
+            for f in &o.failures {
+                assert_eq!(f.phase, Some(Phase::ResumeChained(2)), "{f}");
+            }
+        }
+        let digest = &out[1].failures;
+        assert_eq!(
+            digest[0].to_string(),
+            "state_digest: cpu::s resume-mid-2 step 3: loader position: expected LoaderState { epoch: 0, position: 12, shuffle_seed: 0 }, got LoaderState { epoch: 0, position: 4, shuffle_seed: 0 }"
+        );
+        let ledger: Vec<&str> = out[2].failures.iter().map(|f| f.what.as_str()).collect();
+        assert_eq!(
+            ledger,
+            ["sample ledger", "epoch order"],
+            "epoch 0's samples again"
         );
     }
 

@@ -1,6 +1,6 @@
 //! `index.html`: the run for people, self-contained (inline SVG and CSS, no script, no network).
 //! At the top what changed against the baseline, then every trial: its checks' verdicts with
-//! each failure's expected against actual, the loss curves of the three phases, the memory
+//! each failure's expected against actual, the loss curves of the phases, the memory
 //! timeline stacked by category, the memory anatomy (estimate against measured, bytes per
 //! parameter), and wall time per phase and per step. The page is the template
 //! `templates/report.html` filled from [`Summary`] alone, so a merged summary renders as a run's.

@@ -1,5 +1,5 @@
 //! The report's plots as inline SVG, drawn with plotters' SVG backend: the loss curves of the
-//! three phases on one plot, the per-step memory timeline stacked by category, and the wall time
+//! phases on one plot, the per-step memory timeline stacked by category, and the wall time
 //! of each step.
 
 use super::timeline::{phase_summary, Slot};
@@ -21,11 +21,18 @@ pub const CATEGORY_COLOURS: [RGBColor; 6] = [
     RGBColor(0x9c, 0x75, 0x5f),
 ];
 
-/// Each phase's colour, in [`Phase::ALL`] order.
+/// The colours of the reference, `resume-mid` and `resume-end`.
 const PHASE_COLOURS: [RGBColor; 3] = [
     RGBColor(0x9a, 0xa5, 0xb1),
     RGBColor(0xf2, 0x8e, 0x2b),
     RGBColor(0x2f, 0x7e, 0xd8),
+];
+
+/// The colours of the later resumes of a chain (`resume-mid-2` on), in turn.
+const CHAIN_COLOURS: [RGBColor; 3] = [
+    RGBColor(0x59, 0xa1, 0x4f),
+    RGBColor(0xb0, 0x7a, 0xa1),
+    RGBColor(0x9c, 0x75, 0x5f),
 ];
 
 const FONT: &str = "sans-serif";
@@ -34,7 +41,14 @@ const FONT: &str = "sans-serif";
 const GRID: RGBColor = RGBColor(0xe4, 0xe7, 0xec);
 
 fn phase_colour(p: Phase) -> RGBColor {
-    PHASE_COLOURS[Phase::ALL.iter().position(|&q| q == p).unwrap_or(0)]
+    match p {
+        Phase::Reference => PHASE_COLOURS[0],
+        Phase::ResumeMid => PHASE_COLOURS[1],
+        Phase::ResumeEnd => PHASE_COLOURS[2],
+        Phase::ResumeChained(n) => {
+            CHAIN_COLOURS[(n as usize).saturating_sub(2) % CHAIN_COLOURS.len()]
+        }
+    }
 }
 
 /// Draws with `draw` on an SVG of `size` and returns its text.
@@ -360,6 +374,18 @@ mod tests {
         ] {
             assert!(text.contains(label), "{label}: {text}");
         }
+    }
+
+    #[test]
+    fn each_resume_of_a_chain_is_drawn_in_its_own_colour() {
+        let r = fixtures::chained();
+        let text = loss(&r, None).unwrap();
+        assert!(text.contains("resume-mid-2 from step 3"), "{text}");
+        let colours: Vec<RGBColor> = r.phases.iter().map(|p| phase_colour(p.phase)).collect();
+        for (i, c) in colours.iter().enumerate() {
+            assert!(!colours[..i].contains(c), "phase {i} shares a colour");
+        }
+        assert_ne!(phase_colour(Phase::ResumeChained(3)), colours[2]);
     }
 
     #[test]
