@@ -575,10 +575,8 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
             let (phase, from) = (leg.phase, leg.resumes.as_ref().map(|(_, step)| *step));
             let phase_start = Instant::now();
             let mut saver = leg.saves_into.as_ref().map(|dir| {
-                let twin = work.join(format!(
-                    "sync-{}",
-                    dir.file_name().unwrap_or_default().display()
-                ));
+                let name = dir.file_name().unwrap_or_default().to_string_lossy();
+                let twin = work.join(format!("sync-{name}"));
                 Saver::new(suite, kind, dir, &twin)
             });
             watch.phase_started(phase, from.unwrap_or(0), end, &tracker);
