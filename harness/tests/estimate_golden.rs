@@ -89,7 +89,7 @@ fn predicted(e: &Estimate, suite: &Suite, measured: &[Row]) -> Vec<Row> {
             };
             // A step after an asynchronous save holds its staging buffers until its end.
             let staging =
-                match suite.file.training.async_save && m.step > 0 && suite.saves_at(m.step) {
+                match suite.file.training.async_save && m.step > 0 && suite.saves_at(0, m.step) {
                     true => e.save_staging_on_device(),
                     false => 0,
                 };
