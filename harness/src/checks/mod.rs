@@ -643,6 +643,7 @@ mod tests {
                 (OomFree, Passed, 19, 19),
                 (Golden, Passed, 6, 6),
                 (Finite, Passed, 15, 15),
+                (CheckpointEquivalence, Passed, 3, 3),
             ]
         );
         let mut lost = r.clone();
