@@ -6,8 +6,8 @@
 #   checks      harness/src/checks/*.rs   the harness's unit tests
 #   optim       engine/src/optim.rs       the engine's unit, training, fault and determinism tests
 #   data        engine/src/data.rs        the same
-#   checkpoint  engine/src/checkpoint/    the engine's unit tests and the harness's checkpoint and
-#                                         frozen-checkpoint tests
+#   checkpoint  engine/src/checkpoint/    the engine's unit and fault tests and the harness's
+#                                         checkpoint and frozen-checkpoint tests
 #
 #   scripts/mutants.sh [OUT [AREA...]]    OUT defaults to report/mutants, AREA to all four
 #
@@ -40,7 +40,7 @@ args_for() {
             # cargo-mutants names only the mutated package; --package adds the harness's tests.
             args=(-f 'engine/src/checkpoint/*.rs' --test-package ckpt-engine --cargo-arg=--package=ckpt-harness
                 --cargo-arg=--lib --cargo-arg=--test=checkpoint --cargo-arg=--test=retention
-                --cargo-arg=--test=golden_checkpoints)
+                --cargo-arg=--test=golden_checkpoints --cargo-arg=--test=faults)
             ;;
         *)
             echo "mutants: unknown area $1 (checks, optim, data, checkpoint)" >&2

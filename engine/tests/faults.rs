@@ -156,6 +156,26 @@ fn loader_position_not_restored_replays_the_first_batches() {
     assert_ne!(t.resumed_state.loader, t.saved.loader);
 }
 
+#[test]
+fn a_checkpoint_saved_before_the_first_step_resumes_without_moments_like_a_fresh_run() {
+    let cfg = config(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let dev = CpuDevice::new(2, u64::MAX).unwrap();
+    let mut fresh = Trainer::new(cfg.clone(), dev.clone()).unwrap();
+    fresh.save(dir.path(), None).unwrap();
+    let want = fresh.step().unwrap();
+    drop(fresh);
+    let mut resumed = Trainer::resume(cfg, dev, &dir.path().join(step_dir_name(0))).unwrap();
+    let held = resumed.tracker().stats().current;
+    assert_eq!(
+        held.optimizer, 0,
+        "moments come with the first step: {held:?}"
+    );
+    let got = resumed.step().unwrap();
+    let figures = |s: &StepStats| (s.loss.to_bits(), s.memory.allocated, s.memory.at_peak);
+    assert_eq!(figures(&got), figures(&want));
+}
+
 /// A dataset of `samples` samples in `config`'s run (2 rows a step).
 fn with_samples(mut cfg: TrainConfig, samples: u64) -> TrainConfig {
     cfg.data = DataConfig::Synthetic {

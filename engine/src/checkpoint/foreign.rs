@@ -47,3 +47,37 @@ pub fn remove_foreign(run_dir: &Path, checkpoints: &[Foreign]) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::save_step;
+    use super::*;
+
+    fn named(dir: &Path) -> Foreign {
+        Foreign {
+            dir: dir.to_path_buf(),
+            difference: "model: a vs b".into(),
+        }
+    }
+
+    #[test]
+    fn latest_goes_only_when_it_names_a_deleted_checkpoint() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = tmp.path().join("run");
+        let older = save_step(&run, 1);
+        let newer = save_step(&run, 2);
+        remove_foreign(&run, &[named(&older)]).unwrap();
+        assert!(!older.exists());
+        assert_eq!(
+            resolve(&run).unwrap(),
+            newer,
+            "latest names a kept checkpoint"
+        );
+        remove_foreign(&run, &[named(&newer)]).unwrap();
+        assert!(!newer.exists());
+        assert!(
+            !run.join(LATEST_FILE).exists(),
+            "latest named the deleted one"
+        );
+    }
+}

@@ -295,3 +295,68 @@ impl<'a> Header<'a> {
         Ok(self.data_start + info.data_offsets.0 as u64)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::files::sha256_hex;
+    use super::super::testing::{config, save_step};
+    use super::super::STATE_SUM_FILE;
+    use super::*;
+
+    /// Rewrites the trainer state of the checkpoint `dir` with `edit`, its checksum with it.
+    fn edit_state(dir: &Path, edit: impl FnOnce(&mut TrainerState)) {
+        let mut state = state_file::read(dir).ok().unwrap().state;
+        edit(&mut state);
+        let bytes = serde_json::to_vec(&state).unwrap();
+        std::fs::write(dir.join(STATE_FILE), &bytes).unwrap();
+        let sum = format!("{}  {STATE_FILE}\n", sha256_hex(&bytes));
+        std::fs::write(dir.join(STATE_SUM_FILE), sum).unwrap();
+    }
+
+    fn load_error(dir: &Path) -> String {
+        let state = state_file::read(dir).ok().unwrap().state;
+        let req = LoadRequest {
+            config: &config(),
+            identity: state.identity,
+            master_in_optimizer: false,
+            master_category: Category::Params,
+            fresh_moments_if_missing: false,
+        };
+        match load(&MemoryTracker::new(u64::MAX), dir, &req) {
+            Ok(_) => panic!("{} loaded", dir.display()),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn a_state_listing_a_file_outside_its_checkpoint_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        for name in ["sub/model.safetensors", ".hidden"] {
+            let dir = save_step(&tmp.path().join(name.replace(['/', '.'], "_")), 1);
+            edit_state(&dir, |s| {
+                let record = s.files[MODEL_FILE].clone();
+                s.files.insert(name.into(), record);
+            });
+            let e = load_error(&dir);
+            assert!(
+                e.contains(&format!("lists an invalid file name {name:?}")),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn identity_needs_both_the_fingerprint_and_the_recorded_identity() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = save_step(tmp.path(), 1);
+        let state = state_file::read(&dir).ok().unwrap().state;
+        let identity = state.identity.clone();
+        check_identity(&dir, &state, &identity).unwrap();
+        let mut wrong_print = state.clone();
+        wrong_print.fingerprint = fingerprint(&serde_json::json!({"model": "another"}));
+        assert!(check_identity(&dir, &wrong_print, &identity).is_err());
+        let mut wrong_identity = state.clone();
+        wrong_identity.identity = serde_json::json!({"model": "another"});
+        assert!(check_identity(&dir, &wrong_identity, &identity).is_err());
+    }
+}

@@ -126,6 +126,17 @@ mod tests {
     }
 
     #[test]
+    fn a_lock_stays_shared_within_the_process_while_another_directory_is_locked() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        let first = RunLock::acquire(&a).unwrap();
+        let other = RunLock::acquire(&b).unwrap();
+        let again = RunLock::acquire(&a).expect("the process already holds a's lock");
+        drop((first, other, again));
+        assert!(free(&a) && free(&b));
+    }
+
+    #[test]
     fn the_holder_is_named_from_what_it_recorded() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(LOCK_FILE);

@@ -6,13 +6,18 @@ use crate::model::LlamaConfig;
 use crate::optim::Schedule;
 use std::path::{Path, PathBuf};
 
-/// Saves the checkpoint of `step` into `run` and returns its directory.
-pub(crate) fn save_step(run: &Path, step: u64) -> PathBuf {
-    let config = LlamaConfig::from_hf_json(
+/// The model of these checkpoints.
+pub(crate) fn config() -> LlamaConfig {
+    LlamaConfig::from_hf_json(
         r#"{"vocab_size": 16, "hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 1,
             "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 8}"#,
     )
-    .unwrap();
+    .unwrap()
+}
+
+/// Saves the checkpoint of `step` into `run` and returns its directory.
+pub(crate) fn save_step(run: &Path, step: u64) -> PathBuf {
+    let config = config();
     let identity = serde_json::json!({"model": config});
     let state = TrainerState {
         format_version: FORMAT_VERSION,
