@@ -343,6 +343,14 @@ mod tests {
             empty,
             "neither: itself, for load to refuse"
         );
+        for name in ["", "../elsewhere"] {
+            std::fs::write(run.join(LATEST_FILE), name).unwrap();
+            let e = resolve(&run).unwrap_err().to_string();
+            assert!(
+                e.ends_with("not a checkpoint directory of this run"),
+                "{name:?}: {e}"
+            );
+        }
     }
 
     #[test]

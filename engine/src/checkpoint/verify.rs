@@ -149,3 +149,70 @@ fn problem(dir: &Path, name: &str, record: &super::FileRecord) -> std::result::R
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::save_step;
+    use super::super::FileRecord;
+    use super::*;
+
+    /// The one verdict `verify` gives on the run directory `run`.
+    fn on_latest(run: &Path) -> FileVerdict {
+        let (dir, mut verdicts) = verify(run).unwrap();
+        assert_eq!((dir.as_path(), verdicts.len()), (run, 1));
+        verdicts.remove(0)
+    }
+
+    #[test]
+    fn a_latest_naming_a_missing_checkpoint_or_none_is_a_verdict_on_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = tmp.path().join("run");
+        save_step(&run, 1);
+        std::fs::write(run.join(LATEST_FILE), "step-00000009").unwrap();
+        let v = on_latest(&run);
+        assert_eq!((v.name.as_str(), v.bytes), (LATEST_FILE, 13));
+        assert!(v
+            .problem
+            .unwrap()
+            .starts_with("names step-00000009, which does not exist"));
+        std::fs::remove_file(run.join(LATEST_FILE)).unwrap();
+        let v = on_latest(&run);
+        assert_eq!(
+            (v.bytes, v.problem.as_deref()),
+            (
+                0,
+                Some("is missing; verify the run's checkpoint directories one by one")
+            )
+        );
+        let empty = tmp.path().join("empty");
+        std::fs::create_dir(&empty).unwrap();
+        assert!(verify(&empty)
+            .unwrap_err()
+            .to_string()
+            .contains("nothing to verify"));
+    }
+
+    #[test]
+    fn every_file_is_reported_with_its_size_and_an_outside_name_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = save_step(tmp.path(), 1);
+        let (_, verdicts) = verify(&dir).unwrap();
+        for v in &verdicts {
+            assert_eq!(v.problem, None, "{}", v.name);
+            assert_eq!(v.bytes, size(&dir.join(&v.name)), "{}", v.name);
+            assert!(v.bytes > 1, "{}", v.name);
+        }
+        let record = FileRecord {
+            bytes: 1,
+            sha256: String::new(),
+            xxh3_128: None,
+        };
+        for name in ["sub/model.safetensors", ".hidden", STATE_SUM_FILE] {
+            let e = problem(&dir, name, &record).unwrap_err();
+            assert_eq!(
+                e,
+                format!("{STATE_FILE} lists an invalid file name {name:?}")
+            );
+        }
+    }
+}
