@@ -49,6 +49,31 @@ fn train_output(suite: &Path, out: &Path, resume: Option<&Path>, steps: u64) -> 
     cmd.output().unwrap()
 }
 
+/// The instant trial `trial` kills `train` at: a fixed, varied sequence over start-up and the
+/// save loop.
+fn kill_delay_ms(trial: u64) -> u64 {
+    5 + (trial * 37) % 120
+}
+
+/// `train SUITE --out RUN --resume RUN`, killed with SIGKILL after [`kill_delay_ms`]; what it
+/// printed.
+fn kill_train_resuming(suite: &Path, run: &Path, trial: u64) -> Output {
+    let mut child = Command::new(BIN)
+        .arg("train")
+        .arg(suite)
+        .arg("--out")
+        .arg(run)
+        .arg("--resume")
+        .arg(run)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(kill_delay_ms(trial)));
+    child.kill().unwrap();
+    child.wait_with_output().unwrap()
+}
+
 fn train(suite: &Path, out: &Path, resume: Option<&Path>, steps: u64) -> Vec<String> {
     let output = train_output(suite, out, resume, steps);
     assert!(
@@ -315,25 +340,14 @@ fn sigkill_during_saves_always_leaves_a_loadable_latest() {
     train(&suite_path, &run, None, 1);
     let mut steps_seen = Vec::new();
     for trial in 0u64..50 {
-        let mut child = Command::new(BIN)
-            .arg("train")
-            .arg(&suite_path)
-            .arg("--out")
-            .arg(&run)
-            .arg("--resume")
-            .arg(&run)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        // Kill instants spread over start-up and the save loop (a fixed, varied sequence).
-        let delay = 5 + (trial * 37) % 120;
-        std::thread::sleep(std::time::Duration::from_millis(delay));
-        child.kill().unwrap();
-        child.wait().unwrap();
+        kill_train_resuming(&suite_path, &run, trial);
         let dev = CpuDevice::new(1, u64::MAX).unwrap();
-        let t = Trainer::resume(suite.train.clone(), dev, &run)
-            .unwrap_or_else(|e| panic!("trial {trial} (killed after {delay} ms): {e}"));
+        let t = Trainer::resume(suite.train.clone(), dev, &run).unwrap_or_else(|e| {
+            panic!(
+                "trial {trial} (killed after {} ms): {e}",
+                kill_delay_ms(trial)
+            )
+        });
         steps_seen.push(t.step_index());
     }
     // The runs made progress, so kills landed inside the save loop, not only at start-up.
@@ -361,28 +375,13 @@ fn sigkill_during_async_saves(trials: u64) {
     train(&suite_path, &run, None, 1);
     let (mut latest, mut interrupted) = (1u64, 0u64);
     for trial in 0..trials {
-        let mut child = Command::new(BIN)
-            .arg("train")
-            .arg(&suite_path)
-            .arg("--out")
-            .arg(&run)
-            .arg("--resume")
-            .arg(&run)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        // Kill instants spread over start-up and the step loop (a fixed, varied sequence).
-        let delay = 5 + (trial * 37) % 120;
-        std::thread::sleep(std::time::Duration::from_millis(delay));
-        child.kill().unwrap();
-        let output = child.wait_with_output().unwrap();
+        let output = kill_train_resuming(&suite_path, &run, trial);
         let printed = String::from_utf8_lossy(&output.stdout)
             .lines()
             .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
             .filter_map(|v| v["step"].as_u64())
             .max();
-        let ctx = format!("trial {trial} (killed after {delay} ms)");
+        let ctx = format!("trial {trial} (killed after {} ms)", kill_delay_ms(trial));
         // A write the kill interrupted leaves its temporary directory behind.
         interrupted += u64::from(std::fs::read_dir(&run).unwrap().any(|e| {
             e.unwrap()
