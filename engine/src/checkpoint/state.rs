@@ -109,3 +109,29 @@ pub(crate) fn child_path(path: &str, key: &str) -> String {
 fn show(v: Option<&serde_json::Value>) -> String {
     v.map_or_else(|| "absent".to_string(), |v| v.to_string())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_first_difference_names_its_path_and_both_values() {
+        let a = json!({"model": {"layers": 2, "tie": true}, "seed": 1});
+        assert_eq!(first_difference(&a, &a, ""), None);
+        let b = json!({"model": {"layers": 3, "tie": true}, "seed": 1});
+        assert_eq!(
+            first_difference(&a, &b, "").as_deref(),
+            Some("model.layers: 2 vs 3")
+        );
+        let c = json!({"model": {"layers": 2}, "seed": 1, "extra": "x"});
+        assert_eq!(
+            first_difference(&a, &c, "").as_deref(),
+            Some("extra: absent vs \"x\"")
+        );
+        assert_eq!(
+            first_difference(&c, &a, "").as_deref(),
+            Some("extra: \"x\" vs absent")
+        );
+    }
+}

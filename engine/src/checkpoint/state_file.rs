@@ -225,6 +225,16 @@ mod tests {
     }
 
     #[test]
+    fn an_unreadable_sidecar_is_damage_not_absence() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join(STATE_SUM_FILE)).unwrap();
+        assert!(matches!(
+            read_sidecar(dir.path()),
+            Err(StateError::Damaged(_))
+        ));
+    }
+
+    #[test]
     fn nulls_are_found_outside_the_identity_only() {
         let v = serde_json::json!({
             "identity": {"head_dim": null},
