@@ -3,6 +3,7 @@
 
 pub mod block;
 pub mod config;
+pub mod ctx;
 pub mod dropout;
 pub mod loss;
 pub mod moe;
@@ -16,8 +17,9 @@ use crate::error::{EngineError, Result};
 use crate::fault::{Fault, Faults};
 use crate::memory::Category;
 use crate::tensor::Elem;
-use block::{BlockActivations, BlockCtx, BlockDims};
+use block::BlockActivations;
 pub use config::{Family, LlamaConfig};
+use ctx::{BlockCtx, BlockDims};
 pub use dropout::Dropout;
 use loss::{linear_cross_entropy, mean_scale, LossKind, IGNORE_INDEX};
 pub use params::{param_specs, Layout, ParamSpec, Params};

@@ -4,7 +4,7 @@
 //! its output weighted and added back into its rows. Nothing is atomic and every sum runs in a
 //! fixed order, so the pass is deterministic.
 
-use super::block::{linear, linear_backward, BlockCtx};
+use super::ctx::{linear, linear_backward, BlockCtx};
 use super::dropout::Site;
 use super::params::{Ffn, Params, Rows};
 use super::router::{Dispatch, Routing};
