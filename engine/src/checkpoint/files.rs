@@ -266,6 +266,15 @@ mod tests {
     }
 
     #[test]
+    fn syncing_a_directory_that_cannot_be_opened_names_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let gone = dir.path().join("gone");
+        let err = sync_dir(&gone).unwrap_err().to_string();
+        assert!(err.contains(&*gone.to_string_lossy()), "{err}");
+        sync_dir(dir.path()).unwrap();
+    }
+
+    #[test]
     fn regions_receive_their_bytes_and_every_byte_is_verified() {
         let dir = tempfile::tempdir().unwrap();
         let len = 3 * PIECE + 123;
