@@ -5,7 +5,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-/// Cycles the architecture allows: a device and its tensor type refer to each other.
+/// Cycles the architecture allows, each in sorted order: a device and its tensor type refer to
+/// each other.
 const ALLOWED_CYCLES: &[&[&str]] = &[&["backend::cuda::device", "backend::cuda::tensor"]];
 
 /// Modules written once over the device trait, which must not reach into a backend.
@@ -63,7 +64,10 @@ fn code_of(text: &str) -> String {
 fn named_paths(module: &[&str], code: &str) -> Vec<Vec<String>> {
     let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
     let mut paths = Vec::new();
-    for (at, _) in code.match_indices("crate::").chain(code.match_indices("super::")) {
+    for (at, _) in code
+        .match_indices("crate::")
+        .chain(code.match_indices("super::"))
+    {
         if at > 0 && code[..at].ends_with(|c: char| ident(c) || c == ':') {
             continue;
         }
@@ -82,7 +86,9 @@ fn named_paths(module: &[&str], code: &str) -> Vec<Vec<String>> {
                 .map(|s| s.to_string())
                 .collect();
         }
-        let end = rest.find(|c: char| !ident(c) && c != ':').unwrap_or(rest.len());
+        let end = rest
+            .find(|c: char| !ident(c) && c != ':')
+            .unwrap_or(rest.len());
         base.extend(
             rest[..end]
                 .split("::")
@@ -193,8 +199,7 @@ fn cycles(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<BTreeSet<String>> {
             }
             if self.low[v] == self.index[v] {
                 let at = self.stack.iter().rposition(|m| *m == v).unwrap();
-                let group: BTreeSet<String> =
-                    self.stack.drain(at..).map(str::to_string).collect();
+                let group: BTreeSet<String> = self.stack.drain(at..).map(str::to_string).collect();
                 if group.len() > 1 {
                     self.found.push(group);
                 }
@@ -230,7 +235,7 @@ fn no_module_imports_one_that_imports_it_back() {
         .filter(|c| {
             !ALLOWED_CYCLES
                 .iter()
-                .any(|a| c.iter().eq(a.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>().iter()))
+                .any(|a| c.iter().map(String::as_str).eq(a.iter().copied()))
         })
         .map(|c| {
             let edges: Vec<String> = c
@@ -274,7 +279,8 @@ fn the_code_written_once_names_no_backend() {
 
 #[test]
 fn the_import_reader_sees_plain_grouped_and_relative_paths() {
-    let code = "use crate::model::{block::Norm, ctx::{linear, BlockCtx}};\nuse super::ctx::linear;\n\
+    let code =
+        "use crate::model::{block::Norm, ctx::{linear, BlockCtx}};\nuse super::ctx::linear;\n\
                 use crate::{memory::Category, tensor};\nlet x = super::super::fault::Fault::None;";
     let paths = named_paths(&["model", "moe"], code);
     let joined: Vec<String> = paths.iter().map(|p| p.join("::")).collect();
