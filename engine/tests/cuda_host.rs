@@ -2,7 +2,8 @@
 //! emulation of the CUDA execution model (`cuda_host/emulator.h`: a block's threads are OS
 //! threads, `__syncthreads` a barrier, blocks run one after another) and its kernels are run on
 //! small random inputs against the CPU backend's: the attention kernels (the tiled forward pass
-//! and dq, dk, dv), residual dropout (whose masks must be the CPU's, bit for bit), RMSNorm
+//! and dq, dk, dv, and the same on tensor cores, whose warp-level instructions the emulator
+//! implements by PTX's fragment layouts), residual dropout (whose masks must be the CPU's, bit for bit), RMSNorm
 //! forward and backward, the rotary embedding both ways, bias rows and their gradient, a MoE
 //! layer's row scaling, row scatter-adds and row dot products, SwiGLU forward and backward, the embedding forward and backward, the cross-entropy rows, AdamW, the
 //! gradient norm's partial sums and the bf16 copy of the master weights: every kernel in the
@@ -16,7 +17,7 @@
 #[allow(dead_code)]
 mod common;
 
-use ckpt_engine::backend::cuda::attention_tiles;
+use ckpt_engine::backend::cuda::{attention_tiles, tensor_core_keys, TC_ROWS};
 use ckpt_engine::device::AttnShape;
 use ckpt_engine::memory::Category;
 use ckpt_engine::model::dropout::{Dropout, Site, DRAW_SHIFT};
@@ -50,6 +51,40 @@ fn main() {
         trial(
             "a_causal_mask_off_by_one_fails_the_attention_check",
             broken_causal_mask_fails,
+        ),
+        trial(
+            "attention_on_tensor_cores_matches_the_cpu",
+            attention_tensor_cores,
+        ),
+        trial(
+            "a_tensor_core_causal_mask_off_by_one_fails_the_attention_check",
+            || {
+                tensor_core_fault_fails(
+                    "s[n][e] = j <= i ? a.scale",
+                    "s[n][e] = j < i ? a.scale",
+                    "a causal mask off by one",
+                )
+            },
+        ),
+        trial(
+            "reading_a_tile_before_its_copies_land_fails_the_attention_check",
+            || {
+                tensor_core_fault_fails(
+                    "            cp_async_wait<1>();\n",
+                    "",
+                    "a tile read before its cp.async copies were waited for",
+                )
+            },
+        ),
+        trial(
+            "a_b_fragment_transposed_the_wrong_way_fails_the_attention_check",
+            || {
+                tensor_core_fault_fails(
+                    "ldmatrix_x4_trans(f, tile + (k0 + lane % 8 + (m & 1) * 8) * sd + n0 + (m >> 1) * 8);",
+                    "ldmatrix_x4_trans(f, tile + (k0 + lane % 8 + (m >> 1) * 8) * sd + n0 + (m & 1) * 8);",
+                    "a B fragment loaded with its halves swapped",
+                )
+            },
         ),
         trial("dropout_f32_is_the_cpu_s_bit_for_bit", dropout::<f32>),
         trial("dropout_bf16_is_the_cpu_s_bit_for_bit", dropout::<bf16>),
@@ -128,8 +163,8 @@ fn compiler_missing() -> Option<String> {
 fn host_kernels() -> Result<String, Failed> {
     let source = include_str!("../src/backend/cuda/kernels.cu");
     let shared = "extern __shared__ float dyn[];";
-    if source.matches(shared).count() != 3 {
-        return Err(format!("kernels.cu declares dynamic shared memory other than `{shared}` three times; update cuda_host.rs").into());
+    if source.matches(shared).count() != 6 {
+        return Err(format!("kernels.cu declares dynamic shared memory other than `{shared}` six times; update cuda_host.rs").into());
     }
     Ok(source
         .replace(shared, "float* dyn = dynamic_shared;")
@@ -146,8 +181,9 @@ fn driver() -> Result<PathBuf, Failed> {
 }
 
 /// Compiles the driver around `kernels` (host C++), once per content of its sources and
-/// compiler: the binary is named after their hash, built in a directory of this process's own
-/// and renamed into place, so concurrent trial processes share it safely.
+/// compiler: the binary is named after their hash, built in a temporary directory of the
+/// build's own and renamed into place, so concurrent builds, within a trial process or across
+/// several, share it safely.
 fn build(kernels: String) -> Result<PathBuf, String> {
     let sources = [
         (
@@ -174,7 +210,11 @@ fn build(kernels: String) -> Result<PathBuf, String> {
     if exe.exists() {
         return Ok(exe);
     }
-    let dir = process_dir("build")?;
+    let temp = tempfile::Builder::new()
+        .prefix("build")
+        .tempdir_in(work_dir())
+        .map_err(|e| format!("a build directory in {}: {e}", work_dir().display()))?;
+    let dir = temp.path();
     for (name, text) in &sources {
         std::fs::write(dir.join(name), text).map_err(|e| format!("{name}: {e}"))?;
     }
@@ -198,7 +238,6 @@ fn build(kernels: String) -> Result<PathBuf, String> {
         ));
     }
     std::fs::rename(dir.join("driver"), &exe).map_err(|e| e.to_string())?;
-    let _ = std::fs::remove_dir_all(&dir);
     Ok(exe)
 }
 
@@ -249,7 +288,7 @@ fn split<E: bytemuck::Pod>(bytes: &mut &[u8], n: usize) -> Vec<E> {
 }
 
 /// The largest difference of `got` from `want`, over the largest magnitude of `want` (at
-/// least 1).
+/// least 1); infinite where one is NaN and the other is not.
 fn rel_diff<E: Elem>(got: &[E], want: &[E]) -> f64 {
     let scale = want
         .iter()
@@ -257,7 +296,14 @@ fn rel_diff<E: Elem>(got: &[E], want: &[E]) -> f64 {
         .fold(1.0, f64::max);
     got.iter()
         .zip(want)
-        .map(|(a, b)| (a.to_f32() as f64 - b.to_f32() as f64).abs())
+        .map(|(a, b)| {
+            let (a, b) = (a.to_f32() as f64, b.to_f32() as f64);
+            match (a.is_nan(), b.is_nan()) {
+                (false, false) => (a - b).abs(),
+                (true, true) => 0.0,
+                _ => f64::INFINITY,
+            }
+        })
         .fold(0.0, f64::max)
         / scale
 }
@@ -265,7 +311,37 @@ fn rel_diff<E: Elem>(got: &[E], want: &[E]) -> f64 {
 /// The tiled attention forward and backward passes against the CPU's, on shapes that cover
 /// grouped heads, head widths 8 to 256 and rows shorter, longer and not a multiple of a tile.
 fn attention<E: Elem>(tolerance: f64) -> Outcome {
-    attention_on::<E>(&driver()?, tolerance)
+    attention_on::<E>(&driver()?, Kernels::Tiled, tolerance)
+}
+
+/// Which attention kernels a comparison runs.
+#[derive(Clone, Copy)]
+enum Kernels {
+    /// The tiled f32-arithmetic kernels, for every storage type and head width.
+    Tiled,
+    /// The tensor-core kernels: bf16 storage, head widths 16 to 128 in steps of 16.
+    TensorCores,
+}
+
+/// The tensor-core attention kernels against the CPU's, bf16, on a shape of every head width
+/// they have kernels for: grouped heads, one row, and rows spanning several tiles of both sides.
+fn attention_tensor_cores() -> Outcome {
+    attention_on::<bf16>(&driver()?, Kernels::TensorCores, 1e-2)
+}
+
+/// The tensor-core kernels built with `fault` in place of `right` (found exactly once in
+/// kernels.cu) fail the comparison with the CPU.
+fn tensor_core_fault_fails(right: &str, fault: &str, what: &str) -> Outcome {
+    let kernels = host_kernels()?;
+    if kernels.matches(right).count() != 1 {
+        return Err(format!("`{right}` is not in kernels.cu once; update this control").into());
+    }
+    let broken = build(kernels.replace(right, fault))?;
+    match attention_on::<bf16>(&broken, Kernels::TensorCores, 1e-2) {
+        Err(e) if format!("{e:?}").contains("differs from the CPU's") => Ok(()),
+        Err(e) => Err(format!("failed for another reason: {e:?}").into()),
+        Ok(()) => Err(format!("{what} passed the tensor-core attention check").into()),
+    }
 }
 
 /// The negative control of [`attention`]: the same comparison with a driver whose forward pass
@@ -277,27 +353,40 @@ fn broken_causal_mask_fails() -> Outcome {
         return Err("the forward pass's causal mask is not where this control expects it".into());
     }
     let broken = build(kernels.replace(right, &right.replace("<= i", "< i")))?;
-    match attention_on::<f32>(&broken, 1e-5) {
+    match attention_on::<f32>(&broken, Kernels::Tiled, 1e-5) {
         Err(e) if format!("{e:?}").contains("differs from the CPU's") => Ok(()),
         Err(e) => Err(format!("failed for another reason: {e:?}").into()),
         Ok(()) => Err("a causal mask off by one passed the attention check".into()),
     }
 }
 
-/// [`attention`] with the driver at `exe`.
-fn attention_on<E: Elem>(exe: &Path, tolerance: f64) -> Outcome {
+/// [`attention`] with the driver at `exe`, running `kernels`.
+fn attention_on<E: Elem>(exe: &Path, kernels: Kernels, tolerance: f64) -> Outcome {
     let dev = CpuDevice::new(1, u64::MAX)?;
-    let shapes = [
-        (2, 37, 4, 2, 16),
-        (1, 70, 2, 1, 64),
-        (1, 33, 4, 4, 32),
-        (2, 5, 2, 2, 8),
-        (1, 20, 2, 1, 128),
-        (1, 19, 1, 1, 256),
-        (1, 1, 2, 1, 64),
-    ];
+    let shapes: &[_] = match kernels {
+        Kernels::Tiled => &[
+            (2, 37, 4, 2, 16),
+            (1, 70, 2, 1, 64),
+            (1, 33, 4, 4, 32),
+            (2, 5, 2, 2, 8),
+            (1, 20, 2, 1, 128),
+            (1, 19, 1, 1, 256),
+            (1, 1, 2, 1, 64),
+        ],
+        Kernels::TensorCores => &[
+            (2, 37, 4, 2, 16),
+            (1, 70, 2, 1, 64),
+            (1, 33, 4, 4, 32),
+            (1, 150, 2, 1, 128),
+            (1, 20, 2, 2, 80),
+            (1, 1, 2, 1, 64),
+            (1, 65, 3, 1, 48),
+            (1, 40, 2, 1, 96),
+            (1, 17, 1, 1, 112),
+        ],
+    };
     let mut rng = ChaCha8Rng::seed_from_u64(7);
-    for (batch, seq, heads, kv_heads, head_dim) in shapes {
+    for &(batch, seq, heads, kv_heads, head_dim) in shapes {
         let s = AttnShape {
             batch,
             seq,
@@ -330,21 +419,35 @@ fn attention_on<E: Elem>(exe: &Path, tolerance: f64) -> Outcome {
         let (out, lse) = (tout.as_slice(), tlse.as_slice());
         let (dq, dk, dv) = (tdq.as_slice(), tdk.as_slice(), tdv.as_slice());
 
-        let args = [
-            batch,
-            seq,
-            heads,
-            kv_heads,
-            head_dim,
-            tiles.forward_queries,
-            tiles.forward_keys,
-            tiles.backward,
-        ]
-        .map(|n| n.to_string());
+        let (command_name, args, what) = match kernels {
+            Kernels::Tiled => (
+                "attention",
+                vec![
+                    batch,
+                    seq,
+                    heads,
+                    kv_heads,
+                    head_dim,
+                    tiles.forward_queries,
+                    tiles.forward_keys,
+                    tiles.backward,
+                ],
+                format!("{s:?} {tiles:?}"),
+            ),
+            Kernels::TensorCores => {
+                let keys = tensor_core_keys(head_dim).ok_or("no tensor-core kernels")?;
+                (
+                    "attention-tc",
+                    vec![batch, seq, heads, kv_heads, head_dim, keys],
+                    format!("{s:?} on tensor cores, {TC_ROWS} x {keys} tiles"),
+                )
+            }
+        };
+        let args: Vec<String> = args.iter().map(|n| n.to_string()).collect();
         let bytes = run_driver(
             exe,
-            &format!("attention-{}", elem_name::<E>()),
-            &command::<E>("attention", &args),
+            &format!("{command_name}-{}", elem_name::<E>()),
+            &command::<E>(command_name, &args),
             &[
                 bytemuck::cast_slice(&q),
                 bytemuck::cast_slice(&k),
@@ -359,7 +462,7 @@ fn attention_on<E: Elem>(exe: &Path, tolerance: f64) -> Outcome {
         let g_dk: Vec<E> = split(&mut rest, kn);
         let g_dv: Vec<E> = split(&mut rest, kn);
         within(
-            &format!("{s:?} {tiles:?}"),
+            &what,
             &[
                 ("out", rel_diff(&g_out, out)),
                 ("lse", rel_diff(&g_lse, lse)),

@@ -3,6 +3,8 @@
 //
 //   driver attention ELEM BATCH SEQ HEADS KV_HEADS D FWD_QUERIES FWD_KEYS BACKWARD IN OUT
 //     IN: q, k, v, dout; OUT: out, lse, dq, dk, dv (the forward pass, delta, dq, dk/dv)
+//   driver attention-tc bf16 BATCH SEQ HEADS KV_HEADS D KEYS IN OUT
+//     the tensor-core kernels for heads D wide, streaming KEYS rows at a time; IN, OUT as above
 //   driver dropout ELEM N KEY THRESHOLD SHIFT SCALE IN OUT
 //     IN: x, y, dout; OUT: x + dropout(y), its gradient for y
 //   driver rmsnorm ELEM ROWS H EPS IN OUT
@@ -74,6 +76,46 @@ template <typename T> void attention(char** a) {
         attn_bwd_dkv<T>(q.data(), k.data(), v.data(), dout.data(), lse.data(), delta.data(), dk.data(), dv.data(), bwd);
     });
     Writer w{std::ofstream(a[9], std::ios::binary)};
+    w.write(out);
+    w.write(lse);
+    w.write(dq);
+    w.write(dk);
+    w.write(dv);
+}
+
+// The tensor-core attention kernels of each head width, as kernels.cu defines them.
+struct TcKernels {
+    unsigned d;
+    void (*fwd)(const bf16*, const bf16*, const bf16*, bf16*, float*, Attn);
+    void (*dq)(const bf16*, const bf16*, const bf16*, const bf16*, const float*, const float*, bf16*, Attn);
+    void (*dkv)(const bf16*, const bf16*, const bf16*, const bf16*, const float*, const float*, bf16*, bf16*, Attn);
+};
+#define TC_ENTRY(D) {D, attn_tc_fwd_d##D, attn_tc_dq_d##D, attn_tc_dkv_d##D}
+static const TcKernels TC_KERNELS[] = {TC_ENTRY(16), TC_ENTRY(32),  TC_ENTRY(48),  TC_ENTRY(64),
+                                       TC_ENTRY(80), TC_ENTRY(96), TC_ENTRY(112), TC_ENTRY(128)};
+
+void attention_tc(char** a) {
+    unsigned batch = std::stoul(a[0]), seq = std::stoul(a[1]), heads = std::stoul(a[2]),
+             kv = std::stoul(a[3]), d = std::stoul(a[4]), keys = std::stoul(a[5]);
+    auto tc = std::find_if(std::begin(TC_KERNELS), std::end(TC_KERNELS), [&](auto& t) { return t.d == d; });
+    if (tc == std::end(TC_KERNELS)) throw std::runtime_error("no tensor-core kernels for this head width");
+    Reader r{std::ifstream(a[6], std::ios::binary)};
+    size_t qn = (size_t)batch * seq * heads * d, kn = (size_t)batch * seq * kv * d, ln = (size_t)batch * heads * seq;
+    auto q = r.read<bf16>(qn), k = r.read<bf16>(kn), v = r.read<bf16>(kn), dout = r.read<bf16>(qn);
+    Attn at{batch, seq, heads, kv, d, 1.0f / std::sqrt((float)d), TC_ROWS, keys};
+    std::vector<bf16> out(qn), dq(qn), dk(kn), dv(kn);
+    std::vector<float> lse(ln), delta(ln);
+    size_t shared = 4 * keys * (d + TC_PAD) * sizeof(bf16);
+    unsigned tiles = (seq + TC_ROWS - 1) / TC_ROWS;
+    launch({tiles, heads, batch}, TC_THREADS, shared,
+           [&] { tc->fwd(q.data(), k.data(), v.data(), out.data(), lse.data(), at); });
+    launch({blocks_of(ln), 1, 1}, THREADS, 0, [&] { attn_delta<bf16>(out.data(), dout.data(), delta.data(), at); });
+    launch({tiles, heads, batch}, TC_THREADS, shared,
+           [&] { tc->dq(q.data(), k.data(), v.data(), dout.data(), lse.data(), delta.data(), dq.data(), at); });
+    launch({tiles, kv, batch}, TC_THREADS, shared, [&] {
+        tc->dkv(q.data(), k.data(), v.data(), dout.data(), lse.data(), delta.data(), dk.data(), dv.data(), at);
+    });
+    Writer w{std::ofstream(a[7], std::ios::binary)};
     w.write(out);
     w.write(lse);
     w.write(dq);
@@ -247,6 +289,8 @@ int main(int argc, char** argv) {
         std::string cmd = argc > 2 ? argv[1] : "", elem = argc > 2 ? argv[2] : "";
         if (cmd == "attention" && argc == 13) {
             elem == "bf16" ? attention<bf16>(argv + 3) : attention<float>(argv + 3);
+        } else if (cmd == "attention-tc" && elem == "bf16" && argc == 11) {
+            attention_tc(argv + 3);
         } else if (cmd == "dropout" && argc == 10) {
             elem == "bf16" ? dropout<bf16>(argv + 3) : dropout<float>(argv + 3);
         } else if (cmd == "rmsnorm" && argc == 8) {

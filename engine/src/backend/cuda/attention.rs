@@ -1,6 +1,7 @@
 //! The tiles of the attention kernels: how many query and key rows a block of `kernels.cu`'s
-//! `attn_*` kernels holds in shared memory for a head width, and the scratch the backward pass
-//! takes from the tracker.
+//! tiled `attn_*` kernels and of its tensor-core `attn_tc_*` kernels holds in shared memory for a
+//! head width, where the tensor-core kernels run, and the scratch the backward pass takes from
+//! the tracker.
 
 use crate::device::{AttnShape, Device};
 use crate::error::{EngineError, Result};
@@ -113,6 +114,46 @@ pub fn attention_tiles(head_dim: usize) -> Option<AttentionTiles> {
         forward_keys,
         backward: backward_tile(head_dim)?,
     })
+}
+
+/// Threads per block of the tensor-core attention kernels (`TC_THREADS` in kernels.cu).
+pub(crate) const TC_THREADS: u32 = 128;
+
+/// Rows a block of the tensor-core attention kernels owns (`TC_ROWS` in kernels.cu).
+pub const TC_ROWS: usize = 64;
+
+/// The rows the tensor-core attention kernels stream at a time for heads `head_dim` wide
+/// (`DEFINE_TC_KERNELS` in kernels.cu); `None` where they have no kernel: a head width that is
+/// not a multiple of 16 or exceeds 128.
+pub fn tensor_core_keys(head_dim: usize) -> Option<usize> {
+    match head_dim {
+        16 | 32 | 48 | 64 => Some(64),
+        80 | 96 | 112 | 128 => Some(32),
+        _ => None,
+    }
+}
+
+/// The environment variable choosing the bf16 attention kernels on GPUs with tensor cores.
+pub(crate) const ATTENTION_KERNELS_VAR: &str = "CKPT_CUDA_ATTENTION";
+
+/// Whether `CKPT_CUDA_ATTENTION` lets bf16 attention run on tensor cores: unset or
+/// `tensor-cores` (the default) does, `tiled` keeps the tiled f32-arithmetic kernels (to compare
+/// the two on one card).
+pub(crate) fn tensor_core_attention_allowed() -> Result<bool> {
+    match std::env::var(ATTENTION_KERNELS_VAR).as_deref() {
+        Err(std::env::VarError::NotPresent) | Ok("tensor-cores") => Ok(true),
+        Ok("tiled") => Ok(false),
+        Ok(other) => Err(EngineError::Config(format!(
+            "{ATTENTION_KERNELS_VAR} is `{other}`; set it to `tensor-cores` (the default) or `tiled`, or unset it"
+        ))),
+        Err(e) => Err(EngineError::Config(format!("{ATTENTION_KERNELS_VAR}: {e}"))),
+    }
+}
+
+/// The dynamic shared memory, in bytes, of the tensor-core kernels: two buffers of two tiles of
+/// `keys` rows of `d + 8` bf16 values.
+pub(crate) fn tensor_core_shared(d: usize, keys: usize) -> usize {
+    4 * keys * (d + 8) * 2
 }
 
 /// Checks the attention kernels can run `s`: a head is at most [`BLOCK`] wide, so that its

@@ -74,6 +74,7 @@ struct Inner {
     tracker: MemoryTracker,
     staging: MemoryTracker,
     name: String,
+    tensor_core_attention: bool,
 }
 
 // SAFETY: the pool is a driver handle usable from any thread once the context is current (every
@@ -129,6 +130,8 @@ impl CudaDevice {
             .compute_capability()
             .map_err(cuda_err("compute capability"))?;
         let total = ctx.total_mem().map_err(cuda_err("cuDeviceTotalMem"))? as u64;
+        let tensor_core_attention =
+            major >= 8 && super::attention::tensor_core_attention_allowed()?;
         let stream = ctx.new_stream().map_err(cuda_err("cuStreamCreate"))?;
         // SAFETY: the device handle comes from a live context.
         let pool = unsafe { drv::device::get_default_mem_pool(ctx.cu_device()) }
@@ -173,6 +176,7 @@ impl CudaDevice {
                 tracker: MemoryTracker::new(capacity.unwrap_or(total)),
                 staging: MemoryTracker::new(crate::memory::host_available().unwrap_or(u64::MAX)),
                 name,
+                tensor_core_attention,
             }),
         })
     }
@@ -185,6 +189,12 @@ impl CudaDevice {
     /// The GPU's name.
     pub fn name(&self) -> &str {
         &self.inner.name
+    }
+
+    /// Whether bf16 attention runs on tensor cores here: the GPU runs bf16 `mma.sync` (compute
+    /// capability 8.0 or later) and `CKPT_CUDA_ATTENTION` does not ask for the tiled kernels.
+    pub fn uses_tensor_core_attention(&self) -> bool {
+        self.inner.tensor_core_attention
     }
 
     /// The tracker of the host tensors read or drawn before they are uploaded.

@@ -3,9 +3,11 @@
 // stored as its 16 bits and converted here with the `half` crate's rounding.
 //
 // Storage types are float and bf16; arithmetic is f32. Each kernel of the model exists as
-// `<name>_f32` and `<name>_bf16` (see DEFINE_KERNELS); the optimizer's kernels are f32 only.
-// Sums never use atomics: a value is reduced by one thread in a fixed order, or by a fixed tree
-// over one block's threads, so every run gives the same bits.
+// `<name>_f32` and `<name>_bf16` (see DEFINE_KERNELS); the optimizer's kernels are f32 only;
+// attention on tensor cores is bf16 only (DEFINE_TC_KERNELS, one set per head width).
+// Sums never use atomics: a value is reduced by one thread in a fixed order, by a fixed tree
+// over one block's threads, or by tensor-core products in a fixed order, so every run gives the
+// same bits.
 
 typedef unsigned short bf16;
 typedef unsigned int u32;
@@ -537,6 +539,357 @@ __device__ void attn_bwd_dkv(const T* q, const T* k, const T* v, const T* dout, 
     }
 }
 
+// Tensor-core attention, for bf16 storage and heads D = 16 * KD wide (KD at most 8), on sm_80
+// and later. A block is TC_WARPS warps. Each warp owns 16 rows of the block's side (query rows
+// in the forward pass and dq, key rows in dk/dv) and holds them in registers as mma.sync A
+// fragments; the block streams the other side's rows through shared memory NS = 8 * NT at a
+// time, double-buffered with cp.async. Products are mma.sync m16n8k16 with bf16 operands and f32
+// accumulation; probabilities and score gradients become bf16 operands of the second product,
+// as in FlashAttention-2, and never leave registers. Every sum runs over the streamed rows in
+// ascending order, a tile at a time, and nothing is atomic, so every run gives the same bits.
+// Fragment layouts are PTX's for m16n8k16: lane l holds rows l / 4 and l / 4 + 8 of a 16-row
+// fragment, columns 2 (l % 4) and 2 (l % 4) + 1 of each 8-column piece.
+#define TC_WARPS 4
+#define TC_THREADS (32 * TC_WARPS)
+#define TC_ROWS (16 * TC_WARPS)
+// bf16 elements past each shared row (16 bytes): the 8 rows one ldmatrix reads fall in
+// different banks.
+#define TC_PAD 8
+
+#if defined(__CUDACC_RTC__)
+// The warp-level instructions, as inline PTX; the host emulation defines the same functions.
+__device__ __forceinline__ u32 shared_address(const void* p) {
+    u32 r;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
+    return r;
+}
+__device__ __forceinline__ void ldmatrix_x4(u32 r[4], const bf16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(shared_address(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(u32 r[4], const bf16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(shared_address(p)));
+}
+// c += a * b for a 16 x 16 A fragment, a 16 x 8 B fragment and a 16 x 8 f32 C fragment.
+__device__ __forceinline__ void mma_bf16_16816(float c[4], const u32 a[4], const u32 b[2]) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+                 "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+__device__ __forceinline__ void cp_async16(bf16* dst, const bf16* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(shared_address(dst)), "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+// Waits until at most N of this thread's committed groups of copies are in flight.
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N));
+}
+// The value `v` of the lane whose index is this lane's xor `mask`.
+__device__ __forceinline__ float warp_xor(float v, int mask) {
+    float r;
+    asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=f"(r) : "f"(v), "r"(mask));
+    return r;
+}
+#endif
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+// Queues the copy of rows [r0, r0 + n) of the head columns [col, col + d) of a [batch * seq,
+// width] tensor into `dst` (row stride d + TC_PAD), 16 bytes per cp.async; rows past the
+// sequence are zeroed at once.
+__device__ void tc_load_rows(const bf16* src, u32 b, u32 r0, u32 n, u64 width, u64 col, u32 d, Attn a,
+                             bf16* dst) {
+    u32 chunks = d / 8, sd = d + TC_PAD;
+    for (u32 e = threadIdx.x; e < n * chunks; e += TC_THREADS) {
+        u32 r = e / chunks, c = e % chunks * 8;
+        bf16* to = dst + r * sd + c;
+        if (r0 + r < a.seq)
+            cp_async16(to, src + ((u64)b * a.seq + r0 + r) * width + col + c);
+        else
+            for (u32 x = 0; x < 8; ++x) to[x] = 0;
+    }
+}
+
+// Queues rows [r0, r0 + n) of `x` and then of `y` into `dst` (n rows each) as one group.
+__device__ void tc_load_pair(const bf16* x, const bf16* y, u32 b, u32 r0, u32 n, u64 width, u64 col, u32 d,
+                             Attn a, bf16* dst) {
+    tc_load_rows(x, b, r0, n, width, col, d, a, dst);
+    tc_load_rows(y, b, r0, n, width, col, d, a, dst + n * (d + TC_PAD));
+    cp_async_commit();
+}
+
+// The A fragment of rows [row0, row0 + 16) and columns [k0, k0 + 16) of a shared tile.
+__device__ __forceinline__ void tc_load_a(u32 f[4], const bf16* tile, u32 sd, u32 row0, u32 k0) {
+    u32 lane = threadIdx.x % 32, m = lane / 8;
+    ldmatrix_x4(f, tile + (row0 + lane % 8 + (m & 1) * 8) * sd + k0 + (m >> 1) * 8);
+}
+
+// B fragments over k in [k0, k0 + 16) of the column pieces [n0, n0 + 8) (f[0], f[1]) and
+// [n0 + 8, n0 + 16) (f[2], f[3]) of B[k][n] = tile[n][k]: the tile's rows are B's columns.
+__device__ __forceinline__ void tc_load_b_rows(u32 f[4], const bf16* tile, u32 sd, u32 n0, u32 k0) {
+    u32 lane = threadIdx.x % 32, m = lane / 8;
+    ldmatrix_x4(f, tile + (n0 + lane % 8 + (m >> 1) * 8) * sd + k0 + (m & 1) * 8);
+}
+
+// As tc_load_b_rows for B[k][n] = tile[k][n]: the tile's rows are B's rows (ldmatrix transposes).
+__device__ __forceinline__ void tc_load_b_cols(u32 f[4], const bf16* tile, u32 sd, u32 k0, u32 n0) {
+    u32 lane = threadIdx.x % 32, m = lane / 8;
+    ldmatrix_x4_trans(f, tile + (k0 + lane % 8 + (m & 1) * 8) * sd + n0 + (m >> 1) * 8);
+}
+
+__device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
+    return (u32)narrow<bf16>(lo) | ((u32)narrow<bf16>(hi) << 16);
+}
+
+// This warp's 16 owned rows of a shared tile as KD A fragments.
+template <int KD> __device__ void tc_fragments(u32 f[KD][4], const bf16* tile) {
+    u32 row0 = threadIdx.x / 32 * 16;
+    for (int kc = 0; kc < KD; ++kc) tc_load_a(f[kc], tile, KD * 16 + TC_PAD, row0, kc * 16);
+}
+
+// This warp's 16 of the block's TC_ROWS rows from r0 of `src`'s head columns [col, col + D), as
+// A fragments, copied through `staging`, which the block may reuse once this returns.
+template <int KD>
+__device__ void tc_own_rows(u32 f[KD][4], const bf16* src, u32 b, u32 r0, u64 width, u64 col, Attn a,
+                            bf16* staging) {
+    tc_load_rows(src, b, r0, TC_ROWS, width, col, KD * 16, a, staging);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    tc_fragments<KD>(f, staging);
+    __syncthreads();
+}
+
+// acc = A * tile^T: the warp's 16 rows (fragments `a`) against each of the tile's NS rows.
+template <int KD, int NT>
+__device__ __forceinline__ void tc_scores(float acc[NT][4], const u32 a[KD][4], const bf16* tile) {
+    for (int n = 0; n < NT; ++n)
+        for (int e = 0; e < 4; ++e) acc[n][e] = 0.0f;
+    for (int kc = 0; kc < KD; ++kc)
+        for (int n = 0; n < NT; n += 2) {
+            u32 f[4];
+            tc_load_b_rows(f, tile, KD * 16 + TC_PAD, n * 8, kc * 16);
+            mma_bf16_16816(acc[n], a[kc], f);
+            mma_bf16_16816(acc[n + 1], a[kc], f + 2);
+        }
+}
+
+// acc += P * tile: `p` (16 x NS, in C fragments) rounded to bf16 A fragments, times the tile's
+// NS rows of D columns, 16 rows at a time in ascending order.
+template <int KD, int NT>
+__device__ __forceinline__ void tc_accumulate(float acc[2 * KD][4], const float p[NT][4], const bf16* tile) {
+    for (int kc = 0; kc < NT / 2; ++kc) {
+        const float* lo = p[2 * kc];
+        const float* hi = p[2 * kc + 1];
+        u32 pa[4] = {pack_bf16(lo[0], lo[1]), pack_bf16(lo[2], lo[3]), pack_bf16(hi[0], hi[1]),
+                     pack_bf16(hi[2], hi[3])};
+        for (int n = 0; n < 2 * KD; n += 2) {
+            u32 f[4];
+            tc_load_b_cols(f, tile, KD * 16 + TC_PAD, kc * 16, n * 8);
+            mma_bf16_16816(acc[n], pa, f);
+            mma_bf16_16816(acc[n + 1], pa, f + 2);
+        }
+    }
+}
+
+// The column of element e of C fragment n within its tile.
+__device__ __forceinline__ u32 tc_col(int n, int e) { return n * 8 + threadIdx.x % 4 * 2 + (e & 1); }
+
+// Writes this thread's part of the warp's 16 rows `row0 + ...` of `acc` times `mul[row]`, where
+// those rows are below `a.seq`, into the head columns [col, col + D) of `dst`.
+template <int KD>
+__device__ void tc_store(bf16* dst, const float acc[2 * KD][4], const float mul[2], u32 b, u32 row0, u64 width,
+                         u64 col, Attn a) {
+    for (int r = 0; r < 2; ++r) {
+        u32 i = row0 + threadIdx.x % 32 / 4 + r * 8;
+        if (i >= a.seq) continue;
+        bf16* row = dst + ((u64)b * a.seq + i) * width + col;
+        for (int n = 0; n < 2 * KD; ++n) {
+            row[tc_col(n, 0)] = narrow<bf16>(acc[n][2 * r] * mul[r]);
+            row[tc_col(n, 1)] = narrow<bf16>(acc[n][2 * r + 1] * mul[r]);
+        }
+    }
+}
+
+// Double-buffered streaming of `tiles` tiles: tile t's pair of NS-row tiles lands in buffer
+// t % 2 of `buf` while tile t - 1 is used. `load(t, dst)` queues tile t into dst; `use(t, src)`
+// consumes it.
+template <class Load, class Use> __device__ void tc_stream(u32 tiles, u32 tile_elems, bf16* buf, Load load, Use use) {
+    load(0, buf);
+    for (u32 t = 0; t < tiles; ++t) {
+        if (t + 1 < tiles) {
+            load(t + 1, buf + (t + 1) % 2 * 2 * tile_elems);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        use(t, buf + t % 2 * 2 * tile_elems);
+        __syncthreads();
+    }
+}
+
+// The forward pass of TC_ROWS query rows (blockIdx.x) of one head (y) of one sequence (z):
+// streaming softmax over key tiles of NS rows. Dynamic shared memory: two buffers of a key and a
+// value tile; the query tile passes through them into registers first.
+template <int KD, int NT>
+__device__ void attn_tc_fwd(const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse, Attn a) {
+    extern __shared__ float dyn[];
+    const u32 D = KD * 16, NS = NT * 8, tile = NS * (D + TC_PAD);
+    if (a.d != D || a.bc != NS) __trap();
+    bf16* buf = (bf16*)dyn;
+    u32 lane = threadIdx.x % 32, i0 = blockIdx.x * TC_ROWS, h = blockIdx.y, b = blockIdx.z;
+    u32 g = h / (a.heads / a.kv_heads), row0 = i0 + threadIdx.x / 32 * 16;
+    u64 qw = (u64)a.heads * D, kw = (u64)a.kv_heads * D;
+    u32 qf[KD][4];
+    tc_own_rows<KD>(qf, q, b, i0, qw, (u64)h * D, a, buf);
+    const float NEG_INF = -__int_as_float(0x7f800000);
+    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f};
+    float o[2 * KD][4];
+    for (int n = 0; n < 2 * KD; ++n)
+        for (int e = 0; e < 4; ++e) o[n][e] = 0.0f;
+    u32 tiles = (min(i0 + TC_ROWS, a.seq) - 1) / NS + 1;
+    auto load = [&](u32 t, bf16* dst) { tc_load_pair(k, v, b, t * NS, NS, kw, (u64)g * D, D, a, dst); };
+    auto use = [&](u32 t, const bf16* ks) {
+        float s[NT][4];
+        tc_scores<KD, NT>(s, qf, ks);
+        float mt[2] = {m[0], m[1]};
+        for (int n = 0; n < NT; ++n)
+            for (int e = 0; e < 4; ++e) {
+                u32 i = row0 + lane / 4 + (e >> 1) * 8, j = t * NS + tc_col(n, e);
+                s[n][e] = j <= i ? a.scale * s[n][e] : NEG_INF;
+                mt[e >> 1] = fmaxf(mt[e >> 1], s[n][e]);
+            }
+        float alpha[2];
+        for (int r = 0; r < 2; ++r) {
+            mt[r] = fmaxf(mt[r], warp_xor(mt[r], 1));
+            mt[r] = fmaxf(mt[r], warp_xor(mt[r], 2));
+            alpha[r] = mt[r] == NEG_INF ? 1.0f : cpu_exp(m[r] - mt[r]);
+            l[r] *= alpha[r];
+            m[r] = mt[r];
+        }
+        for (int n = 0; n < 2 * KD; ++n)
+            for (int e = 0; e < 4; ++e) o[n][e] *= alpha[e >> 1];
+        for (int n = 0; n < NT; ++n)
+            for (int e = 0; e < 4; ++e) {
+                float p = s[n][e] == NEG_INF ? 0.0f : cpu_exp(s[n][e] - m[e >> 1]);
+                s[n][e] = p;
+                l[e >> 1] += p;
+            }
+        tc_accumulate<KD, NT>(o, s, ks + tile);
+    };
+    tc_stream(tiles, tile, buf, load, use);
+    float inv[2];
+    for (int r = 0; r < 2; ++r) {
+        l[r] += warp_xor(l[r], 1);
+        l[r] += warp_xor(l[r], 2);
+        inv[r] = 1.0f / l[r];
+        u32 i = row0 + lane / 4 + r * 8;
+        if (i < a.seq && lane % 4 == 0) lse[((u64)b * a.heads + h) * a.seq + i] = m[r] + logf(l[r]);
+    }
+    tc_store<KD>(out, o, inv, b, row0, qw, (u64)h * D, a);
+}
+
+// dq for TC_ROWS query rows (blockIdx.x) of one head (y) of one sequence (z): the score
+// gradients of each key tile times its keys, tiles in ascending order. The query and output-
+// gradient tiles pass through the two buffers into registers first.
+template <int KD, int NT>
+__device__ void attn_tc_dq(const bf16* q, const bf16* k, const bf16* v, const bf16* dout, const float* lse,
+                           const float* delta, bf16* dq, Attn a) {
+    extern __shared__ float dyn[];
+    const u32 D = KD * 16, NS = NT * 8, tile = NS * (D + TC_PAD);
+    if (a.d != D || a.bc != NS) __trap();
+    bf16* buf = (bf16*)dyn;
+    u32 lane = threadIdx.x % 32, i0 = blockIdx.x * TC_ROWS, h = blockIdx.y, b = blockIdx.z;
+    u32 g = h / (a.heads / a.kv_heads), row0 = i0 + threadIdx.x / 32 * 16;
+    u64 qw = (u64)a.heads * D, kw = (u64)a.kv_heads * D;
+    u32 qf[KD][4], df[KD][4];
+    tc_own_rows<KD>(qf, q, b, i0, qw, (u64)h * D, a, buf);
+    tc_own_rows<KD>(df, dout, b, i0, qw, (u64)h * D, a, buf);
+    float lse_r[2], delta_r[2];
+    for (int r = 0; r < 2; ++r) {
+        u32 i = row0 + lane / 4 + r * 8;
+        u64 bhi = ((u64)b * a.heads + h) * a.seq + i;
+        lse_r[r] = i < a.seq ? lse[bhi] : 0.0f;
+        delta_r[r] = i < a.seq ? delta[bhi] : 0.0f;
+    }
+    float acc[2 * KD][4];
+    for (int n = 0; n < 2 * KD; ++n)
+        for (int e = 0; e < 4; ++e) acc[n][e] = 0.0f;
+    u32 tiles = (min(i0 + TC_ROWS, a.seq) - 1) / NS + 1;
+    auto load = [&](u32 t, bf16* dst) { tc_load_pair(k, v, b, t * NS, NS, kw, (u64)g * D, D, a, dst); };
+    auto use = [&](u32 t, const bf16* ks) {
+        float s[NT][4], dp[NT][4];
+        tc_scores<KD, NT>(s, qf, ks);
+        tc_scores<KD, NT>(dp, df, ks + tile);
+        for (int n = 0; n < NT; ++n)
+            for (int e = 0; e < 4; ++e) {
+                u32 i = row0 + lane / 4 + (e >> 1) * 8, j = t * NS + tc_col(n, e);
+                int r = e >> 1;
+                s[n][e] = j <= i && i < a.seq ? score_grad(s[n][e], dp[n][e], lse_r[r], delta_r[r], a.scale).ds : 0.0f;
+            }
+        tc_accumulate<KD, NT>(acc, s, ks);
+    };
+    tc_stream(tiles, tile, buf, load, use);
+    const float one[2] = {1.0f, 1.0f};
+    tc_store<KD>(dq, acc, one, b, row0, qw, (u64)h * D, a);
+}
+
+// dk and dv for TC_ROWS key rows (blockIdx.x) of one kv head (y) of one sequence (z): over the
+// group's heads in order, then over the query tiles at or after the keys in ascending order, the
+// probabilities times the output gradients (dv) and the score gradients times the queries (dk).
+// The key and value tiles pass through the two buffers into registers first; then query and
+// output-gradient tiles stream through them.
+template <int KD, int NT>
+__device__ void attn_tc_dkv(const bf16* q, const bf16* k, const bf16* v, const bf16* dout, const float* lse,
+                            const float* delta, bf16* dk, bf16* dv, Attn a) {
+    extern __shared__ float dyn[];
+    const u32 D = KD * 16, NS = NT * 8, tile = NS * (D + TC_PAD);
+    if (a.d != D || a.bc != NS) __trap();
+    bf16* buf = (bf16*)dyn;
+    u32 lane = threadIdx.x % 32, j0 = blockIdx.x * TC_ROWS, g = blockIdx.y, b = blockIdx.z;
+    u32 group = a.heads / a.kv_heads, row0 = j0 + threadIdx.x / 32 * 16;
+    u64 qw = (u64)a.heads * D, kw = (u64)a.kv_heads * D;
+    u32 kf[KD][4], vf[KD][4];
+    tc_own_rows<KD>(kf, k, b, j0, kw, (u64)g * D, a, buf);
+    tc_own_rows<KD>(vf, v, b, j0, kw, (u64)g * D, a, buf);
+    float ak[2 * KD][4], av[2 * KD][4];
+    for (int n = 0; n < 2 * KD; ++n)
+        for (int e = 0; e < 4; ++e) ak[n][e] = av[n][e] = 0.0f;
+    u32 first = j0 / NS * NS, per_head = (a.seq - first + NS - 1) / NS;
+    auto load = [&](u32 t, bf16* dst) {
+        u32 h = g * group + t / per_head;
+        tc_load_pair(q, dout, b, first + t % per_head * NS, NS, qw, (u64)h * D, D, a, dst);
+    };
+    auto use = [&](u32 t, const bf16* qs) {
+        u32 h = g * group + t / per_head, i0 = first + t % per_head * NS;
+        float p[NT][4], ds[NT][4];
+        tc_scores<KD, NT>(p, kf, qs);
+        tc_scores<KD, NT>(ds, vf, qs + tile);
+        for (int n = 0; n < NT; ++n)
+            for (int e = 0; e < 4; ++e) {
+                u32 j = row0 + lane / 4 + (e >> 1) * 8, i = i0 + tc_col(n, e);
+                ScoreGrad pd = {0.0f, 0.0f};
+                if (i < a.seq && i >= j) {
+                    u64 bhi = ((u64)b * a.heads + h) * a.seq + i;
+                    pd = score_grad(p[n][e], ds[n][e], lse[bhi], delta[bhi], a.scale);
+                }
+                p[n][e] = pd.p;
+                ds[n][e] = pd.ds;
+            }
+        tc_accumulate<KD, NT>(av, p, qs + tile);
+        tc_accumulate<KD, NT>(ak, ds, qs);
+    };
+    tc_stream(group * per_head, tile, buf, load, use);
+    const float one[2] = {1.0f, 1.0f};
+    tc_store<KD>(dk, ak, one, b, row0, kw, (u64)g * D, a);
+    tc_store<KD>(dv, av, one, b, row0, kw, (u64)g * D, a);
+}
+#endif
+
 // One row of logits per block, replaced by scale * (softmax - onehot(label)); row_loss gets
 // logsumexp - logit[label]. An ignored row (label -100) becomes zeros and loss 0.
 template <typename T>
@@ -643,6 +996,35 @@ __device__ void xent(T* logits, const long long* labels, float* row_loss, u32 vo
 
 DEFINE_KERNELS(float, f32)
 DEFINE_KERNELS(bf16, bf16)
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+// The tensor-core attention kernels for heads D wide, streaming NS rows at a time: the pairs
+// `tensor_core_keys` in attention.rs chooses (a launch with another pair traps).
+#define DEFINE_TC_KERNELS(D, NS)                                                                         \
+    extern "C" __global__ void attn_tc_fwd_d##D(const bf16* q, const bf16* k, const bf16* v, bf16* out,  \
+                                                float* lse, Attn a) {                                    \
+        attn_tc_fwd<D / 16, NS / 8>(q, k, v, out, lse, a);                                               \
+    }                                                                                                    \
+    extern "C" __global__ void attn_tc_dq_d##D(const bf16* q, const bf16* k, const bf16* v,              \
+                                               const bf16* dout, const float* lse, const float* delta,   \
+                                               bf16* dq, Attn a) {                                       \
+        attn_tc_dq<D / 16, NS / 8>(q, k, v, dout, lse, delta, dq, a);                                    \
+    }                                                                                                    \
+    extern "C" __global__ void attn_tc_dkv_d##D(const bf16* q, const bf16* k, const bf16* v,             \
+                                                const bf16* dout, const float* lse, const float* delta,  \
+                                                bf16* dk, bf16* dv, Attn a) {                            \
+        attn_tc_dkv<D / 16, NS / 8>(q, k, v, dout, lse, delta, dk, dv, a);                               \
+    }
+
+DEFINE_TC_KERNELS(16, 64)
+DEFINE_TC_KERNELS(32, 64)
+DEFINE_TC_KERNELS(48, 64)
+DEFINE_TC_KERNELS(64, 64)
+DEFINE_TC_KERNELS(80, 32)
+DEFINE_TC_KERNELS(96, 32)
+DEFINE_TC_KERNELS(112, 32)
+DEFINE_TC_KERNELS(128, 32)
+#endif
 
 // f32 -> bf16 with the CPU's rounding (the compute copy of the master weights).
 extern "C" __global__ void f32_to_bf16(const float* src, bf16* dst, u64 n) {

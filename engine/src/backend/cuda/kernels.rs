@@ -2,8 +2,10 @@
 //! exactly the parameter types its kernel declares (`u64` for addresses and sizes, `u32`, `f32`,
 //! and the `#[repr(C)]` structs), and cuBLAS products.
 
-use super::attention::{attention_delta, attention_tiles, dkv_shared, dq_shared, forward_shared};
-use super::attention::{check_attention, Attn, BLOCK};
+use super::attention::{
+    attention_delta, attention_tiles, check_attention, dkv_shared, dq_shared, forward_shared,
+    tensor_core_keys, tensor_core_shared, Attn, BLOCK, TC_ROWS, TC_THREADS,
+};
 use super::device::CudaDevice;
 use super::gemm;
 use super::tensor::{from_bytes, Buffer, CudaTensor};
@@ -99,6 +101,16 @@ impl CudaDevice {
     /// Launches an element-wise kernel over `n` elements.
     fn each(&self, name: &str, n: usize, args: &mut [*mut c_void]) -> Result<()> {
         self.launch(name, blocks(n)?, BLOCK, 0, args)
+    }
+
+    /// The key rows the tensor-core attention kernels stream at a time for `s`, where they
+    /// run: bf16 storage where [`CudaDevice::uses_tensor_core_attention`], a head width they have kernels for,
+    /// and `pointers` (the tensors' data) aligned to the 16 bytes a `cp.async` copies.
+    fn tensor_core_keys<E: Elem>(&self, s: AttnShape, pointers: &[u64]) -> Option<usize> {
+        let usable = E::DTYPE == DType::Bf16
+            && self.uses_tensor_core_attention()
+            && pointers.iter().all(|p| p % 16 == 0);
+        usable.then(|| tensor_core_keys(s.head_dim)).flatten()
     }
 }
 
@@ -428,11 +440,21 @@ impl Device for CudaDevice {
         lse: &mut CudaTensor<f32>,
     ) -> Result<()> {
         check_attention(s)?;
+        let (qp, kp, vp, op, lp) = (q.ptr(), k.ptr(), v.ptr(), out.ptr(), lse.ptr());
+        if let Some(keys) = self.tensor_core_keys::<E>(s, &[qp, kp, vp, op]) {
+            let a = Attn::new(s, (TC_ROWS, keys));
+            return self.launch(
+                &format!("attn_tc_fwd_d{}", s.head_dim),
+                a.grid(a.br, a.heads),
+                TC_THREADS,
+                tensor_core_shared(s.head_dim, keys) as u32,
+                args![qp, kp, vp, op, lp, a],
+            );
+        }
         let tiles = attention_tiles(s.head_dim).expect("checked above");
         let (br, bc) = (tiles.forward_queries, tiles.forward_keys);
         let a = Attn::new(s, (br, bc));
         let shared = forward_shared(s.head_dim, br, bc) as u32;
-        let (qp, kp, vp, op, lp) = (q.ptr(), k.ptr(), v.ptr(), out.ptr(), lse.ptr());
         self.launch(
             &kernel::<E>("attn_fwd"),
             a.grid(a.br, a.heads),
@@ -455,28 +477,51 @@ impl Device for CudaDevice {
         dv: &mut CudaTensor<E>,
     ) -> Result<()> {
         check_attention(s)?;
-        let t = attention_tiles(s.head_dim).expect("checked above").backward;
-        let a = Attn::new(s, (t, t));
         let delta = attention_delta(self, &s)?;
         let (qp, kp, vp, op, lp) = (q.ptr(), k.ptr(), v.ptr(), out.ptr(), lse.ptr());
         let (dop, dp, dqp, dkp, dvp) = (dout.ptr(), delta.ptr(), dq.ptr(), dk.ptr(), dv.ptr());
+        let pointers = [qp, kp, vp, dop, dqp, dkp, dvp];
+        let d = s.head_dim;
+        // The shape with each kernel's tile, the threads of a block, and each kernel's name and
+        // shared memory; a block of either kernel owns `a.br` rows.
+        let (a, threads, (dq_name, dq_bytes), (dkv_name, dkv_bytes)) =
+            match self.tensor_core_keys::<E>(s, &pointers) {
+                Some(keys) => {
+                    let shared = tensor_core_shared(d, keys) as u32;
+                    (
+                        Attn::new(s, (TC_ROWS, keys)),
+                        TC_THREADS,
+                        (format!("attn_tc_dq_d{d}"), shared),
+                        (format!("attn_tc_dkv_d{d}"), shared),
+                    )
+                }
+                None => {
+                    let t = attention_tiles(d).expect("checked above").backward;
+                    (
+                        Attn::new(s, (t, t)),
+                        BLOCK,
+                        (kernel::<E>("attn_bwd_dq"), dq_shared(d, t, t) as u32),
+                        (kernel::<E>("attn_bwd_dkv"), dkv_shared(d, t, t) as u32),
+                    )
+                }
+            };
         self.each(
             &kernel::<E>("attn_delta"),
             delta.numel(),
             args![op, dop, dp, a],
         )?;
         self.launch(
-            &kernel::<E>("attn_bwd_dq"),
+            &dq_name,
             a.grid(a.br, a.heads),
-            BLOCK,
-            dq_shared(s.head_dim, t, t) as u32,
+            threads,
+            dq_bytes,
             args![qp, kp, vp, dop, lp, dp, dqp, a],
         )?;
         self.launch(
-            &kernel::<E>("attn_bwd_dkv"),
-            a.grid(a.bc, a.kv_heads),
-            BLOCK,
-            dkv_shared(s.head_dim, t, t) as u32,
+            &dkv_name,
+            a.grid(a.br, a.kv_heads),
+            threads,
+            dkv_bytes,
             args![qp, kp, vp, dop, lp, dp, dkp, dvp, a],
         )
     }

@@ -13,7 +13,7 @@ pub mod nvrtc;
 mod tensor;
 
 pub(crate) use attention::{attention_delta, check_attention};
-pub use attention::{attention_tiles, AttentionTiles};
+pub use attention::{attention_tiles, tensor_core_keys, AttentionTiles, TC_ROWS};
 pub use device::{CudaDevice, PoolStats};
 pub(crate) use kernels::{grouped_lengths, norm_partials_bytes};
 pub use kernels::{DeviceIds, RopeTables};
