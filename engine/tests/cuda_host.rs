@@ -90,6 +90,17 @@ fn main() {
         trial("dropout_bf16_is_the_cpu_s_bit_for_bit", dropout::<bf16>),
         trial("rmsnorm_f32_matches_the_cpu", || rmsnorm::<f32>(1e-5)),
         trial("rmsnorm_bf16_matches_the_cpu", || rmsnorm::<bf16>(1e-2)),
+        trial(
+            "a_weight_gradient_share_missing_a_row_fails_the_rmsnorm_check",
+            || {
+                fault_fails(
+                    "u64 end = begin + share < rows ? begin + share : rows;",
+                    "u64 end = begin + share - 1 < rows ? begin + share - 1 : rows;",
+                    "a weight gradient share missing its last row",
+                    |exe| rmsnorm_on::<f32>(exe, 1e-5),
+                )
+            },
+        ),
         trial("rope_f32_is_the_cpu_s_bit_for_bit", rope_both_ways::<f32>),
         trial("rope_bf16_is_the_cpu_s_bit_for_bit", rope_both_ways::<bf16>),
         trial("bias_f32_is_the_cpu_s_bit_for_bit", bias::<f32>),
@@ -329,18 +340,26 @@ fn attention_tensor_cores() -> Outcome {
     attention_on::<bf16>(&driver()?, Kernels::TensorCores, 1e-2)
 }
 
-/// The tensor-core kernels built with `fault` in place of `right` (found exactly once in
-/// kernels.cu) fail the comparison with the CPU.
+/// The tensor-core kernels built with `fault` in place of `right` fail the comparison with the
+/// CPU.
 fn tensor_core_fault_fails(right: &str, fault: &str, what: &str) -> Outcome {
+    fault_fails(right, fault, what, |exe| {
+        attention_on::<bf16>(exe, Kernels::TensorCores, 1e-2)
+    })
+}
+
+/// `check` fails, by a difference from the CPU, with a driver built with `fault` in place of
+/// `right` (found exactly once in kernels.cu).
+fn fault_fails(right: &str, fault: &str, what: &str, check: impl Fn(&Path) -> Outcome) -> Outcome {
     let kernels = host_kernels()?;
     if kernels.matches(right).count() != 1 {
         return Err(format!("`{right}` is not in kernels.cu once; update this control").into());
     }
     let broken = build(kernels.replace(right, fault))?;
-    match attention_on::<bf16>(&broken, Kernels::TensorCores, 1e-2) {
+    match check(&broken) {
         Err(e) if format!("{e:?}").contains("differs from the CPU's") => Ok(()),
         Err(e) => Err(format!("failed for another reason: {e:?}").into()),
-        Ok(()) => Err(format!("{what} passed the tensor-core attention check").into()),
+        Ok(()) => Err(format!("{what} passed the check").into()),
     }
 }
 
@@ -562,11 +581,17 @@ fn within(what: &str, diffs: &[(&str, f64)], tolerance: f64) -> Outcome {
 }
 
 /// RMSNorm forward, the input gradient (accumulated onto an existing one) and the weight
-/// gradient, on rows narrower and wider than a block.
+/// gradient, on rows narrower and wider than a block, and more rows than the weight
+/// gradient's block has warps.
 fn rmsnorm<E: Elem>(tolerance: f64) -> Outcome {
+    rmsnorm_on::<E>(&driver()?, tolerance)
+}
+
+/// [`rmsnorm`] with the driver at `exe`.
+fn rmsnorm_on<E: Elem>(exe: &Path, tolerance: f64) -> Outcome {
     let dev = CpuDevice::new(1, u64::MAX)?;
     let mut rng = ChaCha8Rng::seed_from_u64(13);
-    for (rows, h) in [(5, 24), (3, 700)] {
+    for (rows, h) in [(5, 24), (3, 700), (100, 40)] {
         let n = rows * h;
         let (x, w, dy, dx0) = (
             random::<E>(&mut rng, n),
@@ -585,7 +610,7 @@ fn rmsnorm<E: Elem>(tolerance: f64) -> Outcome {
         let (dx, dw) = (tdx.as_slice(), tdw.as_slice());
         let args = [rows.to_string(), h.to_string(), format!("{eps:e}")];
         let bytes = run_driver(
-            &driver()?,
+            exe,
             &format!("rmsnorm-{}", elem_name::<E>()),
             &command::<E>("rmsnorm", &args),
             &[

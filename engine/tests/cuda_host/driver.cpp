@@ -146,7 +146,8 @@ template <typename T> void rmsnorm(char** a) {
     std::vector<float> rinv(rows), dw(h);
     launch({rows, 1, 1}, THREADS, 0, [&] { rmsnorm_fwd<T>(x.data(), w.data(), y.data(), rinv.data(), h, eps); });
     launch({rows, 1, 1}, THREADS, 0, [&] { rmsnorm_bwd_dx<T>(dy.data(), x.data(), w.data(), rinv.data(), dx.data(), h); });
-    launch({blocks_of(h), 1, 1}, THREADS, 0, [&] { rmsnorm_bwd_dw<T>(dy.data(), x.data(), rinv.data(), dw.data(), rows, h); });
+    launch({(h + 31) / 32, 1, 1}, DW_WARPS * 32, 0,
+           [&] { rmsnorm_bwd_dw<T>(dy.data(), x.data(), rinv.data(), dw.data(), rows, h); });
     Writer out{std::ofstream(a[4], std::ios::binary)};
     out.write(y);
     out.write(rinv);

@@ -150,14 +150,30 @@ __device__ void rmsnorm_bwd_dx(const T* dy, const T* x, const T* w, const float*
     }
 }
 
-// dw[j] += sum over rows, in row order, of dy[i, j] * round(x[i, j] * rinv[i]).
+// Warps of a block of rmsnorm_bwd_dw (DW_WARPS * 32 threads).
+#define DW_WARPS 32
+
+// dw[j] += sum over rows of dy[i, j] * round(x[i, j] * rinv[i]), in two stages: a block owns 32
+// columns, one per lane; each of its warps sums a contiguous share of the rows in row order,
+// and the shares are added to dw in warp order. The order is fixed, so every run gives the same
+// bits, and a card's threads are busy even where the model is narrow.
 template <typename T>
 __device__ void rmsnorm_bwd_dw(const T* dy, const T* x, const float* rinv, float* dw, u64 rows, u32 h) {
-    u64 j = global_index();
-    if (j >= h) return;
-    float acc = dw[j];
-    for (u64 i = 0; i < rows; ++i) acc += widen(dy[i * h + j]) * round_as<T>(widen(x[i * h + j]) * rinv[i]);
-    dw[j] = acc;
+    __shared__ float share_sum[DW_WARPS][32];
+    u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    u64 j = (u64)blockIdx.x * 32 + lane;
+    u64 share = (rows + DW_WARPS - 1) / DW_WARPS;
+    u64 begin = warp * share < rows ? warp * share : rows;
+    u64 end = begin + share < rows ? begin + share : rows;
+    float acc = 0.0f;
+    if (j < h)
+        for (u64 i = begin; i < end; ++i) acc += widen(dy[i * h + j]) * round_as<T>(widen(x[i * h + j]) * rinv[i]);
+    share_sum[warp][lane] = acc;
+    __syncthreads();
+    if (warp != 0 || j >= h) return;
+    float total = dw[j];
+    for (u32 w = 0; w < DW_WARPS; ++w) total += share_sum[w][lane];
+    dw[j] = total;
 }
 
 // Rotates pairs (i, i + half) of every head; row r sits at position r % seq. sign -1: inverse.

@@ -58,6 +58,10 @@ pub(crate) fn grouped_lengths(rows: usize) -> [usize; 3] {
     [rows, rows + 1, rows]
 }
 
+/// Warps of a block of the RMSNorm weight gradient (`DW_WARPS` in kernels.cu): each sums a
+/// share of the rows for the block's 32 columns.
+const DW_WARPS: u32 = 32;
+
 /// The bytes of the gradient norm's partial sums: one f64 per [`CHUNK`] elements of each tensor.
 pub(crate) fn norm_partials_bytes(numels: impl Iterator<Item = usize>) -> u64 {
     numels.map(|n| n.div_ceil(CHUNK) as u64 * 8).sum()
@@ -279,7 +283,8 @@ impl Device for CudaDevice {
         )
     }
 
-    /// `dw`'s rows are summed in order per column.
+    /// `dw`'s rows are summed per column in [`DW_WARPS`] contiguous shares, each in row order,
+    /// and the shares in order.
     fn rmsnorm_backward<E: Elem>(
         &self,
         dy: &CudaTensor<E>,
@@ -300,9 +305,11 @@ impl Device for CudaDevice {
             0,
             args![dyp, xp, wp, rp, dxp, h],
         )?;
-        self.each(
+        self.launch(
             &kernel::<E>("rmsnorm_bwd_dw"),
-            w.numel(),
+            grid(w.numel().div_ceil(32), "column slabs")?,
+            DW_WARPS * 32,
+            0,
             args![dyp, xp, rp, dwp, rows, h],
         )
     }
