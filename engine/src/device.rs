@@ -223,6 +223,14 @@ pub trait Device: Clone + Send + Sync + 'static {
     /// A zero-filled tensor of `shape`, counted under `category`.
     fn zeros<E: Elem>(&self, shape: &[usize], category: Category) -> Result<Self::Tensor<E>>;
 
+    /// A tensor of `shape`, counted under `category`, that its user writes in full before it
+    /// reads any of it: a kernel's output, not its accumulator. Its contents are whatever the
+    /// device leaves there (the GPU writes nothing; the CPU writes NaN where debug assertions are
+    /// on, as in tests, so a read before the write shows in every result).
+    fn uninit<E: Elem>(&self, shape: &[usize], category: Category) -> Result<Self::Tensor<E>> {
+        self.zeros(shape, category)
+    }
+
     /// The device's copy of a staged tensor (the tensor itself on the CPU), counted under the
     /// staged tensor's category.
     fn upload<E: Elem>(&self, host: Tensor<E>) -> Result<Self::Tensor<E>>;

@@ -98,14 +98,14 @@ fn residual_linear<D: Device, E: Elem>(
     w: (&Params<D::Tensor<E>>, Rows),
 ) -> Result<D::Tensor<E>> {
     let (dev, h) = (ctx.dev, ctx.dims.hidden);
-    let mut sum = ctx.act(h)?;
+    let mut sum = ctx.output(h)?;
     match ctx.mask(site) {
         None => {
             dev.copy(res, &mut sum)?;
             linear(dev, input, w, &mut sum, true)?;
         }
         Some(mask) => {
-            let mut proj = ctx.act(h)?;
+            let mut proj = ctx.output(h)?;
             linear(dev, input, w, &mut proj, false)?;
             dev.dropout_add(&mask, res, &proj, &mut sum)?;
         }
@@ -123,7 +123,7 @@ fn residual_grad<D: Device, E: Elem>(
     let Some(mask) = ctx.mask(site) else {
         return Ok(None);
     };
-    let mut dproj = ctx.act(ctx.dims.hidden)?;
+    let mut dproj = ctx.output(ctx.dims.hidden)?;
     ctx.dev.dropout_backward(&mask, dh, &mut dproj)?;
     Ok(Some(dproj))
 }
@@ -134,8 +134,8 @@ pub fn norm<D: Device, E: Elem>(
     x: &D::Tensor<E>,
     w: &D::Tensor<E>,
 ) -> Result<Norm<D, E>> {
-    let mut rinv = ctx.dev.zeros::<f32>(&[ctx.dims.rows], Activations)?;
-    let mut out = ctx.act(ctx.dims.hidden)?;
+    let mut rinv = ctx.dev.uninit::<f32>(&[ctx.dims.rows], Activations)?;
+    let mut out = ctx.output(ctx.dims.hidden)?;
     ctx.dev
         .rmsnorm_forward(x, w, ctx.dims.eps, &mut out, &mut rinv)?;
     Ok(Norm { rinv, out })
@@ -162,8 +162,8 @@ fn head_norm<D: Device, E: Elem>(
         return Ok((x, None));
     };
     let heads = x.numel() / w.numel();
-    let mut rinv = ctx.dev.zeros::<f32>(&[heads], Activations)?;
-    let mut out = ctx.act(x.numel() / ctx.dims.rows)?;
+    let mut rinv = ctx.dev.uninit::<f32>(&[heads], Activations)?;
+    let mut out = ctx.output(x.numel() / ctx.dims.rows)?;
     ctx.dev
         .rmsnorm_forward(&x, w, ctx.dims.eps, &mut out, &mut rinv)?;
     Ok((out, Some(HeadNorm { input: x, rinv })))
@@ -197,7 +197,7 @@ fn swiglu<D: Device, E: Elem>(
     gate: &D::Tensor<E>,
     up: &D::Tensor<E>,
 ) -> Result<D::Tensor<E>> {
-    let mut act = ctx.act(ctx.dims.ffn)?;
+    let mut act = ctx.output(ctx.dims.ffn)?;
     ctx.dev.swiglu_forward(gate, up, &mut act)?;
     Ok(act)
 }
@@ -230,9 +230,9 @@ pub fn activations<D: Device, E: Elem>(
     let (dev, d) = (ctx.dev, &ctx.dims);
     let (qw, kw) = (d.attn.q_width(), d.attn.kv_width());
     let norm1 = norm(ctx, x, w.get(l.input_norm))?;
-    let mut q = ctx.act(qw)?;
-    let mut k = ctx.act(kw)?;
-    let mut v = ctx.act(kw)?;
+    let mut q = ctx.output(qw)?;
+    let mut k = ctx.output(kw)?;
+    let mut v = ctx.output(kw)?;
     for (y, rows) in [&mut q, &mut k, &mut v].into_iter().zip(l.qkv) {
         linear(dev, &norm1.out, (w, rows), y, false)?;
     }
@@ -248,16 +248,16 @@ pub fn activations<D: Device, E: Elem>(
     let (mut k, k_norm) = head_norm(ctx, k, k_norm)?;
     ctx.rotate(&mut q, qw, false)?;
     ctx.rotate(&mut k, kw, false)?;
-    let mut att = ctx.act(qw)?;
+    let mut att = ctx.output(qw)?;
     let a = d.attn;
-    let mut lse = dev.zeros::<f32>(&[a.batch, a.heads, a.seq], Activations)?;
+    let mut lse = dev.uninit::<f32>(&[a.batch, a.heads, a.seq], Activations)?;
     dev.attention_forward(a, &q, &k, &v, &mut att, &mut lse)?;
     let h_mid = residual_linear(ctx, Site::Attention, x, &att, (w, l.o))?;
     let norm2 = norm(ctx, &h_mid, w.get(l.post_norm))?;
     let mlp = match &l.mlp {
         Mlp::Dense(f) => {
-            let mut gate = ctx.act(d.ffn)?;
-            let mut up = ctx.act(d.ffn)?;
+            let mut gate = ctx.output(d.ffn)?;
+            let mut up = ctx.output(d.ffn)?;
             linear(dev, &norm2.out, (w, f.gate_up[0]), &mut gate, false)?;
             linear(dev, &norm2.out, (w, f.gate_up[1]), &mut up, false)?;
             let act = swiglu(ctx, &gate, &up)?;
@@ -302,19 +302,19 @@ fn dense_backward<D: Device, E: Elem>(
         None => swiglu(ctx, &gate, &up)?,
     };
     let dmlp = residual_grad(ctx, Site::Mlp, dh)?;
-    let mut dact = ctx.act(d.ffn)?;
+    let mut dact = ctx.output(d.ffn)?;
     let dy = dmlp.as_ref().unwrap_or(dh);
     linear_backward(dev, (dy, &act), (w, f.down), &mut dact, g, false)?;
     drop((act, dmlp));
-    let mut dgate = ctx.act(d.ffn)?;
-    let mut dup = ctx.act(d.ffn)?;
+    let mut dgate = ctx.output(d.ffn)?;
+    let mut dup = ctx.output(d.ffn)?;
     dev.swiglu_backward(&dact, (&gate, &up), &mut dgate, &mut dup)?;
     drop((dact, gate, up));
     let Norm { rinv, out: n2 } = match norm2 {
         Some(n) => n,
         None => norm(ctx, h_mid, w.get(post_norm))?,
     };
-    let mut dn2 = ctx.act(d.hidden)?;
+    let mut dn2 = ctx.output(d.hidden)?;
     let [gate_rows, up_rows] = f.gate_up;
     linear_backward(dev, (&dgate, &n2), (w, gate_rows), &mut dn2, g, false)?;
     linear_backward(dev, (&dup, &n2), (w, up_rows), &mut dn2, g, true)?;
@@ -406,13 +406,13 @@ pub fn backward<D: Device, E: Elem>(
 
     // Attention: h_mid = x + dropout(att·oᵀ)
     let dattn = residual_grad(ctx, Site::Attention, dh)?;
-    let mut datt = ctx.act(qw)?;
+    let mut datt = ctx.output(qw)?;
     let dy = dattn.as_ref().unwrap_or(dh);
     linear_backward(dev, (dy, &att), (w, l.o), &mut datt, g, false)?;
     drop(dattn);
-    let mut dq = ctx.act(qw)?;
-    let mut dk = ctx.act(kw)?;
-    let mut dv = ctx.act(kw)?;
+    let mut dq = ctx.output(qw)?;
+    let mut dk = ctx.output(kw)?;
+    let mut dv = ctx.output(kw)?;
     dev.attention_backward(
         d.attn,
         &q,
@@ -442,7 +442,7 @@ pub fn backward<D: Device, E: Elem>(
         Some(n) => n,
         None => norm(ctx, x, w.get(l.input_norm))?,
     };
-    let mut dn1 = ctx.act(h)?;
+    let mut dn1 = ctx.output(h)?;
     let [q_rows, k_rows, v_rows] = l.qkv;
     linear_backward(dev, (&dq, &n1), (w, q_rows), &mut dn1, g, false)?;
     linear_backward(dev, (&dk, &n1), (w, k_rows), &mut dn1, g, true)?;

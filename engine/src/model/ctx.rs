@@ -66,9 +66,14 @@ impl<D: Device> BlockCtx<'_, D> {
         }
     }
 
-    /// A `[rows, width]` activation.
+    /// A `[rows, width]` activation, zero-filled: for a gradient its producers add to.
     pub(super) fn act<E: Elem>(&self, width: usize) -> Result<D::Tensor<E>> {
         self.dev.zeros::<E>(&[self.dims.rows, width], Activations)
+    }
+
+    /// A `[rows, width]` activation its producer writes in full ([`Device::uninit`]).
+    pub(super) fn output<E: Elem>(&self, width: usize) -> Result<D::Tensor<E>> {
+        self.dev.uninit::<E>(&[self.dims.rows, width], Activations)
     }
 
     pub(super) fn rotate<E: Elem>(

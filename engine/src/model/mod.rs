@@ -299,7 +299,7 @@ impl<D: Device> Model<D> {
         };
         let (rows, h, p) = (d.rows, d.hidden, &self.layout);
         let ids = dev.ids(&batch.input_ids)?;
-        let mut x = dev.zeros::<E>(&[rows, h], Category::Activations)?;
+        let mut x = dev.uninit::<E>(&[rows, h], Category::Activations)?;
         dev.embedding_forward(w.get(p.embed), &ids, &mut x)?;
 
         let mut inputs: Vec<D::Tensor<E>> = Vec::with_capacity(p.layers.len());

@@ -51,6 +51,12 @@ struct Writer {
     }
 };
 
+// An output buffer of n elements filled with NaN, as the GPU may hand out memory an output
+// kernel must write in full (Device::uninit): a kernel that reads it, or skips an element,
+// shows as NaN in the comparison.
+template <typename T> std::vector<T> poisoned(size_t n) { return std::vector<T>(n, (T)0xffffu); }
+template <> std::vector<float> poisoned<float>(size_t n) { return std::vector<float>(n, std::nanf("")); }
+
 static unsigned blocks_of(size_t n) { return (unsigned)((n + THREADS - 1) / THREADS); }
 
 template <typename T> void attention(char** a) {
@@ -63,8 +69,8 @@ template <typename T> void attention(char** a) {
     float scale = 1.0f / std::sqrt((float)d);
     Attn fwd{batch, seq, heads, kv, d, scale, fq, fk};
     Attn bwd{batch, seq, heads, kv, d, scale, bt, bt};
-    std::vector<T> out(qn), dq(qn), dk(kn), dv(kn);
-    std::vector<float> lse(ln), delta(ln);
+    auto out = poisoned<T>(qn), dq = poisoned<T>(qn), dk = poisoned<T>(kn), dv = poisoned<T>(kn);
+    auto lse = poisoned<float>(ln), delta = poisoned<float>(ln);
     size_t ds = d + 1;
     launch({(seq + fq - 1) / fq, heads, batch}, THREADS, (fq * ds + 2 * fk * ds + fq * (fk + 1)) * 4,
            [&] { attn_fwd<T>(q.data(), k.data(), v.data(), out.data(), lse.data(), fwd); });
@@ -103,8 +109,8 @@ void attention_tc(char** a) {
     size_t qn = (size_t)batch * seq * heads * d, kn = (size_t)batch * seq * kv * d, ln = (size_t)batch * heads * seq;
     auto q = r.read<bf16>(qn), k = r.read<bf16>(kn), v = r.read<bf16>(kn), dout = r.read<bf16>(qn);
     Attn at{batch, seq, heads, kv, d, 1.0f / std::sqrt((float)d), TC_ROWS, keys};
-    std::vector<bf16> out(qn), dq(qn), dk(kn), dv(kn);
-    std::vector<float> lse(ln), delta(ln);
+    auto out = poisoned<bf16>(qn), dq = poisoned<bf16>(qn), dk = poisoned<bf16>(kn), dv = poisoned<bf16>(kn);
+    auto lse = poisoned<float>(ln), delta = poisoned<float>(ln);
     size_t shared = 4 * keys * (d + TC_PAD) * sizeof(bf16);
     unsigned tiles = (seq + TC_ROWS - 1) / TC_ROWS;
     launch({tiles, heads, batch}, TC_THREADS, shared,
@@ -128,7 +134,7 @@ template <typename T> void dropout(char** a) {
     DropoutMask m{std::stoull(a[1]), std::stoull(a[2]), (u32)std::stoul(a[3]), std::stof(a[4])};
     Reader r{std::ifstream(a[5], std::ios::binary)};
     auto x = r.read<T>(n), y = r.read<T>(n), dout = r.read<T>(n);
-    std::vector<T> out(n), dy(n);
+    auto out = poisoned<T>(n), dy = poisoned<T>(n);
     launch({blocks_of(n), 1, 1}, THREADS, 0, [&] { dropout_add<T>(x.data(), y.data(), out.data(), n, m); });
     launch({blocks_of(n), 1, 1}, THREADS, 0, [&] { dropout_bwd<T>(dout.data(), dy.data(), n, m); });
     Writer w{std::ofstream(a[6], std::ios::binary)};
@@ -142,8 +148,9 @@ template <typename T> void rmsnorm(char** a) {
     Reader r{std::ifstream(a[3], std::ios::binary)};
     size_t n = (size_t)rows * h;
     auto x = r.read<T>(n), w = r.read<T>(h), dy = r.read<T>(n), dx = r.read<T>(n);
-    std::vector<T> y(n);
-    std::vector<float> rinv(rows), dw(h);
+    auto y = poisoned<T>(n);
+    auto rinv = poisoned<float>(rows);
+    std::vector<float> dw(h);
     launch({rows, 1, 1}, THREADS, 0, [&] { rmsnorm_fwd<T>(x.data(), w.data(), y.data(), rinv.data(), h, eps); });
     launch({rows, 1, 1}, THREADS, 0, [&] { rmsnorm_bwd_dx<T>(dy.data(), x.data(), w.data(), rinv.data(), dx.data(), h); });
     launch({(h + 31) / 32, 1, 1}, DW_WARPS * 32, 0,
@@ -210,7 +217,7 @@ template <typename T> void swiglu(char** a) {
     size_t n = std::stoull(a[0]);
     Reader r{std::ifstream(a[1], std::ios::binary)};
     auto gate = r.read<T>(n), up = r.read<T>(n), dact = r.read<T>(n);
-    std::vector<T> act(n), dgate(n), dup(n);
+    auto act = poisoned<T>(n), dgate = poisoned<T>(n), dup = poisoned<T>(n);
     launch({blocks_of(n), 1, 1}, THREADS, 0, [&] { swiglu_fwd<T>(gate.data(), up.data(), act.data(), n); });
     launch({blocks_of(n), 1, 1}, THREADS, 0,
            [&] { swiglu_bwd<T>(dact.data(), gate.data(), up.data(), dgate.data(), dup.data(), n); });
@@ -226,7 +233,7 @@ template <typename T> void embedding(char** a) {
     auto table = r.read<T>((size_t)vocab * width);
     auto ids = r.read<u32>(rows);
     auto dout = r.read<T>((size_t)rows * width);
-    std::vector<T> out((size_t)rows * width);
+    auto out = poisoned<T>((size_t)rows * width);
     std::vector<float> dtable((size_t)vocab * width);
     launch({blocks_of(out.size()), 1, 1}, THREADS, 0,
            [&] { embedding_fwd<T>(table.data(), ids.data(), out.data(), rows, width); });

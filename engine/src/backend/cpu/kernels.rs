@@ -53,6 +53,14 @@ impl Device for CpuDevice {
         Ok(CpuDevice::zeros(self, shape, category)?)
     }
 
+    fn uninit<E: Elem>(&self, shape: &[usize], category: Category) -> Result<Tensor<E>> {
+        let mut t = CpuDevice::zeros(self, shape, category)?;
+        if cfg!(debug_assertions) {
+            t.as_mut_slice().fill(E::from_f32(f32::NAN));
+        }
+        Ok(t)
+    }
+
     fn upload<E: Elem>(&self, host: Tensor<E>) -> Result<Tensor<E>> {
         Ok(host)
     }
@@ -528,6 +536,22 @@ impl Device for CpuDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Tests run with debug assertions, so an output tensor reads as NaN until it is written:
+    /// a model op that reads one (an accumulator taken with `uninit` in place of `zeros`) turns
+    /// the loss and gradients NaN. Outside tests it is zero-filled memory like `zeros`.
+    #[test]
+    fn uninit_tensors_read_as_nan_under_debug_assertions() {
+        let dev = CpuDevice::new(1, u64::MAX).unwrap();
+        let t = Device::uninit::<half::bf16>(&dev, &[3, 5], Category::Activations).unwrap();
+        assert_eq!(t.as_slice().len(), 15);
+        let nan = t.as_slice().iter().all(|x| x.to_f32().is_nan());
+        let zero = t.as_slice().iter().all(|x| x.to_f32() == 0.0);
+        assert_eq!(
+            (nan, zero),
+            (cfg!(debug_assertions), !cfg!(debug_assertions))
+        );
+    }
 
     /// The inverse rotation undoes the rotation, and the rotation is Hugging Face's: the first
     /// pair of a head at position 1 turns by angle 1 (`theta^0`).

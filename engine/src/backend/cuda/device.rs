@@ -296,11 +296,18 @@ impl CudaDevice {
 
     /// A zero-filled tensor of `shape`, counted under `category`.
     pub fn zeros<E: Elem>(&self, shape: &[usize], category: Category) -> Result<CudaTensor<E>> {
+        let t = self.uninit(shape, category)?;
+        self.memset_zero(t.ptr(), t.buffer().bytes())?;
+        Ok(t)
+    }
+
+    /// A tensor of `shape` whose memory is left as the pool hands it out, counted under
+    /// `category`: for outputs written in full before they are read.
+    pub fn uninit<E: Elem>(&self, shape: &[usize], category: Category) -> Result<CudaTensor<E>> {
         let Some(bytes) = crate::tensor::bytes_of::<E>(shape) else {
             return Err(self.inner.tracker.refuse(u64::MAX, category).into());
         };
         let buf = self.alloc(bytes, category)?;
-        self.memset_zero(buf.ptr(), buf.bytes())?;
         Ok(CudaTensor::from_parts(buf, shape.to_vec()))
     }
 

@@ -136,6 +136,10 @@ impl Device for CudaDevice {
         CudaDevice::zeros(self, shape, category)
     }
 
+    fn uninit<E: Elem>(&self, shape: &[usize], category: Category) -> Result<CudaTensor<E>> {
+        CudaDevice::uninit(self, shape, category)
+    }
+
     fn upload<E: Elem>(&self, host: Tensor<E>) -> Result<CudaTensor<E>> {
         self.upload_copy(&host, host.category())
     }
