@@ -395,6 +395,7 @@ fn attention_on<E: Elem>(exe: &Path, kernels: Kernels, tolerance: f64) -> Outcom
         Kernels::TensorCores => &[
             (2, 37, 4, 2, 16),
             (1, 70, 2, 1, 64),
+            (2, 130, 8, 2, 64),
             (1, 33, 4, 4, 32),
             (1, 150, 2, 1, 128),
             (1, 20, 2, 2, 80),
