@@ -2,7 +2,9 @@
 # Hugging Face transformers loads a checkpoint of every family the engine trains and computes the
 # engine's loss on it: `train` writes the checkpoint of each family suite, `eval` gives the
 # engine's loss on a random batch (for a MoE model its cross-entropy and load-balancing loss too),
-# scripts/check_hf_load.py loads the checkpoint with AutoModelForCausalLM and compares. Needs python3 with torch, transformers and safetensors.
+# scripts/check_hf_load.py loads the checkpoint with AutoModelForCausalLM and compares (and, as
+# a negative control, must fail against the engine's loss off by 1e-4). Needs python3 with torch,
+# transformers and safetensors.
 #
 #     scripts/check_hf_families.sh BIN OUT [SUITE...]
 #
@@ -26,5 +28,13 @@ for suite in "${suites[@]}"; do
     engine="$("$bin" eval --model "$ckpt" --batch "$run_dir/batch.safetensors")"
     python3 scripts/check_hf_load.py "$ckpt" "$run_dir/batch.safetensors" "$engine" 2>&1 |
         tee -a "$out/hf-check.log" || status=1
+    # The negative control: the same comparison against the engine's loss off by 1e-4 must fail.
+    off="$(python3 -c 'import json, sys; d = json.loads(sys.argv[1]); d["loss"] *= 1 + 1e-4; print(json.dumps(d))' "$engine")"
+    if python3 scripts/check_hf_load.py "$ckpt" "$run_dir/batch.safetensors" "$off" >/dev/null 2>&1; then
+        echo "$name: a loss off by 1e-4 passed the transformers comparison" | tee -a "$out/hf-check.log"
+        status=1
+    else
+        echo "$name: the comparison fails against a loss off by 1e-4, as it should" | tee -a "$out/hf-check.log"
+    fi
 done
 exit "$status"

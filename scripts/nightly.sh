@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The nightly job: every suite of every tier (the CI suites, the nightly ones and the negative
 # controls) on every device present, with memory traces; the report rendered in headless Chromium
-# (a screenshot; fails over 2 MB or a second to open) and the traces read by PyTorch's
-# _memory_viz where they can be; then the CPU benchmarks; then mutation testing of the code that
+# (a screenshot; fails over 2 MB or a second to open), the traces read by PyTorch's
+# _memory_viz and a checkpoint of every model family loaded by Hugging Face transformers
+# (scripts/check_hf_families.sh) where python3 has torch and transformers (.ci/run installs
+# scripts/requirements-ci.txt); then the CPU benchmarks; then mutation testing of the code that
 # decides verdicts and state (scripts/mutants.sh: hours, so never in CI).
 #
 #   scripts/nightly.sh [--tier ci|nightly|all] [--baseline SUMMARY] [--fail-on-regression]
@@ -13,7 +15,8 @@
 # changed is at the top of the report. CI runs `--tier ci --no-bench --no-mutants`.
 #
 # Exit status: 1 if a trial failed (or regressed, with --fail-on-regression), the report did
-# not render, torch could not read a trace, a benchmark could not run, or a surviving mutant is
+# not render, torch could not read a trace, transformers did not give a family's loss, a
+# benchmark could not run, or a surviving mutant is
 # not explained in docs/TESTING.md; 2 for bad input.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -49,6 +52,12 @@ else
     echo "nightly: no Chromium on PATH; $out/index.html was not rendered (apt-get install chromium)"
 fi
 scripts/memory_viz.sh "$out/memory" 2>&1 | tee "$out/memory_viz.log" || status=1
+if python3 -c "import torch, transformers, safetensors" >/dev/null 2>&1; then
+    scripts/check_hf_families.sh target/release/ckpt-harness "$out/hf-check" 2>&1 |
+        tee "$out/hf-check.log" || status=1
+else
+    echo "nightly: python3 cannot import torch, transformers and safetensors; the Hugging Face load check did not run"
+fi
 
 if [[ $bench == 1 ]]; then
     scripts/bench.sh --rounds 3 2>&1 | tee "$out/bench.log" || status=1

@@ -35,3 +35,31 @@ fn the_nightly_job_runs_the_mutants_and_ci_does_not() {
         assert!(!cargo_mutants, "{script} runs cargo-mutants");
     }
 }
+
+/// CI installs PyTorch and transformers and runs the nightly job's CI tier with them, whose
+/// script loads a checkpoint of every family in transformers: the check cannot be skipped there.
+#[test]
+fn ci_loads_every_family_s_checkpoint_in_transformers() {
+    let ci = commands(".ci/run");
+    assert!(
+        ci.iter()
+            .any(|l| l.contains("pip install") && l.contains("scripts/requirements-ci.txt")),
+        "{ci:?}"
+    );
+    assert!(
+        ci.iter()
+            .any(|l| l.contains("ci-python/bin:$PATH") && l.contains("scripts/nightly.sh")),
+        "{ci:?}"
+    );
+    let nightly = commands("scripts/nightly.sh");
+    assert!(
+        nightly
+            .iter()
+            .any(|l| l.starts_with("scripts/check_hf_families.sh")),
+        "{nightly:?}"
+    );
+    let requirements = std::fs::read_to_string(root().join("scripts/requirements-ci.txt")).unwrap();
+    for package in ["torch==", "transformers==", "safetensors=="] {
+        assert!(requirements.contains(package), "{package} is not pinned");
+    }
+}
