@@ -10,17 +10,18 @@
 #                                  the Hugging Face load check; report, JUnit and logs in OUT
 #                                  (default DIR/report-gpu)
 #   DIR/scripts/gpu.sh bench [OUT] on the GPU machine: the engine's training step at
-#                                  Llama-3.2-1B's shape (bf16-mixed, full checkpointing, chunked
-#                                  loss; also with the tiled attention kernels) and PyTorch's
-#                                  reference on the same card, one after the other; tokens/s and
-#                                  peak memory of both, and their ratios
+#                                  Llama-3.2-1B's shape (bf16-mixed, chunked loss) and PyTorch's
+#                                  reference on the same card, one after the other, with full
+#                                  checkpointing, without, and at sequence 8192; tokens/s, peak
+#                                  memory and MFU of both, and their ratios; then the engine with
+#                                  the tiled attention kernels
 #
 # `run` finds CUDA's libraries through the loader's path; when the toolkit sits in
 # /usr/local/cuda (or $CUDA_HOME) its lib64 is added. Exit status: 0 when everything passed.
 set -euo pipefail
 
 usage() {
-    sed -n '2,19p' "$0" >&2
+    sed -n '2,20p' "$0" >&2
     exit 2
 }
 
@@ -102,38 +103,64 @@ json_number() {
     sed -nE "s/.*\"$1\": *([-0-9.eE+]+).*/\1/p" <<<"$2" | head -n 1
 }
 
+# One configuration of the Llama-3.2-1B-shaped step on both sides: NAME, then the engine's
+# options and PyTorch's, separated by `--`. Prints tokens/s, reserved peak and MFU of both and
+# their ratios; the JSON of each side lands in $out/bench-NAME-{engine,torch}.json.
+compare() {
+    local name="$1" ours theirs
+    shift
+    local engine_args=() torch_args=()
+    while [[ $# -gt 0 && "$1" != "--" ]]; do engine_args+=("$1") && shift; done
+    [[ $# -gt 0 ]] && shift
+    torch_args=("$@")
+    echo "== $name: engine ${engine_args[*]}"
+    if ! ours="$(bin/bench-train_step --device cuda --model llama-1b --precision bf16-mixed \
+        --loss chunked:1024 --steps "$steps" --warmup "$warmup" "${engine_args[@]}" | tail -n 1)"; then
+        echo "$name: the engine's benchmark failed" | tee -a "$out/bench-summary.txt"
+        return 1
+    fi
+    echo "$ours" | tee "$out/bench-$name-engine.json"
+    echo "== $name: PyTorch ${torch_args[*]}"
+    if ! theirs="$(python3 scripts/bench_gpu_torch.py --steps "$steps" --warmup "$warmup" \
+        "${torch_args[@]}" | tail -n 1)"; then
+        echo "$name: PyTorch's benchmark failed" | tee -a "$out/bench-summary.txt"
+        return 1
+    fi
+    echo "$theirs" | tee "$out/bench-$name-torch.json"
+    awk -v name="$name" -v a="$(json_number tokens_per_s "$ours")" -v b="$(json_number tokens_per_s "$theirs")" \
+        -v pa="$(json_number pool_reserved_high_bytes "$ours")" -v pb="$(json_number peak_reserved_bytes "$theirs")" \
+        -v ma="$(json_number mfu "$ours")" -v mb="$(json_number mfu "$theirs")" 'BEGIN {
+        printf "%s: tokens/s engine %.0f, pytorch %.0f: %.2fx (target >= 1.0x); ", name, a, b, a / b
+        printf "reserved peak engine %.2f GiB, pytorch %.2f GiB: %.2fx (target <= 1.0x); ", pa / 2^30, pb / 2^30, pa / pb
+        printf "MFU engine %.1f%%, pytorch %.1f%%\n", 100 * ma, 100 * mb
+    }' | tee -a "$out/bench-summary.txt"
+}
+
 bench() {
-    local root out
+    local root
     root="$(cd "$(dirname "$0")/.." && pwd)"
     out="${1:-$root/report-gpu}"
     mkdir -p "$out"
+    rm -f "$out/bench-summary.txt"
     cuda_libraries
     cd "$root"
-    local steps="${BENCH_STEPS:-5}" warmup="${BENCH_WARMUP:-2}"
-    echo "== engine, Llama-3.2-1B shape, batch 8 x 2048"
-    local ours theirs
-    ours="$(bin/bench-train_step --device cuda --model llama-1b --precision bf16-mixed \
-        --checkpointing full --loss chunked:1024 --steps "$steps" --warmup "$warmup" | tail -n 1)"
-    echo "$ours" | tee "$out/bench-engine.json"
-    echo "== engine, the same, with the tiled attention kernels in place of the tensor-core ones"
-    local tiled
-    tiled="$(CKPT_CUDA_ATTENTION=tiled bin/bench-train_step --device cuda --model llama-1b \
+    steps="${BENCH_STEPS:-5}" warmup="${BENCH_WARMUP:-2}"
+    local status=0 tiled
+    compare full-checkpointing --checkpointing full || status=1
+    compare no-checkpointing --checkpointing none -- --no-checkpointing || status=1
+    compare seq-8192 --checkpointing full --batch 2 --seq 8192 -- --batch 2 --seq 8192 || status=1
+    echo "== the engine with the tiled attention kernels in place of the tensor-core ones"
+    if tiled="$(CKPT_CUDA_ATTENTION=tiled bin/bench-train_step --device cuda --model llama-1b \
         --precision bf16-mixed --checkpointing full --loss chunked:1024 --steps "$steps" \
-        --warmup "$warmup" | tail -n 1)"
-    echo "$tiled" | tee "$out/bench-engine-tiled.json"
-    echo "== PyTorch LlamaForCausalLM, bf16 autocast, SDPA, gradient checkpointing"
-    theirs="$(python3 scripts/bench_gpu_torch.py --steps "$steps" --warmup "$warmup" | tail -n 1)"
-    echo "$theirs" | tee "$out/bench-torch.json"
-    local a b pa pb
-    a="$(json_number tokens_per_s "$ours")" b="$(json_number tokens_per_s "$theirs")"
-    pa="$(json_number pool_reserved_high_bytes "$ours")" pb="$(json_number peak_reserved_bytes "$theirs")"
-    awk -v a="$a" -v b="$b" -v pa="$pa" -v pb="$pb" -v ma="$(json_number mfu "$ours")" -v mb="$(json_number mfu "$theirs")" \
-        -v t="$(json_number tokens_per_s "$tiled")" 'BEGIN {
-        printf "tokens/s: engine %.0f, pytorch %.0f: %.2fx (target >= 1.0x)\n", a, b, a / b
-        printf "reserved peak: engine %.2f GiB, pytorch %.2f GiB: %.2fx (target <= 1.0x)\n", pa / 2^30, pb / 2^30, pa / pb
-        printf "MFU: engine %.1f%%, pytorch %.1f%%\n", 100 * ma, 100 * mb
-        printf "tiled attention kernels: %.0f tokens/s, %.2fx the tensor-core ones\n", t, t / a
-    }' | tee "$out/bench-summary.txt"
+        --warmup "$warmup" | tail -n 1)"; then
+        echo "$tiled" | tee "$out/bench-tiled-engine.json"
+        echo "tiled attention kernels, full checkpointing: $(json_number tokens_per_s "$tiled") tokens/s" |
+            tee -a "$out/bench-summary.txt"
+    else
+        echo "the engine's benchmark with the tiled attention kernels failed" | tee -a "$out/bench-summary.txt"
+        status=1
+    fi
+    return "$status"
 }
 
 case "${1:-}" in
