@@ -12,13 +12,13 @@ mod common;
 
 use ckpt_engine::checkpoint::state::FORMAT_VERSION;
 use ckpt_engine::checkpoint::{files, state_file, MODEL_FILE, STATE_FILE};
-use ckpt_engine::{CpuDevice, StepStats, TrainConfig, Trainer};
+use ckpt_engine::{CpuDevice, Device, StepStats, TrainConfig, Trainer};
 use ckpt_harness::suite::Suite;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
 /// The fewest frozen checkpoints `golden/checkpoints/` may hold: deleting one fails the test.
-const GOLDEN_COUNT: usize = 4;
+const GOLDEN_COUNT: usize = 5;
 /// The suite a frozen checkpoint was trained with.
 const SUITE_FILE: &str = "suite.yaml";
 /// The steps that followed a frozen checkpoint.
@@ -245,27 +245,11 @@ fn recorded_version(ckpt: &Path) -> Result<u32, String> {
         .ok_or_else(|| format!("{}: no format_version", path.display()))
 }
 
-/// The matrix kernels the `gemm` crate picks on this CPU, as it picks them: `<arch> avx512f`,
-/// `<arch> fma` or `<arch> neon`, else `<arch> scalar`. Products can sum in a different order
-/// from one to another, so recorded bits hold for the kernels they were recorded with.
+/// The matrix kernels the `gemm` crate picks on this CPU (the CPU device records them in its
+/// checkpoints). Products can sum in a different order from one to another, so recorded bits
+/// hold for the kernels they were recorded with.
 fn cpu_kernels() -> String {
-    #[cfg(target_arch = "x86_64")]
-    let kernels = if std::arch::is_x86_feature_detected!("avx512f") {
-        "avx512f"
-    } else if std::arch::is_x86_feature_detected!("fma") {
-        "fma"
-    } else {
-        "scalar"
-    };
-    #[cfg(target_arch = "aarch64")]
-    let kernels = if std::arch::is_aarch64_feature_detected!("neon") {
-        "neon"
-    } else {
-        "scalar"
-    };
-    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-    let kernels = "scalar";
-    format!("{} {kernels}", std::env::consts::ARCH)
+    ckpt_engine::backend::cpu::matmul::kernels()
 }
 
 /// `dir` relative to the repository's root where it lies under it.
@@ -340,6 +324,34 @@ fn the_current_format_version_has_a_frozen_checkpoint() {
     assert!(
         versions.contains(&FORMAT_VERSION),
         "no checkpoint in golden/checkpoints/ has format version {FORMAT_VERSION}, the one this build writes (they have {versions:?}): freeze one (see its README.md)"
+    );
+}
+
+#[test]
+fn a_frozen_execution_record_reads_back_and_a_resume_lists_what_differs_here() {
+    let g = golden("llama-fp32-environment");
+    let ckpt = g.checkpoint();
+    let saved = state_file::read(&ckpt).unwrap().state.environment;
+    let saved = saved.expect("the frozen checkpoint records its execution environment");
+    assert_eq!(
+        (saved.backend.as_str(), saved.cpu_kernels.as_deref()),
+        ("cpu", Some(g.record.cpu_kernels.as_str()))
+    );
+    let dev = CpuDevice::new(g.suite.file.threads, u64::MAX).unwrap();
+    let trainer = Trainer::resume(g.suite.train.clone(), dev.clone(), &ckpt).unwrap();
+    assert_eq!(trainer.env_changes(), saved.changes(&dev.execution_env()));
+    let here = cpu_kernels();
+    let kernels_differ = trainer
+        .env_changes()
+        .iter()
+        .any(|c| c.field == "cpu_kernels" && c.now == here);
+    assert_eq!(kernels_differ, here != g.record.cpu_kernels);
+    let old = golden("llama-fp32");
+    let dev = CpuDevice::new(old.suite.file.threads, u64::MAX).unwrap();
+    let trainer = Trainer::resume(old.suite.train.clone(), dev, &old.checkpoint()).unwrap();
+    assert!(
+        trainer.env_changes().is_empty(),
+        "a checkpoint written before the record lists nothing"
     );
 }
 

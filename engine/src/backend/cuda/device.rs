@@ -1,8 +1,9 @@
 //! The CUDA device: a context and one stream, the device's default memory pool, a cuBLAS handle,
 //! the compiled kernels, and the tracker that counts every byte handed out.
 
-use super::nvrtc;
 use super::tensor::{Buffer, CudaTensor};
+use super::{env, nvrtc};
+use crate::environment::ExecutionEnv;
 use crate::error::{EngineError, Result};
 use crate::memory::{Category, MemoryTracker, OutOfMemory};
 use crate::tensor::{Elem, Tensor};
@@ -74,6 +75,7 @@ struct Inner {
     tracker: MemoryTracker,
     staging: MemoryTracker,
     name: String,
+    env: ExecutionEnv,
 }
 
 // SAFETY: the pool is a driver handle usable from any thread once the context is current (every
@@ -143,8 +145,7 @@ impl CudaDevice {
             )
         }
         .map_err(cuda_err("setting the pool's release threshold"))?;
-        let cubin =
-            nvrtc::cubin(&name, &format!("sm_{major}{minor}")).map_err(EngineError::Cuda)?;
+        let cubin = nvrtc::cubin(&name, &env::arch(major, minor)).map_err(EngineError::Cuda)?;
         let module = ctx
             .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
             .map_err(cuda_err("loading the kernels"))?;
@@ -162,6 +163,7 @@ impl CudaDevice {
                 .result()
                 .map_err(blas_err("cublasSetMathMode"))?;
         }
+        let env = env::record(&ctx, &name, (major, minor), handle)?;
         Ok(CudaDevice {
             inner: Arc::new(Inner {
                 blas: Mutex::new(blas_handle),
@@ -173,6 +175,7 @@ impl CudaDevice {
                 tracker: MemoryTracker::new(capacity.unwrap_or(total)),
                 staging: MemoryTracker::new(crate::memory::host_available().unwrap_or(u64::MAX)),
                 name,
+                env,
             }),
         })
     }
@@ -185,6 +188,11 @@ impl CudaDevice {
     /// The GPU's name.
     pub fn name(&self) -> &str {
         &self.inner.name
+    }
+
+    /// What the device's results depend on: the GPU, the driver, NVRTC, cuBLAS and the kernels.
+    pub fn execution_env(&self) -> ExecutionEnv {
+        self.inner.env.clone()
     }
 
     /// The tracker of the host tensors read or drawn before they are uploaded.
