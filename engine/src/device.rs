@@ -6,6 +6,7 @@
 //! allocates its own scratch there too, so the counting device (which holds sizes only) makes
 //! the same allocations as the backend it imitates.
 
+use crate::environment::ExecutionEnv;
 use crate::error::Result;
 use crate::memory::{Category, MemoryTracker};
 use crate::model::dropout::DropoutMask;
@@ -216,6 +217,10 @@ pub trait Device: Clone + Send + Sync + 'static {
     /// before they reach the device ([`Device::upload`]): the device's own on the CPU, a
     /// host tracker of the GPU's on CUDA.
     fn host(&self) -> MemoryTracker;
+
+    /// What this device's results depend on beyond their inputs: the facts a resume compares
+    /// with the checkpoint's to know whether it continues bit for bit.
+    fn execution_env(&self) -> ExecutionEnv;
 
     /// Marks the start of a part of the step.
     fn enter(&self, _phase: StepPhase) {}

@@ -5,13 +5,15 @@
 //! contract every backend implements), [`model`] and [`optim`] (written once over a device),
 //! [`state`] (weights, gradients and moments on one device), [`trainer`] (the loop, with
 //! [`data`] and [`checkpoint`]). The [`backend`]s implement the device: CPU, CUDA, and the
-//! counting device that [`estimate`] runs the step on to predict its memory.
+//! counting device that [`estimate`] runs the step on to predict its memory. A device reports
+//! what bitwise resume depends on ([`environment`]); a checkpoint keeps it.
 
 pub mod backend;
 pub mod checkpoint;
 pub mod config;
 pub mod data;
 pub mod device;
+pub mod environment;
 pub mod error;
 pub mod estimate;
 pub mod fault;
@@ -25,6 +27,7 @@ pub mod trainer;
 pub use backend::{CountingDevice, CpuDevice, CudaDevice};
 pub use config::{Init, Precision, TrainConfig};
 pub use device::{Device, DeviceKind};
+pub use environment::{EnvChange, ExecutionEnv};
 pub use error::{EngineError, Result};
 pub use fault::{Fault, Faults};
 pub use memory::{Category, MemoryStats, MemoryTracker, OutOfMemory};

@@ -16,6 +16,7 @@ use crate::checkpoint::{self, Entry, LoadRequest, SaveRequest};
 use crate::config::{Init, Precision, TrainConfig};
 use crate::data::{DataLoader, LoaderState, SampleId};
 use crate::device::Device;
+use crate::environment::EnvChange;
 use crate::error::{EngineError, Result};
 use crate::fault::Fault;
 use crate::memory::{Category, Lease, MemoryStats, MemoryTracker};
@@ -92,8 +93,8 @@ enum PendingSave {
         run_dir: PathBuf,
         /// Checkpoints to keep.
         keep_last: Option<usize>,
-        /// The trainer state at the save.
-        state: TrainerState,
+        /// The trainer state at the save (boxed: the variant would otherwise dwarf the other).
+        state: Box<TrainerState>,
     },
 }
 
@@ -108,6 +109,8 @@ pub struct Trainer<D: Device> {
     pending: Option<PendingSave>,
     /// Where the loader stood when the trainer was resumed; `None` for a fresh run.
     resumed_loader: Option<LoaderState>,
+    /// How the resumed checkpoint's execution environment differs from the device's.
+    env_changes: Vec<EnvChange>,
 }
 
 impl<D: Device> Trainer<D> {
@@ -148,13 +151,15 @@ impl<D: Device> Trainer<D> {
             resumed_at: 0,
             pending: None,
             resumed_loader: None,
+            env_changes: Vec::new(),
         })
     }
 
     /// Continues the run saved in `checkpoint_dir` (a checkpoint, or a run directory whose
     /// `latest` names one): weights, optimizer state, step, schedule, loader position and
     /// dropout generator. The checkpoint must come from a run with the same
-    /// [`TrainConfig::identity`].
+    /// [`TrainConfig::identity`]; where its execution environment differs from the device's,
+    /// the trainer lists how ([`Trainer::env_changes`]).
     pub fn resume(cfg: TrainConfig, dev: D, checkpoint_dir: &Path) -> Result<Self> {
         cfg.validate()?;
         let loaded = checkpoint::load(
@@ -168,6 +173,12 @@ impl<D: Device> Trainer<D> {
                 fresh_moments_if_missing: cfg.faults.has(Fault::MomentsNotSaved),
             },
         )?;
+        let env_changes = loaded
+            .state
+            .environment
+            .as_ref()
+            .map(|saved| saved.changes(&dev.execution_env()))
+            .unwrap_or_default();
         let master = loaded.master.try_map(|t| dev.upload(t))?;
         let upload = |p: Params<_>| p.try_map(|t| dev.upload(t));
         let moments = match loaded.moments {
@@ -182,6 +193,7 @@ impl<D: Device> Trainer<D> {
         };
         let state = State::new(&cfg, dev, master, moments)?;
         let mut trainer = Self::assemble(cfg, state)?;
+        trainer.env_changes = env_changes;
         let faults = &trainer.cfg.faults;
         if !faults.has(Fault::LoaderPositionNotRestored) {
             let mut loader = loaded.state.loader;
@@ -238,7 +250,7 @@ impl<D: Device> Trainer<D> {
             self.pending = Some(PendingSave::Deferred {
                 run_dir: run_dir.to_path_buf(),
                 keep_last,
-                state,
+                state: Box::new(state),
             });
             return Ok(());
         }
@@ -304,7 +316,7 @@ impl<D: Device> Trainer<D> {
                     config: &self.cfg.model,
                     model,
                     optimizer,
-                    state,
+                    state: *state,
                 };
                 checkpoint::save(&run_dir, req, keep_last).map(Some)
             }
@@ -344,6 +356,7 @@ impl<D: Device> Trainer<D> {
             rng: self.rng,
             fingerprint: checkpoint::fingerprint(&identity),
             identity,
+            environment: Some(self.device().execution_env()),
             files: Default::default(),
         }
     }
@@ -394,6 +407,14 @@ impl<D: Device> Trainer<D> {
             self.step
         };
         self.cfg.schedule.lr(self.cfg.optimizer.lr, step)
+    }
+
+    /// How the execution environment recorded in the checkpoint this trainer resumed from
+    /// differs from its device's, field by field. Empty for a fresh run, for a resume in the
+    /// same environment, and for a checkpoint written before the environment was recorded. A
+    /// difference is no error: the run continues, but not necessarily bit for bit.
+    pub fn env_changes(&self) -> &[EnvChange] {
+        &self.env_changes
     }
 
     /// The run's configuration.

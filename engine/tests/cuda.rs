@@ -85,6 +85,10 @@ fn main() {
             step_peaks_match_the_model,
         ),
         on_gpu("model_level_faults_act_on_the_gpu", model_level_faults),
+        on_gpu(
+            "the_gpu_records_its_name_libraries_and_kernels",
+            execution_record,
+        ),
     ];
     libtest_mimic::run(&args, trials).exit();
 }
@@ -466,6 +470,13 @@ fn resume_with(precision: Precision, dropout: f32) -> Outcome {
     let saved = first.save(dir.path(), None)?;
     drop(first);
     let mut resumed = Trainer::resume(cfg, dev, &saved)?;
+    if !resumed.env_changes().is_empty() {
+        return Err(format!(
+            "{precision:?}: a resume on the GPU that saved lists environment changes: {:?}",
+            resumed.env_changes()
+        )
+        .into());
+    }
     let rest = train(&mut resumed, 4)?;
     if bits(&rest) != bits(&whole[4..]) {
         return Err(format!(
@@ -481,6 +492,66 @@ fn resume_with(precision: Precision, dropout: f32) -> Outcome {
     eprintln!(
         "{precision:?}, dropout {dropout}: 4 + save + resume + 4 steps is bitwise equal to 8 steps"
     );
+    Ok(())
+}
+
+/// The CUDA device's execution record: every fact present, the kernels' hash NVRTC's own for
+/// the GPU's architecture, and the record a checkpoint keeps.
+fn execution_record() -> Outcome {
+    let dev = CudaDevice::new(0, None)?;
+    let env = dev.execution_env();
+    let gpu = env.gpu.clone().ok_or("a CUDA device records no GPU")?;
+    let numbers = |v: &str, parts: usize| {
+        v.split('.').count() == parts && v.split('.').all(|p| p.parse::<u32>().is_ok())
+    };
+    let arch = format!("sm_{}", gpu.compute_capability.replace('.', ""));
+    let checks = [
+        ("backend is cuda", env.backend == "cuda"),
+        ("no CPU kernels", env.cpu_kernels.is_none()),
+        (
+            "the GPU's name",
+            !gpu.name.is_empty() && gpu.name == dev.name(),
+        ),
+        ("SMs", gpu.sm_count > 0),
+        ("compute capability", numbers(&gpu.compute_capability, 2)),
+        ("driver", numbers(&gpu.driver, 2) && gpu.driver != "0.0"),
+        ("NVRTC", numbers(&gpu.nvrtc, 2) && gpu.nvrtc != "0.0"),
+        ("cuBLAS", numbers(&gpu.cublas, 3) && gpu.cublas != "0.0.0"),
+        ("no cuDNN", gpu.cudnn.is_none()),
+        (
+            "kernel hash",
+            gpu.kernel_sha256 == nvrtc::kernel_sha256(&arch),
+        ),
+        (
+            "attention kernels",
+            gpu.attention.as_deref()
+                == Some(if dev.uses_tensor_core_attention() {
+                    "tensor-cores"
+                } else {
+                    "tiled"
+                }),
+        ),
+    ];
+    let wrong: Vec<&str> = checks.iter().filter(|(_, ok)| !ok).map(|c| c.0).collect();
+    if !wrong.is_empty() {
+        return Err(format!("the record is wrong in {wrong:?}: {env:?}").into());
+    }
+    let cfg = run_config(Precision::Fp32, Checkpointing::None, LossKind::Standard);
+    let mut t = Trainer::new(cfg, dev)?;
+    train(&mut t, 1)?;
+    let dir = tempfile::tempdir()?;
+    let saved = t.save(dir.path(), None)?;
+    let state = ckpt_engine::checkpoint::state_file::read(&saved)
+        .map_err(EngineError::from)?
+        .state;
+    if state.environment.as_ref() != Some(&env) {
+        return Err(format!(
+            "the checkpoint records {:?}, not {env:?}",
+            state.environment
+        )
+        .into());
+    }
+    eprintln!("{env:?}");
     Ok(())
 }
 

@@ -18,7 +18,7 @@ use ckpt_engine::checkpoint::step_dir_name;
 use ckpt_engine::data::SampleId;
 use ckpt_engine::estimate::{estimate, routed_steps, EstimateConfig};
 use ckpt_engine::memory::{Breakdown, MemoryTracker, OutOfMemory};
-use ckpt_engine::{Device, EngineError, MemoryStats, StateDigest, StepStats, Trainer};
+use ckpt_engine::{Device, EngineError, EnvChange, MemoryStats, StateDigest, StepStats, Trainer};
 use serde::{Deserialize, Deserializer, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -196,6 +196,11 @@ pub struct PhaseRecord {
     pub resumed_digest: Option<StateDigest>,
     /// The reference trainer's state before the same step.
     pub reference_digest: Option<StateDigest>,
+    /// How the execution environment recorded in the checkpoint it resumed from differs from
+    /// the device's, field by field: empty for the reference, when nothing differs, and in
+    /// summaries written before it was recorded.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub env_changes: Vec<EnvChange>,
     /// Host memory over the phase.
     pub host: HostMemory,
     /// Its steps.
@@ -605,6 +610,7 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
                     if let Some(step) = from {
                         record.resumed_digest = Some(trainer.state_digest()?);
                         record.reference_digest = reference_digests.get(&step).cloned();
+                        record.env_changes = trainer.env_changes().to_vec();
                     }
                     while trainer.step_index() < end {
                         if phase == Phase::Reference
@@ -721,6 +727,50 @@ training: {training}
         p.iter()
             .map(|p| (p.phase.to_string(), p.from, p.end))
             .collect()
+    }
+
+    /// Rewrites the execution record of the checkpoint `resume-mid` loads, as another machine
+    /// would have written it, just before it is loaded.
+    struct SavedElsewhere<'a>(&'a Path);
+
+    impl Watch for SavedElsewhere<'_> {
+        fn phase_started(&mut self, phase: Phase, from: u64, _end: u64, _: &MemoryTracker) {
+            if phase != Phase::ResumeMid {
+                return;
+            }
+            let ckpt = self.0.join("checkpoints").join(step_dir_name(from));
+            let path = ckpt.join(ckpt_engine::checkpoint::STATE_FILE);
+            let mut state: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+            state["environment"]["cpu_kernels"] = "riscv64 scalar".into();
+            std::fs::write(&path, serde_json::to_vec(&state).unwrap()).unwrap();
+            ckpt_engine::checkpoint::state_file::reseal(&ckpt).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_resume_records_how_its_environment_differs_from_its_checkpoints() {
+        let s = suite("{max_steps: 4, resume_from: 2}");
+        let work = tempfile::tempdir().unwrap();
+        let mut watch = SavedElsewhere(work.path());
+        let r = run(&s, DeviceKind::Cpu, work.path(), &mut watch).unwrap();
+        let changes = |r: &RunRecord| -> Vec<Vec<String>> {
+            r.phases
+                .iter()
+                .map(|p| p.env_changes.iter().map(ToString::to_string).collect())
+                .collect()
+        };
+        let here = ckpt_engine::backend::cpu::matmul::kernels();
+        let want = [
+            vec![],
+            vec![format!("cpu_kernels: riscv64 scalar → {here}")],
+            vec![],
+        ];
+        assert_eq!(changes(&r), want);
+        let json = serde_json::to_value(&r).unwrap();
+        assert!(json["phases"][0].get("env_changes").is_none());
+        let back: RunRecord = serde_json::from_value(json).unwrap();
+        assert_eq!(changes(&back), want);
     }
 
     #[test]

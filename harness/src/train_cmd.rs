@@ -6,12 +6,14 @@
 //! It holds the run directory's lock throughout, first puts right what interrupted saves left
 //! there, refuses a run directory holding checkpoints of another configuration unless told to
 //! overwrite them, and resumes a run whose `latest` is broken from its newest checkpoint that
-//! loads, with a warning naming what it skipped.
+//! loads, with a warning naming what it skipped. A resume in another execution environment than
+//! the checkpoint's is noted with the fields that differ.
 
 use crate::devices::{self, DeviceKind, OnDevice};
 use crate::suite::Suite;
 use anyhow::{bail, Result};
 use ckpt_engine::checkpoint::{self, Foreign, RunLock};
+use ckpt_engine::environment;
 use ckpt_engine::{Device, Trainer};
 use serde::Serialize;
 use std::io::Write;
@@ -145,7 +147,8 @@ fn refusal(out: &Path, foreign: &[Foreign]) -> String {
 }
 
 /// The trainer resumed from `path`; when `path` is a run directory whose `latest` does not load,
-/// from its newest checkpoint that does, with a warning naming what was skipped and why.
+/// from its newest checkpoint that does, with a warning naming what was skipped and why. A note
+/// names the fields of the execution environment that differ from the checkpoint's.
 fn resume<D: Device>(suite: &Suite, dev: D, path: &Path) -> Result<Trainer<D>> {
     let found = checkpoint::load_newest(path, &suite.train.identity(), |dir| {
         Trainer::resume(suite.train.clone(), dev.clone(), dir)
@@ -156,6 +159,14 @@ fn resume<D: Device>(suite: &Suite, dev: D, path: &Path) -> Result<Trainer<D>> {
             "warning: resuming from {}, the newest checkpoint that loads; skipped {}",
             found.dir.display(),
             skipped.join("; skipped ")
+        );
+    }
+    let changes = found.value.env_changes();
+    if !changes.is_empty() {
+        eprintln!(
+            "note: {} was saved in another execution environment ({}); training continues, but not necessarily bit for bit",
+            found.dir.display(),
+            environment::describe(changes)
         );
     }
     Ok(found.value)

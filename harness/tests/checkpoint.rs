@@ -187,6 +187,41 @@ fn an_intact_checkpoint_loads_and_continues() {
 }
 
 #[test]
+fn a_resume_in_another_execution_environment_is_noted_with_what_differs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let suite = write_suite(
+        tmp.path(),
+        &suite_text("fp32", 32, "{max_steps: 4, resume_from: 2}"),
+    );
+    let run = tmp.path().join("run");
+    train(&suite, &run, None, 2);
+    let ckpt = run.join("step-00000002");
+    let resumed = |out: &str| {
+        let output = train_output(&suite, &tmp.path().join(out), Some(&ckpt), 3);
+        assert!(output.status.success(), "{}", stderr(&output));
+        stderr(&output)
+    };
+    let same = resumed("same");
+    assert!(!same.contains("execution environment"), "{same}");
+    rewrite_state(&ckpt, |s| {
+        s["environment"]["cpu_kernels"] = "riscv64 scalar".into();
+    });
+    let here = ckpt_engine::backend::cpu::matmul::kernels();
+    let noted: Vec<String> = resumed("elsewhere")
+        .lines()
+        .filter(|l| l.contains("execution environment"))
+        .map(str::to_string)
+        .collect();
+    assert_eq!(
+        noted,
+        [format!(
+            "note: {} was saved in another execution environment (cpu_kernels: riscv64 scalar → {here}); training continues, but not necessarily bit for bit",
+            ckpt.display()
+        )]
+    );
+}
+
+#[test]
 fn truncation_at_any_offset_is_named() {
     for name in [MODEL_FILE, OPTIMIZER_FILE] {
         let len = file_bytes(&saved().ckpt, name).len();

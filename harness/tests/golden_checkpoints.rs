@@ -12,13 +12,13 @@ mod common;
 
 use ckpt_engine::checkpoint::state::FORMAT_VERSION;
 use ckpt_engine::checkpoint::{files, state_file, MODEL_FILE, STATE_FILE};
-use ckpt_engine::{CpuDevice, StepStats, TrainConfig, Trainer};
+use ckpt_engine::{CpuDevice, Device, StepStats, TrainConfig, Trainer};
 use ckpt_harness::suite::Suite;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
 /// The fewest frozen checkpoints `golden/checkpoints/` may hold: deleting one fails the test.
-const GOLDEN_COUNT: usize = 4;
+const GOLDEN_COUNT: usize = 5;
 /// The suite a frozen checkpoint was trained with.
 const SUITE_FILE: &str = "suite.yaml";
 /// The steps that followed a frozen checkpoint.
@@ -176,18 +176,54 @@ struct Golden {
     record: Record,
 }
 
+/// The record of the steps after a frozen checkpoint made on CPUs whose matrix kernels are
+/// `kernels`, beside the one it was frozen with (`losses.json`): `losses.<kernels>.json`, spaces
+/// as `-`.
+fn kernels_record_file(kernels: &str) -> String {
+    format!("losses.{}.json", kernels.replace(' ', "-"))
+}
+
+/// Reads the record `file` of the frozen checkpoint in `dir`.
+fn read_record(dir: &Path, file: &str) -> Result<Record, String> {
+    let at = |e: String| format!("{}: {e}", shown(dir));
+    let text = std::fs::read(dir.join(file)).map_err(|e| at(format!("{file}: {e}")))?;
+    let record: Record = serde_json::from_slice(&text)
+        .map_err(|e| at(format!("{file} is not a record of steps: {e}")))?;
+    if record.steps.is_empty() {
+        return Err(at(format!("{file} records no steps")));
+    }
+    Ok(record)
+}
+
 impl Golden {
-    /// Reads the frozen checkpoint in `dir`; `Err` names the directory and what is missing.
+    /// Reads the frozen checkpoint in `dir` with the record of this CPU's matrix kernels where
+    /// it has one, else the one it was frozen with; `Err` names the directory and what is
+    /// missing or inconsistent.
     fn open(dir: &Path) -> Result<Self, String> {
         let at = |e: String| format!("{}: {e}", shown(dir));
         let suite = Suite::load(&dir.join(SUITE_FILE)).map_err(|e| at(format!("{e:#}")))?;
-        let path = dir.join(LOSSES_FILE);
-        let text = std::fs::read(&path).map_err(|e| at(format!("{LOSSES_FILE}: {e}")))?;
-        let record: Record = serde_json::from_slice(&text)
-            .map_err(|e| at(format!("{LOSSES_FILE} is not a record of steps: {e}")))?;
-        if record.steps.is_empty() {
-            return Err(at(format!("{LOSSES_FILE} records no steps")));
-        }
+        let frozen = read_record(dir, LOSSES_FILE)?;
+        let here = kernels_record_file(&cpu_kernels());
+        let record = if dir.join(&here).exists() {
+            let record = read_record(dir, &here)?;
+            if record.cpu_kernels != cpu_kernels()
+                || record.checkpoint != frozen.checkpoint
+                || record.format_version != frozen.format_version
+            {
+                return Err(at(format!(
+                    "{here} records the {} kernels after {} (format {}), not the {} kernels after {} (format {}) that its name and {LOSSES_FILE} say",
+                    record.cpu_kernels,
+                    record.checkpoint,
+                    record.format_version,
+                    cpu_kernels(),
+                    frozen.checkpoint,
+                    frozen.format_version
+                )));
+            }
+            record
+        } else {
+            frozen
+        };
         Ok(Golden {
             dir: dir.to_path_buf(),
             suite,
@@ -245,27 +281,11 @@ fn recorded_version(ckpt: &Path) -> Result<u32, String> {
         .ok_or_else(|| format!("{}: no format_version", path.display()))
 }
 
-/// The matrix kernels the `gemm` crate picks on this CPU, as it picks them: `<arch> avx512f`,
-/// `<arch> fma` or `<arch> neon`, else `<arch> scalar`. Products can sum in a different order
-/// from one to another, so recorded bits hold for the kernels they were recorded with.
+/// The matrix kernels the `gemm` crate picks on this CPU (the CPU device records them in its
+/// checkpoints). Products can sum in a different order from one to another, so recorded bits
+/// hold for the kernels they were recorded with.
 fn cpu_kernels() -> String {
-    #[cfg(target_arch = "x86_64")]
-    let kernels = if std::arch::is_x86_feature_detected!("avx512f") {
-        "avx512f"
-    } else if std::arch::is_x86_feature_detected!("fma") {
-        "fma"
-    } else {
-        "scalar"
-    };
-    #[cfg(target_arch = "aarch64")]
-    let kernels = if std::arch::is_aarch64_feature_detected!("neon") {
-        "neon"
-    } else {
-        "scalar"
-    };
-    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-    let kernels = "scalar";
-    format!("{} {kernels}", std::env::consts::ARCH)
+    ckpt_engine::backend::cpu::matmul::kernels()
 }
 
 /// `dir` relative to the repository's root where it lies under it.
@@ -343,6 +363,34 @@ fn the_current_format_version_has_a_frozen_checkpoint() {
     );
 }
 
+#[test]
+fn a_frozen_execution_record_reads_back_and_a_resume_lists_what_differs_here() {
+    let g = golden("llama-fp32-environment");
+    let ckpt = g.checkpoint();
+    let saved = state_file::read(&ckpt).unwrap().state.environment;
+    let saved = saved.expect("the frozen checkpoint records its execution environment");
+    assert_eq!(
+        (saved.backend.as_str(), saved.cpu_kernels.as_deref()),
+        ("cpu", Some(g.record.cpu_kernels.as_str()))
+    );
+    let dev = CpuDevice::new(g.suite.file.threads, u64::MAX).unwrap();
+    let trainer = Trainer::resume(g.suite.train.clone(), dev.clone(), &ckpt).unwrap();
+    assert_eq!(trainer.env_changes(), saved.changes(&dev.execution_env()));
+    let here = cpu_kernels();
+    let kernels_differ = trainer
+        .env_changes()
+        .iter()
+        .any(|c| c.field == "cpu_kernels" && c.now == here);
+    assert_eq!(kernels_differ, here != g.record.cpu_kernels);
+    let old = golden("llama-fp32");
+    let dev = CpuDevice::new(old.suite.file.threads, u64::MAX).unwrap();
+    let trainer = Trainer::resume(old.suite.train.clone(), dev, &old.checkpoint()).unwrap();
+    assert!(
+        trainer.env_changes().is_empty(),
+        "a checkpoint written before the record lists nothing"
+    );
+}
+
 /// The message of a replay expected to fail.
 fn replay_error(g: &Golden, train: TrainConfig) -> String {
     match g.replay(train) {
@@ -355,6 +403,42 @@ fn assert_contains(err: &str, parts: &[&str]) {
     for p in parts {
         assert!(err.contains(p), "expected {p:?} in: {err}");
     }
+}
+
+/// Writes `record` as the record of this CPU's kernels into the frozen checkpoint copy `g`.
+fn write_kernels_record(g: &Golden, record: &Record) -> String {
+    let file = kernels_record_file(&cpu_kernels());
+    std::fs::write(g.dir.join(&file), serde_json::to_string(record).unwrap()).unwrap();
+    file
+}
+
+#[test]
+fn the_record_of_this_cpu_s_kernels_is_the_one_replayed() {
+    let (_tmp, g) = copy_of("llama-fp32");
+    let mut record = read_record(&g.dir, LOSSES_FILE).unwrap();
+    record.cpu_kernels = cpu_kernels();
+    let s = &mut record.steps[1];
+    let step = s.step;
+    let off = f32::from_bits(u32::from_str_radix(&s.loss_bits, 16).unwrap() ^ 1);
+    s.loss = off;
+    s.loss_bits = format!("{:08x}", off.to_bits());
+    let bits = s.loss_bits.clone();
+    write_kernels_record(&g, &record);
+    let g = Golden::open(&g.dir).unwrap();
+    let err = replay_error(&g, g.suite.train.clone());
+    assert_contains(&err, &[&format!("step {step}: loss"), &bits]);
+}
+
+#[test]
+fn a_kernels_record_of_other_kernels_than_its_name_is_refused() {
+    let (_tmp, g) = copy_of("llama-fp32");
+    let mut record = read_record(&g.dir, LOSSES_FILE).unwrap();
+    record.cpu_kernels = "riscv64 scalar".into();
+    let file = write_kernels_record(&g, &record);
+    let err = Golden::open(&g.dir)
+        .err()
+        .expect("a mislabelled record is refused");
+    assert_contains(&err, &[&file, "riscv64 scalar", &cpu_kernels()]);
 }
 
 #[test]
@@ -481,6 +565,54 @@ fn one_changed_byte_of_the_weights_is_caught() {
 /// `training.max_steps` recording each step in `losses.json`, and checks that the frozen copy
 /// replays them. It refuses a directory that already holds anything else: a frozen checkpoint
 /// is never regenerated.
+/// Records what this build trains after the frozen checkpoint `golden/checkpoints/$GOLDEN_RECORD`
+/// on this CPU, whose matrix kernels differ from those it was frozen with, into
+/// `losses.<kernels>.json`: from then on the test holds runs on such CPUs to it (README.md, "On
+/// another CPU"). It refuses where the frozen record's kernels are this CPU's, or a record of
+/// them exists: a record is never regenerated.
+#[test]
+#[ignore = "writes golden/checkpoints/$GOLDEN_RECORD/losses.<kernels>.json; run only on a CPU of other kernels"]
+fn record_here() {
+    let Ok(name) = std::env::var("GOLDEN_RECORD") else {
+        eprintln!("GOLDEN_RECORD is not set: nothing to record");
+        return;
+    };
+    let dir = golden_root().join(&name);
+    let frozen = read_record(&dir, LOSSES_FILE).unwrap();
+    let (here, file) = (cpu_kernels(), kernels_record_file(&cpu_kernels()));
+    assert_ne!(
+        frozen.cpu_kernels,
+        here,
+        "{} was frozen with this CPU's kernels",
+        shown(&dir)
+    );
+    assert!(
+        !dir.join(&file).exists(),
+        "{} already holds {file}: a record is never regenerated",
+        shown(&dir)
+    );
+    let suite = Suite::load(&dir.join(SUITE_FILE)).unwrap();
+    let dev = CpuDevice::new(suite.file.threads, u64::MAX).unwrap();
+    let ckpt = dir.join(&frozen.checkpoint);
+    let mut trainer = Trainer::resume(suite.train.clone(), dev, &ckpt).unwrap();
+    let steps = frozen
+        .steps
+        .iter()
+        .map(|_| StepRecord::of(&trainer.step().unwrap()))
+        .collect();
+    let record = Record {
+        cpu_kernels: here,
+        steps,
+        ..frozen
+    };
+    let mut json = serde_json::to_string_pretty(&record).unwrap();
+    json.push('\n');
+    std::fs::write(dir.join(&file), json).unwrap();
+    let g = Golden::open(&dir).unwrap();
+    g.replay(g.suite.train.clone()).unwrap();
+    eprintln!("recorded {}/{file}", shown(&dir));
+}
+
 #[test]
 #[ignore = "writes golden/checkpoints/$GOLDEN_FREEZE; run only to add a frozen checkpoint"]
 fn freeze() {

@@ -277,8 +277,8 @@ pub fn fingerprint(identity: &serde_json::Value) -> String {
 
 #[cfg(all(test, unix))]
 mod tests {
-    use super::testing::save_step;
-    use super::{entries_digest, resolve, Entry, LATEST_FILE};
+    use super::testing::{environment, save_step};
+    use super::{entries_digest, resolve, state_file, Entry, LATEST_FILE};
     use safetensors::Dtype;
     use std::borrow::Cow;
     use std::os::unix::fs::PermissionsExt;
@@ -351,6 +351,25 @@ mod tests {
                 "{name:?}: {e}"
             );
         }
+    }
+
+    #[test]
+    fn the_execution_record_reads_back_from_a_saved_checkpoint() {
+        let tmp = tempfile::tempdir().unwrap();
+        let saved = save_step(&tmp.path().join("run"), 1);
+        let state = state_file::read(&saved).unwrap().state;
+        assert_eq!(state.environment, Some(environment()));
+    }
+
+    #[test]
+    fn a_state_written_before_the_execution_record_reads_without_one() {
+        let frozen = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../golden/checkpoints/llama-fp32/step-00000004");
+        let text = std::fs::read_to_string(frozen.join(super::STATE_FILE)).unwrap();
+        assert!(!text.contains("environment"), "written before it was kept");
+        let read = state_file::read(&frozen).unwrap();
+        assert!(read.protected);
+        assert_eq!(read.state.environment, None);
     }
 
     #[test]

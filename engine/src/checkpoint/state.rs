@@ -2,6 +2,7 @@
 //! to, and the size and checksums of every other file.
 
 use crate::data::LoaderState;
+use crate::environment::ExecutionEnv;
 use crate::optim::Schedule;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -64,6 +65,10 @@ pub struct TrainerState {
     /// The configuration that must match for a resume: model, precision, optimizer, schedule,
     /// data and batch shape.
     pub identity: serde_json::Value,
+    /// What bitwise resume depends on, as the device that saved the checkpoint reported it
+    /// (absent in checkpoints written before it was recorded; see [`crate::environment`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment: Option<ExecutionEnv>,
     /// Every other file of the checkpoint.
     pub files: BTreeMap<String, FileRecord>,
 }

@@ -2,6 +2,7 @@
 
 use super::state::{RngState, ScheduleState, TrainerState, FORMAT_VERSION};
 use super::{fingerprint, save, SaveRequest};
+use crate::environment::ExecutionEnv;
 use crate::model::LlamaConfig;
 use crate::optim::Schedule;
 use std::path::{Path, PathBuf};
@@ -13,6 +14,14 @@ pub(crate) fn config() -> LlamaConfig {
             "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 8}"#,
     )
     .unwrap()
+}
+
+/// The execution record of these checkpoints.
+pub(crate) fn environment() -> ExecutionEnv {
+    ExecutionEnv {
+        cpu_kernels: Some("x86_64 fma".into()),
+        ..ExecutionEnv::new("cpu")
+    }
 }
 
 /// Saves the checkpoint of `step` into `run` and returns its directory.
@@ -32,6 +41,7 @@ pub(crate) fn save_step(run: &Path, step: u64) -> PathBuf {
         rng: RngState::default(),
         fingerprint: fingerprint(&identity),
         identity,
+        environment: Some(environment()),
         files: Default::default(),
     };
     let req = SaveRequest {

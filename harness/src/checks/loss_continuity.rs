@@ -1,9 +1,11 @@
 //! `loss_continuity`: every resumed step equals the reference step of the same index: loss,
-//! learning rate and gradient norm, bit for bit or within a tolerance.
+//! learning rate and gradient norm, bit for bit or within a tolerance. A mismatch in a phase that
+//! resumed in another execution environment than its checkpoint's names what differed.
 
 use super::{Check, Failure, Outcome};
-use crate::phases::{Phase, RunRecord};
+use crate::phases::{Phase, PhaseRecord, RunRecord};
 use crate::suite::Continuity;
+use ckpt_engine::environment;
 
 fn same(c: Continuity, want: f64, got: f64, bits_equal: bool) -> bool {
     match c {
@@ -24,6 +26,18 @@ fn describe(c: Continuity, want: f64) -> String {
     }
 }
 
+/// What a mismatch's detail adds when `phase` resumed in another execution environment than
+/// its checkpoint's: the fields that differ, saved → now. Empty otherwise.
+fn environment_note(phase: &PhaseRecord) -> String {
+    if phase.env_changes.is_empty() {
+        return String::new();
+    }
+    format!(
+        "; the resume ran in another execution environment than the checkpoint's: {}",
+        environment::describe(&phase.env_changes)
+    )
+}
+
 /// Compares every resumed step with the reference under `c`; `compared` counts the resumed
 /// steps.
 pub fn check(r: &RunRecord, c: Continuity) -> Outcome {
@@ -36,6 +50,7 @@ pub fn check(r: &RunRecord, c: Continuity) -> Outcome {
     let mut compared = 0u64;
     let mut max_loss_diff = 0f64;
     for phase in r.phases.iter().filter(|p| p.phase != Phase::Reference) {
+        let note = environment_note(phase);
         for s in &phase.steps {
             let fail = |what: &str| {
                 Failure::new(Check::LossContinuity, r, what)
@@ -68,7 +83,7 @@ pub fn check(r: &RunRecord, c: Continuity) -> Outcome {
                     out.push(
                         fail(name)
                             .saw(describe(c, w), format!("{g:e}"))
-                            .detail(format!("off by {:e}", (g - w).abs())),
+                            .detail(format!("off by {:e}{note}", (g - w).abs())),
                     );
                 }
             }
@@ -91,6 +106,7 @@ mod tests {
     use super::*;
     use crate::checks::fixtures;
     use crate::suite::Tolerance;
+    use ckpt_engine::EnvChange;
     use proptest::prelude::*;
 
     fn with_resumed_loss(loss: f32) -> RunRecord {
@@ -112,6 +128,42 @@ mod tests {
             m.starts_with("loss_continuity: cpu::s resume-mid step 2: loss: expected 3.75e0 bit for bit, got 3.7500002"),
             "{m}"
         );
+    }
+
+    fn resumed_elsewhere(mut r: RunRecord) -> RunRecord {
+        r.phases[1].env_changes = vec![EnvChange {
+            field: "cpu_kernels".into(),
+            saved: "x86_64 avx512f".into(),
+            now: "x86_64 fma".into(),
+        }];
+        r
+    }
+
+    #[test]
+    fn a_mismatch_after_a_resume_elsewhere_names_what_differed() {
+        let want = fixtures::step(2).loss;
+        let one_ulp = f32::from_bits(want.to_bits() + 1);
+        let o = check(
+            &resumed_elsewhere(with_resumed_loss(one_ulp)),
+            Continuity::Bitwise,
+        );
+        assert_eq!(o.failures.len(), 1);
+        let m = o.failures[0].to_string();
+        assert!(
+            m.ends_with("; the resume ran in another execution environment than the checkpoint's: cpu_kernels: x86_64 avx512f → x86_64 fma"),
+            "{m}"
+        );
+        let o = check(&with_resumed_loss(one_ulp), Continuity::Bitwise);
+        let m = o.failures[0].to_string();
+        assert!(!m.contains("environment"), "{m}");
+    }
+
+    #[test]
+    fn a_resume_elsewhere_without_a_mismatch_changes_nothing() {
+        let faithful = check(&fixtures::run(), Continuity::Bitwise);
+        let elsewhere = check(&resumed_elsewhere(fixtures::run()), Continuity::Bitwise);
+        assert!(!elsewhere.failed());
+        assert_eq!(elsewhere, faithful);
     }
 
     #[test]

@@ -7,6 +7,7 @@ use crate::backend::{cpu, cuda};
 use crate::device::{
     AdamWArgs, AttnShape, Device, DeviceKind, DeviceTensor, Operand, Out, StepPhase,
 };
+use crate::environment::ExecutionEnv;
 use crate::error::{try_vec, EngineError, Result};
 use crate::memory::{Breakdown, Category, Lease, MemoryTracker};
 use crate::model::dropout::DropoutMask;
@@ -253,6 +254,11 @@ impl Device for CountingDevice {
 
     fn host(&self) -> MemoryTracker {
         MemoryTracker::new(0)
+    }
+
+    /// The counting device computes nothing: no fact of a machine bears on its figures.
+    fn execution_env(&self) -> ExecutionEnv {
+        ExecutionEnv::new("count")
     }
 
     fn enter(&self, phase: StepPhase) {

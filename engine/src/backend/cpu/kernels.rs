@@ -5,7 +5,8 @@
 
 use super::math::convert;
 use super::{attention, math, matmul, CpuDevice, CpuRope};
-use crate::device::{AdamWArgs, AttnShape, Device, Operand, Out};
+use crate::device::{AdamWArgs, AttnShape, Device, DeviceKind, Operand, Out};
+use crate::environment::ExecutionEnv;
 use crate::error::Result;
 use crate::memory::{Category, MemoryTracker};
 use crate::model::dropout::DropoutMask;
@@ -47,6 +48,14 @@ impl Device for CpuDevice {
 
     fn host(&self) -> MemoryTracker {
         CpuDevice::tracker(self).clone()
+    }
+
+    /// The backend and its matrix kernels; not the thread count, which results do not depend on.
+    fn execution_env(&self) -> ExecutionEnv {
+        ExecutionEnv {
+            cpu_kernels: Some(matmul::kernels()),
+            ..ExecutionEnv::new(DeviceKind::Cpu.name())
+        }
     }
 
     fn zeros<E: Elem>(&self, shape: &[usize], category: Category) -> Result<Tensor<E>> {

@@ -113,6 +113,30 @@ fn strides(transposed: bool, cols: usize, rows: usize) -> (isize, isize) {
     }
 }
 
+/// The matrix kernels `gemm` picks on this CPU, as it picks them: `<arch> avx512f`,
+/// `<arch> fma` or `<arch> neon`, else `<arch> scalar`. Some small products (those it computes
+/// as dot products across SIMD lanes) sum in another order with another lane width, so the bits
+/// of a run hold for the kernels it ran with.
+pub fn kernels() -> String {
+    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+    let kernels = if std::arch::is_x86_feature_detected!("avx512f") {
+        "avx512f"
+    } else if std::arch::is_x86_feature_detected!("fma") {
+        "fma"
+    } else {
+        "scalar"
+    };
+    #[cfg(target_arch = "aarch64")]
+    let kernels = if std::arch::is_aarch64_feature_detected!("neon") {
+        "neon"
+    } else {
+        "scalar"
+    };
+    #[cfg(not(any(target_arch = "x86", target_arch = "x86_64", target_arch = "aarch64")))]
+    let kernels = "scalar";
+    format!("{} {kernels}", std::env::consts::ARCH)
+}
+
 /// The single call into `gemm`: `c = (accumulate ? c : 0) + a·b`, all f32 and row-major `c`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm_f32(

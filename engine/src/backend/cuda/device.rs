@@ -1,8 +1,9 @@
 //! The CUDA device: a context and one stream, the device's default memory pool, a cuBLAS handle,
 //! the compiled kernels, and the tracker that counts every byte handed out.
 
-use super::nvrtc;
 use super::tensor::{Buffer, CudaTensor};
+use super::{env, nvrtc};
+use crate::environment::ExecutionEnv;
 use crate::error::{EngineError, Result};
 use crate::memory::{Category, MemoryTracker, OutOfMemory};
 use crate::tensor::{Elem, Tensor};
@@ -75,6 +76,7 @@ struct Inner {
     staging: MemoryTracker,
     name: String,
     tensor_core_attention: bool,
+    env: ExecutionEnv,
 }
 
 // SAFETY: the pool is a driver handle usable from any thread once the context is current (every
@@ -146,8 +148,7 @@ impl CudaDevice {
             )
         }
         .map_err(cuda_err("setting the pool's release threshold"))?;
-        let cubin =
-            nvrtc::cubin(&name, &format!("sm_{major}{minor}")).map_err(EngineError::Cuda)?;
+        let cubin = nvrtc::cubin(&name, &env::arch(major, minor)).map_err(EngineError::Cuda)?;
         let module = ctx
             .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
             .map_err(cuda_err("loading the kernels"))?;
@@ -165,6 +166,7 @@ impl CudaDevice {
                 .result()
                 .map_err(blas_err("cublasSetMathMode"))?;
         }
+        let env = env::record(&ctx, &name, (major, minor), handle, tensor_core_attention)?;
         Ok(CudaDevice {
             inner: Arc::new(Inner {
                 blas: Mutex::new(blas_handle),
@@ -177,6 +179,7 @@ impl CudaDevice {
                 staging: MemoryTracker::new(crate::memory::host_available().unwrap_or(u64::MAX)),
                 name,
                 tensor_core_attention,
+                env,
             }),
         })
     }
@@ -195,6 +198,11 @@ impl CudaDevice {
     /// capability 8.0 or later) and `CKPT_CUDA_ATTENTION` does not ask for the tiled kernels.
     pub fn uses_tensor_core_attention(&self) -> bool {
         self.inner.tensor_core_attention
+    }
+
+    /// What the device's results depend on: the GPU, the driver, NVRTC, cuBLAS and the kernels.
+    pub fn execution_env(&self) -> ExecutionEnv {
+        self.inner.env.clone()
     }
 
     /// The tracker of the host tensors read or drawn before they are uploaded.

@@ -10,6 +10,7 @@ use super::device::CudaDevice;
 use super::gemm;
 use super::tensor::{from_bytes, Buffer, CudaTensor};
 use crate::device::{AdamWArgs, AttnShape, Device, DeviceTensor, Operand, Out};
+use crate::environment::ExecutionEnv;
 use crate::error::{EngineError, Result};
 use crate::memory::{Category, MemoryTracker};
 use crate::model::dropout::{DropoutMask, DRAW_SHIFT};
@@ -130,6 +131,10 @@ impl Device for CudaDevice {
 
     fn host(&self) -> MemoryTracker {
         self.staging().clone()
+    }
+
+    fn execution_env(&self) -> ExecutionEnv {
+        CudaDevice::execution_env(self)
     }
 
     fn zeros<E: Elem>(&self, shape: &[usize], category: Category) -> Result<CudaTensor<E>> {

@@ -7,6 +7,7 @@
 
 mod attention;
 mod device;
+mod env;
 mod gemm;
 mod kernels;
 pub mod nvrtc;

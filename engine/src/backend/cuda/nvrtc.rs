@@ -1,8 +1,9 @@
 //! The kernel source compiled by NVRTC to a cubin at first use, and cached on disk.
 //!
-//! The cache key is the sha256 of the source, the options, the device name, the architecture and
-//! NVRTC's version; the cache lives in `$CKPT_HARNESS_CACHE`, else `$XDG_CACHE_HOME/ckpt-harness`,
-//! else `~/.cache/ckpt-harness`. A cache that cannot be read or written only costs a compile.
+//! The cache key is the sha256 of the source and the options ([`kernel_sha256`]), the device
+//! name, the architecture and NVRTC's version; the cache lives in `$CKPT_HARNESS_CACHE`, else
+//! `$XDG_CACHE_HOME/ckpt-harness`, else `~/.cache/ckpt-harness`. A cache that cannot be read or
+//! written only costs a compile.
 
 use cudarc::nvrtc::{result, sys};
 use sha2::{Digest, Sha256};
@@ -90,22 +91,34 @@ fn compile_program(prog: sys::nvrtcProgram, arch: &str) -> Result<Vec<u8>, Strin
     Ok(cubin)
 }
 
+/// sha256 of `parts`, each prefixed with its length, in hex.
+fn digest(parts: &[&str]) -> String {
+    let mut h = Sha256::new();
+    for part in parts {
+        h.update((part.len() as u64).to_le_bytes());
+        h.update(part.as_bytes());
+    }
+    format!("{:x}", h.finalize())
+}
+
+/// sha256 of [`SOURCE`] and the NVRTC options for `arch`, in hex: what the kernels are compiled
+/// from, besides the compiler. A device's execution record holds it, and the cache key starts
+/// with it.
+pub fn kernel_sha256(arch: &str) -> String {
+    digest(&[SOURCE, &options(arch).join(" ")])
+}
+
 /// The cubin for `arch` on the device called `device`: from the disk cache, or compiled (and
 /// then stored in the cache when it can be).
 pub fn cubin(device: &str, arch: &str) -> Result<Vec<u8>, String> {
     let (major, minor) = version()?;
-    let mut h = Sha256::new();
-    for part in [
-        SOURCE,
-        &options(arch).join(" "),
+    let key = digest(&[
+        &kernel_sha256(arch),
         device,
         arch,
         &format!("nvrtc {major}.{minor}"),
-    ] {
-        h.update((part.len() as u64).to_le_bytes());
-        h.update(part.as_bytes());
-    }
-    let file = cache_dir().map(|d| d.join(format!("kernels-{:x}.cubin", h.finalize())));
+    ]);
+    let file = cache_dir().map(|d| d.join(format!("kernels-{key}.cubin")));
     if let Some(bytes) = file.as_ref().and_then(|f| std::fs::read(f).ok()) {
         return Ok(bytes);
     }
