@@ -210,7 +210,7 @@ mod tests {
             ..ExecutionEnv::new("cpu")
         };
         let changes = cpu.changes(&cuda());
-        assert_eq!(changes.len(), 9, "{changes:?}");
+        assert_eq!(changes.len(), 10, "{changes:?}");
         assert_eq!(changes[0].to_string(), "backend: cpu → cuda");
         assert_eq!(
             changes[1].to_string(),
