@@ -16,18 +16,31 @@ if ! "$python" -c "import torch" >/dev/null 2>&1; then
     echo "memory_viz.sh: $python cannot import torch; the snapshots under $dir were not rendered"
     exit 0
 fi
-status=0 count=0
-while IFS= read -r -d '' snapshot; do
-    count=$((count + 1))
-    base="${snapshot%.pickle}"
-    if "$python" -m torch.cuda._memory_viz trace_plot "$snapshot" -o "$base.html" &&
-        "$python" -m torch.cuda._memory_viz stats "$snapshot" >"$base.stats.txt" &&
-        "$python" -m torch.cuda._memory_viz trace "$snapshot" >"$base.trace.txt"; then
-        echo "ok      $snapshot"
-    else
-        echo "FAILED  $snapshot" >&2
-        status=1
-    fi
-done < <(find "$dir" -name '*.pickle' -print0 | sort -z)
-echo "memory_viz.sh: $count snapshots read by torch $("$python" -c 'import torch; print(torch.__version__)')"
-exit "$status"
+# One interpreter for every snapshot: the functions the module's command line calls for
+# `trace_plot`, `stats` and `trace`, in that order (importing torch once per snapshot and
+# command would take most of the time).
+"$python" - "$dir" <<'PY'
+import pickle
+import sys
+from pathlib import Path
+
+import torch
+from torch.cuda import _memory_viz as viz
+
+snapshots = sorted(Path(sys.argv[1]).rglob("*.pickle"))
+failed = 0
+for snapshot in snapshots:
+    base = snapshot.with_suffix("")
+    try:
+        with open(snapshot, "rb") as f:
+            data = pickle.load(f)
+        base.with_suffix(".html").write_text(viz.trace_plot(data))
+        base.with_suffix(".stats.txt").write_text(viz.segsum(data) + "\n")
+        base.with_suffix(".trace.txt").write_text(viz.trace(data) + "\n")
+        print(f"ok      {snapshot}")
+    except Exception as e:
+        failed += 1
+        print(f"FAILED  {snapshot}: {e!r}", file=sys.stderr)
+print(f"memory_viz.sh: {len(snapshots)} snapshots read by torch {torch.__version__}")
+sys.exit(1 if failed else 0)
+PY

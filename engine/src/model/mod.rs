@@ -111,6 +111,10 @@ pub struct PassOutput {
     /// step of several micro-batches, each block's list holds the micro-batches' counts one after
     /// the other.
     pub tokens_per_expert: Vec<Vec<u32>>,
+    /// Each block's experts chosen for each token (`[rows, top_k]`, highest probability first;
+    /// empty for a dense block), as [`PassOutput::tokens_per_expert`] for several micro-batches:
+    /// where two routings with the same counts differ.
+    pub experts_chosen: Vec<Vec<u32>>,
     /// Labels counted.
     pub tokens: usize,
     /// Blocks that recomputed activations (all of them, or the cheap part) during backward; for
@@ -306,11 +310,13 @@ impl<D: Device> Model<D> {
         let mut saved = Vec::with_capacity(p.layers.len());
         let mut balance = LoadBalance::default();
         let mut tokens_per_expert = Vec::new();
+        let mut experts_chosen = Vec::new();
         for (l, layer) in p.layers.iter().enumerate() {
             let (out, acts) = block::forward(BlockCtx { layer: l, ..ctx }, (w, layer), &x)?;
             if let Some(moe) = &self.cfg.moe {
                 let routing = acts.routing();
                 tokens_per_expert.push(routing.map_or_else(Vec::new, |r| r.tokens_per_expert()));
+                experts_chosen.push(routing.map_or_else(Vec::new, |r| r.chosen().to_vec()));
                 if let Some(r) = routing {
                     balance.add(r);
                 }
@@ -384,6 +390,7 @@ impl<D: Device> Model<D> {
             ce_sum: loss.sum,
             aux,
             tokens_per_expert,
+            experts_chosen,
             tokens: loss.tokens,
             recomputed_blocks,
         };
@@ -404,19 +411,25 @@ impl<D: Device> Model<D> {
         let ce = (ce_sum * mean_scale(tokens) as f64) as f32;
         let auxes: Vec<f64> = passes.iter().filter_map(|p| p.aux).collect();
         let aux = (!auxes.is_empty()).then(|| auxes.iter().sum::<f64>() / auxes.len() as f64);
-        let mut tokens_per_expert: Vec<Vec<u32>> = Vec::new();
-        for p in &passes {
-            tokens_per_expert.resize(p.tokens_per_expert.len(), Vec::new());
-            for (all, counts) in tokens_per_expert.iter_mut().zip(&p.tokens_per_expert) {
-                all.extend(counts);
+        let concat = |of: fn(&PassOutput) -> &Vec<Vec<u32>>| {
+            let mut blocks: Vec<Vec<u32>> = Vec::new();
+            for p in &passes {
+                blocks.resize(of(p).len(), Vec::new());
+                for (all, values) in blocks.iter_mut().zip(of(p)) {
+                    all.extend(values);
+                }
             }
-        }
+            blocks
+        };
+        let tokens_per_expert = concat(|p| &p.tokens_per_expert);
+        let experts_chosen = concat(|p| &p.experts_chosen);
         PassOutput {
             loss: (ce as f64 + coef * aux.unwrap_or(0.0)) as f32,
             ce,
             ce_sum,
             aux,
             tokens_per_expert,
+            experts_chosen,
             tokens,
             recomputed_blocks: passes
                 .iter()

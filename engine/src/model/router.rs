@@ -124,6 +124,11 @@ impl Routing {
         self.chosen.len() / self.spec.top_k
     }
 
+    /// `[rows, top_k]`: each row's experts, highest probability first.
+    pub fn chosen(&self) -> &[u32] {
+        &self.chosen
+    }
+
     /// How many rows each expert got.
     pub fn tokens_per_expert(&self) -> Vec<u32> {
         let mut counts = vec![0; self.spec.experts];
