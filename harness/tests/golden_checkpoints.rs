@@ -560,11 +560,16 @@ fn one_changed_byte_of_the_weights_is_caught() {
     assert_contains(&err, &["llama-fp32", "step 4: loss"]);
 }
 
-/// Freezes `golden/checkpoints/$GOLDEN_FREEZE/` from the `suite.yaml` written there: trains
-/// `training.resume_from` steps on the CPU, copies the checkpoint saved then, trains on to
-/// `training.max_steps` recording each step in `losses.json`, and checks that the frozen copy
-/// replays them. It refuses a directory that already holds anything else: a frozen checkpoint
-/// is never regenerated.
+/// Writes `record` as `file` of the frozen checkpoint in `dir` and checks that the checkpoint
+/// replays it here.
+fn write_record(dir: &Path, file: &str, record: &Record) {
+    let mut json = serde_json::to_string_pretty(record).unwrap();
+    json.push('\n');
+    std::fs::write(dir.join(file), json).unwrap();
+    let g = Golden::open(dir).unwrap();
+    g.replay(g.suite.train.clone()).unwrap();
+}
+
 /// Records what this build trains after the frozen checkpoint `golden/checkpoints/$GOLDEN_RECORD`
 /// on this CPU, whose matrix kernels differ from those it was frozen with, into
 /// `losses.<kernels>.json`: from then on the test holds runs on such CPUs to it (README.md, "On
@@ -605,14 +610,15 @@ fn record_here() {
         steps,
         ..frozen
     };
-    let mut json = serde_json::to_string_pretty(&record).unwrap();
-    json.push('\n');
-    std::fs::write(dir.join(&file), json).unwrap();
-    let g = Golden::open(&dir).unwrap();
-    g.replay(g.suite.train.clone()).unwrap();
+    write_record(&dir, &file, &record);
     eprintln!("recorded {}/{file}", shown(&dir));
 }
 
+/// Freezes `golden/checkpoints/$GOLDEN_FREEZE/` from the `suite.yaml` written there: trains
+/// `training.resume_from` steps on the CPU, copies the checkpoint saved then, trains on to
+/// `training.max_steps` recording each step in `losses.json`, and checks that the frozen copy
+/// replays them. It refuses a directory that already holds anything else: a frozen checkpoint
+/// is never regenerated.
 #[test]
 #[ignore = "writes golden/checkpoints/$GOLDEN_FREEZE; run only to add a frozen checkpoint"]
 fn freeze() {
@@ -652,10 +658,6 @@ fn freeze() {
         cpu_kernels: cpu_kernels(),
         steps,
     };
-    let mut json = serde_json::to_string_pretty(&record).unwrap();
-    json.push('\n');
-    std::fs::write(dir.join(LOSSES_FILE), json).unwrap();
-    let g = Golden::open(&dir).unwrap();
-    g.replay(g.suite.train.clone()).unwrap();
+    write_record(&dir, LOSSES_FILE, &record);
     eprintln!("froze {}", shown(&dir));
 }

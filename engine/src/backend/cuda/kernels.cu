@@ -679,11 +679,16 @@ __device__ void tc_own_rows(u32 f[KD][4], const bf16* src, u32 b, u32 r0, u64 wi
     __syncthreads();
 }
 
+// Zeroes N C fragments.
+template <int N> __device__ __forceinline__ void tc_clear(float acc[N][4]) {
+    for (int n = 0; n < N; ++n)
+        for (int e = 0; e < 4; ++e) acc[n][e] = 0.0f;
+}
+
 // acc = A * tile^T: the warp's 16 rows (fragments `a`) against each of the tile's NS rows.
 template <int KD, int NT>
 __device__ __forceinline__ void tc_scores(float acc[NT][4], const u32 a[KD][4], const bf16* tile) {
-    for (int n = 0; n < NT; ++n)
-        for (int e = 0; e < 4; ++e) acc[n][e] = 0.0f;
+    tc_clear<NT>(acc);
     for (int kc = 0; kc < KD; ++kc)
         for (int n = 0; n < NT; n += 2) {
             u32 f[4];
@@ -714,13 +719,17 @@ __device__ __forceinline__ void tc_accumulate(float acc[2 * KD][4], const float 
 // The column of element e of C fragment n within its tile.
 __device__ __forceinline__ u32 tc_col(int n, int e) { return n * 8 + threadIdx.x % 4 * 2 + (e & 1); }
 
+// The row of this thread's half `half` (elements 2 half and 2 half + 1 of every C fragment) of
+// the warp's 16 rows from row0.
+__device__ __forceinline__ u32 tc_row(u32 row0, int half) { return row0 + threadIdx.x % 32 / 4 + half * 8; }
+
 // Writes this thread's part of the warp's 16 rows `row0 + ...` of `acc` times `mul[row]`, where
 // those rows are below `a.seq`, into the head columns [col, col + D) of `dst`.
 template <int KD>
 __device__ void tc_store(bf16* dst, const float acc[2 * KD][4], const float mul[2], u32 b, u32 row0, u64 width,
                          u64 col, Attn a) {
     for (int r = 0; r < 2; ++r) {
-        u32 i = row0 + threadIdx.x % 32 / 4 + r * 8;
+        u32 i = tc_row(row0, r);
         if (i >= a.seq) continue;
         bf16* row = dst + ((u64)b * a.seq + i) * width + col;
         for (int n = 0; n < 2 * KD; ++n) {
@@ -757,7 +766,7 @@ __device__ void attn_tc_fwd(const bf16* q, const bf16* k, const bf16* v, bf16* o
     const u32 D = KD * 16, NS = NT * 8, tile = NS * (D + TC_PAD);
     if (a.d != D || a.bc != NS) __trap();
     bf16* buf = (bf16*)dyn;
-    u32 lane = threadIdx.x % 32, i0 = blockIdx.x * TC_ROWS, h = blockIdx.y, b = blockIdx.z;
+    u32 i0 = blockIdx.x * TC_ROWS, h = blockIdx.y, b = blockIdx.z;
     u32 g = h / (a.heads / a.kv_heads), row0 = i0 + threadIdx.x / 32 * 16;
     u64 qw = (u64)a.heads * D, kw = (u64)a.kv_heads * D;
     u32 qf[KD][4];
@@ -765,8 +774,7 @@ __device__ void attn_tc_fwd(const bf16* q, const bf16* k, const bf16* v, bf16* o
     const float NEG_INF = -__int_as_float(0x7f800000);
     float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f};
     float o[2 * KD][4];
-    for (int n = 0; n < 2 * KD; ++n)
-        for (int e = 0; e < 4; ++e) o[n][e] = 0.0f;
+    tc_clear<2 * KD>(o);
     u32 tiles = (min(i0 + TC_ROWS, a.seq) - 1) / NS + 1;
     auto load = [&](u32 t, bf16* dst) { tc_load_pair(k, v, b, t * NS, NS, kw, (u64)g * D, D, a, dst); };
     auto use = [&](u32 t, const bf16* ks) {
@@ -775,7 +783,7 @@ __device__ void attn_tc_fwd(const bf16* q, const bf16* k, const bf16* v, bf16* o
         float mt[2] = {m[0], m[1]};
         for (int n = 0; n < NT; ++n)
             for (int e = 0; e < 4; ++e) {
-                u32 i = row0 + lane / 4 + (e >> 1) * 8, j = t * NS + tc_col(n, e);
+                u32 i = tc_row(row0, e >> 1), j = t * NS + tc_col(n, e);
                 s[n][e] = j <= i ? a.scale * s[n][e] : NEG_INF;
                 mt[e >> 1] = fmaxf(mt[e >> 1], s[n][e]);
             }
@@ -803,8 +811,8 @@ __device__ void attn_tc_fwd(const bf16* q, const bf16* k, const bf16* v, bf16* o
         l[r] += warp_xor(l[r], 1);
         l[r] += warp_xor(l[r], 2);
         inv[r] = 1.0f / l[r];
-        u32 i = row0 + lane / 4 + r * 8;
-        if (i < a.seq && lane % 4 == 0) lse[((u64)b * a.heads + h) * a.seq + i] = m[r] + logf(l[r]);
+        u32 i = tc_row(row0, r);
+        if (i < a.seq && threadIdx.x % 4 == 0) lse[((u64)b * a.heads + h) * a.seq + i] = m[r] + logf(l[r]);
     }
     tc_store<KD>(out, o, inv, b, row0, qw, (u64)h * D, a);
 }
@@ -819,7 +827,7 @@ __device__ void attn_tc_dq(const bf16* q, const bf16* k, const bf16* v, const bf
     const u32 D = KD * 16, NS = NT * 8, tile = NS * (D + TC_PAD);
     if (a.d != D || a.bc != NS) __trap();
     bf16* buf = (bf16*)dyn;
-    u32 lane = threadIdx.x % 32, i0 = blockIdx.x * TC_ROWS, h = blockIdx.y, b = blockIdx.z;
+    u32 i0 = blockIdx.x * TC_ROWS, h = blockIdx.y, b = blockIdx.z;
     u32 g = h / (a.heads / a.kv_heads), row0 = i0 + threadIdx.x / 32 * 16;
     u64 qw = (u64)a.heads * D, kw = (u64)a.kv_heads * D;
     u32 qf[KD][4], df[KD][4];
@@ -827,14 +835,13 @@ __device__ void attn_tc_dq(const bf16* q, const bf16* k, const bf16* v, const bf
     tc_own_rows<KD>(df, dout, b, i0, qw, (u64)h * D, a, buf);
     float lse_r[2], delta_r[2];
     for (int r = 0; r < 2; ++r) {
-        u32 i = row0 + lane / 4 + r * 8;
+        u32 i = tc_row(row0, r);
         u64 bhi = ((u64)b * a.heads + h) * a.seq + i;
         lse_r[r] = i < a.seq ? lse[bhi] : 0.0f;
         delta_r[r] = i < a.seq ? delta[bhi] : 0.0f;
     }
     float acc[2 * KD][4];
-    for (int n = 0; n < 2 * KD; ++n)
-        for (int e = 0; e < 4; ++e) acc[n][e] = 0.0f;
+    tc_clear<2 * KD>(acc);
     u32 tiles = (min(i0 + TC_ROWS, a.seq) - 1) / NS + 1;
     auto load = [&](u32 t, bf16* dst) { tc_load_pair(k, v, b, t * NS, NS, kw, (u64)g * D, D, a, dst); };
     auto use = [&](u32 t, const bf16* ks) {
@@ -843,7 +850,7 @@ __device__ void attn_tc_dq(const bf16* q, const bf16* k, const bf16* v, const bf
         tc_scores<KD, NT>(dp, df, ks + tile);
         for (int n = 0; n < NT; ++n)
             for (int e = 0; e < 4; ++e) {
-                u32 i = row0 + lane / 4 + (e >> 1) * 8, j = t * NS + tc_col(n, e);
+                u32 i = tc_row(row0, e >> 1), j = t * NS + tc_col(n, e);
                 int r = e >> 1;
                 s[n][e] = j <= i && i < a.seq ? score_grad(s[n][e], dp[n][e], lse_r[r], delta_r[r], a.scale).ds : 0.0f;
             }
@@ -866,15 +873,15 @@ __device__ void attn_tc_dkv(const bf16* q, const bf16* k, const bf16* v, const b
     const u32 D = KD * 16, NS = NT * 8, tile = NS * (D + TC_PAD);
     if (a.d != D || a.bc != NS) __trap();
     bf16* buf = (bf16*)dyn;
-    u32 lane = threadIdx.x % 32, j0 = blockIdx.x * TC_ROWS, g = blockIdx.y, b = blockIdx.z;
+    u32 j0 = blockIdx.x * TC_ROWS, g = blockIdx.y, b = blockIdx.z;
     u32 group = a.heads / a.kv_heads, row0 = j0 + threadIdx.x / 32 * 16;
     u64 qw = (u64)a.heads * D, kw = (u64)a.kv_heads * D;
     u32 kf[KD][4], vf[KD][4];
     tc_own_rows<KD>(kf, k, b, j0, kw, (u64)g * D, a, buf);
     tc_own_rows<KD>(vf, v, b, j0, kw, (u64)g * D, a, buf);
     float ak[2 * KD][4], av[2 * KD][4];
-    for (int n = 0; n < 2 * KD; ++n)
-        for (int e = 0; e < 4; ++e) ak[n][e] = av[n][e] = 0.0f;
+    tc_clear<2 * KD>(ak);
+    tc_clear<2 * KD>(av);
     u32 first = j0 / NS * NS, per_head = (a.seq - first + NS - 1) / NS;
     auto load = [&](u32 t, bf16* dst) {
         u32 h = g * group + t / per_head;
@@ -887,7 +894,7 @@ __device__ void attn_tc_dkv(const bf16* q, const bf16* k, const bf16* v, const b
         tc_scores<KD, NT>(ds, vf, qs + tile);
         for (int n = 0; n < NT; ++n)
             for (int e = 0; e < 4; ++e) {
-                u32 j = row0 + lane / 4 + (e >> 1) * 8, i = i0 + tc_col(n, e);
+                u32 j = tc_row(row0, e >> 1), i = i0 + tc_col(n, e);
                 ScoreGrad pd = {0.0f, 0.0f};
                 if (i < a.seq && i >= j) {
                     u64 bhi = ((u64)b * a.heads + h) * a.seq + i;

@@ -108,10 +108,10 @@ impl CudaDevice {
         self.launch(name, blocks(n)?, BLOCK, 0, args)
     }
 
-    /// The key rows the tensor-core attention kernels stream at a time for `s`, where they
-    /// run: bf16 storage where [`CudaDevice::uses_tensor_core_attention`], a head width they have kernels for,
-    /// and `pointers` (the tensors' data) aligned to the 16 bytes a `cp.async` copies.
-    fn tensor_core_keys<E: Elem>(&self, s: AttnShape, pointers: &[u64]) -> Option<usize> {
+    /// The rows the tensor-core attention kernels stream at a time for `s`, where they run:
+    /// bf16 storage where [`CudaDevice::uses_tensor_core_attention`], a head width they have
+    /// kernels for, and `pointers` (the tensors' data) aligned to the 16 bytes of a `cp.async`.
+    fn tensor_core_tile<E: Elem>(&self, s: AttnShape, pointers: &[u64]) -> Option<usize> {
         let usable = E::DTYPE == DType::Bf16
             && self.uses_tensor_core_attention()
             && pointers.iter().all(|p| p % 16 == 0);
@@ -457,7 +457,7 @@ impl Device for CudaDevice {
     ) -> Result<()> {
         check_attention(s)?;
         let (qp, kp, vp, op, lp) = (q.ptr(), k.ptr(), v.ptr(), out.ptr(), lse.ptr());
-        if let Some(keys) = self.tensor_core_keys::<E>(s, &[qp, kp, vp, op]) {
+        if let Some(keys) = self.tensor_core_tile::<E>(s, &[qp, kp, vp, op]) {
             let a = Attn::new(s, (TC_ROWS, keys));
             return self.launch(
                 &format!("attn_tc_fwd_d{}", s.head_dim),
@@ -501,7 +501,7 @@ impl Device for CudaDevice {
         // The shape with each kernel's tile, the threads of a block, and each kernel's name and
         // shared memory; a block of either kernel owns `a.br` rows.
         let (a, threads, (dq_name, dq_bytes), (dkv_name, dkv_bytes)) =
-            match self.tensor_core_keys::<E>(s, &pointers) {
+            match self.tensor_core_tile::<E>(s, &pointers) {
                 Some(keys) => {
                     let shared = tensor_core_shared(d, keys) as u32;
                     (
