@@ -9,6 +9,7 @@ use crate::memory::Category;
 use crate::model::loss::LossKind;
 use crate::model::{Checkpointing, LlamaConfig};
 use crate::optim::{AdamWConfig, Schedule};
+use crate::parallel::Parallel;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
@@ -95,6 +96,10 @@ pub struct TrainConfig {
     /// Deliberate bugs to inject (negative controls); none by default.
     #[serde(default, skip_serializing_if = "Faults::is_empty")]
     pub faults: Faults,
+    /// Data parallelism: ranks and what they shard; one rank by default. Not part of the
+    /// identity: the bits do not depend on it.
+    #[serde(default, skip_serializing_if = "Parallel::is_single")]
+    pub parallel: Parallel,
 }
 
 fn default_loss() -> LossKind {
@@ -179,6 +184,16 @@ impl TrainConfig {
         })?;
         require(self.accumulation >= 1, || {
             "accumulation is 0; write the micro-batches per optimizer step, at least 1 (1 accumulates nothing)".into()
+        })?;
+        let world = self.parallel.world_size;
+        require(world >= 1, || {
+            "parallel.world_size is 0; write the number of ranks, at least 1".into()
+        })?;
+        require(self.accumulation % world == 0, || {
+            format!(
+                "parallel.world_size is {world}, which does not divide the {} micro-batches of a step (accumulation); each rank takes an equal run of them, so write an accumulation that is a multiple of {world} or a world_size that divides {}",
+                self.accumulation, self.accumulation
+            )
         })?;
         for (name, seq) in std::iter::once(("seq_len", self.seq_len))
             .chain(self.long_batch.map(|l| ("long_batch.seq_len", l.seq_len)))
@@ -332,6 +347,7 @@ mod tests {
             dropout: 0.0,
             long_batch: None,
             faults: Faults::default(),
+            parallel: Default::default(),
         }
     }
 

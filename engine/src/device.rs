@@ -249,6 +249,27 @@ pub trait Device: Clone + Send + Sync + 'static {
     /// `dst = src`, for two tensors of one size.
     fn copy<E: Elem>(&self, src: &Self::Tensor<E>, dst: &mut Self::Tensor<E>) -> Result<()>;
 
+    /// `len` bytes of `t` from byte `offset`, on the host: what a rank sends of a tensor (the
+    /// counting device, which holds no data, gives none).
+    fn read_bytes<E: Elem>(
+        &self,
+        t: &Self::Tensor<E>,
+        offset: usize,
+        len: usize,
+    ) -> Result<Vec<u8>>;
+
+    /// Writes `bytes` into `t` from byte `offset`: what a rank receives into a tensor.
+    fn write_bytes<E: Elem>(
+        &self,
+        t: &mut Self::Tensor<E>,
+        offset: usize,
+        bytes: &[u8],
+    ) -> Result<()>;
+
+    /// The devices of `world` data-parallel ranks on this machine, each with its own tracker
+    /// (this device itself for one rank).
+    fn ranks(&self, world: usize) -> Result<Vec<Self>>;
+
     /// Sets every element of `t` to zero.
     fn fill_zero(&self, t: &mut Self::Tensor<f32>) -> Result<()>;
 
@@ -466,5 +487,17 @@ pub trait Device: Clone + Send + Sync + 'static {
         g: &Self::Tensor<f32>,
         moments: (&mut Self::Tensor<f32>, &mut Self::Tensor<f32>),
         args: AdamWArgs,
+    ) -> Result<()>;
+
+    /// One AdamW update of the elements of `p` and `g` from `offset` on, as many as the
+    /// `moments` hold: a rank's shard of a tensor whose optimizer state is sharded. Element-wise,
+    /// so it gives the bits [`Device::adamw`] gives those elements.
+    fn adamw_range(
+        &self,
+        p: &mut Self::Tensor<f32>,
+        g: &Self::Tensor<f32>,
+        moments: (&mut Self::Tensor<f32>, &mut Self::Tensor<f32>),
+        args: AdamWArgs,
+        offset: usize,
     ) -> Result<()>;
 }

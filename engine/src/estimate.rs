@@ -39,6 +39,7 @@ impl EstimateConfig {
         EstimateConfig {
             run: TrainConfig {
                 faults: Default::default(),
+                parallel: Default::default(),
                 ..cfg.clone()
             },
             like,
@@ -451,6 +452,7 @@ mod tests {
             dropout: 0.0,
             long_batch: None,
             faults: Default::default(),
+            parallel: Default::default(),
         };
         EstimateConfig::from_train(&run, Like::Cpu { threads: 2 })
     }

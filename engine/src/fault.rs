@@ -43,6 +43,17 @@ pub enum Fault {
     /// them, so the checkpoint of step `s` holds step `s + 1`'s tensors under step `s`'s
     /// trainer state.
     AsyncSaveReadsLiveWeights,
+    /// Data parallelism sums the gradients by rank: each rank adds up its own micro-batches
+    /// from zero and the ranks' sums are added in rank order, so the bits depend on the world
+    /// size (as an all-reduce's do).
+    GradientsSummedByRank,
+    /// The optimizer shards of data parallelism start one row late on every rank but the
+    /// first: a row at each shard boundary is never updated.
+    ShardBoundaryOffByOne,
+    /// Data-parallel ranks take every `world_size`-th micro-batch of a step (rank r takes r,
+    /// r + N, ...), a rule that depends on the world size, instead of a contiguous run in global
+    /// order.
+    MicroBatchesStrided,
 }
 
 /// The set of faults a run injects.

@@ -20,6 +20,7 @@ pub mod fault;
 pub mod memory;
 pub mod model;
 pub mod optim;
+pub mod parallel;
 pub mod state;
 pub mod tensor;
 pub mod trainer;

@@ -5,7 +5,9 @@ use crate::device::{AdamWArgs, Device};
 use crate::error::Result;
 use crate::memory::Category;
 use crate::model::{LlamaConfig, ParamSpec, Params};
+use crate::parallel::plan::shard_shape;
 use serde::{Deserialize, Serialize};
+use std::ops::Range;
 
 /// AdamW hyper-parameters (torch.optim.AdamW's, weight decay on every parameter).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -188,6 +190,57 @@ impl<D: Device> AdamW<D> {
     }
 }
 
+impl<D: Device> AdamW<D> {
+    /// One AdamW update of a shard of every tensor: rows `shards[i].0` (of `shards[i].1`
+    /// elements each) of parameter `i`. The moments hold those rows only (allocated at the
+    /// first update); each element gets the bits [`AdamW::update`] gives it.
+    pub fn update_shard(
+        &mut self,
+        dev: &D,
+        cfg: &LlamaConfig,
+        params: &mut Params<D::Tensor<f32>>,
+        grads: &Params<D::Tensor<f32>>,
+        shards: &[(Range<usize>, usize)],
+        lr: f64,
+    ) -> Result<()> {
+        if self.moments.is_none() {
+            let zeros = |spec: &ParamSpec, i: &mut usize| {
+                let rows = shards[*i].0.len();
+                *i += 1;
+                dev.zeros::<f32>(&shard_shape(&spec.shape, rows), Category::Optimizer)
+            };
+            let (mut a, mut b) = (0, 0);
+            self.moments = Some(Moments {
+                exp_avg: Params::try_new(cfg, |s| zeros(s, &mut a))?,
+                exp_avg_sq: Params::try_new(cfg, |s| zeros(s, &mut b))?,
+            });
+        }
+        self.step += 1;
+        let args = self.cfg.args(lr, self.step);
+        let Moments {
+            exp_avg: m,
+            exp_avg_sq: v,
+        } = self.moments.as_mut().expect("allocated above");
+        let tensors = params
+            .tensors_mut()
+            .into_iter()
+            .zip(grads.tensors())
+            .zip(m.tensors_mut().into_iter().zip(v.tensors_mut()))
+            .zip(shards);
+        for (((p, g), (m, v)), (rows, row)) in tensors {
+            dev.adamw_range(p, g, (m, v), args, rows.start * row)?;
+        }
+        Ok(())
+    }
+}
+
+/// The factor `torch.nn.utils.clip_grad_norm_` scales gradients of norm `norm` by to bring
+/// them to `max_norm`; `None` where they are within it.
+pub fn clip_coefficient(norm: f64, max_norm: Option<f64>) -> Option<f32> {
+    let coef = (max_norm? / (norm + 1e-6)).min(1.0) as f32;
+    (coef < 1.0).then_some(coef)
+}
+
 /// The global L2 norm of all gradients, summed in a fixed order (f64).
 pub fn grad_norm<D: Device>(dev: &D, grads: &Params<D::Tensor<f32>>) -> Result<f64> {
     dev.norm(&grads.tensors())
@@ -201,12 +254,9 @@ pub fn clip_grad_norm<D: Device>(
     max_norm: Option<f64>,
 ) -> Result<f64> {
     let norm = grad_norm(dev, grads)?;
-    if let Some(max) = max_norm {
-        let coef = (max / (norm + 1e-6)).min(1.0) as f32;
-        if coef < 1.0 {
-            for g in grads.tensors_mut() {
-                dev.scale(g, coef)?;
-            }
+    if let Some(coef) = clip_coefficient(norm, max_norm) {
+        for g in grads.tensors_mut() {
+            dev.scale(g, coef)?;
         }
     }
     Ok(norm)

@@ -37,6 +37,14 @@ impl<D: Device> Weights<D> {
             Weights::Bf16Mixed { master, .. } => master,
         }
     }
+
+    /// The f32 weights the optimizer owns, to write.
+    pub fn master_mut(&mut self) -> &mut Params<D::Tensor<f32>> {
+        match self {
+            Weights::Fp32(p) => p,
+            Weights::Bf16Mixed { master, .. } => master,
+        }
+    }
 }
 
 /// A copy of f32 weights rounded to `E`, counted as params.
@@ -152,15 +160,36 @@ impl<D: Device> State<D> {
                 "an optimizer step needs at least one micro-batch".into(),
             ));
         }
-        for g in self.grads.tensors_mut() {
-            self.dev.fill_zero(g)?;
-        }
+        self.zero_grads()?;
         let share = StepShare {
             tokens: batches.iter().map(|b| counted(&b.labels)).sum(),
             micro_batches: batches.len(),
         };
+        let passes = self.passes(batches, dropout, share, 0)?;
+        Ok(self.model.step_output(passes))
+    }
+
+    /// Sets every gradient to zero.
+    pub fn zero_grads(&mut self) -> Result<()> {
+        for g in self.grads.tensors_mut() {
+            self.dev.fill_zero(g)?;
+        }
+        Ok(())
+    }
+
+    /// A forward and backward pass over each of `batches` in turn, adding every parameter's
+    /// gradient to what the gradients hold: micro-batches `first..` of a step of `share`
+    /// (micro-batch `i` draws its dropout masks at the generator offset `dropout.offset + i`).
+    /// Returns each pass's output.
+    pub fn passes(
+        &mut self,
+        batches: &[Batch],
+        dropout: Option<Dropout>,
+        share: StepShare,
+        first: u64,
+    ) -> Result<Vec<PassOutput>> {
         let mut passes = Vec::with_capacity(batches.len());
-        for (i, batch) in (0u64..).zip(batches) {
+        for (i, batch) in (first..).zip(batches) {
             let pass = PassConfig {
                 checkpointing: self.cfg.checkpointing,
                 loss: self.cfg.loss,
@@ -187,7 +216,46 @@ impl<D: Device> State<D> {
             };
             passes.push(out);
         }
-        Ok(self.model.step_output(passes))
+        Ok(passes)
+    }
+
+    /// The model the passes run.
+    pub fn model(&self) -> &Model<D> {
+        &self.model
+    }
+
+    /// The gradients, to be filled or read by a rank's exchanges.
+    pub fn grads_mut(&mut self) -> &mut Params<D::Tensor<f32>> {
+        &mut self.grads
+    }
+
+    /// The f32 weights the optimizer owns, to be filled by a rank's exchanges (call
+    /// [`State::refresh_compute`] after).
+    pub fn master_mut(&mut self) -> &mut Params<D::Tensor<f32>> {
+        self.weights.master_mut()
+    }
+
+    /// Rounds the compute weights again from the master weights (nothing to do in fp32).
+    pub fn refresh_compute(&mut self) -> Result<()> {
+        if let Weights::Bf16Mixed { master, compute } = &mut self.weights {
+            for (c, m) in compute.tensors_mut().into_iter().zip(master.tensors()) {
+                self.dev.round(m, c)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// One AdamW update at learning rate `lr` of rows `shards[i].0` (of `shards[i].1` elements)
+    /// of each master weight, whose moments hold those rows only ([`AdamW::update_shard`]).
+    /// The compute weights are not refreshed: the other rows arrive from the other ranks first.
+    pub fn adamw_shard(
+        &mut self,
+        lr: f64,
+        shards: &[(std::ops::Range<usize>, usize)],
+    ) -> Result<()> {
+        let (dev, model, master) = (&self.dev, &self.cfg.model, self.weights.master_mut());
+        self.optimizer
+            .update_shard(dev, model, master, &self.grads, shards, lr)
     }
 
     /// The global L2 norm of the gradients before clipping; scales them down to the run's

@@ -22,6 +22,7 @@ use crate::fault::Fault;
 use crate::memory::{Category, Lease, MemoryStats, MemoryTracker};
 use crate::model::{weights, Batch, Dropout, Params};
 use crate::optim::Moments;
+use crate::parallel::ranks::Ranks;
 use crate::state::State;
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
@@ -53,8 +54,11 @@ pub struct StepStats {
     /// after the other: the step's expert buffers depend on them. Empty for a dense model.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tokens_per_expert: Vec<Vec<u32>>,
-    /// Memory figures, peaks covering this step only.
+    /// Memory figures, peaks covering this step only (rank 0's in a data-parallel run).
     pub memory: MemoryStats,
+    /// Every rank's memory figures, in rank order, in a data-parallel run; empty for one rank.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rank_memory: Vec<MemoryStats>,
 }
 
 /// Digests of the training state, to compare a resumed run with the run it continues.
@@ -101,7 +105,7 @@ enum PendingSave {
 /// A model in training on one device.
 pub struct Trainer<D: Device> {
     cfg: TrainConfig,
-    state: State<D>,
+    ranks: Ranks<D>,
     loader: DataLoader,
     step: u64,
     rng: RngState,
@@ -114,7 +118,8 @@ pub struct Trainer<D: Device> {
 }
 
 impl<D: Device> Trainer<D> {
-    /// Builds a fresh trainer: initial weights, gradients and the data loader.
+    /// Builds a fresh trainer: initial weights, gradients and the data loader; with
+    /// `parallel.world_size` above 1, one rank per device of [`Device::ranks`].
     pub fn new(cfg: TrainConfig, dev: D) -> Result<Self> {
         cfg.validate()?;
         let host = dev.host();
@@ -125,12 +130,19 @@ impl<D: Device> Trainer<D> {
             }
             Init::HfDir { path } => weights::load_hf_dir(&host, path, category)?.1,
         };
-        let master = master.try_map(|t| dev.upload(t))?;
-        let state = State::new(&cfg, dev, master, None)?;
-        Self::assemble(cfg, state)
+        let ranks = match cfg.parallel.world_size {
+            1 => Ranks::single(State::new(
+                &cfg,
+                dev.clone(),
+                master.try_map(|t| dev.upload(t))?,
+                None,
+            )?),
+            world => Ranks::new(&cfg, dev.ranks(world)?, master, None)?,
+        };
+        Self::assemble(cfg, ranks)
     }
 
-    fn assemble(cfg: TrainConfig, state: State<D>) -> Result<Self> {
+    fn assemble(cfg: TrainConfig, ranks: Ranks<D>) -> Result<Self> {
         let loader = DataLoader::new(
             &cfg.data,
             cfg.model.vocab_size,
@@ -144,7 +156,7 @@ impl<D: Device> Trainer<D> {
         };
         Ok(Trainer {
             cfg,
-            state,
+            ranks,
             loader,
             step: 0,
             rng,
@@ -179,20 +191,30 @@ impl<D: Device> Trainer<D> {
             .as_ref()
             .map(|saved| saved.changes(&dev.execution_env()))
             .unwrap_or_default();
-        let master = loaded.master.try_map(|t| dev.upload(t))?;
-        let upload = |p: Params<_>| p.try_map(|t| dev.upload(t));
-        let moments = match loaded.moments {
-            Some([exp_avg, exp_avg_sq]) => Some((
-                Moments {
-                    exp_avg: upload(exp_avg)?,
-                    exp_avg_sq: upload(exp_avg_sq)?,
-                },
-                loaded.state.optimizer_step,
-            )),
-            None => None,
+        let ranks = match cfg.parallel.world_size {
+            1 => {
+                let master = loaded.master.try_map(|t| dev.upload(t))?;
+                let upload = |p: Params<_>| p.try_map(|t| dev.upload(t));
+                let moments = match loaded.moments {
+                    Some([exp_avg, exp_avg_sq]) => Some((
+                        Moments {
+                            exp_avg: upload(exp_avg)?,
+                            exp_avg_sq: upload(exp_avg_sq)?,
+                        },
+                        loaded.state.optimizer_step,
+                    )),
+                    None => None,
+                };
+                Ranks::single(State::new(&cfg, dev, master, moments)?)
+            }
+            world => Ranks::new(
+                &cfg,
+                dev.ranks(world)?,
+                loaded.master,
+                loaded.moments.map(|m| (m, loaded.state.optimizer_step)),
+            )?,
         };
-        let state = State::new(&cfg, dev, master, moments)?;
-        let mut trainer = Self::assemble(cfg, state)?;
+        let mut trainer = Self::assemble(cfg, ranks)?;
         trainer.env_changes = env_changes;
         let faults = &trainer.cfg.faults;
         if !faults.has(Fault::LoaderPositionNotRestored) {
@@ -255,7 +277,7 @@ impl<D: Device> Trainer<D> {
             return Ok(());
         }
         let (model, optimizer) = self.checkpoint_entries()?;
-        let host = self.state.device().host();
+        let host = self.device().host();
         let staging = model
             .iter()
             .chain(&optimizer)
@@ -333,7 +355,7 @@ impl<D: Device> Trainer<D> {
 
     /// The tensors a checkpoint of the current state holds.
     fn checkpoint_entries(&self) -> Result<(Vec<Entry<'_>>, Vec<Entry<'_>>)> {
-        let (model, mut optimizer) = self.state.checkpoint_entries()?;
+        let (model, mut optimizer) = self.ranks.checkpoint_entries()?;
         if self.cfg.faults.has(Fault::MomentsNotSaved) {
             optimizer.retain(|e| !e.name.ends_with(".exp_avg") && !e.name.ends_with(".exp_avg_sq"));
         }
@@ -346,7 +368,7 @@ impl<D: Device> Trainer<D> {
         TrainerState {
             format_version: FORMAT_VERSION,
             global_step: self.step,
-            optimizer_step: self.state.optimizer_steps(),
+            optimizer_step: self.ranks.first().optimizer_steps(),
             schedule: ScheduleState {
                 schedule: self.cfg.schedule.clone(),
                 peak_lr: self.cfg.optimizer.lr,
@@ -388,12 +410,12 @@ impl<D: Device> Trainer<D> {
     /// Digests of the weights, the optimizer state, the step, the next learning rate, the
     /// loader position and the dropout generator's state.
     pub fn state_digest(&self) -> Result<StateDigest> {
-        let (model, optimizer) = self.state.checkpoint_entries()?;
+        let (model, optimizer) = self.ranks.checkpoint_entries()?;
         Ok(StateDigest {
             step: self.step,
             params: checkpoint::entries_digest(&model),
             optimizer: checkpoint::entries_digest(&optimizer),
-            optimizer_steps: self.state.optimizer_steps(),
+            optimizer_steps: self.ranks.first().optimizer_steps(),
             next_lr: self.next_lr(),
             loader: self.loader.state(),
             rng: self.rng,
@@ -422,19 +444,24 @@ impl<D: Device> Trainer<D> {
         &self.cfg
     }
 
-    /// The device the trainer computes on.
+    /// The device the trainer computes on (rank 0's in a data-parallel run).
     pub fn device(&self) -> &D {
-        self.state.device()
+        self.ranks.first().device()
     }
 
-    /// The tracker counting the device's bytes.
+    /// The tracker counting the device's bytes (rank 0's in a data-parallel run).
     pub fn tracker(&self) -> &MemoryTracker {
-        self.state.device().tracker()
+        self.ranks.first().device().tracker()
     }
 
-    /// The tensors: weights, gradients and optimizer state.
+    /// The tensors: weights, gradients and optimizer state (rank 0's in a data-parallel run).
     pub fn state(&self) -> &State<D> {
-        &self.state
+        self.ranks.first()
+    }
+
+    /// Every rank's tensors, in rank order (one for a run without data parallelism).
+    pub fn ranks(&self) -> &[State<D>] {
+        self.ranks.states()
     }
 
     /// Steps taken so far (the index of the next step).
@@ -452,8 +479,13 @@ impl<D: Device> Trainer<D> {
     /// finished at its end, before its figures are read: its staging buffers count in the
     /// step's peak, not in the bytes held at its end.
     pub fn step(&mut self) -> Result<StepStats> {
-        let tracker = self.tracker().clone();
-        tracker.reset_peak();
+        let trackers: Vec<MemoryTracker> = self
+            .ranks
+            .states()
+            .iter()
+            .map(|s| s.device().tracker().clone())
+            .collect();
+        trackers.iter().for_each(MemoryTracker::reset_peak);
         let seq = self.cfg.seq_len_at(self.step);
         let batches = (0..self.cfg.accumulation)
             .map(|_| self.loader.next_batch_of(seq))
@@ -464,7 +496,7 @@ impl<D: Device> Trainer<D> {
             offset: self.rng.offset,
         });
         let lr = self.next_lr();
-        let (pass, grad_norm) = self.state.train_step(&batches, dropout, lr)?;
+        let (pass, grad_norm) = self.ranks.train_step(&batches, dropout, lr)?;
         self.finish_saves()?;
         let stats = StepStats {
             step: self.step,
@@ -476,7 +508,11 @@ impl<D: Device> Trainer<D> {
             samples: self.loader.take_drawn(),
             recomputed_blocks: pass.recomputed_blocks,
             tokens_per_expert: pass.tokens_per_expert,
-            memory: tracker.stats(),
+            memory: trackers[0].stats(),
+            rank_memory: match trackers.len() {
+                1 => Vec::new(),
+                _ => trackers.iter().map(MemoryTracker::stats).collect(),
+            },
         };
         self.step += 1;
         self.rng.offset += self.cfg.accumulation as u64;

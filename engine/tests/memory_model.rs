@@ -339,6 +339,7 @@ fn case() -> impl Strategy<Value = Case> {
                     seq_len: seq + more.min(extra),
                 }),
                 faults: Default::default(),
+                parallel: Default::default(),
             };
             Case { train, threads }
         },

@@ -117,6 +117,7 @@ fn main() {
         dropout: 0.0,
         long_batch: None,
         faults: Default::default(),
+        parallel: Default::default(),
     };
     let repeats = env("CKPT_BENCH_REPEATS", if quick { 1 } else { 3 });
     let tmp = tempfile::tempdir_in(std::env::var("CKPT_BENCH_DIR").unwrap_or_else(|_| ".".into()))

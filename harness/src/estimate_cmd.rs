@@ -140,6 +140,7 @@ fn synthetic_run(model: LlamaConfig, batch_size: usize, seq_len: usize) -> Train
         dropout: 0.0,
         long_batch: None,
         faults: Default::default(),
+        parallel: Default::default(),
     }
 }
 

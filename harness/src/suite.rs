@@ -634,6 +634,7 @@ impl Suite {
             dropout: file.dropout,
             long_batch: file.long_batch,
             faults: file.faults.iter().copied().collect(),
+            parallel: Default::default(),
         };
         Ok(Suite {
             path: path.to_path_buf(),

@@ -283,6 +283,13 @@ impl<T> Params<T> {
         })
     }
 
+    /// `f` applied to every parameter, in order, by reference.
+    pub fn try_map_ref<U, E>(&self, f: impl FnMut(&T) -> Result<U, E>) -> Result<Params<U>, E> {
+        Ok(Params {
+            tensors: self.tensors.iter().map(f).collect::<Result<_, E>>()?,
+        })
+    }
+
     /// Every parameter, in [`param_specs`] order.
     pub fn tensors(&self) -> Vec<&T> {
         self.tensors.iter().collect()

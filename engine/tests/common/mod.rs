@@ -70,5 +70,6 @@ pub fn train_config(
         dropout: 0.0,
         long_batch: None,
         faults: Default::default(),
+        parallel: Default::default(),
     }
 }

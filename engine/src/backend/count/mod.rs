@@ -241,6 +241,8 @@ impl Device for CountingDevice {
         fn cross_entropy_rows<E>(&self, &mut T<E>, &CountIndices, &mut T<f32>, Rows, f32);
         fn scale(&self, &mut T<f32>, f32);
         fn adamw(&self, &mut T<f32>, &T<f32>, (&mut T<f32>, &mut T<f32>), AdamWArgs);
+        fn adamw_range(&self, &mut T<f32>, &T<f32>, (&mut T<f32>, &mut T<f32>), AdamWArgs, usize);
+        fn write_bytes<E>(&self, &mut T<E>, usize, &[u8]);
     }
 
     type Tensor<E: Elem> = CountTensor<E>;
@@ -298,6 +300,25 @@ impl Device for CountingDevice {
 
     fn to_host<E: Elem>(&self, t: &T<E>) -> Result<Vec<E>> {
         try_vec(t.numel(), E::default(), "a tensor's values on the host")
+    }
+
+    fn read_bytes<E: Elem>(&self, _: &T<E>, _: usize, _: usize) -> Result<Vec<u8>> {
+        Ok(Vec::new())
+    }
+
+    fn ranks(&self, world: usize) -> Result<Vec<Self>> {
+        let like = match self.like {
+            Like::Cpu { threads } => Like::Cpu {
+                threads: (threads / world.max(1)).max(1),
+            },
+            Like::Cuda => Like::Cuda,
+        };
+        Ok((0..world)
+            .map(|_| CountingDevice {
+                routes: self.routes.clone(),
+                ..CountingDevice::new(like)
+            })
+            .collect())
     }
 
     fn raw_bytes<'a, E: Elem>(&self, _: &'a T<E>) -> Result<Cow<'a, [u8]>> {

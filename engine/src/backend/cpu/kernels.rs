@@ -7,7 +7,7 @@ use super::math::convert;
 use super::{attention, math, matmul, CpuDevice, CpuRope};
 use crate::device::{AdamWArgs, AttnShape, Device, DeviceKind, Operand, Out};
 use crate::environment::ExecutionEnv;
-use crate::error::Result;
+use crate::error::{EngineError, Result};
 use crate::memory::{Category, MemoryTracker};
 use crate::model::dropout::DropoutMask;
 use crate::model::loss::IGNORE_INDEX;
@@ -80,6 +80,28 @@ impl Device for CpuDevice {
 
     fn raw_bytes<'a, E: Elem>(&self, t: &'a Tensor<E>) -> Result<Cow<'a, [u8]>> {
         Ok(Cow::Borrowed(t.as_bytes()))
+    }
+
+    fn read_bytes<E: Elem>(&self, t: &Tensor<E>, offset: usize, len: usize) -> Result<Vec<u8>> {
+        let range = span(t.as_bytes().len(), offset, len)?;
+        Ok(t.as_bytes()[range].to_vec())
+    }
+
+    fn write_bytes<E: Elem>(&self, t: &mut Tensor<E>, offset: usize, bytes: &[u8]) -> Result<()> {
+        let dst: &mut [u8] = bytemuck::cast_slice_mut(t.as_mut_slice());
+        let range = span(dst.len(), offset, bytes.len())?;
+        dst[range].copy_from_slice(bytes);
+        Ok(())
+    }
+
+    fn ranks(&self, world: usize) -> Result<Vec<Self>> {
+        if world == 1 {
+            return Ok(vec![self.clone()]);
+        }
+        let capacity = self.tracker().stats().capacity / world.max(1) as u64;
+        (0..world)
+            .map(|_| CpuDevice::new((self.threads() / world).max(1), capacity))
+            .collect()
     }
 
     fn copy<E: Elem>(&self, src: &Tensor<E>, dst: &mut Tensor<E>) -> Result<()> {
@@ -515,6 +537,26 @@ impl Device for CpuDevice {
         Ok(())
     }
 
+    fn adamw_range(
+        &self,
+        p: &mut Tensor<f32>,
+        g: &Tensor<f32>,
+        (m, v): (&mut Tensor<f32>, &mut Tensor<f32>),
+        a: AdamWArgs,
+        offset: usize,
+    ) -> Result<()> {
+        let range = span(p.numel(), offset, m.numel())?;
+        let (p, g) = (&mut p.as_mut_slice()[range.clone()], &g.as_slice()[range]);
+        let (m, v) = (m.as_mut_slice(), v.as_mut_slice());
+        self.install(|| {
+            p.par_chunks_mut(CHUNK)
+                .zip(g.par_chunks(CHUNK))
+                .zip(m.par_chunks_mut(CHUNK).zip(v.par_chunks_mut(CHUNK)))
+                .for_each(|((p, g), (m, v))| adamw_elements(p, g, m, v, a))
+        });
+        Ok(())
+    }
+
     fn adamw(
         &self,
         p: &mut Tensor<f32>,
@@ -528,17 +570,31 @@ impl Device for CpuDevice {
             p.par_chunks_mut(CHUNK)
                 .zip(g.par_chunks(CHUNK))
                 .zip(m.par_chunks_mut(CHUNK).zip(v.par_chunks_mut(CHUNK)))
-                .for_each(|((p, g), (m, v))| {
-                    for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m).zip(v) {
-                        *p *= a.decay;
-                        *m += (g - *m) * a.one_minus_b1;
-                        *v = *v * a.b2 + a.one_minus_b2 * g * g;
-                        let denom = v.sqrt() / a.bc2_sqrt + a.eps;
-                        *p -= a.step_size * *m / denom;
-                    }
-                })
+                .for_each(|((p, g), (m, v))| adamw_elements(p, g, m, v, a))
         });
         Ok(())
+    }
+}
+
+/// AdamW on matching runs of parameters, gradients and moments.
+fn adamw_elements(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], a: AdamWArgs) {
+    for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m).zip(v) {
+        *p *= a.decay;
+        *m += (g - *m) * a.one_minus_b1;
+        *v = *v * a.b2 + a.one_minus_b2 * g * g;
+        let denom = v.sqrt() / a.bc2_sqrt + a.eps;
+        *p -= a.step_size * *m / denom;
+    }
+}
+
+/// `offset..offset + len` when it lies within `total` (bytes or elements); else an error
+/// naming all three.
+fn span(total: usize, offset: usize, len: usize) -> Result<std::ops::Range<usize>> {
+    match offset.checked_add(len) {
+        Some(end) if end <= total => Ok(offset..end),
+        _ => Err(EngineError::Config(format!(
+            "a span of {len} from {offset} runs past the {total} a tensor holds"
+        ))),
     }
 }
 

@@ -157,6 +157,29 @@ impl Device for CudaDevice {
         Ok(Cow::Owned(self.download_bytes(t.buffer())?))
     }
 
+    fn read_bytes<E: Elem>(&self, t: &CudaTensor<E>, offset: usize, len: usize) -> Result<Vec<u8>> {
+        let all = self.download_bytes(t.buffer())?;
+        all.get(offset..offset.saturating_add(len))
+            .map(<[u8]>::to_vec)
+            .ok_or_else(|| {
+                EngineError::Config(format!(
+                    "a copy of {len} bytes from {offset} runs past the {} a tensor holds",
+                    all.len()
+                ))
+            })
+    }
+
+    fn write_bytes<E: Elem>(&self, _: &mut CudaTensor<E>, _: usize, _: &[u8]) -> Result<()> {
+        Err(ranks_on_cuda())
+    }
+
+    fn ranks(&self, world: usize) -> Result<Vec<Self>> {
+        match world {
+            1 => Ok(vec![self.clone()]),
+            _ => Err(ranks_on_cuda()),
+        }
+    }
+
     fn copy<E: Elem>(&self, src: &CudaTensor<E>, dst: &mut CudaTensor<E>) -> Result<()> {
         CudaDevice::copy(self, src.ptr(), dst.ptr(), dst.bytes() as usize)
     }
@@ -592,6 +615,17 @@ impl Device for CudaDevice {
         self.each("scale_f32", x.numel(), args![xp, n, coef])
     }
 
+    fn adamw_range(
+        &self,
+        _: &mut CudaTensor<f32>,
+        _: &CudaTensor<f32>,
+        _: (&mut CudaTensor<f32>, &mut CudaTensor<f32>),
+        _: AdamWArgs,
+        _: usize,
+    ) -> Result<()> {
+        Err(ranks_on_cuda())
+    }
+
     fn adamw(
         &self,
         p: &mut CudaTensor<f32>,
@@ -603,4 +637,11 @@ impl Device for CudaDevice {
         let (pp, gp, mp, vp) = (p.ptr(), g.ptr(), m.ptr(), v.ptr());
         self.each("adamw", p.numel(), args![pp, gp, mp, vp, n, a])
     }
+}
+
+/// Why a data-parallel run cannot use CUDA ranks yet.
+fn ranks_on_cuda() -> EngineError {
+    EngineError::Config(
+        "data-parallel ranks run on the CPU only for now (CUDA ranks through NCCL are not built yet); write `parallel: {world_size: 1}` or train on the CPU".into(),
+    )
 }

@@ -1,0 +1,191 @@
+//! The collective: how ranks move bytes to each other. It moves data and never adds it: every
+//! floating-point sum across ranks is the engine's, in an order the engine fixes
+//! ([`super::ranks`]), so the bits of a step do not depend on the world size. Integer counts are
+//! the one thing it sums, where order cannot matter.
+//!
+//! [`thread_group`] is the in-process implementation CPU ranks use: one thread per rank, a
+//! channel for each ordered pair of ranks, so the messages from one rank to another arrive in
+//! the order they were sent (as PyTorch's threaded process group serves its own FSDP tests). A
+//! rank that stops drops its channels, and every rank waiting on it gets an error instead of
+//! waiting for ever.
+
+use crate::error::{EngineError, Result};
+use std::sync::mpsc::{channel, Receiver, Sender};
+
+/// One rank's end of a group of ranks.
+pub trait Collective: Send {
+    /// This rank's index, from 0.
+    fn rank(&self) -> usize;
+
+    /// Ranks in the group.
+    fn world_size(&self) -> usize;
+
+    /// Sends `bytes` to rank `to`.
+    fn send(&self, to: usize, bytes: Vec<u8>) -> Result<()>;
+
+    /// The next message rank `from` sent to this rank.
+    fn recv(&self, from: usize) -> Result<Vec<u8>>;
+
+    /// Rank `root`'s `bytes`, on every rank (the other ranks' `bytes` are not read).
+    fn broadcast(&self, root: usize, bytes: Vec<u8>) -> Result<Vec<u8>> {
+        if self.rank() != root {
+            return self.recv(root);
+        }
+        for to in (0..self.world_size()).filter(|&r| r != root) {
+            self.send(to, bytes.clone())?;
+        }
+        Ok(bytes)
+    }
+
+    /// Every rank's `bytes`, in rank order, on every rank.
+    fn all_gather(&self, bytes: Vec<u8>) -> Result<Vec<Vec<u8>>> {
+        let (rank, world) = (self.rank(), self.world_size());
+        for to in (0..world).filter(|&r| r != rank) {
+            self.send(to, bytes.clone())?;
+        }
+        let mut own = Some(bytes);
+        (0..world)
+            .map(|from| match from == rank {
+                true => Ok(own.take().unwrap_or_default()),
+                false => self.recv(from),
+            })
+            .collect()
+    }
+
+    /// The sum of every rank's `value` (an integer count: its order cannot matter).
+    fn sum_u64(&self, value: u64) -> Result<u64> {
+        let all = self.all_gather(value.to_le_bytes().to_vec())?;
+        all.iter()
+            .map(|b| <[u8; 8]>::try_from(b.as_slice()).map(u64::from_le_bytes))
+            .sum::<std::result::Result<u64, _>>()
+            .map_err(|_| EngineError::Config("a rank sent a count that is not 8 bytes".into()))
+    }
+
+    /// Returns once every rank has called it.
+    fn barrier(&self) -> Result<()> {
+        self.all_gather(Vec::new()).map(drop)
+    }
+}
+
+/// A rank of an in-process group ([`thread_group`]).
+pub struct ThreadRank {
+    rank: usize,
+    to: Vec<Sender<Vec<u8>>>,
+    from: Vec<Receiver<Vec<u8>>>,
+}
+
+/// A group of `world` ranks in one process, one [`ThreadRank`] per rank in rank order, each to
+/// be moved to the thread that runs it.
+pub fn thread_group(world: usize) -> Vec<ThreadRank> {
+    let mut to: Vec<Vec<Sender<Vec<u8>>>> = (0..world).map(|_| Vec::new()).collect();
+    let mut from: Vec<Vec<Receiver<Vec<u8>>>> = (0..world).map(|_| Vec::new()).collect();
+    for sender in to.iter_mut() {
+        for receiver in from.iter_mut() {
+            let (tx, rx) = channel();
+            sender.push(tx);
+            receiver.push(rx);
+        }
+    }
+    to.into_iter()
+        .zip(from)
+        .enumerate()
+        .map(|(rank, (to, from))| ThreadRank { rank, to, from })
+        .collect()
+}
+
+/// The error of a rank whose peer stopped: it names both, and says the peer's own error is the
+/// cause to look for.
+fn peer_stopped(rank: usize, peer: usize) -> EngineError {
+    EngineError::Config(format!(
+        "rank {rank}: rank {peer} stopped before the exchange finished (its own error says why)"
+    ))
+}
+
+impl Collective for ThreadRank {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.to.len()
+    }
+
+    fn send(&self, to: usize, bytes: Vec<u8>) -> Result<()> {
+        self.to[to]
+            .send(bytes)
+            .map_err(|_| peer_stopped(self.rank, to))
+    }
+
+    fn recv(&self, from: usize) -> Result<Vec<u8>> {
+        self.from[from]
+            .recv()
+            .map_err(|_| peer_stopped(self.rank, from))
+    }
+}
+
+/// Whether `e` is a rank's report that a peer stopped, rather than a cause of its own.
+pub fn is_peer_stopped(e: &EngineError) -> bool {
+    matches!(e, EngineError::Config(m) if m.contains("stopped before the exchange finished"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run<R: Send>(world: usize, f: impl Fn(ThreadRank) -> R + Sync) -> Vec<R> {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = thread_group(world)
+                .into_iter()
+                .map(|comm| s.spawn(|| f(comm)))
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    #[test]
+    fn every_collective_moves_each_rank_s_bytes_where_they_belong() {
+        for world in 1..=4 {
+            let out = run(world, |c| {
+                let r = c.rank() as u8;
+                let gathered = c.all_gather(vec![r; r as usize + 1]).unwrap();
+                let root = c.broadcast(world - 1, vec![r, 7]).unwrap();
+                let sum = c.sum_u64(10 + c.rank() as u64).unwrap();
+                c.barrier().unwrap();
+                (gathered, root, sum)
+            });
+            for (gathered, root, sum) in out {
+                let want: Vec<Vec<u8>> =
+                    (0..world as u8).map(|r| vec![r; r as usize + 1]).collect();
+                assert_eq!(gathered, want);
+                assert_eq!(root, vec![world as u8 - 1, 7]);
+                assert_eq!(sum, (0..world as u64).map(|r| 10 + r).sum::<u64>());
+            }
+        }
+    }
+
+    #[test]
+    fn messages_between_two_ranks_arrive_in_the_order_sent() {
+        let out = run(2, |c| match c.rank() {
+            0 => (0..5u8)
+                .map(|i| c.send(1, vec![i]))
+                .collect::<Result<Vec<_>>>()
+                .map(|_| vec![]),
+            _ => (0..5).map(|_| c.recv(0).map(|b| b[0])).collect(),
+        });
+        assert_eq!(out[1].as_ref().unwrap(), &[0, 1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn a_rank_that_stops_fails_its_peers_instead_of_hanging_them() {
+        let out = run(3, |c| match c.rank() {
+            1 => Err(EngineError::Config("rank 1 broke".into())),
+            _ => c.all_gather(vec![1]).map(drop),
+        });
+        assert!(
+            is_peer_stopped(out[0].as_ref().unwrap_err()),
+            "{:?}",
+            out[0]
+        );
+        assert!(!is_peer_stopped(out[1].as_ref().unwrap_err()));
+    }
+}

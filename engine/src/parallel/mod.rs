@@ -1,0 +1,63 @@
+//! Data parallelism: one model trained by several ranks, each a [`crate::state::State`] on its
+//! own device, with bits that do not depend on how many ranks there are.
+//!
+//! - [`collective`]: how ranks move bytes (never add them): the trait and the in-process group
+//!   CPU ranks use.
+//! - [`plan`]: which rows of each tensor a rank holds (`ceil(d0 / N)` rows, the last shards
+//!   short or empty).
+//! - [`ranks`]: one step over the ranks: the micro-batches of the step split in global order,
+//!   the gradients summed along a chain in that order, the optimizer state sharded by the plan.
+//!
+//! The model never sees a rank; the trainer drives the ranks of a step. docs/PARALLEL.md has the
+//! design and why the reduction order does not depend on the world size.
+
+pub mod collective;
+pub mod plan;
+pub mod ranks;
+
+use serde::{Deserialize, Serialize};
+
+/// What the ranks split between them besides the micro-batches (ZeRO's stages; FSDP's
+/// NO_SHARD and SHARD_GRAD_OP).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Shard {
+    /// Every rank holds every weight, gradient and moment.
+    #[default]
+    None,
+    /// Each rank holds the AdamW moments (and updates the weights) of its rows of every tensor
+    /// only; the updated rows are gathered onto every rank (ZeRO-1).
+    Optimizer,
+}
+
+/// How a run is spread over ranks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Parallel {
+    /// Ranks, each on its own device; it must divide the micro-batches of a step.
+    #[serde(default = "one_rank")]
+    pub world_size: usize,
+    /// What the ranks shard.
+    #[serde(default)]
+    pub shard: Shard,
+}
+
+fn one_rank() -> usize {
+    1
+}
+
+impl Default for Parallel {
+    fn default() -> Self {
+        Parallel {
+            world_size: 1,
+            shard: Shard::None,
+        }
+    }
+}
+
+impl Parallel {
+    /// One rank holding everything: a run without data parallelism.
+    pub fn is_single(&self) -> bool {
+        *self == Parallel::default()
+    }
+}

@@ -1,0 +1,475 @@
+//! One training step over `N` data-parallel ranks, with the bits of one rank.
+//!
+//! A step is a fixed list of `M` micro-batches in global sample order. Rank `r` takes the
+//! contiguous run `r·M/N .. (r+1)·M/N`. The gradients are summed along a chain in global
+//! micro-batch order: rank 0 adds its micro-batches' gradients to zero, hands the sum to rank 1,
+//! which adds its own to it, and so on. One rank adds every micro-batch to the same buffer in
+//! the same order, so the last rank ends with the bits of a single device, whatever `N`. The
+//! collective only moves those sums; nothing is added by it.
+//!
+//! The last rank holds the whole gradient, so it takes the norm (the single device's
+//! arithmetic) and the ranks get it by broadcast. Then, by [`Shard`]:
+//! - `none`: the gradient is broadcast, and every rank clips and updates every weight;
+//! - `optimizer`: each rank receives its rows of every gradient ([`plan`]), clips them, updates
+//!   its rows of the master weights with its shard of the moments, and the ranks gather the
+//!   updated rows. AdamW is element-wise, so a row updated on its rank has the bits it has on
+//!   one device.
+
+use super::collective::{is_peer_stopped, thread_group, Collective};
+use super::plan::{shard_of, shard_shape};
+use super::{Parallel, Shard};
+use crate::checkpoint::Entry;
+use crate::config::TrainConfig;
+use crate::device::{Device, DeviceTensor, StepPhase};
+use crate::error::{EngineError, Result};
+use crate::fault::{Fault, Faults};
+use crate::memory::Category;
+use crate::model::loss::counted;
+use crate::model::{param_specs, ParamSpec};
+use crate::model::{Batch, Dropout, Params, PassOutput, StepShare};
+use crate::optim::{clip_coefficient, grad_norm, Moments};
+use crate::state::State;
+use crate::tensor::Tensor;
+use std::borrow::Cow;
+use std::ops::Range;
+
+/// Bytes of an f32 element: gradients, master weights and moments are f32.
+const F32: usize = 4;
+
+/// The ranks of a run: one [`State`] per rank, each on its own device.
+pub struct Ranks<D: Device> {
+    states: Vec<State<D>>,
+    /// The parameters' names and whole shapes.
+    specs: Vec<ParamSpec>,
+    parallel: Parallel,
+    faults: Faults,
+}
+
+impl<D: Device> Ranks<D> {
+    /// The ranks of `cfg` on `devices` (one per rank), from the f32 `master` weights and, when
+    /// resuming, the saved moments (whole tensors) with their step count, all on the host. Each
+    /// rank receives its copy of the weights and its share of the moments.
+    pub fn new(
+        cfg: &TrainConfig,
+        devices: Vec<D>,
+        master: Params<Tensor<f32>>,
+        moments: Option<([Params<Tensor<f32>>; 2], u64)>,
+    ) -> Result<Self> {
+        let world = devices.len();
+        let category = cfg.master_category();
+        let mut states = Vec::with_capacity(world);
+        for (rank, dev) in devices.into_iter().enumerate() {
+            let place = |t: &Tensor<f32>, rows: Range<usize>, category: Category| {
+                place(&dev, t, rows, category)
+            };
+            let whole = |t: &Tensor<f32>| 0..t.shape().first().copied().unwrap_or(1);
+            let master = master.try_map_ref(|t| place(t, whole(t), category))?;
+            let shard = |t: &Tensor<f32>| match cfg.parallel.shard {
+                Shard::None => whole(t),
+                Shard::Optimizer => shard_rows(t.shape(), world, rank, &cfg.faults).0,
+            };
+            let moments = match &moments {
+                Some(([avg, avg_sq], step)) => {
+                    let moment = |p: &Params<Tensor<f32>>| {
+                        p.try_map_ref(|t| place(t, shard(t), Category::Optimizer))
+                    };
+                    Some((
+                        Moments {
+                            exp_avg: moment(avg)?,
+                            exp_avg_sq: moment(avg_sq)?,
+                        },
+                        *step,
+                    ))
+                }
+                None => None,
+            };
+            states.push(State::new(cfg, dev, master, moments)?);
+        }
+        Ok(Ranks {
+            states,
+            specs: param_specs(&cfg.model),
+            parallel: cfg.parallel,
+            faults: cfg.faults.clone(),
+        })
+    }
+
+    /// A single rank holding `state`: a run without data parallelism.
+    pub fn single(state: State<D>) -> Self {
+        Ranks {
+            states: vec![state],
+            specs: Vec::new(),
+            parallel: Parallel::default(),
+            faults: Faults::default(),
+        }
+    }
+
+    /// Every rank's state, in rank order.
+    pub fn states(&self) -> &[State<D>] {
+        &self.states
+    }
+
+    /// Rank 0's state.
+    pub fn first(&self) -> &State<D> {
+        &self.states[0]
+    }
+
+    /// One training step over `batches` (every micro-batch of the step, in global order) at
+    /// learning rate `lr`: the step's output and the gradient norm before clipping, both with
+    /// the bits one rank gives.
+    pub fn train_step(
+        &mut self,
+        batches: &[Batch],
+        dropout: Option<Dropout>,
+        lr: f64,
+    ) -> Result<(PassOutput, f64)> {
+        let world = self.states.len();
+        if world == 1 {
+            return self.states[0].train_step(batches, dropout, lr);
+        }
+        if batches.is_empty() || batches.len() % world != 0 {
+            return Err(EngineError::Config(format!(
+                "a step of {} micro-batches cannot be split over {world} ranks; write an accumulation that world_size divides",
+                batches.len()
+            )));
+        }
+        let (shard, faults) = (self.parallel.shard, &self.faults);
+        let per_rank = batches.len() / world;
+        let results: Vec<Result<(Vec<PassOutput>, f64)>> = std::thread::scope(|s| {
+            let handles: Vec<_> = self
+                .states
+                .iter_mut()
+                .zip(thread_group(world))
+                .map(|(state, comm)| {
+                    let rank = comm.rank();
+                    let mine = micro_batches(batches, world, rank, faults);
+                    let step = RankStep {
+                        first: (rank * per_rank) as u64,
+                        micro_batches: batches.len(),
+                        dropout,
+                        lr,
+                        shard,
+                        faults,
+                    };
+                    std::thread::Builder::new()
+                        .name(format!("rank-{rank}"))
+                        .spawn_scoped(s, move || step.run(state, &comm, &mine))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.map_err(|e| EngineError::Config(format!("a rank's thread: {e}")))
+                        .and_then(|h| {
+                            h.join().unwrap_or_else(|_| {
+                                Err(EngineError::Config("a rank's thread panicked".into()))
+                            })
+                        })
+                })
+                .collect()
+        });
+        first_cause(results).map(|ranks| {
+            let norm = ranks.last().map_or(0.0, |r| r.1);
+            let passes = ranks.into_iter().flat_map(|r| r.0).collect();
+            (self.states[0].model().step_output(passes), norm)
+        })
+    }
+
+    /// What a checkpoint of the ranks holds, as one device's checkpoint holds it: rank 0's
+    /// weights, and each moment's rows gathered from the ranks that hold them.
+    pub fn checkpoint_entries(&self) -> Result<(Vec<Entry<'_>>, Vec<Entry<'_>>)> {
+        let (model, mut optimizer) = self.states[0].checkpoint_entries()?;
+        if self.parallel.shard == Shard::None || self.states.len() == 1 {
+            return Ok((model, optimizer));
+        }
+        let others = self.states[1..]
+            .iter()
+            .map(|s| s.checkpoint_entries().map(|e| e.1))
+            .collect::<Result<Vec<_>>>()?;
+        for (i, entry) in optimizer.iter_mut().enumerate() {
+            let Some(param) = moment_of(&entry.name) else {
+                continue;
+            };
+            let spec = self.specs.iter().find(|s| s.name == param).ok_or_else(|| {
+                EngineError::Config(format!("optimizer entry {} names no parameter", entry.name))
+            })?;
+            let mut data = entry.data.to_vec();
+            for rank in &others {
+                data.extend_from_slice(&rank[i].data);
+            }
+            entry.shape = spec.shape.clone();
+            entry.data = Cow::Owned(data);
+        }
+        Ok((model, optimizer))
+    }
+}
+
+/// The parameter whose moment an optimizer entry holds (sharded); `None` for a master weight
+/// (whole on every rank).
+fn moment_of(name: &str) -> Option<&str> {
+    name.strip_suffix(".exp_avg")
+        .or_else(|| name.strip_suffix(".exp_avg_sq"))
+}
+
+/// Rank `rank`'s micro-batches of a step: the contiguous run in global order, or with
+/// [`Fault::MicroBatchesStrided`] every `world`-th one.
+fn micro_batches(batches: &[Batch], world: usize, rank: usize, faults: &Faults) -> Vec<Batch> {
+    let per_rank = batches.len() / world;
+    if faults.has(Fault::MicroBatchesStrided) {
+        return batches.iter().skip(rank).step_by(world).cloned().collect();
+    }
+    batches[rank * per_rank..(rank + 1) * per_rank].to_vec()
+}
+
+/// The rows of a tensor of `shape` whose optimizer state `rank` holds, and the elements per row;
+/// [`Fault::ShardBoundaryOffByOne`] starts every shard but the first a row late.
+fn shard_rows(
+    shape: &[usize],
+    world: usize,
+    rank: usize,
+    faults: &Faults,
+) -> (Range<usize>, usize) {
+    let (rows, row) = shard_of(shape, world, rank);
+    if faults.has(Fault::ShardBoundaryOffByOne) && rank > 0 && !rows.is_empty() {
+        return ((rows.start + 1)..rows.end, row);
+    }
+    (rows, row)
+}
+
+/// The ranks' results, or the first error that is a cause rather than a report of a peer that
+/// stopped.
+fn first_cause<T>(results: Vec<Result<T>>) -> Result<Vec<T>> {
+    let mut errors: Vec<EngineError> = Vec::new();
+    let mut oks = Vec::new();
+    for r in results {
+        match r {
+            Ok(v) => oks.push(v),
+            Err(e) => errors.push(e),
+        }
+    }
+    match errors.iter().position(|e| !is_peer_stopped(e)) {
+        Some(i) => Err(errors.swap_remove(i)),
+        None => errors.into_iter().next().map_or(Ok(oks), Err),
+    }
+}
+
+/// A copy of rows `rows` of the host tensor `t` on `dev`, counted under `category`.
+fn place<D: Device>(
+    dev: &D,
+    t: &Tensor<f32>,
+    rows: Range<usize>,
+    category: Category,
+) -> Result<D::Tensor<f32>> {
+    let row = t.numel() / t.shape().first().copied().unwrap_or(1).max(1);
+    let mut placed = dev.zeros::<f32>(&shard_shape(t.shape(), rows.len()), category)?;
+    let bytes = &t.as_bytes()[rows.start * row * F32..rows.end * row * F32];
+    dev.write_bytes(&mut placed, 0, bytes)?;
+    Ok(placed)
+}
+
+/// One rank's part of a step.
+struct RankStep<'a> {
+    /// The global index of the rank's first micro-batch.
+    first: u64,
+    /// Micro-batches in the whole step.
+    micro_batches: usize,
+    dropout: Option<Dropout>,
+    lr: f64,
+    shard: Shard,
+    faults: &'a Faults,
+}
+
+impl RankStep<'_> {
+    fn run<D: Device>(
+        &self,
+        state: &mut State<D>,
+        comm: &dyn Collective,
+        mine: &[Batch],
+    ) -> Result<(Vec<PassOutput>, f64)> {
+        let (rank, world) = (comm.rank(), comm.world_size());
+        let last = world - 1;
+        let counted_here = mine.iter().map(|b| counted(&b.labels) as u64).sum();
+        let share = StepShare {
+            tokens: comm.sum_u64(counted_here)? as usize,
+            micro_batches: self.micro_batches,
+        };
+        let by_rank = self.faults.has(Fault::GradientsSummedByRank);
+        if rank == 0 || by_rank {
+            state.zero_grads()?;
+        } else {
+            receive_whole(state, comm, rank - 1)?;
+        }
+        let passes = state.passes(mine, self.dropout, share, self.first)?;
+        if by_rank {
+            add_by_rank(state, comm)?;
+        } else if rank < last {
+            send_whole(state, comm, rank + 1)?;
+        }
+        state.device().enter(StepPhase::Optimizer);
+        let norm = match rank == last {
+            true => grad_norm(state.device(), state.grads())?,
+            false => 0.0,
+        };
+        let norm = f64::from_le_bytes(
+            comm.broadcast(last, norm.to_le_bytes().to_vec())?
+                .try_into()
+                .map_err(|_| {
+                    EngineError::Config("the gradient norm's message is not 8 bytes".into())
+                })?,
+        );
+        let coef = clip_coefficient(norm, state.optimizer().config().grad_clip);
+        match self.shard {
+            Shard::None => {
+                broadcast_grads(state, comm, last)?;
+                scale(state, coef)?;
+                state.adamw_step(self.lr)?;
+            }
+            Shard::Optimizer => {
+                let shards: Vec<_> = state
+                    .grads_mut()
+                    .tensors()
+                    .iter()
+                    .map(|g| shard_rows(g.shape(), world, rank, self.faults))
+                    .collect();
+                scatter_grads(state, comm, last, self.faults)?;
+                scale(state, coef)?;
+                state.adamw_shard(self.lr, &shards)?;
+                gather_master(state, comm, self.faults)?;
+                state.refresh_compute()?;
+            }
+        }
+        Ok((passes, norm))
+    }
+}
+
+/// Scales every gradient by the clipping factor, if any.
+fn scale<D: Device>(state: &mut State<D>, coef: Option<f32>) -> Result<()> {
+    if let Some(coef) = coef {
+        let dev = state.device().clone();
+        for g in state.grads_mut().tensors_mut() {
+            dev.scale(g, coef)?;
+        }
+    }
+    Ok(())
+}
+
+/// Sends every gradient, whole, to rank `to`.
+fn send_whole<D: Device>(state: &mut State<D>, comm: &dyn Collective, to: usize) -> Result<()> {
+    let dev = state.device().clone();
+    for g in state.grads_mut().tensors() {
+        comm.send(to, dev.read_bytes(g, 0, g.bytes() as usize)?)?;
+    }
+    Ok(())
+}
+
+/// Receives every gradient, whole, from rank `from`, in place of what the gradients hold.
+fn receive_whole<D: Device>(
+    state: &mut State<D>,
+    comm: &dyn Collective,
+    from: usize,
+) -> Result<()> {
+    let dev = state.device().clone();
+    for g in state.grads_mut().tensors_mut() {
+        dev.write_bytes(g, 0, &comm.recv(from)?)?;
+    }
+    Ok(())
+}
+
+/// Every rank gets rank `root`'s gradients.
+fn broadcast_grads<D: Device>(
+    state: &mut State<D>,
+    comm: &dyn Collective,
+    root: usize,
+) -> Result<()> {
+    let dev = state.device().clone();
+    let rank = comm.rank();
+    for g in state.grads_mut().tensors_mut() {
+        let bytes = match rank == root {
+            true => dev.read_bytes(g, 0, g.bytes() as usize)?,
+            false => Vec::new(),
+        };
+        let got = comm.broadcast(root, bytes)?;
+        if rank != root {
+            dev.write_bytes(g, 0, &got)?;
+        }
+    }
+    Ok(())
+}
+
+/// Rank `root` sends each rank its rows of every gradient.
+fn scatter_grads<D: Device>(
+    state: &mut State<D>,
+    comm: &dyn Collective,
+    root: usize,
+    faults: &Faults,
+) -> Result<()> {
+    let dev = state.device().clone();
+    let (rank, world) = (comm.rank(), comm.world_size());
+    for g in state.grads_mut().tensors_mut() {
+        if rank == root {
+            for to in (0..world).filter(|&r| r != root) {
+                let (rows, row) = shard_rows(g.shape(), world, to, faults);
+                let bytes = dev.read_bytes(g, rows.start * row * F32, rows.len() * row * F32)?;
+                comm.send(to, bytes)?;
+            }
+        } else {
+            let (rows, row) = shard_rows(g.shape(), world, rank, faults);
+            dev.write_bytes(g, rows.start * row * F32, &comm.recv(root)?)?;
+        }
+    }
+    Ok(())
+}
+
+/// Every rank gets every rank's updated rows of the master weights.
+fn gather_master<D: Device>(
+    state: &mut State<D>,
+    comm: &dyn Collective,
+    faults: &Faults,
+) -> Result<()> {
+    let dev = state.device().clone();
+    let (rank, world) = (comm.rank(), comm.world_size());
+    for p in state.master_mut().tensors_mut() {
+        let (rows, row) = shard_rows(p.shape(), world, rank, faults);
+        let mine = dev.read_bytes(p, rows.start * row * F32, rows.len() * row * F32)?;
+        for (from, bytes) in comm.all_gather(mine)?.into_iter().enumerate() {
+            if from != rank {
+                let (rows, row) = shard_rows(p.shape(), world, from, faults);
+                dev.write_bytes(p, rows.start * row * F32, &bytes)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// [`Fault::GradientsSummedByRank`]: every rank sends its own sum to the last, which adds them
+/// in rank order.
+fn add_by_rank<D: Device>(state: &mut State<D>, comm: &dyn Collective) -> Result<()> {
+    let (rank, last) = (comm.rank(), comm.world_size() - 1);
+    if rank < last {
+        return send_whole(state, comm, last);
+    }
+    let dev = state.device().clone();
+    let mut partials: Vec<Vec<Vec<u8>>> = Vec::new();
+    for from in 0..last {
+        let grads = state.grads_mut().tensors().len();
+        partials.push((0..grads).map(|_| comm.recv(from)).collect::<Result<_>>()?);
+    }
+    for (i, g) in state.grads_mut().tensors_mut().into_iter().enumerate() {
+        let own: Vec<f32> = bytes_to_f32(&dev.read_bytes(g, 0, g.bytes() as usize)?);
+        let mut sum = vec![0.0f32; own.len()];
+        for part in partials.iter().map(|p| bytes_to_f32(&p[i])).chain([own]) {
+            for (s, x) in sum.iter_mut().zip(part) {
+                *s += x;
+            }
+        }
+        dev.write_bytes(g, 0, bytemuck::cast_slice(&sum))?;
+    }
+    Ok(())
+}
+
+/// Little-endian f32 bytes as values (empty from the counting device).
+fn bytes_to_f32(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}

@@ -1,0 +1,301 @@
+//! Data parallelism on CPU ranks: every world size and sharding stage trains the bits of one
+//! rank (losses, gradient norms, batches, weights and optimizer state), a checkpoint resumes at
+//! another world size bit for bit, each rank's memory is the counting ranks' to the byte, and
+//! each data-parallel fault breaks exactly what it targets.
+
+mod common;
+
+use ckpt_engine::backend::count::Like;
+use ckpt_engine::config::Precision;
+use ckpt_engine::data::DataLoader;
+use ckpt_engine::model::config::MoeConfig;
+use ckpt_engine::model::{weights, Checkpointing, Dropout, Family};
+use ckpt_engine::parallel::ranks::Ranks;
+use ckpt_engine::parallel::{Parallel, Shard};
+use ckpt_engine::{
+    CountingDevice, CpuDevice, Device, Fault, MemoryTracker, StateDigest, TrainConfig, Trainer,
+};
+
+/// A vocabulary that neither 3 nor 4 divides.
+const VOCAB: usize = 37;
+
+/// A Llama with grouped-query attention on 12 micro-batches a step, with dropout (so each
+/// micro-batch's generator offset shows) and clipping.
+fn dense(precision: Precision) -> TrainConfig {
+    let mut cfg = common::train_config(common::llama(VOCAB, 16, 2), precision, 1, 8, 6);
+    cfg.accumulation = 12;
+    cfg.dropout = 0.1;
+    cfg.optimizer.grad_clip = Some(0.5);
+    cfg
+}
+
+/// [`dense`] as a Qwen3-MoE: 4 experts, top-2, with full checkpointing.
+fn moe() -> TrainConfig {
+    let mut cfg = dense(Precision::Fp32);
+    cfg.model.family = Family::Qwen3Moe;
+    cfg.model.moe = Some(MoeConfig {
+        num_experts: 4,
+        num_experts_per_tok: 2,
+        moe_intermediate_size: 8,
+        norm_topk_prob: true,
+        router_aux_loss_coef: 0.01,
+        decoder_sparse_step: 1,
+        mlp_only_layers: vec![],
+    });
+    cfg.checkpointing = Checkpointing::Full;
+    cfg
+}
+
+fn with(cfg: &TrainConfig, world_size: usize, shard: Shard, faults: &[Fault]) -> TrainConfig {
+    TrainConfig {
+        parallel: Parallel { world_size, shard },
+        faults: faults.iter().copied().collect(),
+        ..cfg.clone()
+    }
+}
+
+/// What a run shows of itself: each step's loss, gradient norm and batch (bits), and the state
+/// at the end.
+#[derive(Debug, PartialEq)]
+struct Run {
+    steps: Vec<(u32, u64, String)>,
+    end: StateDigest,
+}
+
+fn run(cfg: &TrainConfig, steps: u64) -> Run {
+    let mut t = Trainer::new(cfg.clone(), CpuDevice::new(4, u64::MAX).unwrap()).unwrap();
+    let steps = (0..steps)
+        .map(|_| {
+            let s = t.step().unwrap();
+            (s.loss.to_bits(), s.grad_norm.to_bits(), s.batch_digest)
+        })
+        .collect();
+    Run {
+        steps,
+        end: t.state_digest().unwrap(),
+    }
+}
+
+#[test]
+fn every_world_size_and_stage_trains_the_bits_of_one_rank() {
+    let cases = [
+        ("dense fp32", dense(Precision::Fp32)),
+        ("dense bf16-mixed", dense(Precision::Bf16Mixed)),
+        ("qwen3-moe", moe()),
+    ];
+    for (name, cfg) in cases {
+        let one = run(&cfg, 3);
+        for world in 1..=4 {
+            for shard in [Shard::None, Shard::Optimizer] {
+                let got = run(&with(&cfg, world, shard, &[]), 3);
+                assert_eq!(got, one, "{name}, world size {world}, shard {shard:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_checkpoint_resumes_at_another_world_size_bit_for_bit() {
+    let cfg = dense(Precision::Bf16Mixed);
+    let whole = run(&cfg, 4);
+    for (saved_at, resumed_at) in [
+        ((4, Shard::Optimizer), (3, Shard::Optimizer)),
+        ((3, Shard::Optimizer), (2, Shard::None)),
+        ((1, Shard::None), (4, Shard::Optimizer)),
+        ((4, Shard::Optimizer), (1, Shard::None)),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let dev = || CpuDevice::new(4, u64::MAX).unwrap();
+        let first = with(&cfg, saved_at.0, saved_at.1, &[]);
+        let mut t = Trainer::new(first, dev()).unwrap();
+        let mut steps = Vec::new();
+        for _ in 0..2 {
+            let s = t.step().unwrap();
+            steps.push((s.loss.to_bits(), s.grad_norm.to_bits(), s.batch_digest));
+        }
+        t.save(dir.path(), None).unwrap();
+        drop(t);
+        let second = with(&cfg, resumed_at.0, resumed_at.1, &[]);
+        let mut t = Trainer::resume(second, dev(), dir.path()).unwrap();
+        for _ in 0..2 {
+            let s = t.step().unwrap();
+            steps.push((s.loss.to_bits(), s.grad_norm.to_bits(), s.batch_digest));
+        }
+        let resumed = Run {
+            steps,
+            end: t.state_digest().unwrap(),
+        };
+        assert_eq!(
+            resumed, whole,
+            "saved at {saved_at:?}, resumed at {resumed_at:?}"
+        );
+    }
+}
+
+/// The moments of a rank with sharded optimizer state hold its rows only: the 37-row embedding
+/// over 4 ranks is 10, 10, 10 and 7 rows.
+#[test]
+fn sharded_moments_hold_each_rank_s_rows_only() {
+    let cfg = with(&dense(Precision::Fp32), 4, Shard::Optimizer, &[]);
+    let mut t = Trainer::new(cfg, CpuDevice::new(4, u64::MAX).unwrap()).unwrap();
+    t.step().unwrap();
+    let rows: Vec<usize> = t
+        .ranks()
+        .iter()
+        .map(|s| s.optimizer().moments().unwrap().exp_avg.tensors()[0].shape()[0])
+        .collect();
+    assert_eq!(rows, [10, 10, 10, 7]);
+    let (_, optimizer) = t.state().checkpoint_entries().unwrap();
+    assert_eq!(
+        optimizer[0].shape,
+        [10, 16],
+        "rank 0's own entries are its shard"
+    );
+}
+
+/// Each data-parallel fault leaves one rank's run alone and changes the bits at the world sizes
+/// where it acts; a fault that only moves the sharded update leaves the losses of the step
+/// before the update it spoils alone.
+#[test]
+fn each_data_parallel_fault_changes_the_bits_where_it_acts() {
+    let cfg = dense(Precision::Fp32);
+    let one = run(&cfg, 2);
+    for (fault, shard) in [
+        (Fault::GradientsSummedByRank, Shard::None),
+        (Fault::MicroBatchesStrided, Shard::None),
+        (Fault::ShardBoundaryOffByOne, Shard::Optimizer),
+    ] {
+        assert_eq!(
+            run(&with(&cfg, 1, shard, &[fault]), 2),
+            one,
+            "{fault:?} at one rank"
+        );
+        let faulty = run(&with(&cfg, 3, shard, &[fault]), 2);
+        assert_ne!(faulty.end.params, one.end.params, "{fault:?}: weights");
+        assert_eq!(
+            faulty.steps[0].2, one.steps[0].2,
+            "{fault:?}: the same data"
+        );
+        match fault {
+            Fault::ShardBoundaryOffByOne => {
+                assert_eq!(
+                    faulty.steps[0], one.steps[0],
+                    "the first step's loss and norm"
+                );
+                assert_ne!(
+                    faulty.steps[1].0, one.steps[1].0,
+                    "the loss after the update"
+                );
+            }
+            _ => assert_ne!(
+                faulty.steps[0].1, one.steps[0].1,
+                "{fault:?}: the first norm"
+            ),
+        }
+    }
+}
+
+/// Each rank's step memory on the CPU equals the same step run on counting ranks: the peak, the
+/// bytes at the peak by category, each category's peak and the bytes held at the end.
+#[test]
+fn each_rank_s_step_memory_equals_the_counting_ranks() {
+    for precision in [Precision::Fp32, Precision::Bf16Mixed] {
+        for (world, shard) in [
+            (2, Shard::None),
+            (3, Shard::Optimizer),
+            (4, Shard::Optimizer),
+        ] {
+            let mut cfg = with(&dense(precision), world, shard, &[]);
+            cfg.dropout = 0.0;
+            let cpu = CpuDevice::new(4, u64::MAX).unwrap();
+            let mut t = Trainer::new(cfg.clone(), cpu.clone()).unwrap();
+            let host = MemoryTracker::unlimited();
+            let init = match &cfg.init {
+                ckpt_engine::Init::Random { seed, std } => {
+                    weights::init_params(&host, &cfg.model, *seed, *std, cfg.master_category())
+                        .unwrap()
+                }
+                other => panic!("{other:?}"),
+            };
+            let count = CountingDevice::new(Like::Cpu {
+                threads: cpu.threads(),
+            });
+            let devices = count.ranks(world).unwrap();
+            let trackers: Vec<MemoryTracker> =
+                devices.iter().map(|d| d.tracker().clone()).collect();
+            let mut ranks = Ranks::new(&cfg, devices, init, None).unwrap();
+            let mut loader = DataLoader::new(
+                &cfg.data,
+                cfg.model.vocab_size,
+                cfg.batch_size,
+                cfg.seq_len,
+                cfg.shuffle_seed,
+            )
+            .unwrap();
+            for step in 0..2 {
+                let stats = t.step().unwrap();
+                trackers.iter().for_each(MemoryTracker::reset_peak);
+                let batches: Vec<_> = (0..cfg.accumulation)
+                    .map(|_| loader.next_batch_of(cfg.seq_len).unwrap())
+                    .collect();
+                ranks.train_step(&batches, None::<Dropout>, 1e-3).unwrap();
+                assert_eq!(stats.rank_memory.len(), world);
+                for (rank, (got, tracker)) in stats.rank_memory.iter().zip(&trackers).enumerate() {
+                    let want = tracker.stats();
+                    let at = format!(
+                        "{precision:?}, world {world}, {shard:?}, step {step}, rank {rank}"
+                    );
+                    assert_eq!(got.allocated.peak, want.allocated.peak, "{at}: peak");
+                    assert_eq!(got.at_peak, want.at_peak, "{at}: at the peak");
+                    assert_eq!(got.peak_by_category, want.peak_by_category, "{at}");
+                    assert_eq!(got.current, want.current, "{at}: at the end");
+                }
+            }
+        }
+    }
+}
+
+/// Sharding the optimizer state divides each rank's moments by the world size (rounded up by
+/// rows): the optimizer category of every rank is below one rank's.
+#[test]
+fn sharded_optimizer_state_takes_less_memory_on_every_rank() {
+    let cfg = dense(Precision::Fp32);
+    let optimizer_bytes = |cfg: TrainConfig| {
+        let mut t = Trainer::new(cfg, CpuDevice::new(4, u64::MAX).unwrap()).unwrap();
+        let s = t.step().unwrap();
+        let ranks = if s.rank_memory.is_empty() {
+            vec![s.memory]
+        } else {
+            s.rank_memory
+        };
+        ranks
+            .iter()
+            .map(|m| m.current.get(ckpt_engine::Category::Optimizer))
+            .collect::<Vec<u64>>()
+    };
+    let one = optimizer_bytes(cfg.clone())[0];
+    let none = optimizer_bytes(with(&cfg, 4, Shard::None, &[]));
+    assert!(none.iter().all(|&b| b == one), "{none:?} vs {one}");
+    let sharded = optimizer_bytes(with(&cfg, 4, Shard::Optimizer, &[]));
+    assert!(sharded.iter().all(|&b| b < one / 3), "{sharded:?} vs {one}");
+    assert!(
+        sharded.iter().sum::<u64>() <= one + 4 * 2 * 4 * 16 * 2,
+        "{sharded:?}"
+    );
+}
+
+#[test]
+fn a_world_size_that_does_not_divide_the_micro_batches_is_refused_with_both_numbers() {
+    let cpu = CpuDevice::new(1, u64::MAX).unwrap();
+    for (world, want) in [(5, "world_size is 5"), (0, "world_size is 0")] {
+        let cfg = with(&dense(Precision::Fp32), world, Shard::None, &[]);
+        let e = Trainer::new(cfg, cpu.clone())
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(e.contains(want), "{e}");
+        if world == 5 {
+            assert!(e.contains("12 micro-batches"), "{e}");
+        }
+    }
+}
