@@ -489,15 +489,16 @@ pub trait Device: Clone + Send + Sync + 'static {
         args: AdamWArgs,
     ) -> Result<()>;
 
-    /// One AdamW update of the elements of `p` and `g` from `offset` on, as many as the
-    /// `moments` hold: a rank's shard of a tensor whose optimizer state is sharded. Element-wise,
-    /// so it gives the bits [`Device::adamw`] gives those elements.
+    /// One AdamW update of as many elements as the `moments` hold, of `p` from element
+    /// `offsets.0` on with those of `g` from `offsets.1` on: a rank's shard of a tensor whose
+    /// optimizer state is sharded. Element-wise, so it gives the bits [`Device::adamw`] gives
+    /// those elements.
     fn adamw_range(
         &self,
         p: &mut Self::Tensor<f32>,
         g: &Self::Tensor<f32>,
         moments: (&mut Self::Tensor<f32>, &mut Self::Tensor<f32>),
         args: AdamWArgs,
-        offset: usize,
+        offsets: (usize, usize),
     ) -> Result<()>;
 }

@@ -192,8 +192,10 @@ impl<D: Device> AdamW<D> {
 
 impl<D: Device> AdamW<D> {
     /// One AdamW update of a shard of every tensor: rows `shards[i].0` (of `shards[i].1`
-    /// elements each) of parameter `i`. The moments hold those rows only (allocated at the
-    /// first update); each element gets the bits [`AdamW::update`] gives it.
+    /// elements each) of parameter `i`, whose gradient is whole. The moments hold those rows
+    /// only (allocated at the first update), and so do the parameters where `params_sharded`;
+    /// each element gets the bits [`AdamW::update`] gives it.
+    #[allow(clippy::too_many_arguments)]
     pub fn update_shard(
         &mut self,
         dev: &D,
@@ -201,6 +203,7 @@ impl<D: Device> AdamW<D> {
         params: &mut Params<D::Tensor<f32>>,
         grads: &Params<D::Tensor<f32>>,
         shards: &[(Range<usize>, usize)],
+        params_sharded: bool,
         lr: f64,
     ) -> Result<()> {
         if self.moments.is_none() {
@@ -228,7 +231,9 @@ impl<D: Device> AdamW<D> {
             .zip(m.tensors_mut().into_iter().zip(v.tensors_mut()))
             .zip(shards);
         for (((p, g), (m, v)), (rows, row)) in tensors {
-            dev.adamw_range(p, g, (m, v), args, rows.start * row)?;
+            let offset = rows.start * row;
+            let p_offset = if params_sharded { 0 } else { offset };
+            dev.adamw_range(p, g, (m, v), args, (p_offset, offset))?;
         }
         Ok(())
     }

@@ -90,6 +90,29 @@ impl<D: Device> State<D> {
                 master,
             },
         };
+        Self::assemble(cfg, dev, model, weights, moments)
+    }
+
+    /// The state of a run from weights built elsewhere (a data-parallel rank's, whose master
+    /// weights may hold its rows only) and, when resuming, the saved moments with their step
+    /// count.
+    pub fn with_weights(
+        cfg: &TrainConfig,
+        dev: D,
+        weights: Weights<D>,
+        moments: Option<(Moments<D>, u64)>,
+    ) -> Result<Self> {
+        let model = Model::new(&dev, cfg.model.clone())?;
+        Self::assemble(cfg, dev, model, weights, moments)
+    }
+
+    fn assemble(
+        cfg: &TrainConfig,
+        dev: D,
+        model: Model<D>,
+        weights: Weights<D>,
+        moments: Option<(Moments<D>, u64)>,
+    ) -> Result<Self> {
         let grads = Params::try_new(&cfg.model, |s| dev.zeros::<f32>(&s.shape, Category::Grads))?;
         let mut optimizer = AdamW::new(cfg.optimizer.clone());
         if let Some((moments, step)) = moments {
@@ -246,16 +269,23 @@ impl<D: Device> State<D> {
     }
 
     /// One AdamW update at learning rate `lr` of rows `shards[i].0` (of `shards[i].1` elements)
-    /// of each master weight, whose moments hold those rows only ([`AdamW::update_shard`]).
-    /// The compute weights are not refreshed: the other rows arrive from the other ranks first.
+    /// of each master weight, whose moments hold those rows only ([`AdamW::update_shard`]); in
+    /// bf16-mixed the master weights hold those rows only too. The compute weights are not
+    /// refreshed: the other rows arrive from the other ranks first.
     pub fn adamw_shard(
         &mut self,
         lr: f64,
         shards: &[(std::ops::Range<usize>, usize)],
     ) -> Result<()> {
+        let sharded = matches!(self.weights, Weights::Bf16Mixed { .. });
         let (dev, model, master) = (&self.dev, &self.cfg.model, self.weights.master_mut());
         self.optimizer
-            .update_shard(dev, model, master, &self.grads, shards, lr)
+            .update_shard(dev, model, master, &self.grads, shards, sharded, lr)
+    }
+
+    /// The weights, to be filled by a rank's exchanges.
+    pub fn weights_mut(&mut self) -> &mut Weights<D> {
+        &mut self.weights
     }
 
     /// The global L2 norm of the gradients before clipping; scales them down to the run's

@@ -19,7 +19,7 @@ use super::collective::{is_peer_stopped, thread_group, Collective};
 use super::plan::{shard_of, shard_shape};
 use super::{Parallel, Shard};
 use crate::checkpoint::Entry;
-use crate::config::TrainConfig;
+use crate::config::{Precision, TrainConfig};
 use crate::device::{Device, DeviceTensor, StepPhase};
 use crate::error::{EngineError, Result};
 use crate::fault::{Fault, Faults};
@@ -28,13 +28,16 @@ use crate::model::loss::counted;
 use crate::model::{param_specs, ParamSpec};
 use crate::model::{Batch, Dropout, Params, PassOutput, StepShare};
 use crate::optim::{clip_coefficient, grad_norm, Moments};
-use crate::state::State;
-use crate::tensor::Tensor;
+use crate::state::{State, Weights};
+use crate::tensor::{Elem, Tensor};
+use half::bf16;
 use std::borrow::Cow;
 use std::ops::Range;
 
 /// Bytes of an f32 element: gradients, master weights and moments are f32.
 const F32: usize = 4;
+/// Bytes of a bf16 element: the compute weights of bf16-mixed.
+const BF16: usize = 2;
 
 /// The ranks of a run: one [`State`] per rank, each on its own device.
 pub struct Ranks<D: Device> {
@@ -63,10 +66,23 @@ impl<D: Device> Ranks<D> {
                 place(&dev, t, rows, category)
             };
             let whole = |t: &Tensor<f32>| 0..t.shape().first().copied().unwrap_or(1);
-            let master = master.try_map_ref(|t| place(t, whole(t), category))?;
             let shard = |t: &Tensor<f32>| match cfg.parallel.shard {
                 Shard::None => whole(t),
                 Shard::Optimizer => shard_rows(t.shape(), world, rank, &cfg.faults).0,
+            };
+            let weights = match cfg.precision {
+                Precision::Fp32 => {
+                    Weights::Fp32(master.try_map_ref(|t| place(t, whole(t), category))?)
+                }
+                Precision::Bf16Mixed => Weights::Bf16Mixed {
+                    compute: master.try_map_ref(|t| -> Result<_> {
+                        let whole = place(t, whole(t), category)?;
+                        let mut compute = dev.zeros::<bf16>(t.shape(), Category::Params)?;
+                        dev.round(&whole, &mut compute)?;
+                        Ok(compute)
+                    })?,
+                    master: master.try_map_ref(|t| place(t, shard(t), category))?,
+                },
             };
             let moments = match &moments {
                 Some(([avg, avg_sq], step)) => {
@@ -83,7 +99,7 @@ impl<D: Device> Ranks<D> {
                 }
                 None => None,
             };
-            states.push(State::new(cfg, dev, master, moments)?);
+            states.push(State::with_weights(cfg, dev, weights, moments)?);
         }
         Ok(Ranks {
             states,
@@ -175,7 +191,8 @@ impl<D: Device> Ranks<D> {
     }
 
     /// What a checkpoint of the ranks holds, as one device's checkpoint holds it: rank 0's
-    /// weights, and each moment's rows gathered from the ranks that hold them.
+    /// weights, and with sharded optimizer state each moment's (and bf16-mixed master weight's)
+    /// rows gathered from the ranks that hold them.
     pub fn checkpoint_entries(&self) -> Result<(Vec<Entry<'_>>, Vec<Entry<'_>>)> {
         let (model, mut optimizer) = self.states[0].checkpoint_entries()?;
         if self.parallel.shard == Shard::None || self.states.len() == 1 {
@@ -186,9 +203,7 @@ impl<D: Device> Ranks<D> {
             .map(|s| s.checkpoint_entries().map(|e| e.1))
             .collect::<Result<Vec<_>>>()?;
         for (i, entry) in optimizer.iter_mut().enumerate() {
-            let Some(param) = moment_of(&entry.name) else {
-                continue;
-            };
+            let param = parameter_of(&entry.name);
             let spec = self.specs.iter().find(|s| s.name == param).ok_or_else(|| {
                 EngineError::Config(format!("optimizer entry {} names no parameter", entry.name))
             })?;
@@ -203,11 +218,12 @@ impl<D: Device> Ranks<D> {
     }
 }
 
-/// The parameter whose moment an optimizer entry holds (sharded); `None` for a master weight
-/// (whole on every rank).
-fn moment_of(name: &str) -> Option<&str> {
-    name.strip_suffix(".exp_avg")
-        .or_else(|| name.strip_suffix(".exp_avg_sq"))
+/// The parameter whose moment or master weight an optimizer entry holds.
+fn parameter_of(name: &str) -> &str {
+    [".exp_avg_sq", ".exp_avg", ".master"]
+        .iter()
+        .find_map(|suffix| name.strip_suffix(suffix))
+        .unwrap_or(name)
 }
 
 /// Rank `rank`'s micro-batches of a step: the contiguous run in global order, or with
@@ -333,8 +349,7 @@ impl RankStep<'_> {
                 scatter_grads(state, comm, last, self.faults)?;
                 scale(state, coef)?;
                 state.adamw_shard(self.lr, &shards)?;
-                gather_master(state, comm, self.faults)?;
-                state.refresh_compute()?;
+                gather_updated(state, comm, self.faults)?;
             }
         }
         Ok((passes, norm))
@@ -419,22 +434,55 @@ fn scatter_grads<D: Device>(
     Ok(())
 }
 
-/// Every rank gets every rank's updated rows of the master weights.
-fn gather_master<D: Device>(
+/// Every rank gets every rank's updated rows: of the f32 weights in fp32, of the bf16 compute
+/// weights (each rank rounding its master rows) in bf16-mixed.
+fn gather_updated<D: Device>(
     state: &mut State<D>,
     comm: &dyn Collective,
     faults: &Faults,
 ) -> Result<()> {
     let dev = state.device().clone();
     let (rank, world) = (comm.rank(), comm.world_size());
-    for p in state.master_mut().tensors_mut() {
-        let (rows, row) = shard_rows(p.shape(), world, rank, faults);
-        let mine = dev.read_bytes(p, rows.start * row * F32, rows.len() * row * F32)?;
-        for (from, bytes) in comm.all_gather(mine)?.into_iter().enumerate() {
-            if from != rank {
-                let (rows, row) = shard_rows(p.shape(), world, from, faults);
-                dev.write_bytes(p, rows.start * row * F32, &bytes)?;
+    let at = |shape: &[usize], from: usize, elem: usize| {
+        let (rows, row) = shard_rows(shape, world, from, faults);
+        (rows.start * row * elem, rows.len() * row * elem)
+    };
+    match state.weights_mut() {
+        Weights::Fp32(params) => {
+            for p in params.tensors_mut() {
+                let shape = p.shape().to_vec();
+                let (offset, len) = at(&shape, rank, F32);
+                let mine = dev.read_bytes(p, offset, len)?;
+                exchange_rows(&dev, comm, p, mine, |from| at(&shape, from, F32).0)?;
             }
+        }
+        Weights::Bf16Mixed { master, compute } => {
+            for (m, c) in master.tensors().into_iter().zip(compute.tensors_mut()) {
+                let mut rounded = dev.zeros::<bf16>(m.shape(), Category::Workspace)?;
+                dev.round(m, &mut rounded)?;
+                let mine = dev.read_bytes(&rounded, 0, rounded.bytes() as usize)?;
+                drop(rounded);
+                let shape = c.shape().to_vec();
+                dev.write_bytes(c, at(&shape, rank, BF16).0, &mine)?;
+                exchange_rows(&dev, comm, c, mine, |from| at(&shape, from, BF16).0)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Sends this rank's `mine` to every rank and writes every other rank's into `t` at the byte
+/// offset `at(rank)`.
+fn exchange_rows<D: Device, E: Elem>(
+    dev: &D,
+    comm: &dyn Collective,
+    t: &mut D::Tensor<E>,
+    mine: Vec<u8>,
+    at: impl Fn(usize) -> usize,
+) -> Result<()> {
+    for (from, bytes) in comm.all_gather(mine)?.into_iter().enumerate() {
+        if from != comm.rank() {
+            dev.write_bytes(t, at(from), &bytes)?;
         }
     }
     Ok(())

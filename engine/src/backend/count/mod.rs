@@ -241,7 +241,7 @@ impl Device for CountingDevice {
         fn cross_entropy_rows<E>(&self, &mut T<E>, &CountIndices, &mut T<f32>, Rows, f32);
         fn scale(&self, &mut T<f32>, f32);
         fn adamw(&self, &mut T<f32>, &T<f32>, (&mut T<f32>, &mut T<f32>), AdamWArgs);
-        fn adamw_range(&self, &mut T<f32>, &T<f32>, (&mut T<f32>, &mut T<f32>), AdamWArgs, usize);
+        fn adamw_range(&self, &mut T<f32>, &T<f32>, (&mut T<f32>, &mut T<f32>), AdamWArgs, (usize, usize));
         fn write_bytes<E>(&self, &mut T<E>, usize, &[u8]);
     }
 

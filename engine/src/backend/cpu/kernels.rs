@@ -543,10 +543,13 @@ impl Device for CpuDevice {
         g: &Tensor<f32>,
         (m, v): (&mut Tensor<f32>, &mut Tensor<f32>),
         a: AdamWArgs,
-        offset: usize,
+        (p_offset, g_offset): (usize, usize),
     ) -> Result<()> {
-        let range = span(p.numel(), offset, m.numel())?;
-        let (p, g) = (&mut p.as_mut_slice()[range.clone()], &g.as_slice()[range]);
+        let (p_span, g_span) = (
+            span(p.numel(), p_offset, m.numel())?,
+            span(g.numel(), g_offset, m.numel())?,
+        );
+        let (p, g) = (&mut p.as_mut_slice()[p_span], &g.as_slice()[g_span]);
         let (m, v) = (m.as_mut_slice(), v.as_mut_slice());
         self.install(|| {
             p.par_chunks_mut(CHUNK)

@@ -621,7 +621,7 @@ impl Device for CudaDevice {
         _: &CudaTensor<f32>,
         _: (&mut CudaTensor<f32>, &mut CudaTensor<f32>),
         _: AdamWArgs,
-        _: usize,
+        _: (usize, usize),
     ) -> Result<()> {
         Err(ranks_on_cuda())
     }
