@@ -16,8 +16,9 @@ use crate::backend::cpu::attention::{scratch_shape, Pass};
 use crate::config::{Precision, TrainConfig};
 use crate::device::{AttnShape, Device, StepPhase};
 use crate::error::{check_host, try_vec, EngineError, Result};
-use crate::memory::Breakdown;
+use crate::memory::{Breakdown, MemoryStats};
 use crate::model::{Batch, Checkpointing, Dropout};
+use crate::parallel::ranks::Ranks;
 use crate::state::State;
 use serde::{Deserialize, Serialize};
 
@@ -39,7 +40,6 @@ impl EstimateConfig {
         EstimateConfig {
             run: TrainConfig {
                 faults: Default::default(),
-                parallel: Default::default(),
                 ..cfg.clone()
             },
             like,
@@ -159,6 +159,10 @@ pub struct Estimate {
     /// every tensor of the checkpoint (weights, master weights, AdamW's moments), counted under
     /// `io` and held from the save to the end of the next step.
     pub save_staging: u64,
+    /// Each data-parallel rank's first and later step, in rank order (rank 0's are
+    /// `first_step` and `later_step`); empty for one rank.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ranks: Vec<[StepEstimate; 2]>,
 }
 
 /// The memory model of the steps with long rows (`TrainConfig::long_batch`).
@@ -216,10 +220,15 @@ impl Estimate {
 /// The memory model of `cfg`.
 pub fn estimate(cfg: &EstimateConfig) -> Result<Estimate> {
     cfg.validate()?;
-    let (anatomy, first_step, later_step, save_staging) = steps(cfg, cfg.run.seq_len)?;
+    let (anatomy, mut ranks, save_staging) = steps(cfg, cfg.run.seq_len)?;
+    let [first_step, later_step] = ranks[0].clone();
+    if ranks.len() == 1 {
+        ranks.clear();
+    }
     let long_batch = match cfg.run.long_batch {
         Some(long) => {
-            let (anatomy, first_step, later_step, _) = steps(cfg, long.seq_len)?;
+            let (anatomy, ranks, _) = steps(cfg, long.seq_len)?;
+            let [first_step, later_step] = ranks[0].clone();
             Some(LongBatchEstimate {
                 from_step: long.from_step,
                 anatomy,
@@ -238,6 +247,7 @@ pub fn estimate(cfg: &EstimateConfig) -> Result<Estimate> {
         long_batch,
         checkpoint_io,
         save_staging,
+        ranks,
     })
 }
 
@@ -245,17 +255,22 @@ pub fn estimate(cfg: &EstimateConfig) -> Result<Estimate> {
 /// `cfg.routes` says: what a step that recorded its tokens per expert should have held.
 pub fn routed_steps(cfg: &EstimateConfig, seq: usize) -> Result<[StepEstimate; 2]> {
     cfg.validate()?;
-    let (_, first, later, _) = steps(cfg, seq)?;
-    Ok([first, later])
+    let (_, ranks, _) = steps(cfg, seq)?;
+    Ok(ranks[0].clone())
 }
 
-/// The parts, a step without and with AdamW's moments at rows of `seq` tokens, and the bytes of
-/// a checkpoint's tensors after them: two steps of a fresh state on the counting device, each
-/// over the run's `accumulation` micro-batches.
-fn steps(cfg: &EstimateConfig, seq: usize) -> Result<(Anatomy, StepEstimate, StepEstimate, u64)> {
+/// The parts, each rank's step without and with AdamW's moments at rows of `seq` tokens, and
+/// the bytes of a checkpoint's tensors after them: two steps of a fresh state on the counting
+/// device (one per rank, for data parallelism), each over the run's `accumulation`
+/// micro-batches.
+fn steps(cfg: &EstimateConfig, seq: usize) -> Result<(Anatomy, Vec<[StepEstimate; 2]>, u64)> {
     let run = &cfg.run;
     let dev = CountingDevice::new(cfg.like).with_routes(cfg.routes.clone());
-    let mut state = State::zeros(run, dev.clone())?;
+    let devices = dev.ranks(run.parallel.world_size)?;
+    let mut ranks = match devices.len() {
+        1 => Ranks::single(State::zeros(run, dev.clone())?),
+        _ => Ranks::new(run, devices.clone(), None, None)?,
+    };
     let rows = run.batch_size.saturating_mul(seq);
     check_host(
         (rows as u64 * 12).saturating_mul(run.accumulation as u64),
@@ -273,33 +288,44 @@ fn steps(cfg: &EstimateConfig, seq: usize) -> Result<(Anatomy, StepEstimate, Ste
         seed: 0,
         offset: 0,
     });
-    let tracker = dev.tracker().clone();
-    let mut step = || -> Result<StepEstimate> {
-        let before = tracker.stats();
-        tracker.reset_peak();
-        dev.reset_log();
-        state.train_step(&batches, dropout, 0.0)?;
-        let after = tracker.stats();
-        let log = dev.log();
-        Ok(StepEstimate {
-            start: before.current,
-            end: after.current,
-            peak: after.allocated.peak,
-            at_peak: after.at_peak,
-            peak_by_category: after.peak_by_category,
-            allocations: after.alloc_count - before.alloc_count,
-            after_forward: log.start_of(StepPhase::Loss),
-            phases: PhasePeaks {
-                forward: log.peak_of(StepPhase::Forward),
-                loss: log.peak_of(StepPhase::Loss),
-                backward: log.peak_of(StepPhase::Backward),
-                optimizer: log.peak_of(StepPhase::Optimizer),
-            },
-        })
+    let mut step = || -> Result<Vec<StepEstimate>> {
+        let before: Vec<_> = devices.iter().map(|d| d.tracker().stats()).collect();
+        for d in &devices {
+            d.tracker().reset_peak();
+            d.reset_log();
+        }
+        ranks.train_step(&batches, dropout, 0.0)?;
+        Ok(devices
+            .iter()
+            .zip(before)
+            .map(|(d, before)| measured(d, before))
+            .collect())
     };
     let first = step()?;
     let later = step()?;
-    Ok((anatomy(cfg, seq), first, later, state.checkpoint_bytes()))
+    let steps = first.into_iter().zip(later).map(|(a, b)| [a, b]).collect();
+    Ok((anatomy(cfg, seq), steps, ranks.checkpoint_bytes()))
+}
+
+/// What the counting device `dev` saw of a step that started with `before`.
+fn measured(dev: &CountingDevice, before: MemoryStats) -> StepEstimate {
+    let after = dev.tracker().stats();
+    let log = dev.log();
+    StepEstimate {
+        start: before.current,
+        end: after.current,
+        peak: after.allocated.peak,
+        at_peak: after.at_peak,
+        peak_by_category: after.peak_by_category,
+        allocations: after.alloc_count - before.alloc_count,
+        after_forward: log.start_of(StepPhase::Loss),
+        phases: PhasePeaks {
+            forward: log.peak_of(StepPhase::Forward),
+            loss: log.peak_of(StepPhase::Loss),
+            backward: log.peak_of(StepPhase::Backward),
+            optimizer: log.peak_of(StepPhase::Optimizer),
+        },
+    }
 }
 
 /// The parts, from the shapes of the tensors that hold them.

@@ -334,9 +334,6 @@ impl<D: Device> State<D> {
     /// The bytes of the tensors [`State::checkpoint_entries`] returns, from their sizes alone
     /// (the counting device holds no data): what an asynchronous save stages in host memory.
     pub fn checkpoint_bytes(&self) -> u64 {
-        fn total<T: DeviceTensor>(p: &Params<T>) -> u64 {
-            p.tensors().iter().map(|t| t.bytes()).sum()
-        }
         let weights = match &self.weights {
             Weights::Fp32(p) => total(p),
             Weights::Bf16Mixed { master, compute } => total(master) + total(compute),
@@ -346,6 +343,20 @@ impl<D: Device> State<D> {
             .moments()
             .map_or(0, |m| total(&m.exp_avg) + total(&m.exp_avg_sq));
         weights + moments
+    }
+
+    /// The bytes of the optimizer's own state: the moments, and the master weights in
+    /// bf16-mixed (what sharding the optimizer state splits between ranks).
+    pub fn optimizer_state_bytes(&self) -> u64 {
+        let master = match &self.weights {
+            Weights::Fp32(_) => 0,
+            Weights::Bf16Mixed { master, .. } => total(master),
+        };
+        let moments = self
+            .optimizer
+            .moments()
+            .map_or(0, |m| total(&m.exp_avg) + total(&m.exp_avg_sq));
+        master + moments
     }
 
     /// What a checkpoint holds: `model.safetensors` entries (the weights the passes read, in
@@ -375,6 +386,11 @@ impl<D: Device> State<D> {
         }
         Ok((model, optimizer))
     }
+}
+
+/// The bytes of every tensor of `p`.
+fn total<T: DeviceTensor>(p: &Params<T>) -> u64 {
+    p.tensors().iter().map(|t| t.bytes()).sum()
 }
 
 /// Appends an entry `<name><suffix>` for each tensor of `params` to `out`.

@@ -137,7 +137,7 @@ impl<D: Device> Trainer<D> {
                 master.try_map(|t| dev.upload(t))?,
                 None,
             )?),
-            world => Ranks::new(&cfg, dev.ranks(world)?, master, None)?,
+            world => Ranks::new(&cfg, dev.ranks(world)?, Some(&master), None)?,
         };
         Self::assemble(cfg, ranks)
     }
@@ -210,7 +210,7 @@ impl<D: Device> Trainer<D> {
             world => Ranks::new(
                 &cfg,
                 dev.ranks(world)?,
-                loaded.master,
+                Some(&loaded.master),
                 loaded.moments.map(|m| (m, loaded.state.optimizer_step)),
             )?,
         };

@@ -14,7 +14,6 @@ use std::path::Path;
 fn config(precision: Precision, faults: &[Fault]) -> TrainConfig {
     TrainConfig {
         faults: faults.iter().copied().collect(),
-        parallel: Default::default(),
         ..common::train_config(common::llama(64, 32, 2), precision, 4, 16, 8)
     }
 }

@@ -7,14 +7,12 @@ mod common;
 
 use ckpt_engine::backend::count::Like;
 use ckpt_engine::config::Precision;
-use ckpt_engine::data::DataLoader;
+use ckpt_engine::estimate::{estimate, EstimateConfig, StepEstimate};
 use ckpt_engine::model::config::MoeConfig;
-use ckpt_engine::model::{weights, Checkpointing, Dropout, Family};
-use ckpt_engine::parallel::ranks::Ranks;
+use ckpt_engine::model::{Checkpointing, Family};
 use ckpt_engine::parallel::{Parallel, Shard};
-use ckpt_engine::{
-    CountingDevice, CpuDevice, Device, Fault, MemoryTracker, StateDigest, TrainConfig, Trainer,
-};
+use ckpt_engine::{CpuDevice, Fault, MemoryTracker, StateDigest, TrainConfig, Trainer};
+use proptest::prelude::*;
 
 /// A vocabulary that neither 3 nor 4 divides.
 const VOCAB: usize = 37;
@@ -195,63 +193,61 @@ fn each_data_parallel_fault_changes_the_bits_where_it_acts() {
     }
 }
 
-/// Each rank's step memory on the CPU equals the same step run on counting ranks: the peak, the
-/// bytes at the peak by category, each category's peak and the bytes held at the end.
-#[test]
-fn each_rank_s_step_memory_equals_the_counting_ranks() {
-    for precision in [Precision::Fp32, Precision::Bf16Mixed] {
-        for (world, shard) in [
-            (2, Shard::None),
-            (3, Shard::Optimizer),
-            (4, Shard::Optimizer),
-        ] {
-            let mut cfg = with(&dense(precision), world, shard, &[]);
-            cfg.dropout = 0.0;
-            let cpu = CpuDevice::new(4, u64::MAX).unwrap();
-            let mut t = Trainer::new(cfg.clone(), cpu.clone()).unwrap();
-            let host = MemoryTracker::unlimited();
-            let init = match &cfg.init {
-                ckpt_engine::Init::Random { seed, std } => {
-                    weights::init_params(&host, &cfg.model, *seed, *std, cfg.master_category())
-                        .unwrap()
-                }
-                other => panic!("{other:?}"),
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(16))]
+
+    /// Each rank's memory in the first two steps on the CPU equals the estimate's for that rank
+    /// (the same step run on counting ranks): the bytes at the start, the peak, the bytes at
+    /// the peak by category, each category's peak and the bytes at the end; and an asynchronous
+    /// save stages what the estimate says.
+    #[test]
+    fn each_rank_s_memory_equals_the_estimate(
+        world in prop::sample::select(vec![1usize, 2, 3, 4, 6]),
+        optimizer_sharded in any::<bool>(),
+        bf16 in any::<bool>(),
+        full_checkpointing in any::<bool>(),
+        vocab in 17usize..41,
+        threads in 1usize..5,
+    ) {
+        let precision = if bf16 { Precision::Bf16Mixed } else { Precision::Fp32 };
+        let shard = if optimizer_sharded { Shard::Optimizer } else { Shard::None };
+        let mut cfg = with(&dense(precision), world, shard, &[]);
+        cfg.model.vocab_size = vocab;
+        cfg.dropout = 0.0;
+        if full_checkpointing {
+            cfg.checkpointing = Checkpointing::Full;
+        }
+        let cpu = CpuDevice::new(threads, u64::MAX).unwrap();
+        let est = estimate(&EstimateConfig::from_train(&cfg, Like::Cpu { threads: cpu.threads() })).unwrap();
+        let want: Vec<[StepEstimate; 2]> = match est.ranks.is_empty() {
+            true => vec![[est.first_step.clone(), est.later_step.clone()]],
+            false => est.ranks.clone(),
+        };
+        prop_assert_eq!(want.len(), world);
+        let mut t = Trainer::new(cfg.clone(), cpu).unwrap();
+        let trackers: Vec<MemoryTracker> =
+            t.ranks().iter().map(|s| s.device().tracker().clone()).collect();
+        for step in 0..2 {
+            let start: Vec<_> = trackers.iter().map(|t| t.stats().current).collect();
+            let stats = t.step().unwrap();
+            let got = match stats.rank_memory.is_empty() {
+                true => vec![stats.memory],
+                false => stats.rank_memory,
             };
-            let count = CountingDevice::new(Like::Cpu {
-                threads: cpu.threads(),
-            });
-            let devices = count.ranks(world).unwrap();
-            let trackers: Vec<MemoryTracker> =
-                devices.iter().map(|d| d.tracker().clone()).collect();
-            let mut ranks = Ranks::new(&cfg, devices, init, None).unwrap();
-            let mut loader = DataLoader::new(
-                &cfg.data,
-                cfg.model.vocab_size,
-                cfg.batch_size,
-                cfg.seq_len,
-                cfg.shuffle_seed,
-            )
-            .unwrap();
-            for step in 0..2 {
-                let stats = t.step().unwrap();
-                trackers.iter().for_each(MemoryTracker::reset_peak);
-                let batches: Vec<_> = (0..cfg.accumulation)
-                    .map(|_| loader.next_batch_of(cfg.seq_len).unwrap())
-                    .collect();
-                ranks.train_step(&batches, None::<Dropout>, 1e-3).unwrap();
-                assert_eq!(stats.rank_memory.len(), world);
-                for (rank, (got, tracker)) in stats.rank_memory.iter().zip(&trackers).enumerate() {
-                    let want = tracker.stats();
-                    let at = format!(
-                        "{precision:?}, world {world}, {shard:?}, step {step}, rank {rank}"
-                    );
-                    assert_eq!(got.allocated.peak, want.allocated.peak, "{at}: peak");
-                    assert_eq!(got.at_peak, want.at_peak, "{at}: at the peak");
-                    assert_eq!(got.peak_by_category, want.peak_by_category, "{at}");
-                    assert_eq!(got.current, want.current, "{at}: at the end");
-                }
+            for (rank, (got, want)) in got.iter().zip(&want).enumerate() {
+                let want = &want[step];
+                let at = format!("{precision:?}, world {world}, {shard:?}, step {step}, rank {rank}");
+                prop_assert_eq!(start[rank], want.start, "{}: start", at);
+                prop_assert_eq!(got.allocated.peak, want.peak, "{}: peak", at);
+                prop_assert_eq!(got.at_peak, want.at_peak, "{}: at the peak", at);
+                prop_assert_eq!(got.peak_by_category, want.peak_by_category, "{}", at);
+                prop_assert_eq!(got.current, want.end, "{}: at the end", at);
             }
         }
+        let dir = tempfile::tempdir().unwrap();
+        t.save_async(dir.path(), None).unwrap();
+        prop_assert_eq!(t.staging_bytes(), est.save_staging);
+        t.finish_saves().unwrap();
     }
 }
 

@@ -51,43 +51,58 @@ pub struct Ranks<D: Device> {
 impl<D: Device> Ranks<D> {
     /// The ranks of `cfg` on `devices` (one per rank), from the f32 `master` weights and, when
     /// resuming, the saved moments (whole tensors) with their step count, all on the host. Each
-    /// rank receives its copy of the weights and its share of the moments.
+    /// rank receives its copy of the weights and its share of the moments. Without `master`
+    /// the weights are zeros (the memory model's: the counting device holds no values).
     pub fn new(
         cfg: &TrainConfig,
         devices: Vec<D>,
-        master: Params<Tensor<f32>>,
+        master: Option<&Params<Tensor<f32>>>,
         moments: Option<([Params<Tensor<f32>>; 2], u64)>,
     ) -> Result<Self> {
         let world = devices.len();
+        let specs = param_specs(&cfg.model);
         let category = cfg.master_category();
+        let host = |i: usize| master.map(|m| m.tensors()[i]);
         let mut states = Vec::with_capacity(world);
         for (rank, dev) in devices.into_iter().enumerate() {
-            let place = |t: &Tensor<f32>, rows: Range<usize>, category: Category| {
-                place(&dev, t, rows, category)
+            let whole = |shape: &[usize]| 0..shape.first().copied().unwrap_or(1);
+            let shard = |shape: &[usize]| match cfg.parallel.shard {
+                Shard::None => whole(shape),
+                Shard::Optimizer => shard_rows(shape, world, rank, &cfg.faults).0,
             };
-            let whole = |t: &Tensor<f32>| 0..t.shape().first().copied().unwrap_or(1);
-            let shard = |t: &Tensor<f32>| match cfg.parallel.shard {
-                Shard::None => whole(t),
-                Shard::Optimizer => shard_rows(t.shape(), world, rank, &cfg.faults).0,
+            let each = |f: &mut dyn FnMut(usize, &ParamSpec) -> Result<D::Tensor<f32>>| {
+                let mut i = 0;
+                Params::try_new(&cfg.model, |spec| {
+                    i += 1;
+                    f(i - 1, spec)
+                })
             };
             let weights = match cfg.precision {
-                Precision::Fp32 => {
-                    Weights::Fp32(master.try_map_ref(|t| place(t, whole(t), category))?)
-                }
-                Precision::Bf16Mixed => Weights::Bf16Mixed {
-                    compute: master.try_map_ref(|t| -> Result<_> {
-                        let whole = place(t, whole(t), category)?;
-                        let mut compute = dev.zeros::<bf16>(t.shape(), Category::Params)?;
+                Precision::Fp32 => Weights::Fp32(each(&mut |i, s| {
+                    place(&dev, host(i), &s.shape, whole(&s.shape), category)
+                })?),
+                Precision::Bf16Mixed => {
+                    let mut i = 0;
+                    let compute = Params::try_new(&cfg.model, |s| -> Result<_> {
+                        let whole = place(&dev, host(i), &s.shape, whole(&s.shape), category)?;
+                        i += 1;
+                        let mut compute = dev.zeros::<bf16>(&s.shape, Category::Params)?;
                         dev.round(&whole, &mut compute)?;
                         Ok(compute)
-                    })?,
-                    master: master.try_map_ref(|t| place(t, shard(t), category))?,
-                },
+                    })?;
+                    let master = each(&mut |i, s| {
+                        place(&dev, host(i), &s.shape, shard(&s.shape), category)
+                    })?;
+                    Weights::Bf16Mixed { master, compute }
+                }
             };
             let moments = match &moments {
                 Some(([avg, avg_sq], step)) => {
                     let moment = |p: &Params<Tensor<f32>>| {
-                        p.try_map_ref(|t| place(t, shard(t), Category::Optimizer))
+                        each(&mut |i, s| {
+                            let t = Some(p.tensors()[i]);
+                            place(&dev, t, &s.shape, shard(&s.shape), Category::Optimizer)
+                        })
                     };
                     Some((
                         Moments {
@@ -103,7 +118,7 @@ impl<D: Device> Ranks<D> {
         }
         Ok(Ranks {
             states,
-            specs: param_specs(&cfg.model),
+            specs,
             parallel: cfg.parallel,
             faults: cfg.faults.clone(),
         })
@@ -190,6 +205,19 @@ impl<D: Device> Ranks<D> {
         })
     }
 
+    /// The bytes of the tensors [`Ranks::checkpoint_entries`] returns, from their sizes alone:
+    /// rank 0's, and with sharded optimizer state every other rank's share of it.
+    pub fn checkpoint_bytes(&self) -> u64 {
+        let others = match self.parallel.shard {
+            Shard::None => 0,
+            Shard::Optimizer => self.states[1..]
+                .iter()
+                .map(State::optimizer_state_bytes)
+                .sum(),
+        };
+        self.states[0].checkpoint_bytes() + others
+    }
+
     /// What a checkpoint of the ranks holds, as one device's checkpoint holds it: rank 0's
     /// weights, and with sharded optimizer state each moment's (and bf16-mixed master weight's)
     /// rows gathered from the ranks that hold them.
@@ -268,17 +296,21 @@ fn first_cause<T>(results: Vec<Result<T>>) -> Result<Vec<T>> {
     }
 }
 
-/// A copy of rows `rows` of the host tensor `t` on `dev`, counted under `category`.
+/// Rows `rows` of a tensor of `shape` on `dev`, counted under `category`: a copy of the host
+/// tensor's rows where there is one, zeros where there is none.
 fn place<D: Device>(
     dev: &D,
-    t: &Tensor<f32>,
+    host: Option<&Tensor<f32>>,
+    shape: &[usize],
     rows: Range<usize>,
     category: Category,
 ) -> Result<D::Tensor<f32>> {
-    let row = t.numel() / t.shape().first().copied().unwrap_or(1).max(1);
-    let mut placed = dev.zeros::<f32>(&shard_shape(t.shape(), rows.len()), category)?;
-    let bytes = &t.as_bytes()[rows.start * row * F32..rows.end * row * F32];
-    dev.write_bytes(&mut placed, 0, bytes)?;
+    let row = shape.iter().skip(1).product::<usize>();
+    let mut placed = dev.zeros::<f32>(&shard_shape(shape, rows.len()), category)?;
+    if let Some(t) = host {
+        let bytes = &t.as_bytes()[rows.start * row * F32..rows.end * row * F32];
+        dev.write_bytes(&mut placed, 0, bytes)?;
+    }
     Ok(placed)
 }
 

@@ -307,6 +307,9 @@ impl Device for CountingDevice {
     }
 
     fn ranks(&self, world: usize) -> Result<Vec<Self>> {
+        if world == 1 {
+            return Ok(vec![self.clone()]);
+        }
         let like = match self.like {
             Like::Cpu { threads } => Like::Cpu {
                 threads: (threads / world.max(1)).max(1),
