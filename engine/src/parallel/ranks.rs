@@ -25,7 +25,7 @@ use crate::error::{EngineError, Result};
 use crate::fault::{Fault, Faults};
 use crate::memory::Category;
 use crate::model::loss::counted;
-use crate::model::{param_specs, ParamSpec};
+use crate::model::{param_specs, LlamaConfig, ParamSpec};
 use crate::model::{Batch, Dropout, Params, PassOutput, StepShare};
 use crate::optim::{clip_coefficient, grad_norm, Moments};
 use crate::state::{State, Weights};
@@ -70,36 +70,27 @@ impl<D: Device> Ranks<D> {
                 Shard::None => whole(shape),
                 Shard::Optimizer => shard_rows(shape, world, rank, &cfg.faults).0,
             };
-            let each = |f: &mut dyn FnMut(usize, &ParamSpec) -> Result<D::Tensor<f32>>| {
-                let mut i = 0;
-                Params::try_new(&cfg.model, |spec| {
-                    i += 1;
-                    f(i - 1, spec)
-                })
-            };
+            let model = &cfg.model;
             let weights = match cfg.precision {
-                Precision::Fp32 => Weights::Fp32(each(&mut |i, s| {
+                Precision::Fp32 => Weights::Fp32(each_param(model, |i, s| {
                     place(&dev, host(i), &s.shape, whole(&s.shape), category)
                 })?),
-                Precision::Bf16Mixed => {
-                    let mut i = 0;
-                    let compute = Params::try_new(&cfg.model, |s| -> Result<_> {
+                Precision::Bf16Mixed => Weights::Bf16Mixed {
+                    compute: each_param(model, |i, s| {
                         let whole = place(&dev, host(i), &s.shape, whole(&s.shape), category)?;
-                        i += 1;
                         let mut compute = dev.zeros::<bf16>(&s.shape, Category::Params)?;
                         dev.round(&whole, &mut compute)?;
                         Ok(compute)
-                    })?;
-                    let master = each(&mut |i, s| {
+                    })?,
+                    master: each_param(model, |i, s| {
                         place(&dev, host(i), &s.shape, shard(&s.shape), category)
-                    })?;
-                    Weights::Bf16Mixed { master, compute }
-                }
+                    })?,
+                },
             };
             let moments = match &moments {
                 Some(([avg, avg_sq], step)) => {
                     let moment = |p: &Params<Tensor<f32>>| {
-                        each(&mut |i, s| {
+                        each_param(model, |i, s| {
                             let t = Some(p.tensors()[i]);
                             place(&dev, t, &s.shape, shard(&s.shape), Category::Optimizer)
                         })
@@ -294,6 +285,18 @@ fn first_cause<T>(results: Vec<Result<T>>) -> Result<Vec<T>> {
         Some(i) => Err(errors.swap_remove(i)),
         None => errors.into_iter().next().map_or(Ok(oks), Err),
     }
+}
+
+/// `f(i, spec)` for every parameter `i` of `model`, in order.
+fn each_param<T>(
+    model: &LlamaConfig,
+    mut f: impl FnMut(usize, &ParamSpec) -> Result<T>,
+) -> Result<Params<T>> {
+    let mut i = 0;
+    Params::try_new(model, |spec| {
+        i += 1;
+        f(i - 1, spec)
+    })
 }
 
 /// Rows `rows` of a tensor of `shape` on `dev`, counted under `category`: a copy of the host
