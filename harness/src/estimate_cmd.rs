@@ -9,6 +9,7 @@ use ckpt_engine::data::DataConfig;
 use ckpt_engine::estimate::{estimate, Estimate, EstimateConfig};
 use ckpt_engine::model::loss::LossKind;
 use ckpt_engine::optim::{AdamWConfig, Schedule};
+use ckpt_engine::parallel::Shard;
 use ckpt_engine::{Checkpointing, CpuDevice, DeviceKind, Init, LlamaConfig, Precision};
 use ckpt_engine::{TrainConfig, Trainer};
 use ckpt_harness::checks::bytes as exact_bytes;
@@ -57,6 +58,16 @@ pub struct EstimateArgs {
     /// Step arithmetic.
     #[arg(long, value_enum)]
     precision: Option<Precision>,
+    /// Micro-batches per optimizer step.
+    #[arg(long)]
+    accumulation: Option<usize>,
+    /// Data-parallel ranks, each a device of its own; the table is rank 0's (whose shards are
+    /// the largest) and each rank's peaks follow it.
+    #[arg(long)]
+    world_size: Option<usize>,
+    /// What the ranks shard.
+    #[arg(long, value_enum)]
+    shard: Option<Shard>,
     /// The backend whose allocations to model.
     #[arg(long, value_enum, default_value_t = DeviceKind::Cpu)]
     device: DeviceKind,
@@ -194,6 +205,8 @@ fn run_config(a: &EstimateArgs, suite: Option<&Suite>) -> Result<TrainConfig> {
         (a.kv_heads, &mut m.num_key_value_heads),
         (a.batch, &mut run.batch_size),
         (a.seq, &mut run.seq_len),
+        (a.accumulation, &mut run.accumulation),
+        (a.world_size, &mut run.parallel.world_size),
     ];
     for (flag, slot) in overrides {
         if let Some(v) = flag {
@@ -202,6 +215,9 @@ fn run_config(a: &EstimateArgs, suite: Option<&Suite>) -> Result<TrainConfig> {
     }
     if let Some(p) = a.precision {
         run.precision = p;
+    }
+    if let Some(shard) = a.shard {
+        run.parallel.shard = shard;
     }
     Ok(run)
 }
@@ -331,11 +347,17 @@ const MOE_BOUND_ROWS: [Row; 2] = [
     }),
 ];
 
-/// The largest step peak a run reaches, and where: its later steps, or its long rows.
+/// The largest step peak a run reaches, and where: its later steps, its long rows, or another
+/// rank's steps.
 fn largest_peak(e: &Estimate) -> (u64, String) {
     let mut peak = (e.first_step.peak, "the first step".to_string());
     if e.later_step.peak > peak.0 {
         peak = (e.later_step.peak, "every step after the first".into());
+    }
+    for (rank, [first, later]) in e.ranks.iter().enumerate().skip(1) {
+        if first.peak.max(later.peak) > peak.0 {
+            peak = (first.peak.max(later.peak), format!("rank {rank}'s steps"));
+        }
     }
     if let Some(long) = &e.long_batch {
         let long_peak = long.first_step.peak.max(long.later_step.peak);
@@ -391,6 +413,55 @@ fn budget_verdict(
             ),
         )
     })
+}
+
+/// Each data-parallel rank's step peaks and what its later steps hold at the peak, for the run
+/// as configured; nothing for one rank.
+fn rank_table(e: &Estimate, exact: bool) -> String {
+    if e.ranks.is_empty() {
+        return String::new();
+    }
+    let p = &e.config.run.parallel;
+    let mut rows = vec![[
+        "rank",
+        "first step",
+        "later steps",
+        "params",
+        "grads",
+        "optimizer",
+        "activations",
+        "workspace",
+    ]
+    .map(String::from)
+    .to_vec()];
+    for (rank, [first, later]) in e.ranks.iter().enumerate() {
+        let at = later.at_peak;
+        let mut row = vec![
+            rank.to_string(),
+            show(first.peak, exact),
+            show(later.peak, exact),
+        ];
+        row.extend(
+            [
+                at.params,
+                at.grads,
+                at.optimizer,
+                at.activations,
+                at.workspace,
+            ]
+            .map(|b| show(b, exact)),
+        );
+        rows.push(row);
+    }
+    format!(
+        "
+{} ranks, shard {}: each rank's step peak and, for later steps, the bytes at the peak by category
+
+{}",
+        p.world_size,
+        format!("{:?}", p.shard).to_lowercase(),
+        markdown(&rows)
+    )
 }
 
 /// `bytes` in binary units with two decimals, or exact.
@@ -565,6 +636,7 @@ pub fn table(a: &EstimateArgs) -> Result<Report> {
         )
     });
     let mut text = header + &experts + &markdown(&rows);
+    text.push_str(&rank_table(&estimates[configured], a.bytes));
     let verdict = suite.as_ref().and_then(|s| {
         budget_verdict(
             s,
@@ -595,6 +667,65 @@ mod tests {
 
     fn args(flags: &[&str]) -> EstimateArgs {
         Cli::parse_from(std::iter::once("estimate").chain(flags.iter().copied())).args
+    }
+
+    /// With ranks, the table is rank 0's (its measured peaks equal it) and each rank's peaks
+    /// follow; the ranks' shards of the optimizer state shrink with the world size.
+    #[test]
+    fn each_rank_s_peaks_are_listed_and_rank_0_s_are_measured() {
+        let flags = |world: &'static str| {
+            args(&[
+                "--vocab",
+                "37",
+                "--hidden",
+                "16",
+                "--ffn",
+                "24",
+                "--layers",
+                "2",
+                "--heads",
+                "4",
+                "--batch",
+                "1",
+                "--seq",
+                "8",
+                "--accumulation",
+                "4",
+                "--world-size",
+                world,
+                "--shard",
+                "optimizer",
+                "--bytes",
+                "--measure",
+            ])
+        };
+        let text = table(&flags("4")).unwrap().text;
+        assert!(text.contains("4 ranks, shard optimizer"), "{text}");
+        let rank_rows: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("| ") && l[2..].starts_with(char::is_numeric))
+            .collect();
+        assert_eq!(rank_rows.len(), 4, "{text}");
+        let cells = |line: &str| -> Vec<String> {
+            line.split('|')
+                .skip(2)
+                .map(|c| c.trim().to_string())
+                .filter(|c| !c.is_empty())
+                .collect()
+        };
+        let row = |label: &str| cells(text.lines().find(|l| l.contains(label)).unwrap());
+        assert_eq!(
+            row("| **step peak, later steps**"),
+            row("measured step peak, later steps")
+        );
+        let optimizer = |line: &str| cells(line)[4].clone();
+        assert_ne!(
+            optimizer(rank_rows[0]),
+            optimizer(rank_rows[3]),
+            "the last shard is short"
+        );
+        let one = table(&flags("1")).unwrap().text;
+        assert!(!one.contains("ranks, shard"), "{one}");
     }
 
     #[test]

@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 /// NO_SHARD and SHARD_GRAD_OP).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum Shard {
     /// Every rank holds every weight, gradient and moment.
     #[default]
