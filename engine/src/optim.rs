@@ -165,19 +165,13 @@ impl<D: Device> AdamW<D> {
         grads: &Params<D::Tensor<f32>>,
         lr: f64,
     ) -> Result<()> {
-        if self.moments.is_none() {
-            let zeros = |spec: &ParamSpec| dev.zeros::<f32>(&spec.shape, Category::Optimizer);
-            self.moments = Some(Moments {
-                exp_avg: Params::try_new(cfg, zeros)?,
-                exp_avg_sq: Params::try_new(cfg, zeros)?,
-            });
-        }
-        self.step += 1;
-        let args = self.cfg.args(lr, self.step);
-        let Moments {
-            exp_avg: m,
-            exp_avg_sq: v,
-        } = self.moments.as_mut().expect("allocated above");
+        let (
+            args,
+            Moments {
+                exp_avg: m,
+                exp_avg_sq: v,
+            },
+        ) = self.next_update(dev, cfg, lr, |spec| spec.shape.clone())?;
         let tensors = params
             .tensors_mut()
             .into_iter()
@@ -191,6 +185,27 @@ impl<D: Device> AdamW<D> {
 }
 
 impl<D: Device> AdamW<D> {
+    /// Counts an update and returns its scalars at learning rate `lr` and the moments, which
+    /// the first update allocates, each of the shape `shape` gives its parameter.
+    fn next_update(
+        &mut self,
+        dev: &D,
+        cfg: &LlamaConfig,
+        lr: f64,
+        mut shape: impl FnMut(&ParamSpec) -> Vec<usize>,
+    ) -> Result<(AdamWArgs, &mut Moments<D>)> {
+        if self.moments.is_none() {
+            let mut zeros = |spec: &ParamSpec| dev.zeros::<f32>(&shape(spec), Category::Optimizer);
+            self.moments = Some(Moments {
+                exp_avg: Params::try_new(cfg, &mut zeros)?,
+                exp_avg_sq: Params::try_new(cfg, &mut zeros)?,
+            });
+        }
+        self.step += 1;
+        let args = self.cfg.args(lr, self.step);
+        Ok((args, self.moments.as_mut().expect("allocated above")))
+    }
+
     /// One AdamW update of a shard of every tensor: rows `shards[i].0` (of `shards[i].1`
     /// elements each) of parameter `i`, whose gradient is whole. The moments hold those rows
     /// only (allocated at the first update), and so do the parameters where `params_sharded`;
@@ -206,24 +221,18 @@ impl<D: Device> AdamW<D> {
         params_sharded: bool,
         lr: f64,
     ) -> Result<()> {
-        if self.moments.is_none() {
-            let zeros = |spec: &ParamSpec, i: &mut usize| {
-                let rows = shards[*i].0.len();
-                *i += 1;
-                dev.zeros::<f32>(&shard_shape(&spec.shape, rows), Category::Optimizer)
-            };
-            let (mut a, mut b) = (0, 0);
-            self.moments = Some(Moments {
-                exp_avg: Params::try_new(cfg, |s| zeros(s, &mut a))?,
-                exp_avg_sq: Params::try_new(cfg, |s| zeros(s, &mut b))?,
-            });
-        }
-        self.step += 1;
-        let args = self.cfg.args(lr, self.step);
-        let Moments {
-            exp_avg: m,
-            exp_avg_sq: v,
-        } = self.moments.as_mut().expect("allocated above");
+        // The shapes are asked for once per moment, each time parameter by parameter.
+        let mut i = 0;
+        let (
+            args,
+            Moments {
+                exp_avg: m,
+                exp_avg_sq: v,
+            },
+        ) = self.next_update(dev, cfg, lr, |spec| {
+            i += 1;
+            shard_shape(&spec.shape, shards[(i - 1) % shards.len()].0.len())
+        })?;
         let tensors = params
             .tensors_mut()
             .into_iter()
