@@ -12,7 +12,8 @@
 #
 # OUT (default report/nightly) gets summary.json, index.html (+ index.png), junit.xml, memory/
 # and the logs, the mutants' in OUT/mutants. --baseline names last night's summary.json: what
-# changed is at the top of the report. CI runs `--tier ci --no-bench --no-mutants`.
+# changed is at the top of the report. CI runs `--tier ci --no-bench --no-mutants`, then the
+# nightly tier's CPU suites by themselves.
 #
 # Exit status: 1 if a trial failed (or regressed, with --fail-on-regression), the report did
 # not render, torch could not read a trace, transformers did not give a family's loss, a
