@@ -7,7 +7,9 @@
 # PNG defaults to DIR/index.png. Prints one JSON line read from the rendered page: each trial's
 # name, verdict, plots (with their rendered width and height) and visible failure text, the
 # changes against the baseline, the page's size and the milliseconds from navigation until its
-# layout was done. Fails when the page is 2 MB or more, or took a second or more to open.
+# layout was done (`layout_ms`). Fails when the page is 2 MB or more. The layout time is a figure
+# to read, never a verdict: it depends on the machine and what else runs on it (speed is measured
+# by the benchmarks, docs/PERFORMANCE.md).
 #
 # Environment: CHROMIUM names the browser (default: chromium, chromium-browser or google-chrome
 # on PATH; `apt-get install chromium` gives /usr/bin/chromium).
@@ -78,13 +80,10 @@ json="$(base64 -d <<<"$encoded")"
 bytes=$(wc -c <"$page")
 layout_ms=$(sed -n 's/.*"layout_ms":\([0-9]*\).*/\1/p' <<<"$json")
 echo "${json%\}},\"bytes\":$bytes,\"screenshot\":\"$png\"}"
+echo "render_report.sh: $page: $bytes bytes, laid out in $layout_ms ms" >&2
 status=0
 if ((bytes >= 2 * 1024 * 1024)); then
     echo "render_report.sh: $page is $bytes bytes, 2 MB or more" >&2
-    status=1
-fi
-if ((layout_ms >= 1000)); then
-    echo "render_report.sh: $page took $layout_ms ms to open, a second or more" >&2
     status=1
 fi
 exit "$status"

@@ -6,7 +6,9 @@
 //! guaranteed bit for bit.
 //!
 //! The CPU's thread count is not recorded: every kernel splits its outputs across threads and
-//! never a reduction, so results do not depend on it.
+//! never a reduction, so results do not depend on it. Nor are its cache sizes, from which `gemm`
+//! would block the products' inner dimension: the CPU backend fixes that blocking
+//! (`backend::cpu::matmul`), so its bits depend on the instruction set alone.
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -24,7 +26,8 @@ pub struct ExecutionEnv {
     pub engine_version: String,
     /// On the CPU: the matrix kernels the `gemm` crate picks by instruction set, as
     /// `<arch> <kernels>` (`x86_64 avx512f`, `x86_64 fma`, `aarch64 neon`, else
-    /// `<arch> scalar`). Some small products sum in another order from one to another.
+    /// `<arch> scalar`). Some small products sum in another order from one to another; the
+    /// caches change nothing, the products' blocking being fixed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_kernels: Option<String>,
     /// On CUDA: the GPU and the libraries.

@@ -1,6 +1,7 @@
 //! Reports of a run: the summary table, `summary.json` (written, and read back for trends and
 //! merges) and JUnit XML.
 
+use crate::checks::{golden, Check};
 use crate::trends::Trends;
 use crate::trial::TrialResult;
 use anyhow::{Context, Result};
@@ -98,6 +99,15 @@ impl Summary {
                 t.seconds,
                 failed.join(", ")
             );
+            if let Some(note) = t
+                .checks
+                .iter()
+                .filter(|o| o.check == Check::Golden)
+                .find_map(|o| o.figures.get(golden::LOSSES_NOT_COMPARED))
+                .and_then(|v| v.as_str())
+            {
+                let _ = writeln!(out, "    golden: {note}");
+            }
             if let Some(spread) = &t.repeat {
                 let _ = writeln!(out, "    repeated: {}", spread.line());
             }

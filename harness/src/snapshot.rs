@@ -1,6 +1,7 @@
 //! Snapshot files, the project's own reader and writer of the `.snap` layout insta introduced: a
 //! header between two `---` lines (`source:` the code that renders the text, `expression:` what
-//! the text shows), then the text. Texts compare after [`normalise`], so a trailing newline or
+//! the text shows, and where it was made in `environment:` when its numbers hold only there),
+//! then the text. Texts compare after [`normalise`], so a trailing newline or
 //! Windows line endings do not count.
 
 /// A snapshot file's content.
@@ -10,6 +11,10 @@ pub struct Snapshot {
     pub source: String,
     /// What the text shows.
     pub expression: String,
+    /// The execution environment the text's numbers were made in, where they hold only there
+    /// (on the CPU its matrix kernels, `x86_64 fma`); `None` in a snapshot that holds in every
+    /// environment it runs in.
+    pub environment: Option<String>,
     /// The snapshot text, normalised.
     pub text: String,
 }
@@ -32,7 +37,7 @@ impl Snapshot {
                 "line 1: expected `---`, the start of the header; {REWRITE}"
             ));
         }
-        let (mut source, mut expression) = (None, None);
+        let (mut source, mut expression, mut environment) = (None, None, None);
         let mut closed = false;
         for (i, line) in lines.by_ref() {
             if fence(line) {
@@ -42,10 +47,11 @@ impl Snapshot {
             match line.trim_end().split_once(": ") {
                 Some(("source", v)) => source = Some(v.to_string()),
                 Some(("expression", v)) => expression = Some(v.to_string()),
+                Some(("environment", v)) => environment = Some(v.to_string()),
                 Some(("snapshot_kind", "text")) => {}
                 _ => {
                     return Err(format!(
-                        "line {}: expected `source: ...` or `expression: ...` in the header, got {:?}; {REWRITE}",
+                        "line {}: expected `source: ...`, `expression: ...` or `environment: ...` in the header, got {:?}; {REWRITE}",
                         i + 1,
                         line.trim_end()
                     ))
@@ -64,14 +70,19 @@ impl Snapshot {
         Ok(Snapshot {
             source,
             expression,
+            environment,
             text: normalise(&text),
         })
     }
 
     /// The file's content.
     pub fn to_file(&self) -> String {
+        let environment = self
+            .environment
+            .as_ref()
+            .map_or(String::new(), |e| format!("environment: {e}\n"));
         format!(
-            "---\nsource: {}\nexpression: {}\n---\n{}\n",
+            "---\nsource: {}\nexpression: {}\n{environment}---\n{}\n",
             self.source,
             self.expression,
             normalise(&self.text)
@@ -110,6 +121,15 @@ mod tests {
             Snapshot::parse("---\r\nsource: s\r\nexpression: e\r\n---\r\na\r\nb\r\n\r\n").unwrap();
         assert_eq!(snap.text, "a\nb");
         assert_eq!(snap.expression, "e");
+        assert_eq!(snap.environment, None);
+    }
+
+    #[test]
+    fn the_environment_reads_back_as_written() {
+        let file = "---\nsource: s\nexpression: e\nenvironment: x86_64 fma\n---\na\n";
+        let snap = Snapshot::parse(file).unwrap();
+        assert_eq!(snap.environment.as_deref(), Some("x86_64 fma"));
+        assert_eq!(snap.to_file(), file);
     }
 
     #[test]

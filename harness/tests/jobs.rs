@@ -1,5 +1,5 @@
 //! Which job runs what: mutation testing (`scripts/mutants.sh`, hours of rebuilds) is part of the
-//! nightly job and of nothing CI runs.
+//! nightly job and of nothing CI runs; CI runs every tier's CPU suites.
 
 use std::path::{Path, PathBuf};
 
@@ -62,4 +62,24 @@ fn ci_loads_every_family_s_checkpoint_in_transformers() {
     for package in ["torch==", "transformers==", "safetensors=="] {
         assert!(requirements.contains(package), "{package} is not pinned");
     }
+}
+
+/// CI runs the nightly tier's CPU suites (the nightly job's CI tier covers the others), so their
+/// snapshots are checked on every change, not only where the nightly job runs.
+#[test]
+fn ci_runs_the_nightly_tier_s_cpu_suites() {
+    let ci = commands(".ci/run");
+    assert!(
+        ci.iter()
+            .any(|l| l.starts_with("target/release/ckpt-harness run suites")
+                && l.contains("--tier nightly")
+                && l.contains("--device cpu")),
+        "{ci:?}"
+    );
+    let nightly = ci.iter().position(|l| l.contains("scripts/nightly.sh"));
+    let tier = ci.iter().position(|l| l.contains("--tier nightly"));
+    assert!(
+        nightly.is_some() && nightly < tier,
+        "after scripts/nightly.sh, which builds the release CLI: {ci:?}"
+    );
 }

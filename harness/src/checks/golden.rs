@@ -3,12 +3,21 @@
 //!
 //! Snapshots are `golden/<device>/<suite>.snap` files in the `.snap` layout (see
 //! [`crate::snapshot`]). Checking never writes them; `ckpt-harness run --bless` rewrites them.
+//!
+//! A snapshot's losses are bits of the execution environment they were made in. One whose header
+//! names that environment (`environment: x86_64 fma`, the CPU's matrix kernels) is compared in
+//! full only there; elsewhere everything but the losses is compared (learning rates, memory,
+//! tokens per expert; after the first step a MoE router sent tokens elsewhere, which the losses'
+//! last bits can do, the learning rates only), and the outcome says what was not and how to
+//! bless a snapshot of this environment: `<suite>.<environment>.snap` beside it (spaces as `-`), which
+//! then takes its place here. A snapshot without `environment:` holds everywhere.
 
 use super::{Check, Failure, GoldenInput, Outcome};
 use crate::phases::{Phase, RunRecord, StepRecord};
 use crate::snapshot::{normalise, Snapshot};
 use anyhow::{Context, Result};
 use ckpt_engine::memory::{Breakdown, Category};
+use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
 
@@ -103,32 +112,72 @@ pub fn dir_for(suite: &Path) -> PathBuf {
     }
 }
 
+/// The execution environment the numbers of a run on `device` depend on, as snapshots record
+/// it: on the CPU its matrix kernels (`x86_64 fma`; their blocking is fixed whatever the caches,
+/// so the instruction set is all that moves the bits); `None` elsewhere, where snapshots are
+/// compared wherever they run.
+pub fn environment(device: &str) -> Option<String> {
+    (device == "cpu").then(ckpt_engine::backend::cpu::matmul::kernels)
+}
+
 /// Where the snapshot of `device`/`suite` lives under `dir`.
 pub fn path(dir: &Path, device: &str, suite: &str) -> PathBuf {
     dir.join(device).join(format!("{suite}.snap"))
 }
 
-/// Reads the snapshot of `device`/`suite` under `dir`, if there is one.
+/// Where the snapshot of `device`/`suite` made in `environment` lives under `dir` when
+/// `<suite>.snap` was made in another: `<suite>.<environment>.snap`, spaces as `-`.
+pub fn path_in(dir: &Path, device: &str, suite: &str, environment: &str) -> PathBuf {
+    let env = environment.replace(' ', "-");
+    dir.join(device).join(format!("{suite}.{env}.snap"))
+}
+
+/// Reads `file`, if there is one.
+fn read(file: &Path) -> Result<Option<Snapshot>> {
+    if !file.exists() {
+        return Ok(None);
+    }
+    let content = std::fs::read_to_string(file)
+        .with_context(|| format!("{}: cannot read", file.display()))?;
+    let snap = Snapshot::parse(&content).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+    Ok(Some(snap))
+}
+
+/// Reads the snapshot of `device`/`suite` under `dir` for this machine's environment: the one
+/// made in it where there is one, else `<suite>.snap`, if there is one.
 pub fn load(dir: &Path, device: &str, suite: &str) -> Result<GoldenInput> {
-    let file = path(dir, device, suite);
-    let stored = if file.exists() {
-        let content = std::fs::read_to_string(&file)
-            .with_context(|| format!("{}: cannot read", file.display()))?;
-        let snap =
-            Snapshot::parse(&content).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
-        Some(snap.text)
-    } else {
-        None
+    let here = environment(device);
+    let own = here.as_deref().map(|e| path_in(dir, device, suite, e));
+    let file = match &own {
+        Some(own) if own.exists() => own.clone(),
+        _ => path(dir, device, suite),
     };
+    let snap = read(&file)?;
     Ok(GoldenInput {
         file: file.display().to_string(),
-        stored,
+        made_in: snap.as_ref().and_then(|s| s.environment.clone()),
+        stored: snap.map(|s| s.text),
+        here,
+        here_file: own.unwrap_or_else(|| file.clone()).display().to_string(),
     })
 }
 
-/// Writes the run's snapshot under `dir`; returns its path.
+/// Writes the run's snapshot under `dir`, made in this machine's environment; returns its path.
+/// A snapshot of this environment whose text is the run's is left as it is (a snapshot that
+/// holds everywhere stays so); `<suite>.snap` made in another environment is kept, and this
+/// one's written beside it.
 pub fn bless(dir: &Path, r: &RunRecord) -> Result<PathBuf> {
-    let file = path(dir, &r.device, &r.suite);
+    let here = environment(&r.device);
+    let main = path(dir, &r.device, &r.suite);
+    let elsewhere = |s: &Snapshot| s.environment.is_some() && s.environment != here;
+    let file = match (read(&main)?, &here) {
+        (Some(s), Some(env)) if elsewhere(&s) => path_in(dir, &r.device, &r.suite, env),
+        _ => main,
+    };
+    let text = render(r);
+    if read(&file)?.is_some_and(|s| s.text == text && !elsewhere(&s)) {
+        return Ok(file);
+    }
     if let Some(parent) = file.parent() {
         std::fs::create_dir_all(parent)
             .with_context(|| format!("{}: cannot create", parent.display()))?;
@@ -136,11 +185,103 @@ pub fn bless(dir: &Path, r: &RunRecord) -> Result<PathBuf> {
     let snap = Snapshot {
         source: "harness/src/checks/golden.rs".into(),
         expression: format!("reference trajectory of {}", r.trial()),
-        text: render(r),
+        environment: here,
+        text,
     };
     std::fs::write(&file, snap.to_file())
         .with_context(|| format!("{}: cannot write", file.display()))?;
     Ok(file)
+}
+
+/// Each line of `text` with the step it belongs to: a step's row and the tokens-per-expert line
+/// after it, `None` before the first row.
+fn by_step(text: &str) -> Vec<(Option<u64>, &str)> {
+    let mut step = None;
+    text.lines()
+        .map(|l| {
+            if let Some(s) = l.split(" | ").next().and_then(|s| s.parse().ok()) {
+                step = Some(s);
+            }
+            (step, l)
+        })
+        .collect()
+}
+
+/// The first step whose tokens per expert differ between `stored` and `fresh`: where a MoE
+/// router sent a token to another expert.
+fn rerouted_at(stored: &str, fresh: &str) -> Option<u64> {
+    let tokens = |text| -> BTreeMap<u64, &str> {
+        by_step(text)
+            .into_iter()
+            .filter(|(_, l)| l.starts_with(TOKENS_PER_EXPERT))
+            .filter_map(|(s, l)| Some((s?, l)))
+            .collect()
+    };
+    let (a, b) = (tokens(stored), tokens(fresh));
+    a.keys()
+        .chain(b.keys())
+        .filter(|s| a.get(s) != b.get(s))
+        .min()
+        .copied()
+}
+
+/// `text` as a snapshot made in another environment is compared with: each step row's loss as
+/// `-`, and from step `rerouted` on only the step and its learning rate (its memory and tokens
+/// per expert follow the routing, which the losses' last bits can change).
+fn without_losses(text: &str, rerouted: Option<u64>) -> String {
+    let line = |(step, l): (Option<u64>, &str)| {
+        let after = step.zip(rerouted).is_some_and(|(s, r)| s >= r);
+        if l.starts_with(TOKENS_PER_EXPERT) {
+            return match after {
+                true => format!("{TOKENS_PER_EXPERT}(rerouted)"),
+                false => l.to_string(),
+            };
+        }
+        let mut fields: Vec<&str> = l.split(" | ").collect();
+        if fields.len() > 2 && fields[0].parse::<u64>().is_ok() {
+            fields[1] = "-";
+            if after {
+                fields.truncate(3);
+            }
+        }
+        fields.join(" | ")
+    };
+    by_step(text)
+        .into_iter()
+        .map(line)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The first line where `stored` and `fresh` differ, as a failure (none when they are equal).
+fn first_difference(
+    stored: &str,
+    fresh: &str,
+    golden: &GoldenInput,
+    fail: impl Fn(&str) -> Failure,
+) -> Vec<Failure> {
+    let mut stored_lines = stored.lines();
+    let mut fresh_lines = fresh.lines();
+    let mut line = 1;
+    loop {
+        match (stored_lines.next(), fresh_lines.next()) {
+            (None, None) => return Vec::new(),
+            (Some(a), Some(b)) if a == b => line += 1,
+            (a, b) => {
+                let step = b
+                    .or(a)
+                    .and_then(|l| l.split(" | ").next())
+                    .and_then(|s| s.parse().ok());
+                let mut f = fail(&format!("line {line} of {}", golden.file))
+                    .saw(a.unwrap_or("(end)"), b.unwrap_or("(end)"))
+                    .detail(
+                        "the trajectory changed; if intended, rewrite the snapshot with `ckpt-harness run --bless`",
+                    );
+                f.step = step;
+                return vec![f];
+            }
+        }
+    }
 }
 
 /// Compares the run's reference trajectory with the stored snapshot; `compared` counts the
@@ -148,41 +289,57 @@ pub fn bless(dir: &Path, r: &RunRecord) -> Result<PathBuf> {
 pub fn check(r: &RunRecord, golden: &GoldenInput) -> Outcome {
     let fresh = render(r);
     let fail = |what: &str| Failure::new(Check::Golden, r, what).phase(Phase::Reference);
-    let failures = match &golden.stored {
-        None => vec![fail("snapshot")
+    let elsewhere = golden
+        .made_in
+        .as_ref()
+        .filter(|&m| Some(m) != golden.here.as_ref());
+    let rerouted = match (&golden.stored, elsewhere) {
+        (Some(stored), Some(_)) => rerouted_at(stored, &fresh),
+        _ => None,
+    };
+    let failures = match (&golden.stored, elsewhere) {
+        (None, _) => vec![fail("snapshot")
             .saw(&golden.file, "no such file")
             .detail("write it with `ckpt-harness run --bless` and commit it")],
-        Some(stored) if *stored == fresh => Vec::new(),
-        Some(stored) => {
-            let mut stored_lines = stored.lines();
-            let mut fresh_lines = fresh.lines();
-            let mut line = 1;
-            loop {
-                match (stored_lines.next(), fresh_lines.next()) {
-                    (Some(a), Some(b)) if a == b => line += 1,
-                    (a, b) => {
-                        let step = b
-                            .or(a)
-                            .and_then(|l| l.split(" | ").next())
-                            .and_then(|s| s.parse().ok());
-                        let mut f = fail(&format!("line {line} of {}", golden.file))
-                            .saw(a.unwrap_or("(end)"), b.unwrap_or("(end)"))
-                            .detail(
-                                "the trajectory changed; if intended, rewrite the snapshot with `ckpt-harness run --bless`",
-                            );
-                        f.step = step;
-                        break vec![f];
-                    }
-                }
-            }
-        }
+        (Some(stored), None) => first_difference(stored, &fresh, golden, fail),
+        (Some(stored), Some(_)) => first_difference(
+            &without_losses(stored, rerouted),
+            &without_losses(&fresh, rerouted),
+            golden,
+            fail,
+        ),
     };
     let compared = r.reference().map_or(0, |p| p.steps.len() as u64);
     let implied = r.planned.iter().find(|p| p.phase == Phase::Reference);
     let implied = implied.map_or(0, |p| p.steps());
-    Outcome::new(Check::Golden, r, compared, implied, failures)
-        .with("snapshot", golden.file.clone())
+    let outcome = Outcome::new(Check::Golden, r, compared, implied, failures)
+        .with("snapshot", golden.file.clone());
+    match elsewhere {
+        None => outcome,
+        Some(made_in) => {
+            let compared = match rerouted {
+                None => "its learning rates, memory and tokens per expert were".to_string(),
+                Some(step) => format!(
+                    "its learning rates were, and its memory and tokens per expert up to step {step}, where the router sent tokens to other experts: a consequence of the losses' last bits"
+                ),
+            };
+            outcome.with(
+                LOSSES_NOT_COMPARED,
+                format!(
+                    "{} was made with {made_in}, this run has {}: its losses were not compared ({compared}); to compare them here, bless a snapshot of this environment with `ckpt-harness run <suite> --device {} --bless` (it writes {}) and commit it",
+                    golden.file,
+                    golden.here.as_deref().unwrap_or("no recorded environment"),
+                    r.device,
+                    golden.here_file
+                ),
+            )
+        }
+    }
 }
+
+/// The figure of a `golden` outcome that says its losses were not compared (the snapshot was
+/// made in another execution environment), and how to bless one for this environment.
+pub const LOSSES_NOT_COMPARED: &str = "losses_not_compared";
 
 #[cfg(test)]
 mod tests {
@@ -216,6 +373,7 @@ mod tests {
         let g = GoldenInput {
             file: "g.snap".into(),
             stored: Some(render(&r)),
+            ..GoldenInput::default()
         };
         let mut changed = r.clone();
         changed.phases[0].steps[4].loss += 1e-3;
@@ -228,6 +386,116 @@ mod tests {
             ),
             "{m}"
         );
+    }
+
+    /// The snapshot of `fixtures::run()` as if made in `made_in`, compared where the run has `here`.
+    fn made_in(made_in: &str, here: &str) -> GoldenInput {
+        GoldenInput {
+            file: "g.snap".into(),
+            stored: Some(render(&fixtures::run())),
+            made_in: Some(made_in.into()),
+            here: Some(here.into()),
+            here_file: "g.here.snap".into(),
+        }
+    }
+
+    #[test]
+    fn a_snapshot_of_another_environment_compares_all_but_the_losses_and_says_so() {
+        let mut moved = fixtures::run();
+        moved.phases[0].steps[4].loss += 1e-3;
+        let elsewhere = made_in("x86_64 avx512f", "x86_64 fma");
+        let o = check(&moved, &elsewhere);
+        assert!(!o.failed(), "{:?}", o.failures);
+        let note = o.figures[LOSSES_NOT_COMPARED].as_str().unwrap();
+        assert!(
+            note.contains("made with x86_64 avx512f, this run has x86_64 fma")
+                && note.contains("--bless")
+                && note.contains("g.here.snap"),
+            "{note}"
+        );
+        // In its own environment the same loss fails, and nothing is left uncompared.
+        let o = check(&moved, &made_in("x86_64 fma", "x86_64 fma"));
+        assert!(o.failed());
+        assert!(!o.figures.contains_key(LOSSES_NOT_COMPARED));
+        // Memory and learning rates are compared everywhere; memory up to a reroute.
+        type Edit = fn(&mut RunRecord);
+        let edits: [Edit; 2] = [
+            |r| r.phases[0].steps[2].memory.allocated.peak += 512,
+            |r| r.phases[0].steps[2].lr *= 1.5,
+        ];
+        for edit in edits {
+            let mut changed = fixtures::run();
+            edit(&mut changed);
+            let o = check(&changed, &elsewhere);
+            assert_eq!(o.failures.len(), 1, "{:?}", o.failures);
+            assert_eq!(o.failures[0].step, Some(2), "{:?}", o.failures);
+        }
+        let moe = |counts: [u32; 2]| {
+            let mut r = fixtures::run();
+            for s in &mut r.phases[0].steps {
+                s.tokens_per_expert = vec![counts.to_vec()];
+            }
+            r
+        };
+        let mut stored = made_in("x86_64 avx512f", "x86_64 fma");
+        stored.stored = Some(render(&moe([2, 2])));
+        let mut rerouted = moe([2, 2]);
+        rerouted.phases[0].steps[3].tokens_per_expert = vec![vec![3, 1]];
+        rerouted.phases[0].steps[4].memory.allocated.peak += 512;
+        let o = check(&rerouted, &stored);
+        assert!(!o.failed(), "{:?}", o.failures);
+        let note = o.figures[LOSSES_NOT_COMPARED].as_str().unwrap();
+        assert!(note.contains("up to step 3, where the router"), "{note}");
+        rerouted.phases[0].steps[2].memory.allocated.peak += 512;
+        assert!(check(&rerouted, &stored).failed(), "before the reroute");
+        let mut late = rerouted.clone();
+        late.phases[0].steps[2].memory.allocated.peak -= 512;
+        late.phases[0].steps[4].lr *= 1.5;
+        assert!(
+            check(&late, &stored).failed(),
+            "a learning rate after the reroute"
+        );
+        // In its own environment a reroute fails.
+        stored.made_in = Some("x86_64 fma".into());
+        let mut own = moe([2, 2]);
+        own.phases[0].steps[3].tokens_per_expert = vec![vec![3, 1]];
+        assert!(check(&own, &stored).failed());
+    }
+
+    #[test]
+    fn blessing_records_the_environment_and_keeps_another_environment_s_snapshot() {
+        let dir = tempfile::tempdir().unwrap();
+        let here = environment("cpu").unwrap();
+        let r = fixtures::run();
+        let main = bless(dir.path(), &r).unwrap();
+        let snap = read(&main).unwrap().unwrap();
+        assert_eq!(snap.environment.as_deref(), Some(here.as_str()));
+        // A snapshot that holds everywhere and still matches is left as it is.
+        let everywhere = Snapshot {
+            environment: None,
+            ..snap.clone()
+        };
+        std::fs::write(&main, everywhere.to_file()).unwrap();
+        assert_eq!(bless(dir.path(), &r).unwrap(), main);
+        assert_eq!(read(&main).unwrap().unwrap(), everywhere);
+        // One made in another environment is kept; this environment's is written beside it and
+        // is the one loaded here.
+        let other = Snapshot {
+            environment: Some("riscv64 scalar".into()),
+            text: snap.text.replace("3.50000e0", "3.50001e0"),
+            ..snap
+        };
+        std::fs::write(&main, other.to_file()).unwrap();
+        let own = bless(dir.path(), &r).unwrap();
+        assert_eq!(own, path_in(dir.path(), "cpu", "s", &here));
+        assert_eq!(read(&main).unwrap().unwrap(), other);
+        let g = load(dir.path(), "cpu", "s").unwrap();
+        assert_eq!(g.file, own.display().to_string());
+        assert!(!check(&r, &g).figures.contains_key(LOSSES_NOT_COMPARED));
+        std::fs::remove_file(&own).unwrap();
+        let g = load(dir.path(), "cpu", "s").unwrap();
+        assert_eq!(g.made_in.as_deref(), Some("riscv64 scalar"));
+        assert_eq!(g.here_file, own.display().to_string());
     }
 
     #[test]

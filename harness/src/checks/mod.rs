@@ -289,12 +289,21 @@ impl Outcome {
 }
 
 /// The stored golden snapshot a run is compared with.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct GoldenInput {
     /// The snapshot file, as named in messages.
     pub file: String,
     /// Its content, normalised; `None` when there is none.
     pub stored: Option<String>,
+    /// The execution environment its numbers were made in (its `environment:`), where they
+    /// hold only there; `None` for a snapshot that holds everywhere.
+    pub made_in: Option<String>,
+    /// The execution environment of the device the run is compared on (see
+    /// [`golden::environment`]).
+    pub here: Option<String>,
+    /// Where `run --bless` writes the snapshot of this environment when `file` was made in
+    /// another.
+    pub here_file: String,
 }
 
 /// Runs every check `spec` enables over `r`, in report order.
@@ -583,6 +592,7 @@ mod tests {
         let golden = GoldenInput {
             file: "g.snap".into(),
             stored: Some(golden::render(r)),
+            ..GoldenInput::default()
         };
         run_all(r, &ChecksSpec::default(), &golden)
     }
@@ -777,6 +787,7 @@ mod tests {
         let golden = GoldenInput {
             file: "g.snap".into(),
             stored: None,
+            ..GoldenInput::default()
         };
         let out = run_all(&fixtures::run(), &spec, &golden);
         assert_eq!(out[9].status, Status::Off);

@@ -116,7 +116,8 @@ fn strides(transposed: bool, cols: usize, rows: usize) -> (isize, isize) {
 /// The matrix kernels `gemm` picks on this CPU, as it picks them: `<arch> avx512f`,
 /// `<arch> fma` or `<arch> neon`, else `<arch> scalar`. Some small products (those it computes
 /// as dot products across SIMD lanes) sum in another order with another lane width, so the bits
-/// of a run hold for the kernels it ran with.
+/// of a run hold for the kernels it ran with. They hold whatever the CPU's caches: the blocking
+/// of the inner dimension is fixed (`depth_chunk`), so the record needs no cache sizes.
 pub fn kernels() -> String {
     #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
     let kernels = if std::arch::is_x86_feature_detected!("avx512f") {
@@ -137,7 +138,30 @@ pub fn kernels() -> String {
     format!("{} {kernels}", std::env::consts::ARCH)
 }
 
-/// The single call into `gemm`: `c = (accumulate ? c : 0) + a·b`, all f32 and row-major `c`.
+/// The longest inner-dimension block `gemm` never splits, whatever the CPU: `gemm-common` 0.19
+/// derives its block (`kc`) from the caches (`kernel_params`, from
+/// `/sys/devices/system/cpu/cpu*/cache`) but never below 512 (nor above the depth), and its
+/// paths that do not ask the caches block by 512 or 1024.
+const DEPTH_BLOCK: usize = 512;
+
+/// The inner-dimension chunk `gemm_f32` hands `gemm` at a time for an `[m, k] · [k, n]` product,
+/// so that how each output's sum is split depends on the shape alone, never on the caches.
+///
+/// `k` whole where `gemm` blocks it without the caches: up to [`DEPTH_BLOCK`] (never split),
+/// and products of at most 64 × 64 outputs (split at 512, or 1024 for at most 256 outputs).
+/// Otherwise `gemm` would split at a `kc` of the caches' choosing, so the product is handed over
+/// in `ceil(k / ceil(k / 512))`-long chunks, which `gemm` never splits further: the blocks it
+/// takes itself on the smallest caches it considers (a 32 KiB, 8-way L1d), so the bits on such
+/// CPUs are those they always had.
+fn depth_chunk((m, n, k): (usize, usize, usize)) -> usize {
+    if k <= DEPTH_BLOCK || (m <= 64 && n <= 64) {
+        return k;
+    }
+    k.div_ceil(k.div_ceil(DEPTH_BLOCK))
+}
+
+/// The single call into `gemm`: `c = (accumulate ? c : 0) + a·b`, all f32 and row-major `c`,
+/// the inner dimension handed over in [`depth_chunk`]s, each added to what the ones before left.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm_f32(
     (m, n, k): (usize, usize, usize),
@@ -158,30 +182,37 @@ pub(crate) fn gemm_f32(
         }
         return;
     }
-    // SAFETY: the slices hold m·k, k·n and m·n elements (checked by callers), and the strides
-    // describe row-major layouts of exactly those shapes.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            c.as_mut_ptr(),
-            1,
-            n as isize,
-            accumulate,
-            a.as_ptr(),
-            a_cs,
-            a_rs,
-            b.as_ptr(),
-            b_cs,
-            b_rs,
-            1.0,
-            1.0,
-            false,
-            false,
-            false,
-            parallelism,
-        )
+    let chunk = depth_chunk((m, n, k));
+    let mut depth = 0;
+    while depth < k {
+        let len = chunk.min(k - depth);
+        // SAFETY: the slices hold m·k, k·n and m·n elements (checked by callers), and the
+        // strides describe row-major layouts of exactly those shapes; the operands' pointers
+        // start at column `depth` of a and row `depth` of b, `len` more of which lie inside.
+        unsafe {
+            gemm::gemm(
+                m,
+                n,
+                len,
+                c.as_mut_ptr(),
+                1,
+                n as isize,
+                accumulate || depth > 0,
+                a.as_ptr().offset(depth as isize * a_cs),
+                a_cs,
+                a_rs,
+                b.as_ptr().offset(depth as isize * b_rs),
+                b_cs,
+                b_rs,
+                1.0,
+                1.0,
+                false,
+                false,
+                false,
+                parallelism,
+            )
+        }
+        depth += len;
     }
 }
 
@@ -261,6 +292,39 @@ mod tests {
             stats.peak_by_category.workspace,
             ((m * k + m * nn) * 4) as u64
         );
+    }
+
+    #[test]
+    fn deep_products_are_handed_over_in_chunks_and_match_a_naive_product() {
+        use crate::device::{n, out, t};
+        let (m, nn, k) = (70, 66, 1300);
+        let chunk = depth_chunk((m, nn, k));
+        assert!(chunk < k && chunk <= DEPTH_BLOCK, "{chunk}");
+        assert_eq!(k.div_ceil(chunk), k.div_ceil(DEPTH_BLOCK));
+        assert_eq!(depth_chunk((64, 64, k)), k, "gemm's own blocking there");
+        assert_eq!(depth_chunk((m, nn, DEPTH_BLOCK)), DEPTH_BLOCK);
+        let dev = CpuDevice::new(2, u64::MAX).unwrap();
+        let a: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 7 % 13) as f32 - 6.0) / 8.0)
+            .collect();
+        let b: Vec<f32> = (0..k * nn)
+            .map(|i| ((i * 5 % 11) as f32 - 5.0) / 4.0)
+            .collect();
+        let want = naive(m, nn, k, |i, p| a[i * k + p], |p, j| b[p * nn + j]);
+        let at: Vec<f32> = (0..k * m).map(|idx| a[(idx % m) * k + idx / m]).collect();
+        let bt: Vec<f32> = (0..nn * k).map(|idx| b[(idx % k) * nn + idx / k]).collect();
+        let (ta, tb) = (tensor::<f32>(&dev, &a), tensor::<f32>(&dev, &b));
+        let (tat, tbt) = (tensor::<f32>(&dev, &at), tensor::<f32>(&dev, &bt));
+        for (transposed_a, transposed_b) in
+            [(false, false), (true, false), (false, true), (true, true)]
+        {
+            let ua = if transposed_a { t(&tat) } else { n(&ta) };
+            let ub = if transposed_b { t(&tbt) } else { n(&tb) };
+            let mut c = tensor::<f32>(&dev, &vec![1.0; m * nn]);
+            matmul(&dev, (m, nn, k), ua, ub, out(&mut c), true).unwrap();
+            let plus_one: Vec<f32> = want.iter().map(|x| x + 1.0).collect();
+            assert_close(c.as_slice(), &plus_one);
+        }
     }
 
     fn assert_close(a: &[f32], b: &[f32]) {
