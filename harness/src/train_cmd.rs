@@ -50,9 +50,9 @@ pub fn run(suite: &Suite, opts: &TrainOptions<'_>) -> Result<()> {
     for note in checkpoint::recover(out)? {
         eprintln!("note: {note}");
     }
-    let foreign = checkpoint::foreign(out, &suite.train.identity())?;
+    let foreign = checkpoint::foreign(out, &suite.train.identity()?)?;
     if !foreign.is_empty() && !opts.overwrite {
-        bail!(refusal(out, &foreign));
+        bail!(refusal(out, &foreign, opts.resume.is_some()));
     }
     let train = Train {
         suite,
@@ -134,11 +134,17 @@ fn train_until<D: Device>(
     Ok(())
 }
 
-/// Why `train` will not write into `out`, and what to do instead.
-fn refusal(out: &Path, foreign: &[Foreign]) -> String {
+/// Why `train` will not write into `out`, and what to do instead. A resume is not told to
+/// `--overwrite`: that would delete the checkpoints it means to continue.
+fn refusal(out: &Path, foreign: &[Foreign], resuming: bool) -> String {
     let first = &foreign[0];
+    let fix = if resuming {
+        "Resume it with the suite and data it was saved with (a token file is recorded by its size and sha256, not its path), or train into another --out"
+    } else {
+        "Train into another --out, resume it with the suite it was saved with, or pass --overwrite to delete those checkpoints first"
+    };
     format!(
-        "{} holds {} checkpoint(s) of another configuration ({}: {}, checkpoint vs this suite); training into it would mix two runs. Train into another --out, resume it with the suite it was saved with, or pass --overwrite to delete those checkpoints first",
+        "{} holds {} checkpoint(s) of another configuration ({}: {}, checkpoint vs this suite); training into it would mix two runs. {fix}",
         out.display(),
         foreign.len(),
         first.dir.display(),
@@ -150,7 +156,7 @@ fn refusal(out: &Path, foreign: &[Foreign]) -> String {
 /// from its newest checkpoint that does, with a warning naming what was skipped and why. A note
 /// names the fields of the execution environment that differ from the checkpoint's.
 fn resume<D: Device>(suite: &Suite, dev: D, path: &Path) -> Result<Trainer<D>> {
-    let found = checkpoint::load_newest(path, &suite.train.identity(), |dir| {
+    let found = checkpoint::load_newest(path, &suite.train.identity()?, |dir| {
         Trainer::resume(suite.train.clone(), dev.clone(), dir)
     })?;
     if !found.skipped.is_empty() {

@@ -817,3 +817,98 @@ fn the_last_trained_step_is_always_saved() {
         assert_eq!(latest.trim(), *saved.last().unwrap());
     }
 }
+
+/// A suite training on `tok.bin` beside it, saving after every step.
+fn token_suite(dir: &Path) -> PathBuf {
+    let text = suite_text("fp32", 32, "{max_steps: 8, save_every: 1}").replace(
+        "{kind: synthetic, seed: 3, samples: 64, min_len: 8}",
+        "{kind: token_file, path: tok.bin, dtype: u16}",
+    );
+    write_suite(dir, &text)
+}
+
+/// Writes 400 u16 token ids, `i * mul + add` modulo the vocabulary of 64, to `path`.
+fn write_tokens(path: &Path, mul: u16, add: u16) {
+    let bytes: Vec<u8> = (0..400u16)
+        .flat_map(|i| ((i * mul + add) % 64).to_le_bytes())
+        .collect();
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// `train` with `args`, run in `dir`.
+fn train_in(dir: &Path, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .current_dir(dir)
+        .arg("train")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// The `sha256 HEX` values `text` names, in order.
+fn sha256s(text: &str) -> Vec<&str> {
+    text.match_indices("sha256 ")
+        .map(|(at, _)| &text[at + 7..(at + 71).min(text.len())])
+        .filter(|hex| hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
+        .collect()
+}
+
+#[test]
+fn a_resume_on_a_changed_token_file_is_refused_with_both_contents() {
+    let tmp = tempfile::tempdir().unwrap();
+    let suite = token_suite(tmp.path());
+    let tokens = tmp.path().join("tok.bin");
+    write_tokens(&tokens, 7, 0);
+    let run = tmp.path().join("tt");
+    train(&suite, &run, None, 4);
+    write_tokens(&tokens, 11, 3);
+
+    for out in [run.clone(), tmp.path().join("elsewhere")] {
+        let refused = train_output(&suite, &out, Some(&run), 8);
+        let err = stderr(&refused);
+        assert_eq!(refused.status.code(), Some(2), "{err}");
+        assert_contains(&err, &["data.content", "800 bytes"]);
+        let named = sha256s(&err);
+        assert!(
+            named.len() == 2 && named[0] != named[1],
+            "both contents are named: {err}"
+        );
+        assert!(!err.contains("--overwrite"), "{err}");
+    }
+    assert_eq!(checkpoint::list(&run).unwrap().len(), 4);
+
+    write_tokens(&tokens, 7, 0);
+    let resumed = train(&suite, &run, Some(&run), 8);
+    let whole = train(&suite, &tmp.path().join("whole"), None, 8);
+    assert_eq!(
+        resumed[..],
+        whole[4..],
+        "the original file resumes bit for bit"
+    );
+}
+
+#[test]
+fn a_run_resumed_from_another_directory_is_the_same_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("a");
+    std::fs::create_dir(&dir).unwrap();
+    token_suite(&dir);
+    write_tokens(&dir.join("tok.bin"), 7, 0);
+    let first = train_in(
+        tmp.path(),
+        &["a/suite.yaml", "--out", "run", "--steps", "2"],
+    );
+    assert!(first.status.success(), "{}", stderr(&first));
+    let args = ["suite.yaml", "--out", "../run", "--resume", "../run"];
+    let resumed = train_in(&dir, &[&args[..], &["--steps", "4"]].concat());
+    assert!(resumed.status.success(), "{}", stderr(&resumed));
+    let whole = train_in(&dir, &["suite.yaml", "--out", "../whole", "--steps", "4"]);
+    assert!(whole.status.success(), "{}", stderr(&whole));
+    let lines = |o: &Output| -> Vec<String> {
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect()
+    };
+    assert_eq!(lines(&resumed)[..], lines(&whole)[2..]);
+}

@@ -3,7 +3,7 @@
 //! once straight into them while its checksum is verified.
 
 use super::files::{self, MappedFile};
-use super::state::{first_difference, FileRecord, TrainerState};
+use super::state::{comparable, first_difference, FileRecord, TrainerState};
 use super::{
     fingerprint, resolve, state_file, CONFIG_FILE, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE,
 };
@@ -194,14 +194,20 @@ pub(crate) fn check_identity(
     state: &TrainerState,
     identity: &serde_json::Value,
 ) -> Result<()> {
-    if state.fingerprint == fingerprint(identity) && state.identity == *identity {
+    let (recorded, current) = comparable(&state.identity, identity);
+    if state.fingerprint == fingerprint(&state.identity) && recorded == current {
         return Ok(());
     }
-    let diff = first_difference(&state.identity, identity, "")
+    let diff = first_difference(&recorded, &current, "")
         .unwrap_or_else(|| "the recorded fingerprint does not match its configuration".into());
+    let fix = if diff.starts_with("data.") {
+        "resume on the data it was trained on (a token file is recorded by its size and sha256, not its path)"
+    } else {
+        "resume with the configuration it was saved with"
+    };
     Err(EngineError::bad_file(
         dir.join(STATE_FILE),
-        format!("checkpoint belongs to another run configuration ({diff}, checkpoint vs this run); resume with the configuration it was saved with"),
+        format!("checkpoint belongs to another run configuration ({diff}, checkpoint vs this run); {fix}"),
     ))
 }
 
