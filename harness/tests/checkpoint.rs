@@ -912,3 +912,43 @@ fn a_run_resumed_from_another_directory_is_the_same_run() {
     };
     assert_eq!(lines(&resumed)[..], lines(&whole)[2..]);
 }
+
+#[test]
+fn a_latest_leading_out_of_its_run_is_refused() {
+    let (_tmp, suite, run) = run_saving_every_step(4);
+    // A run directory inside a checkpoint, whose `latest` leads up to that checkpoint.
+    let inner = run.join("step-00000002").join("inner");
+    std::fs::create_dir(&inner).unwrap();
+    std::fs::write(inner.join("latest"), "..\n").unwrap();
+    let out = train_output(&suite, &inner, Some(&inner), 6);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_contains(
+        &err,
+        &["latest", "names \"..\", not a checkpoint directory"],
+    );
+    assert!(out.stdout.is_empty(), "nothing trained");
+}
+
+#[test]
+fn a_checkpoint_named_for_another_step_is_refused() {
+    let (_tmp, suite, run) = run_saving_every_step(8);
+    let renamed = run.join("step-00000009");
+    copy_dir(&run.join("step-00000004"), &renamed);
+    std::fs::write(run.join("latest"), "step-00000009\n").unwrap();
+
+    let out = train_output(&suite, &run.join("resumed"), Some(&renamed), 10);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_contains(
+        &err,
+        &["step-00000009", "after 4 steps", "named for step 9"],
+    );
+
+    let out = train_output(&suite, &run, Some(&run), 10);
+    let warning = stderr(&out);
+    assert!(out.status.success(), "{warning}");
+    assert_contains(&warning, &["skipped", "step-00000009", "named for step 9"]);
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(stdout.starts_with("{\"step\":8,"), "{stdout}");
+}
