@@ -125,7 +125,7 @@ enum Command {
     },
     /// Trains a suite's model, saving checkpoints as the suite says and after its last step; one
     /// JSON line per step.
-    #[command(after_help = exit_codes::plain_help())]
+    #[command(after_help = exit_codes::train_help())]
     Train {
         /// The suite file.
         suite: PathBuf,
@@ -473,7 +473,12 @@ fn main() -> ExitCode {
         Err(e) if broken_pipe(&e) => ExitCode::from(exit_codes::BROKEN_PIPE),
         Err(e) => {
             eprintln!("error: {}", error_text::one_line(&e));
-            ExitCode::from(exit_codes::INVALID)
+            let stopped = e.downcast_ref::<train_cmd::Stopped>().is_some();
+            ExitCode::from(if stopped {
+                exit_codes::FAILED
+            } else {
+                exit_codes::INVALID
+            })
         }
     }
 }

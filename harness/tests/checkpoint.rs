@@ -952,3 +952,42 @@ fn a_checkpoint_named_for_another_step_is_refused() {
     let stdout = String::from_utf8(out.stdout).unwrap();
     assert!(stdout.starts_with("{\"step\":8,"), "{stdout}");
 }
+
+/// `train --steps 8` of a suite with learning rate `lr`, saving after every step and keeping
+/// two checkpoints: its output, its run directory (and the directory holding both).
+fn train_diverging(lr: &str) -> (Output, PathBuf, tempfile::TempDir) {
+    let tmp = tempfile::tempdir().unwrap();
+    let text = suite_text("fp32", 32, "{max_steps: 8, save_every: 1, keep_last: 2}")
+        .replace("lr: 0.003", &format!("lr: {lr}"));
+    let suite = write_suite(tmp.path(), &text);
+    let run = tmp.path().join("run");
+    (train_output(&suite, &run, None, 8), run, tmp)
+}
+
+#[test]
+fn a_diverging_run_stops_before_saving_non_finite_numbers() {
+    // Step 0 is finite and saved; its update makes step 1's loss non-finite.
+    let (out, run, _tmp) = train_diverging("1.0e30");
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_contains(
+        &err,
+        &["step 1's loss is", "training diverged", "step-00000001"],
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 2);
+    assert_eq!(checkpoint::list(&run).unwrap(), [run.join("step-00000001")]);
+    assert_eq!(verify_status(&run), Some(0));
+
+    // An update past f32's range: step 0's loss is finite, the weights it leaves are not.
+    let (out, run, _tmp) = train_diverging("1.0e39");
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_contains(
+        &err,
+        &[
+            "the weights step 0 left hold a non-finite number",
+            "holds no checkpoint",
+        ],
+    );
+    assert_eq!(checkpoint::list(&run).unwrap(), Vec::<PathBuf>::new());
+}
