@@ -102,6 +102,14 @@ impl OnDevice for Train<'_> {
             None => Trainer::new(suite.train.clone(), dev)?,
         };
         let target = opts.steps.unwrap_or(suite.max_steps());
+        if target <= trainer.step_index() {
+            let at = trainer.step_index();
+            let what = match opts.steps {
+                Some(_) => "--steps",
+                None => "the suite's training.max_steps",
+            };
+            bail!("{what} is {target}, but the run is already at step {at}: nothing would be trained or saved; give a --steps above {at}");
+        }
         checkpoint::remove_foreign(opts.out, &foreign)?;
         for f in &foreign {
             eprintln!("note: deleted {} ({})", f.dir.display(), f.difference);
@@ -233,6 +241,17 @@ fn refusal(out: &Path, foreign: &[Foreign], resuming: bool) -> String {
 /// from its newest checkpoint that does, with a warning naming what was skipped and why. A note
 /// names the fields of the execution environment that differ from the checkpoint's.
 fn resume<D: Device>(suite: &Suite, dev: D, path: &Path) -> Result<Trainer<D>> {
+    let (state, latest) = (checkpoint::STATE_FILE, checkpoint::LATEST_FILE);
+    if path.is_dir()
+        && !path.join(state).exists()
+        && !path.join(latest).exists()
+        && checkpoint::list(path)?.is_empty()
+    {
+        bail!(
+            "{}: holds no checkpoint (no {state}, no {latest} and no step- directories); give a checkpoint directory, or a run directory an earlier train saved into",
+            path.display(),
+        );
+    }
     let found = checkpoint::load_newest(path, &suite.train.identity()?, |dir| {
         Trainer::resume(suite.train.clone(), dev.clone(), dir)
     })?;

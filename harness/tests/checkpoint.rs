@@ -991,3 +991,36 @@ fn a_diverging_run_stops_before_saving_non_finite_numbers() {
     );
     assert_eq!(checkpoint::list(&run).unwrap(), Vec::<PathBuf>::new());
 }
+
+#[test]
+fn resuming_nothing_or_training_nothing_is_refused_with_what_to_do() {
+    let (tmp, suite, run) = run_saving_every_step(4);
+    let empty = tmp.path().join("nock");
+    std::fs::create_dir(&empty).unwrap();
+    let out = train_output(&suite, &tmp.path().join("new"), Some(&empty), 4);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert_contains(&stderr(&out), &[arg(&empty), "holds no checkpoint"]);
+
+    for (resume, steps, at) in [
+        (Some(&run), 3, "step 4"),
+        (Some(&run), 4, "step 4"),
+        (None, 0, "step 0"),
+    ] {
+        let out = train_output(
+            &suite,
+            &tmp.path().join("more"),
+            resume.map(|r| r.as_path()),
+            steps,
+        );
+        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+        assert_contains(
+            &stderr(&out),
+            &[
+                &format!("--steps is {steps}"),
+                at,
+                "nothing would be trained",
+            ],
+        );
+        assert!(out.stdout.is_empty());
+    }
+}
