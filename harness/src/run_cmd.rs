@@ -12,7 +12,7 @@ use crate::repeat::Spread;
 use crate::report::{Skipped, Summary};
 use crate::trends::Trends;
 use crate::trial::{self, GoldenMode};
-use anyhow::{Context, Result};
+use anyhow::Result;
 use indicatif::ProgressDrawTarget;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -143,9 +143,5 @@ pub fn run(opts: &RunOptions, out: &mut impl Write) -> Result<Summary> {
 }
 
 fn write_file(file: &Path, text: &str) -> Result<()> {
-    if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("{}: cannot create", dir.display()))?;
-    }
-    std::fs::write(file, text).with_context(|| format!("{}: cannot write", file.display()))
+    crate::report_file::write(file, text.as_bytes())
 }

@@ -341,3 +341,41 @@ fn merging_two_partitions_gives_the_report_of_the_whole_run() {
         text(&twice)
     );
 }
+
+#[test]
+fn a_report_that_cannot_be_written_whole_leaves_the_previous_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let (part, out) = (dir.path().join("part"), dir.path().join("out"));
+    std::fs::create_dir_all(&part).unwrap();
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::copy(recorded("passing"), part.join("summary.json")).unwrap();
+    let baseline = std::fs::read(recorded("regressed")).unwrap();
+    std::fs::write(out.join("summary.json"), &baseline).unwrap();
+    // A disk that fills after 4 KiB: writes past it fail (SIGXFSZ ignored, as a full disk's
+    // ENOSPC would).
+    let merge = Command::new("sh")
+        .args([
+            "-c",
+            "trap '' XFSZ; exec prlimit --fsize=4096 -- \"$@\"",
+            "sh",
+        ])
+        .args([BIN, "report", "merge", part.to_str().unwrap()])
+        .args(["--out", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(merge.status.code(), Some(2), "{}", text(&merge));
+    assert!(
+        text(&merge).contains("summary.json: cannot write"),
+        "{}",
+        text(&merge)
+    );
+    assert!(
+        std::fs::read(out.join("summary.json")).unwrap() == baseline,
+        "the previous summary was damaged"
+    );
+    let names: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, ["summary.json"]);
+}

@@ -129,17 +129,12 @@ pub fn load(dir: &Path, device: &str, suite: &str) -> Result<GoldenInput> {
 /// Writes the run's snapshot under `dir`; returns its path.
 pub fn bless(dir: &Path, r: &RunRecord) -> Result<PathBuf> {
     let file = path(dir, &r.device, &r.suite);
-    if let Some(parent) = file.parent() {
-        std::fs::create_dir_all(parent)
-            .with_context(|| format!("{}: cannot create", parent.display()))?;
-    }
     let snap = Snapshot {
         source: "harness/src/checks/golden.rs".into(),
         expression: format!("reference trajectory of {}", r.trial()),
         text: render(r),
     };
-    std::fs::write(&file, snap.to_file())
-        .with_context(|| format!("{}: cannot write", file.display()))?;
+    crate::report_file::write(&file, snap.to_file().as_bytes())?;
     Ok(file)
 }
 
