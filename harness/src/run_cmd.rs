@@ -4,6 +4,7 @@
 //! any failure.
 
 use crate::checks::golden;
+use crate::error_text::printable;
 use crate::html;
 use crate::memory_trace::{self, Tracer};
 use crate::plan::{self, DeviceChoice, TierFilter};
@@ -132,10 +133,10 @@ pub fn run(opts: &RunOptions, out: &mut impl Write) -> Result<Summary> {
     }
     drop(reporter);
     let mut summary = Summary::new(trials, skipped);
-    write!(out, "\n{}", summary.table())?;
+    write!(out, "\n{}", printable(&summary.table()))?;
     if let Some((file, old)) = &baseline {
         let t = trends(file, old, &summary);
-        write!(out, "{}", t.text())?;
+        write!(out, "{}", printable(&t.text()))?;
         summary.trends = Some(t);
     }
     write_reports(&summary, &opts.report, opts.junit.as_deref())?;

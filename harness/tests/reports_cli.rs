@@ -379,3 +379,31 @@ fn a_report_that_cannot_be_written_whole_leaves_the_previous_one() {
         .collect();
     assert_eq!(names, ["summary.json"]);
 }
+
+#[test]
+fn terminal_escapes_read_from_a_summary_are_printed_as_escapes() {
+    let dir = tempfile::tempdir().unwrap();
+    let part = dir.path().join("part");
+    std::fs::create_dir_all(&part).unwrap();
+    let mut summary = json(Path::new(&recorded("failing-negative-control")));
+    summary["trials"][0]["verdict"] = "\u{1b}[2J\u{1b}]0;TITLE\u{7}".into();
+    let file = part.join("summary.json");
+    std::fs::write(&file, serde_json::to_vec(&summary).unwrap()).unwrap();
+    let out_dir = dir.path().join("merged");
+    let merged = harness(&[
+        "report",
+        "merge",
+        part.to_str().unwrap(),
+        "--out",
+        out_dir.to_str().unwrap(),
+    ]);
+    let diff = harness(&["diff", &recorded("passing"), file.to_str().unwrap()]);
+    for out in [merged, diff] {
+        let all = text(&out);
+        assert!(
+            !all.contains(['\u{1b}', '\u{7}']),
+            "raw control characters printed: {all:?}"
+        );
+        assert!(all.contains("\\u{1b}[2J\\u{1b}]0;TITLE\\u{7}"), "{all}");
+    }
+}
