@@ -263,6 +263,13 @@ fn resume<D: Device>(suite: &Suite, dev: D, path: &Path) -> Result<Trainer<D>> {
             skipped.join("; skipped ")
         );
     }
+    if checkpoint::state_file::read(&found.dir).is_ok_and(|s| !s.protected) {
+        eprintln!(
+            "warning: {} is unprotected (format version 1, without {}): an edit to it cannot be detected; resuming from it as it is",
+            found.dir.join(checkpoint::STATE_FILE).display(),
+            checkpoint::STATE_SUM_FILE
+        );
+    }
     let changes = found.value.env_changes();
     if !changes.is_empty() {
         eprintln!(

@@ -521,7 +521,10 @@ fn a_state_file_written_without_its_checksum_loads_and_is_reported_unprotected()
     let s = saved();
     // What a checkpoint written before the state file had a checksum looks like.
     let _ = std::fs::remove_file(s.ckpt.join(format!("{STATE_FILE}.sha256")));
-    hand_edit_state(&s.ckpt, |s| s["format_version"] = 1.into());
+    hand_edit_state(&s.ckpt, |s| {
+        s["format_version"] = 1.into();
+        s.as_object_mut().unwrap().remove("environment");
+    });
     verify_says(&s.ckpt, 0, &[STATE_FILE, "unprotected"]);
     let dev = CpuDevice::new(1, u64::MAX).unwrap();
     let t = Trainer::resume(s.suite.train.clone(), dev, &s.ckpt).unwrap();
@@ -1023,4 +1026,38 @@ fn resuming_nothing_or_training_nothing_is_refused_with_what_to_do() {
         );
         assert!(out.stdout.is_empty());
     }
+}
+
+#[test]
+fn a_format_version_edited_down_is_damage_and_an_unprotected_resume_warns() {
+    let (_tmp, suite, run) = run_saving_every_step(4);
+    let sidecar = |step: &Path| step.join(format!("{STATE_FILE}.sha256"));
+    // The version edited down to bypass the sidecar, and the loader's position edited.
+    let step4 = run.join("step-00000004");
+    std::fs::remove_file(sidecar(&step4)).unwrap();
+    hand_edit_state(&step4, |s| {
+        s["format_version"] = 1.into();
+        s["loader"]["position"] = 1.into();
+    });
+    verify_says(&step4, 1, &["DAMAGED", STATE_FILE, "environment"]);
+    let out = train_output(&suite, &run.join("more"), Some(&step4), 6);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert_contains(&stderr(&out), &["format version 1", "environment"]);
+
+    // A state file as version 1 wrote it: no sidecar, no execution record. It resumes, warned.
+    let step3 = run.join("step-00000003");
+    std::fs::remove_file(sidecar(&step3)).unwrap();
+    hand_edit_state(&step3, |s| {
+        s["format_version"] = 1.into();
+        s.as_object_mut().unwrap().remove("environment");
+    });
+    let out = train_output(&suite, &run.join("again"), Some(&step3), 5);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let warning = stderr(&out);
+    assert!(
+        warning
+            .lines()
+            .any(|l| l.starts_with("warning:") && l.contains("unprotected")),
+        "{warning}"
+    );
 }
