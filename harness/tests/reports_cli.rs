@@ -407,3 +407,50 @@ fn terminal_escapes_read_from_a_summary_are_printed_as_escapes() {
         assert!(all.contains("\\u{1b}[2J\\u{1b}]0;TITLE\\u{7}"), "{all}");
     }
 }
+
+#[test]
+fn a_merged_trial_passes_only_by_its_checks_not_by_its_own_word() {
+    type Edit = fn(&mut serde_json::Value);
+    let edits: [(&str, Edit); 3] = [
+        ("failed: loss_continuity", |t| {
+            t["checks"][0]["status"] = "failed".into()
+        }),
+        ("no check outcomes recorded", |t| {
+            t["checks"] = serde_json::json!([])
+        }),
+        ("no run recorded", |t| {
+            t["record"]["phases"] = serde_json::json!([])
+        }),
+    ];
+    for (why, edit) in edits {
+        let dir = tempfile::tempdir().unwrap();
+        let part = dir.path().join("part");
+        std::fs::create_dir_all(&part).unwrap();
+        let mut summary = json(Path::new(&recorded("passing")));
+        assert_eq!(
+            summary["trials"][0]["checks"][0]["check"],
+            "loss_continuity"
+        );
+        edit(&mut summary["trials"][0]);
+        assert_eq!(summary["trials"][0]["passed"], true);
+        std::fs::write(
+            part.join("summary.json"),
+            serde_json::to_vec(&summary).unwrap(),
+        )
+        .unwrap();
+        let out_dir = dir.path().join("merged");
+        let out = harness(&[
+            "report",
+            "merge",
+            part.to_str().unwrap(),
+            "--out",
+            out_dir.to_str().unwrap(),
+        ]);
+        let all = text(&out);
+        assert_eq!(out.status.code(), Some(1), "{why}: {all}");
+        assert!(all.contains("0 passed, 1 failed"), "{why}: {all}");
+        assert!(all.contains(why), "{why}: {all}");
+        let merged = json(&out_dir.join("summary.json"));
+        assert_eq!(merged["trials"][0]["passed"], false, "{why}");
+    }
+}
