@@ -17,6 +17,7 @@ use serde_saphyr::{Location, Spanned};
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+mod expectations;
 mod places;
 
 /// The model: written inline, or a Hugging Face `config.json` path relative to the suite.
@@ -740,7 +741,7 @@ impl Suite {
                 );
             }
         }
-        Ok(())
+        expectations::check(path, places, file)
     }
 
     /// Checks `training.resume_from`: every step between 1 and `max_steps - 1`, a list not
@@ -1304,6 +1305,33 @@ expect_fail: [state_digest, loss_continuity]
             if let Err(e) = Suite::parse(Path::new("s.yaml"), &text) {
                 proptest::prop_assert!(format!("{e:#}").starts_with("s.yaml"), "{e:#}");
             }
+        }
+    }
+
+    #[test]
+    fn a_suite_that_would_compare_nothing_is_refused_at_its_place() {
+        let off = "checks: {loss_continuity: false, state_digest: false, data_ledger: false, memory_reclaimed: false, peak_budget: false, no_leak: false, ac_coverage: false, memory_model: false, oom_free: false, golden: false, finite: false, checkpoint_equivalence: false}\n";
+        let e = error(off);
+        assert!(e.starts_with("s.yaml:9:9:"), "{e}");
+        assert!(e.contains("every check is off"), "{e}");
+        let every = "memory: {capacity: 1}\nexpect_fail: [oom_free]\nexpect_not_run: [loss_continuity, state_digest, data_ledger, memory_reclaimed, peak_budget, no_leak, ac_coverage, memory_model, golden, finite, checkpoint_equivalence]\n";
+        let e = error(every);
+        assert!(e.starts_with("s.yaml:11:17:"), "{e}");
+        assert!(e.contains("nothing would be compared"), "{e}");
+        let e = error("expect_fail: [state_digest]\n");
+        assert!(e.starts_with("s.yaml:9:14:"), "{e}");
+        assert!(
+            e.contains("expect_fail names state_digest but the suite injects no fault"),
+            "{e}"
+        );
+        for explained in [
+            "faults: [schedule_reset]\nexpect_fail: [state_digest]\n",
+            "memory: {capacity: 1000000}\nexpect_fail: [oom_free]\n",
+            "memory: {budget: 4096}\nexpect_fail: [no_leak]\n",
+            "expect_fail: [finite]\n",
+            "expect_fail: [golden]\n",
+        ] {
+            parse(explained).unwrap_or_else(|e| panic!("{explained}: {e:#}"));
         }
     }
 

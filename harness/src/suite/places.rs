@@ -48,6 +48,9 @@ pub struct Places {
     /// `faults`.
     #[serde(default)]
     pub faults: Place,
+    /// `checks`.
+    #[serde(default)]
+    pub checks: Place,
     /// Keys under `long_batch`.
     #[serde(default)]
     pub long_batch: LongBatchPlaces,
