@@ -63,6 +63,7 @@ pub struct TrainOptions<'a> {
 
 /// Trains `suite` as `opts` says.
 pub fn run(suite: &Suite, opts: &TrainOptions<'_>) -> Result<()> {
+    suite.check_run()?;
     let out = opts.out;
     let _lock = RunLock::acquire(out)?;
     for note in checkpoint::recover(out)? {

@@ -212,6 +212,7 @@ fn observe(
     mode: GoldenMode,
     watch: &mut impl Watch,
 ) -> Result<Observed> {
+    suite.check_run()?;
     let work = tempfile::tempdir().context("cannot create a temporary directory")?;
     let record = phases::run(suite, device, work.path(), watch)?;
     if mode == GoldenMode::Bless && suite.file.checks.golden {

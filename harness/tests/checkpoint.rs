@@ -1061,3 +1061,17 @@ fn a_format_version_edited_down_is_damage_and_an_unprotected_resume_warns() {
         "{warning}"
     );
 }
+
+#[test]
+fn train_names_the_place_of_an_impossible_value() {
+    let tmp = tempfile::tempdir().unwrap();
+    let text = suite_text("fp32", 32, "{max_steps: 4}").replace("lr: 0.003", "lr: .nan");
+    let suite = write_suite(tmp.path(), &text);
+    let out = train_output(&suite, &tmp.path().join("run"), None, 2);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let place = format!(
+        "{}:9:13: invalid configuration: optimizer.lr is NaN",
+        arg(&suite)
+    );
+    assert_contains(&stderr(&out), &[&place]);
+}
