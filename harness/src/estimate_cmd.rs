@@ -71,8 +71,8 @@ pub struct EstimateArgs {
     /// The policy of the checkpointing columns.
     #[arg(long, value_enum, default_value_t = PolicyArg::Full)]
     checkpointing: PolicyArg,
-    /// Tokens per chunk of the chunked-loss columns.
-    #[arg(long, default_value_t = 1024)]
+    /// Tokens per chunk of the chunked-loss columns (at least 1).
+    #[arg(long, default_value_t = 1024, value_parser = at_least_one)]
     chunk_tokens: usize,
     /// Exact byte counts instead of KiB/MiB/GiB.
     #[arg(long)]
@@ -216,6 +216,17 @@ fn loss_name(loss: LossKind) -> String {
     match loss {
         LossKind::Standard => "standard loss".into(),
         LossKind::Chunked { chunk_tokens } => format!("chunked CE, {chunk_tokens} tokens"),
+    }
+}
+
+/// A count of at least 1, for a flag where 0 would estimate an impossible run.
+fn at_least_one(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) => Err("0 chunks nothing; write at least 1, e.g. 1024".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!(
+            "{text:?}: {e}; write a count of at least 1, e.g. 1024"
+        )),
     }
 }
 
@@ -594,6 +605,14 @@ mod tests {
 
     fn args(flags: &[&str]) -> EstimateArgs {
         Cli::parse_from(std::iter::once("estimate").chain(flags.iter().copied())).args
+    }
+
+    #[test]
+    fn zero_tokens_per_chunk_is_refused_by_the_flag() {
+        let flags = ["estimate", "--vocab", "64", "--chunk-tokens", "0"];
+        let e = Cli::try_parse_from(flags).err().unwrap().to_string();
+        assert!(e.contains("--chunk-tokens"), "{e}");
+        assert!(e.contains("write at least 1"), "{e}");
     }
 
     #[test]
