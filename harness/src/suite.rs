@@ -657,6 +657,27 @@ impl Suite {
         if let Some(r) = &t.resume_from {
             Self::validate_resume_from(path, r, max_steps)?;
         }
+        if t.extra_steps == 0 {
+            bail!(
+                "{}: training.extra_steps is 0; the resume-end phase trains past max_steps and needs at least 1, e.g. extra_steps: 3",
+                place_of(path, &places.training.extra_steps)
+            );
+        }
+        let end = max_steps + t.extra_steps;
+        if let Some(long) = file.long_batch.filter(|l| l.from_step >= end) {
+            bail!(
+                "{}: long_batch.from_step is {}, but the run ends after step {} (max_steps + extra_steps), so no long batch would be drawn; write a from_step below {end}",
+                place_of(path, &places.long_batch.from_step),
+                long.from_step,
+                end - 1
+            );
+        }
+        if file.threads == 0 {
+            bail!(
+                "{}: threads is 0; write the worker threads, at least 1",
+                place_of(path, &places.threads)
+            );
+        }
         if !(0.0..1.0).contains(&file.dropout) {
             bail!(
                 "{}: dropout ({}) must be at least 0 and below 1; write e.g. dropout: 0.1",
@@ -1333,6 +1354,29 @@ expect_fail: [state_digest, loss_continuity]
         ] {
             parse(explained).unwrap_or_else(|e| panic!("{explained}: {e:#}"));
         }
+    }
+
+    #[test]
+    fn values_that_would_fail_later_are_refused_at_their_place() {
+        let e = error("threads: 0\n");
+        assert!(e.starts_with("s.yaml:9:10: threads is 0"), "{e}");
+        let text = BASE.replace("  max_steps: 8\n", "  max_steps: 8\n  extra_steps: 0\n");
+        let e = format!(
+            "{:#}",
+            Suite::parse(Path::new("s.yaml"), &text).unwrap_err()
+        );
+        assert!(
+            e.starts_with("s.yaml:9:16: training.extra_steps is 0"),
+            "{e}"
+        );
+        let e = error("long_batch: {from_step: 11, seq_len: 32}\n");
+        assert!(
+            e.starts_with(
+                "s.yaml:9:25: long_batch.from_step is 11, but the run ends after step 10"
+            ),
+            "{e}"
+        );
+        parse("long_batch: {from_step: 10, seq_len: 32}\n").unwrap();
     }
 
     #[test]
