@@ -65,6 +65,12 @@ pub struct TrainOptions<'a> {
 pub fn run(suite: &Suite, opts: &TrainOptions<'_>) -> Result<()> {
     suite.check_run()?;
     let out = opts.out;
+    if out.symlink_metadata().is_ok() && !out.is_dir() {
+        bail!(
+            "{}: --out is not a directory (a file, or a link to nothing); give the run directory to save into, or a path that does not exist yet",
+            out.display()
+        );
+    }
     let _lock = RunLock::acquire(out)?;
     for note in checkpoint::recover(out)? {
         eprintln!("note: {note}");

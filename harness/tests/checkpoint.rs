@@ -1075,3 +1075,18 @@ fn train_names_the_place_of_an_impossible_value() {
     );
     assert_contains(&stderr(&out), &[&place]);
 }
+
+#[test]
+fn an_out_that_is_not_a_directory_is_refused_with_the_fix() {
+    let tmp = tempfile::tempdir().unwrap();
+    let suite = write_suite(tmp.path(), &suite_text("fp32", 32, "{max_steps: 4}"));
+    let file = tmp.path().join("a-file");
+    std::fs::write(&file, "").unwrap();
+    let dangling = tmp.path().join("dangling");
+    std::os::unix::fs::symlink(tmp.path().join("nowhere"), &dangling).unwrap();
+    for out in [file, dangling] {
+        let refused = train_output(&suite, &out, None, 2);
+        assert_eq!(refused.status.code(), Some(2), "{}", stderr(&refused));
+        assert_contains(&stderr(&refused), &[arg(&out), "--out is not a directory"]);
+    }
+}
