@@ -127,16 +127,17 @@ impl TrainConfig {
     /// What a checkpoint must share with a run to resume it: everything that changes the
     /// numbers (model, precision, optimizer, schedule, data, batch shape, accumulation, dropout,
     /// long batches), not how memory is managed (checkpointing, loss chunking) nor where the
-    /// initial weights came from. Accumulation, dropout and long batches appear only when set
-    /// (accumulation other than 1), so runs without them keep the identity they had before
-    /// these options existed.
-    pub fn identity(&self) -> serde_json::Value {
+    /// initial weights came from. A token file is recorded by its content, not its path
+    /// ([`DataConfig::identity`]), so it is read here. Accumulation, dropout and long batches
+    /// appear only when set (accumulation other than 1), so runs without them keep the identity
+    /// they had before these options existed.
+    pub fn identity(&self) -> Result<serde_json::Value> {
         let mut identity = serde_json::json!({
             "model": self.model,
             "precision": self.precision,
             "optimizer": self.optimizer,
             "schedule": self.schedule,
-            "data": self.data,
+            "data": self.data.identity()?,
             "batch_size": self.batch_size,
             "seq_len": self.seq_len,
             "shuffle_seed": self.shuffle_seed,
@@ -150,7 +151,7 @@ impl TrainConfig {
         if let Some(long) = self.long_batch {
             identity["long_batch"] = serde_json::json!(long);
         }
-        identity
+        Ok(identity)
     }
 
     /// Tokens per row of step `step` (0-based): [`TrainConfig::seq_len`], or the long-batch

@@ -8,7 +8,7 @@ use crate::model::Batch;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Where samples come from.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -37,6 +37,51 @@ pub enum DataConfig {
         #[serde(default = "default_token_dtype")]
         dtype: TokenDtype,
     },
+}
+
+impl DataConfig {
+    /// What a run's identity records of its data (see [`crate::TrainConfig::identity`]): the
+    /// synthetic data's settings, or a token file's dtype and content (its size and the sha256
+    /// of its bytes, as `"N bytes, sha256 HEX"`), not its path: the same file is spelled
+    /// otherwise from another directory, and another file can take its place.
+    pub fn identity(&self) -> Result<serde_json::Value> {
+        Ok(match self {
+            DataConfig::Synthetic { .. } => serde_json::json!(self),
+            DataConfig::TokenFile { path, dtype } => serde_json::json!({
+                "kind": "token_file",
+                "dtype": dtype,
+                "content": content(path)?,
+            }),
+        })
+    }
+}
+
+/// The size of the regular file at `path`, from its metadata: a FIFO, a device such as
+/// `/dev/zero` or a directory is refused before anything is read from it.
+fn regular_file_len(path: &Path) -> Result<u64> {
+    let meta = std::fs::metadata(path).map_err(|e| EngineError::io(path, e))?;
+    if !meta.is_file() {
+        return Err(EngineError::bad_file(
+            path,
+            "is not a regular file (a FIFO, a device or a directory); write the path of a file of token ids",
+        ));
+    }
+    Ok(meta.len())
+}
+
+/// `"N bytes, sha256 HEX"` of the token file at `path`, read in pieces.
+fn content(path: &Path) -> Result<String> {
+    use sha2::{Digest, Sha256};
+    regular_file_len(path)?;
+    let mut file = std::fs::File::open(path).map_err(|e| EngineError::io(path, e))?;
+    let mut hasher = Sha256::new();
+    let bytes = std::io::copy(&mut file, &mut hasher).map_err(|e| EngineError::io(path, e))?;
+    let hex: String = hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    Ok(format!("{bytes} bytes, sha256 {hex}"))
 }
 
 /// The width of token ids in a token file.
@@ -182,6 +227,18 @@ impl DataLoader {
                 }
             }
             DataConfig::TokenFile { path, dtype } => {
+                let len = regular_file_len(path)?;
+                let (width, name) = match dtype {
+                    TokenDtype::U16 => (2, "u16"),
+                    TokenDtype::U32 => (4, "u32"),
+                };
+                if len % width != 0 {
+                    return Err(EngineError::bad_file(
+                        path,
+                        format!("is {len} bytes, not a whole number of {width}-byte token ids (dtype: {name}); a truncated file, or one written with another dtype?"),
+                    ));
+                }
+                check_host(len, "the token file")?;
                 let bytes = std::fs::read(path).map_err(|e| EngineError::io(path, e))?;
                 let tokens: Vec<u32> = match dtype {
                     TokenDtype::U16 => bytes
@@ -474,6 +531,39 @@ mod tests {
         DataConfig::TokenFile {
             path,
             dtype: TokenDtype::U16,
+        }
+    }
+
+    #[test]
+    fn a_token_file_that_is_not_whole_ids_or_not_a_regular_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = counting_file(dir.path(), 40);
+        let DataConfig::TokenFile { path, .. } = &data else {
+            unreachable!()
+        };
+        let mut odd = std::fs::read(path).unwrap();
+        odd.push(7);
+        std::fs::write(path, odd).unwrap();
+        let e = DataLoader::new(&data, 64, 1, 8, 0)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("is 81 bytes, not a whole number of 2-byte token ids"),
+            "{e}"
+        );
+        for special in ["/dev/zero", "/dev/null"] {
+            let data = DataConfig::TokenFile {
+                path: special.into(),
+                dtype: TokenDtype::U16,
+            };
+            let e = DataLoader::new(&data, 64, 1, 8, 0)
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(e.contains("is not a regular file"), "{special}: {e}");
+            let e = data.identity().unwrap_err().to_string();
+            assert!(e.contains("is not a regular file"), "{special}: {e}");
         }
     }
 

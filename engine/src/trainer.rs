@@ -115,6 +115,8 @@ pub struct Trainer<D: Device> {
     resumed_loader: Option<LoaderState>,
     /// How the resumed checkpoint's execution environment differs from the device's.
     env_changes: Vec<EnvChange>,
+    /// The run's identity, read once when the trainer is built (a token file's content).
+    identity: serde_json::Value,
 }
 
 impl<D: Device> Trainer<D> {
@@ -154,6 +156,7 @@ impl<D: Device> Trainer<D> {
             seed: cfg.shuffle_seed,
             offset: 0,
         };
+        let identity = cfg.identity()?;
         Ok(Trainer {
             cfg,
             ranks,
@@ -164,6 +167,7 @@ impl<D: Device> Trainer<D> {
             pending: None,
             resumed_loader: None,
             env_changes: Vec::new(),
+            identity,
         })
     }
 
@@ -179,7 +183,7 @@ impl<D: Device> Trainer<D> {
             checkpoint_dir,
             &LoadRequest {
                 config: &cfg.model,
-                identity: cfg.identity(),
+                identity: cfg.identity()?,
                 master_in_optimizer: cfg.precision == Precision::Bf16Mixed,
                 master_category: cfg.master_category(),
                 fresh_moments_if_missing: cfg.faults.has(Fault::MomentsNotSaved),
@@ -364,7 +368,7 @@ impl<D: Device> Trainer<D> {
 
     /// The `trainer_state.json` of a checkpoint of the current state, without its files.
     fn trainer_state(&self) -> TrainerState {
-        let identity = self.cfg.identity();
+        let identity = self.identity.clone();
         TrainerState {
             format_version: FORMAT_VERSION,
             global_step: self.step,

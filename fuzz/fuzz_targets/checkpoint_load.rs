@@ -89,7 +89,7 @@ fuzz_target!(|data: &[u8]| {
     }
     let req = LoadRequest {
         config: &f.cfg.model,
-        identity: f.cfg.identity(),
+        identity: f.cfg.identity().unwrap(),
         master_in_optimizer: true,
         master_category: Category::Optimizer,
         fresh_moments_if_missing: false,

@@ -82,8 +82,8 @@ pub struct EstimateArgs {
     /// The policy of the checkpointing columns.
     #[arg(long, value_enum, default_value_t = PolicyArg::Full)]
     checkpointing: PolicyArg,
-    /// Tokens per chunk of the chunked-loss columns.
-    #[arg(long, default_value_t = 1024)]
+    /// Tokens per chunk of the chunked-loss columns (at least 1).
+    #[arg(long, default_value_t = 1024, value_parser = at_least_one)]
     chunk_tokens: usize,
     /// Exact byte counts instead of KiB/MiB/GiB.
     #[arg(long)]
@@ -233,6 +233,17 @@ fn loss_name(loss: LossKind) -> String {
     match loss {
         LossKind::Standard => "standard loss".into(),
         LossKind::Chunked { chunk_tokens } => format!("chunked CE, {chunk_tokens} tokens"),
+    }
+}
+
+/// A count of at least 1, for a flag where 0 would estimate an impossible run.
+fn at_least_one(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) => Err("0 chunks nothing; write at least 1, e.g. 1024".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!(
+            "{text:?}: {e}; write a count of at least 1, e.g. 1024"
+        )),
     }
 }
 
@@ -726,6 +737,14 @@ mod tests {
         );
         let one = table(&flags("1")).unwrap().text;
         assert!(!one.contains("ranks, shard"), "{one}");
+    }
+
+    #[test]
+    fn zero_tokens_per_chunk_is_refused_by_the_flag() {
+        let flags = ["estimate", "--vocab", "64", "--chunk-tokens", "0"];
+        let e = Cli::try_parse_from(flags).err().unwrap().to_string();
+        assert!(e.contains("--chunk-tokens"), "{e}");
+        assert!(e.contains("write at least 1"), "{e}");
     }
 
     #[test]

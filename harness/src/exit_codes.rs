@@ -92,8 +92,22 @@ pub fn verify_help() -> String {
     ))
 }
 
+/// `train`'s exit statuses.
+pub fn train_help() -> String {
+    quiet_on_close(help(
+        &[
+            (SUCCESS, "trained and saved"),
+            (
+                FAILED,
+                "training stopped: a step's loss or gradient norm, or the weights, turned non-finite; latest still names the last checkpoint saved",
+            ),
+        ],
+        "",
+    ))
+}
+
 /// The exit statuses of the commands that either do their job or stop on bad input (`list`,
-/// `train`, `estimate`, `eval`).
+/// `eval`).
 pub fn plain_help() -> String {
     quiet_on_close(help(&[(SUCCESS, "done")], ""))
 }
@@ -152,6 +166,11 @@ mod tests {
         assert!(
             verify.contains("  141  standard output was closed"),
             "{verify}"
+        );
+        assert!(
+            train_help().contains("    1  training stopped"),
+            "{}",
+            train_help()
         );
         assert!(
             plain_help().contains("    2  bad input"),

@@ -15,6 +15,7 @@ pub mod plan;
 pub mod progress;
 pub mod repeat;
 pub mod report;
+pub mod report_file;
 pub mod run_cmd;
 pub mod saves;
 pub mod snapshot;

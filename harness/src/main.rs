@@ -125,7 +125,7 @@ enum Command {
     },
     /// Trains a suite's model, saving checkpoints as the suite says and after its last step; one
     /// JSON line per step.
-    #[command(after_help = exit_codes::plain_help())]
+    #[command(after_help = exit_codes::train_help())]
     Train {
         /// The suite file.
         suite: PathBuf,
@@ -398,7 +398,11 @@ fn dispatch(command: Command) -> Result<u8> {
         Command::Diff { old, new } => {
             let (old, new) = (summary_file(&old), summary_file(&new));
             let trends = run_cmd::trends(&old, &Summary::read(&old)?, &Summary::read(&new)?);
-            write!(std::io::stdout(), "{}", trends.text())?;
+            write!(
+                std::io::stdout(),
+                "{}",
+                error_text::printable(&trends.text())
+            )?;
             Ok(if trends.regressions() > 0 {
                 exit_codes::FAILED
             } else {
@@ -425,7 +429,7 @@ fn dispatch(command: Command) -> Result<u8> {
                 summary.trends = Some(t);
             }
             run_cmd::write_reports(&summary, &out, junit.as_deref())?;
-            write!(std::io::stdout(), "{text}")?;
+            write!(std::io::stdout(), "{}", error_text::printable(&text))?;
             Ok(run_status(&summary, fail_on_regression))
         }
         Command::List {
@@ -472,8 +476,16 @@ fn main() -> ExitCode {
         Ok(code) => ExitCode::from(code),
         Err(e) if broken_pipe(&e) => ExitCode::from(exit_codes::BROKEN_PIPE),
         Err(e) => {
-            eprintln!("error: {}", error_text::one_line(&e));
-            ExitCode::from(exit_codes::INVALID)
+            eprintln!(
+                "error: {}",
+                error_text::printable(&error_text::one_line(&e))
+            );
+            let stopped = e.downcast_ref::<train_cmd::Stopped>().is_some();
+            ExitCode::from(if stopped {
+                exit_codes::FAILED
+            } else {
+                exit_codes::INVALID
+            })
         }
     }
 }

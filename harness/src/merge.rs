@@ -64,9 +64,19 @@ fn run_order(t: &TrialResult) -> (PathBuf, bool, PathBuf, usize) {
     (home.to_path_buf(), in_faults, t.path.clone(), device)
 }
 
+/// `t` failed, with the reason, when its checks do not make it a pass though it says it passed.
+fn rederived(mut t: TrialResult) -> TrialResult {
+    if let Some(why) = t.derived_failure().filter(|_| t.passed) {
+        t.passed = false;
+        t.verdict = format!("{why} (its summary said it passed)");
+    }
+    t
+}
+
 /// The summary of every trial in the summaries under `dirs`. A trial found twice is an error:
 /// each partition runs its own trials. A trial skipped in one partition and run in another is
-/// counted as run.
+/// counted as run. A trial's verdict is derived again from its checks
+/// ([`TrialResult::derived_failure`]): a summary saying `passed` is not believed.
 pub fn merge(dirs: &[PathBuf]) -> Result<Summary> {
     let mut trials = Vec::new();
     let mut skipped = Vec::new();
@@ -84,7 +94,7 @@ pub fn merge(dirs: &[PathBuf]) -> Result<Summary> {
                     );
                 }
                 seen.push((t.name.clone(), file.clone()));
-                trials.push(t);
+                trials.push(rederived(t));
             }
             skipped.extend(part.skipped);
         }
@@ -112,7 +122,9 @@ mod tests {
             expect_fail: Vec::new(),
             expect_not_run: Vec::new(),
             verdict: String::new(),
-            checks: Vec::new(),
+            checks: vec![crate::checks::Outcome::nothing_asked(
+                crate::checks::Check::PeakBudget,
+            )],
             seconds: 1.0,
             record: fixtures::run(),
             repeat: None,

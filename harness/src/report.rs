@@ -136,14 +136,10 @@ impl Summary {
         self.write_json_as(&dir.join("summary.json"))
     }
 
-    /// Writes the summary to `file`, creating its directory.
+    /// Writes the summary to `file`, creating its directory; a failure leaves the previous
+    /// file whole ([`crate::report_file`]).
     pub fn write_json_as(&self, file: &Path) -> Result<()> {
-        if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir)
-                .with_context(|| format!("{}: cannot create", dir.display()))?;
-        }
-        std::fs::write(file, serde_json::to_vec_pretty(self)?)
-            .with_context(|| format!("{}: cannot write", file.display()))
+        crate::report_file::write(file, &serde_json::to_vec_pretty(self)?)
     }
 
     /// The run as JUnit XML: one test case per trial, with at most [`FAILURES_SHOWN`] failures

@@ -4,6 +4,7 @@
 //! any failure.
 
 use crate::checks::golden;
+use crate::error_text::printable;
 use crate::html;
 use crate::memory_trace::{self, Tracer};
 use crate::plan::{self, DeviceChoice, TierFilter};
@@ -12,7 +13,7 @@ use crate::repeat::Spread;
 use crate::report::{Skipped, Summary};
 use crate::trends::Trends;
 use crate::trial::{self, GoldenMode};
-use anyhow::{Context, Result};
+use anyhow::Result;
 use indicatif::ProgressDrawTarget;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -132,10 +133,10 @@ pub fn run(opts: &RunOptions, out: &mut impl Write) -> Result<Summary> {
     }
     drop(reporter);
     let mut summary = Summary::new(trials, skipped);
-    write!(out, "\n{}", summary.table())?;
+    write!(out, "\n{}", printable(&summary.table()))?;
     if let Some((file, old)) = &baseline {
         let t = trends(file, old, &summary);
-        write!(out, "{}", t.text())?;
+        write!(out, "{}", printable(&t.text()))?;
         summary.trends = Some(t);
     }
     write_reports(&summary, &opts.report, opts.junit.as_deref())?;
@@ -143,9 +144,5 @@ pub fn run(opts: &RunOptions, out: &mut impl Write) -> Result<Summary> {
 }
 
 fn write_file(file: &Path, text: &str) -> Result<()> {
-    if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("{}: cannot create", dir.display()))?;
-    }
-    std::fs::write(file, text).with_context(|| format!("{}: cannot write", file.display()))
+    crate::report_file::write(file, text.as_bytes())
 }

@@ -17,6 +17,7 @@ use serde_saphyr::{Location, Spanned};
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+mod expectations;
 mod places;
 
 /// The model: written inline, or a Hugging Face `config.json` path relative to the suite.
@@ -657,6 +658,27 @@ impl Suite {
         if let Some(r) = &t.resume_from {
             Self::validate_resume_from(path, r, max_steps)?;
         }
+        if t.extra_steps == 0 {
+            bail!(
+                "{}: training.extra_steps is 0; the resume-end phase trains past max_steps and needs at least 1, e.g. extra_steps: 3",
+                place_of(path, &places.training.extra_steps)
+            );
+        }
+        let end = max_steps + t.extra_steps;
+        if let Some(long) = file.long_batch.filter(|l| l.from_step >= end) {
+            bail!(
+                "{}: long_batch.from_step is {}, but the run ends after step {} (max_steps + extra_steps), so no long batch would be drawn; write a from_step below {end}",
+                place_of(path, &places.long_batch.from_step),
+                long.from_step,
+                end - 1
+            );
+        }
+        if file.threads == 0 {
+            bail!(
+                "{}: threads is 0; write the worker threads, at least 1",
+                place_of(path, &places.threads)
+            );
+        }
         if !(0.0..1.0).contains(&file.dropout) {
             bail!(
                 "{}: dropout ({}) must be at least 0 and below 1; write e.g. dropout: 0.1",
@@ -741,7 +763,7 @@ impl Suite {
                 );
             }
         }
-        Ok(())
+        expectations::check(path, places, file)
     }
 
     /// Checks `training.resume_from`: every step between 1 and `max_steps - 1`, a list not
@@ -1306,6 +1328,56 @@ expect_fail: [state_digest, loss_continuity]
                 proptest::prop_assert!(format!("{e:#}").starts_with("s.yaml"), "{e:#}");
             }
         }
+    }
+
+    #[test]
+    fn a_suite_that_would_compare_nothing_is_refused_at_its_place() {
+        let off = "checks: {loss_continuity: false, state_digest: false, data_ledger: false, memory_reclaimed: false, peak_budget: false, no_leak: false, ac_coverage: false, memory_model: false, oom_free: false, golden: false, finite: false, checkpoint_equivalence: false}\n";
+        let e = error(off);
+        assert!(e.starts_with("s.yaml:9:9:"), "{e}");
+        assert!(e.contains("every check is off"), "{e}");
+        let every = "memory: {capacity: 1}\nexpect_fail: [oom_free]\nexpect_not_run: [loss_continuity, state_digest, data_ledger, memory_reclaimed, peak_budget, no_leak, ac_coverage, memory_model, golden, finite, checkpoint_equivalence]\n";
+        let e = error(every);
+        assert!(e.starts_with("s.yaml:11:17:"), "{e}");
+        assert!(e.contains("nothing would be compared"), "{e}");
+        let e = error("expect_fail: [state_digest]\n");
+        assert!(e.starts_with("s.yaml:9:14:"), "{e}");
+        assert!(
+            e.contains("expect_fail names state_digest but the suite injects no fault"),
+            "{e}"
+        );
+        for explained in [
+            "faults: [schedule_reset]\nexpect_fail: [state_digest]\n",
+            "memory: {capacity: 1000000}\nexpect_fail: [oom_free]\n",
+            "memory: {budget: 4096}\nexpect_fail: [no_leak]\n",
+            "expect_fail: [finite]\n",
+            "expect_fail: [golden]\n",
+        ] {
+            parse(explained).unwrap_or_else(|e| panic!("{explained}: {e:#}"));
+        }
+    }
+
+    #[test]
+    fn values_that_would_fail_later_are_refused_at_their_place() {
+        let e = error("threads: 0\n");
+        assert!(e.starts_with("s.yaml:9:10: threads is 0"), "{e}");
+        let text = BASE.replace("  max_steps: 8\n", "  max_steps: 8\n  extra_steps: 0\n");
+        let e = format!(
+            "{:#}",
+            Suite::parse(Path::new("s.yaml"), &text).unwrap_err()
+        );
+        assert!(
+            e.starts_with("s.yaml:9:16: training.extra_steps is 0"),
+            "{e}"
+        );
+        let e = error("long_batch: {from_step: 11, seq_len: 32}\n");
+        assert!(
+            e.starts_with(
+                "s.yaml:9:25: long_batch.from_step is 11, but the run ends after step 10"
+            ),
+            "{e}"
+        );
+        parse("long_batch: {from_step: 10, seq_len: 32}\n").unwrap();
     }
 
     #[test]

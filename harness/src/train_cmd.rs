@@ -8,11 +8,15 @@
 //! overwrite them, and resumes a run whose `latest` is broken from its newest checkpoint that
 //! loads, with a warning naming what it skipped. A resume in another execution environment than
 //! the checkpoint's is noted with the fields that differ.
+//!
+//! A step whose loss or gradient norm is not finite stops training before anything more is
+//! saved, and so does a checkpoint holding a non-finite number: `latest` keeps naming the last
+//! checkpoint of finite numbers, and `train` fails with [`Stopped`].
 
 use crate::devices::{self, DeviceKind, OnDevice};
 use crate::suite::Suite;
 use anyhow::{bail, Result};
-use ckpt_engine::checkpoint::{self, Foreign, RunLock};
+use ckpt_engine::checkpoint::{self, Entry, Foreign, RunLock};
 use ckpt_engine::environment;
 use ckpt_engine::{Device, Trainer};
 use serde::Serialize;
@@ -28,6 +32,20 @@ struct StepLine {
     grad_norm: f64,
     peak_bytes: u64,
 }
+
+/// Training that stopped part-way for a reason other than bad input: a step whose loss or
+/// gradient norm turned non-finite, or weights that did. The message names the step and the
+/// checkpoint `latest` still names.
+#[derive(Debug)]
+pub struct Stopped(String);
+
+impl std::fmt::Display for Stopped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Stopped {}
 
 /// Where and how far `train` trains.
 pub struct TrainOptions<'a> {
@@ -45,14 +63,21 @@ pub struct TrainOptions<'a> {
 
 /// Trains `suite` as `opts` says.
 pub fn run(suite: &Suite, opts: &TrainOptions<'_>) -> Result<()> {
+    suite.check_run()?;
     let out = opts.out;
+    if out.symlink_metadata().is_ok() && !out.is_dir() {
+        bail!(
+            "{}: --out is not a directory (a file, or a link to nothing); give the run directory to save into, or a path that does not exist yet",
+            out.display()
+        );
+    }
     let _lock = RunLock::acquire(out)?;
     for note in checkpoint::recover(out)? {
         eprintln!("note: {note}");
     }
-    let foreign = checkpoint::foreign(out, &suite.train.identity())?;
+    let foreign = checkpoint::foreign(out, &suite.train.identity()?)?;
     if !foreign.is_empty() && !opts.overwrite {
-        bail!(refusal(out, &foreign));
+        bail!(refusal(out, &foreign, opts.resume.is_some()));
     }
     let train = Train {
         suite,
@@ -83,11 +108,19 @@ impl OnDevice for Train<'_> {
             Some(path) => resume(suite, dev, path)?,
             None => Trainer::new(suite.train.clone(), dev)?,
         };
+        let target = opts.steps.unwrap_or(suite.max_steps());
+        if target <= trainer.step_index() {
+            let at = trainer.step_index();
+            let what = match opts.steps {
+                Some(_) => "--steps",
+                None => "the suite's training.max_steps",
+            };
+            bail!("{what} is {target}, but the run is already at step {at}: nothing would be trained or saved; give a --steps above {at}");
+        }
         checkpoint::remove_foreign(opts.out, &foreign)?;
         for f in &foreign {
             eprintln!("note: deleted {} ({})", f.dir.display(), f.difference);
         }
-        let target = opts.steps.unwrap_or(suite.max_steps());
         train_until(&mut trainer, suite, opts.out, target)
     }
 }
@@ -102,6 +135,13 @@ fn train_until<D: Device>(
 ) -> Result<()> {
     let keep = suite.file.training.keep_last;
     let save = |trainer: &mut Trainer<D>| -> Result<()> {
+        if let Some(name) = non_finite_entry(trainer)? {
+            let what = format!(
+                "the weights step {} left hold a non-finite number ({name})",
+                trainer.step_index().saturating_sub(1)
+            );
+            return Err(stopped(trainer, out, &what));
+        }
         if suite.file.training.async_save {
             trainer.save_async(out, keep)?;
         } else {
@@ -122,6 +162,13 @@ fn train_until<D: Device>(
             peak_bytes: s.memory.allocated.peak,
         };
         writeln!(stdout, "{}", serde_json::to_string(&line)?)?;
+        if !s.loss.is_finite() || !s.grad_norm.is_finite() {
+            let what = format!(
+                "step {}'s loss is {} and its gradient norm {}: training diverged",
+                s.step, s.loss, s.grad_norm
+            );
+            return Err(stopped(trainer, out, &what));
+        }
         saved = suite.saves_at(from, trainer.step_index());
         if saved {
             save(trainer)?;
@@ -134,11 +181,62 @@ fn train_until<D: Device>(
     Ok(())
 }
 
-/// Why `train` will not write into `out`, and what to do instead.
-fn refusal(out: &Path, foreign: &[Foreign]) -> String {
+/// The name of the first tensor of `trainer`'s checkpoint holding a NaN or an infinity.
+fn non_finite_entry<D: Device>(trainer: &Trainer<D>) -> Result<Option<String>> {
+    let (model, optimizer) = trainer.state().checkpoint_entries()?;
+    let finite = |e: &Entry<'_>| match e.dtype {
+        safetensors::Dtype::F32 => e
+            .data
+            .chunks_exact(4)
+            .all(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]).is_finite()),
+        safetensors::Dtype::BF16 => e
+            .data
+            .chunks_exact(2)
+            .all(|b| half::bf16::from_le_bytes([b[0], b[1]]).is_finite()),
+        _ => true,
+    };
+    Ok(model
+        .iter()
+        .chain(&optimizer)
+        .find(|e| !finite(e))
+        .map(|e| e.name.clone()))
+}
+
+/// [`Stopped`] for `what`, in the run saved in `out`, once the saves in flight are finished:
+/// what `latest` names, and what to do.
+fn stopped<D: Device>(trainer: &mut Trainer<D>, out: &Path, what: &str) -> anyhow::Error {
+    if let Err(e) = trainer.finish_saves() {
+        return e.into();
+    }
+    let pointer = out.join(checkpoint::LATEST_FILE);
+    let latest = match pointer.exists().then(|| checkpoint::resolve(out)) {
+        Some(Ok(dir)) => format!(
+            "{} still names {}, the last checkpoint saved. Lower optimizer.lr (or set optimizer.grad_clip), then train again, or resume from an earlier checkpoint",
+            pointer.display(),
+            dir.display()
+        ),
+        _ => format!(
+            "{} holds no checkpoint of this run. Lower optimizer.lr (or set optimizer.grad_clip) and train again",
+            out.display()
+        ),
+    };
+    Stopped(format!(
+        "{what}; training stopped without saving it, and {latest}"
+    ))
+    .into()
+}
+
+/// Why `train` will not write into `out`, and what to do instead. A resume is not told to
+/// `--overwrite`: that would delete the checkpoints it means to continue.
+fn refusal(out: &Path, foreign: &[Foreign], resuming: bool) -> String {
     let first = &foreign[0];
+    let fix = if resuming {
+        "Resume it with the suite and data it was saved with (a token file is recorded by its size and sha256, not its path), or train into another --out"
+    } else {
+        "Train into another --out, resume it with the suite it was saved with, or pass --overwrite to delete those checkpoints first"
+    };
     format!(
-        "{} holds {} checkpoint(s) of another configuration ({}: {}, checkpoint vs this suite); training into it would mix two runs. Train into another --out, resume it with the suite it was saved with, or pass --overwrite to delete those checkpoints first",
+        "{} holds {} checkpoint(s) of another configuration ({}: {}, checkpoint vs this suite); training into it would mix two runs. {fix}",
         out.display(),
         foreign.len(),
         first.dir.display(),
@@ -150,7 +248,18 @@ fn refusal(out: &Path, foreign: &[Foreign]) -> String {
 /// from its newest checkpoint that does, with a warning naming what was skipped and why. A note
 /// names the fields of the execution environment that differ from the checkpoint's.
 fn resume<D: Device>(suite: &Suite, dev: D, path: &Path) -> Result<Trainer<D>> {
-    let found = checkpoint::load_newest(path, &suite.train.identity(), |dir| {
+    let (state, latest) = (checkpoint::STATE_FILE, checkpoint::LATEST_FILE);
+    if path.is_dir()
+        && !path.join(state).exists()
+        && !path.join(latest).exists()
+        && checkpoint::list(path)?.is_empty()
+    {
+        bail!(
+            "{}: holds no checkpoint (no {state}, no {latest} and no step- directories); give a checkpoint directory, or a run directory an earlier train saved into",
+            path.display(),
+        );
+    }
+    let found = checkpoint::load_newest(path, &suite.train.identity()?, |dir| {
         Trainer::resume(suite.train.clone(), dev.clone(), dir)
     })?;
     if !found.skipped.is_empty() {
@@ -159,6 +268,13 @@ fn resume<D: Device>(suite: &Suite, dev: D, path: &Path) -> Result<Trainer<D>> {
             "warning: resuming from {}, the newest checkpoint that loads; skipped {}",
             found.dir.display(),
             skipped.join("; skipped ")
+        );
+    }
+    if checkpoint::state_file::read(&found.dir).is_ok_and(|s| !s.protected) {
+        eprintln!(
+            "warning: {} is unprotected (format version 1, without {}): an edit to it cannot be detected; resuming from it as it is",
+            found.dir.join(checkpoint::STATE_FILE).display(),
+            checkpoint::STATE_SUM_FILE
         );
     }
     let changes = found.value.env_changes();

@@ -85,6 +85,23 @@ impl TrialResult {
     pub fn not_run_checks(&self) -> Vec<Check> {
         with_status(&self.checks, Status::NotRun)
     }
+
+    /// Why this trial, as read from a summary, has not passed whatever its own `passed` says:
+    /// no check outcomes, no recorded run, or check outcomes that the verdict of
+    /// [`run`] fails (a check failing that had to pass, or not run without
+    /// `expect_not_run`). `None` when its checks make it a pass.
+    pub fn derived_failure(&self) -> Option<String> {
+        let mut why = Vec::new();
+        if self.checks.is_empty() {
+            why.push("no check outcomes recorded".to_string());
+        }
+        if self.record.phases.is_empty() {
+            why.push("no run recorded".to_string());
+        }
+        why.extend(verdict(&self.expect_fail, &self.failed_checks()).err());
+        why.extend(not_run_verdict(&self.expect_not_run, &self.not_run_checks()).err());
+        (!why.is_empty()).then(|| why.join("; "))
+    }
 }
 
 /// The trial name of `suite` on `device`: `cpu::tiny-fp32`; suites in a `faults` directory are
@@ -195,6 +212,7 @@ fn observe(
     mode: GoldenMode,
     watch: &mut impl Watch,
 ) -> Result<Observed> {
+    suite.check_run()?;
     let work = tempfile::tempdir().context("cannot create a temporary directory")?;
     let record = phases::run(suite, device, work.path(), watch)?;
     if mode == GoldenMode::Bless && suite.file.checks.golden {

@@ -521,7 +521,10 @@ fn a_state_file_written_without_its_checksum_loads_and_is_reported_unprotected()
     let s = saved();
     // What a checkpoint written before the state file had a checksum looks like.
     let _ = std::fs::remove_file(s.ckpt.join(format!("{STATE_FILE}.sha256")));
-    hand_edit_state(&s.ckpt, |s| s["format_version"] = 1.into());
+    hand_edit_state(&s.ckpt, |s| {
+        s["format_version"] = 1.into();
+        s.as_object_mut().unwrap().remove("environment");
+    });
     verify_says(&s.ckpt, 0, &[STATE_FILE, "unprotected"]);
     let dev = CpuDevice::new(1, u64::MAX).unwrap();
     let t = Trainer::resume(s.suite.train.clone(), dev, &s.ckpt).unwrap();
@@ -815,5 +818,275 @@ fn the_last_trained_step_is_always_saved() {
         assert_eq!(names, saved, "{training} --steps {steps}");
         let latest = std::fs::read_to_string(run.join("latest")).unwrap();
         assert_eq!(latest.trim(), *saved.last().unwrap());
+    }
+}
+
+/// A suite training on `tok.bin` beside it, saving after every step.
+fn token_suite(dir: &Path) -> PathBuf {
+    let text = suite_text("fp32", 32, "{max_steps: 8, save_every: 1}").replace(
+        "{kind: synthetic, seed: 3, samples: 64, min_len: 8}",
+        "{kind: token_file, path: tok.bin, dtype: u16}",
+    );
+    write_suite(dir, &text)
+}
+
+/// Writes 400 u16 token ids, `i * mul + add` modulo the vocabulary of 64, to `path`.
+fn write_tokens(path: &Path, mul: u16, add: u16) {
+    let bytes: Vec<u8> = (0..400u16)
+        .flat_map(|i| ((i * mul + add) % 64).to_le_bytes())
+        .collect();
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// `train` with `args`, run in `dir`.
+fn train_in(dir: &Path, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .current_dir(dir)
+        .arg("train")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// The `sha256 HEX` values `text` names, in order.
+fn sha256s(text: &str) -> Vec<&str> {
+    text.match_indices("sha256 ")
+        .map(|(at, _)| &text[at + 7..(at + 71).min(text.len())])
+        .filter(|hex| hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
+        .collect()
+}
+
+#[test]
+fn a_resume_on_a_changed_token_file_is_refused_with_both_contents() {
+    let tmp = tempfile::tempdir().unwrap();
+    let suite = token_suite(tmp.path());
+    let tokens = tmp.path().join("tok.bin");
+    write_tokens(&tokens, 7, 0);
+    let run = tmp.path().join("tt");
+    train(&suite, &run, None, 4);
+    write_tokens(&tokens, 11, 3);
+
+    for out in [run.clone(), tmp.path().join("elsewhere")] {
+        let refused = train_output(&suite, &out, Some(&run), 8);
+        let err = stderr(&refused);
+        assert_eq!(refused.status.code(), Some(2), "{err}");
+        assert_contains(&err, &["data.content", "800 bytes"]);
+        let named = sha256s(&err);
+        assert!(
+            named.len() == 2 && named[0] != named[1],
+            "both contents are named: {err}"
+        );
+        assert!(!err.contains("--overwrite"), "{err}");
+    }
+    assert_eq!(checkpoint::list(&run).unwrap().len(), 4);
+
+    write_tokens(&tokens, 7, 0);
+    let resumed = train(&suite, &run, Some(&run), 8);
+    let whole = train(&suite, &tmp.path().join("whole"), None, 8);
+    assert_eq!(
+        resumed[..],
+        whole[4..],
+        "the original file resumes bit for bit"
+    );
+}
+
+#[test]
+fn a_run_resumed_from_another_directory_is_the_same_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("a");
+    std::fs::create_dir(&dir).unwrap();
+    token_suite(&dir);
+    write_tokens(&dir.join("tok.bin"), 7, 0);
+    let first = train_in(
+        tmp.path(),
+        &["a/suite.yaml", "--out", "run", "--steps", "2"],
+    );
+    assert!(first.status.success(), "{}", stderr(&first));
+    let args = ["suite.yaml", "--out", "../run", "--resume", "../run"];
+    let resumed = train_in(&dir, &[&args[..], &["--steps", "4"]].concat());
+    assert!(resumed.status.success(), "{}", stderr(&resumed));
+    let whole = train_in(&dir, &["suite.yaml", "--out", "../whole", "--steps", "4"]);
+    assert!(whole.status.success(), "{}", stderr(&whole));
+    let lines = |o: &Output| -> Vec<String> {
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect()
+    };
+    assert_eq!(lines(&resumed)[..], lines(&whole)[2..]);
+}
+
+#[test]
+fn a_latest_leading_out_of_its_run_is_refused() {
+    let (_tmp, suite, run) = run_saving_every_step(4);
+    // A run directory inside a checkpoint, whose `latest` leads up to that checkpoint.
+    let inner = run.join("step-00000002").join("inner");
+    std::fs::create_dir(&inner).unwrap();
+    std::fs::write(inner.join("latest"), "..\n").unwrap();
+    let out = train_output(&suite, &inner, Some(&inner), 6);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_contains(
+        &err,
+        &["latest", "names \"..\", not a checkpoint directory"],
+    );
+    assert!(out.stdout.is_empty(), "nothing trained");
+}
+
+#[test]
+fn a_checkpoint_named_for_another_step_is_refused() {
+    let (_tmp, suite, run) = run_saving_every_step(8);
+    let renamed = run.join("step-00000009");
+    copy_dir(&run.join("step-00000004"), &renamed);
+    std::fs::write(run.join("latest"), "step-00000009\n").unwrap();
+
+    let out = train_output(&suite, &run.join("resumed"), Some(&renamed), 10);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_contains(
+        &err,
+        &["step-00000009", "after 4 steps", "named for step 9"],
+    );
+
+    let out = train_output(&suite, &run, Some(&run), 10);
+    let warning = stderr(&out);
+    assert!(out.status.success(), "{warning}");
+    assert_contains(&warning, &["skipped", "step-00000009", "named for step 9"]);
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(stdout.starts_with("{\"step\":8,"), "{stdout}");
+}
+
+/// `train --steps 8` of a suite with learning rate `lr`, saving after every step and keeping
+/// two checkpoints: its output, its run directory (and the directory holding both).
+fn train_diverging(lr: &str) -> (Output, PathBuf, tempfile::TempDir) {
+    let tmp = tempfile::tempdir().unwrap();
+    let text = suite_text("fp32", 32, "{max_steps: 8, save_every: 1, keep_last: 2}")
+        .replace("lr: 0.003", &format!("lr: {lr}"));
+    let suite = write_suite(tmp.path(), &text);
+    let run = tmp.path().join("run");
+    (train_output(&suite, &run, None, 8), run, tmp)
+}
+
+#[test]
+fn a_diverging_run_stops_before_saving_non_finite_numbers() {
+    // Step 0 is finite and saved; its update makes step 1's loss non-finite.
+    let (out, run, _tmp) = train_diverging("1.0e30");
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_contains(
+        &err,
+        &["step 1's loss is", "training diverged", "step-00000001"],
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 2);
+    assert_eq!(checkpoint::list(&run).unwrap(), [run.join("step-00000001")]);
+    assert_eq!(verify_status(&run), Some(0));
+
+    // An update past f32's range: step 0's loss is finite, the weights it leaves are not.
+    let (out, run, _tmp) = train_diverging("1.0e39");
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_contains(
+        &err,
+        &[
+            "the weights step 0 left hold a non-finite number",
+            "holds no checkpoint",
+        ],
+    );
+    assert_eq!(checkpoint::list(&run).unwrap(), Vec::<PathBuf>::new());
+}
+
+#[test]
+fn resuming_nothing_or_training_nothing_is_refused_with_what_to_do() {
+    let (tmp, suite, run) = run_saving_every_step(4);
+    let empty = tmp.path().join("nock");
+    std::fs::create_dir(&empty).unwrap();
+    let out = train_output(&suite, &tmp.path().join("new"), Some(&empty), 4);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert_contains(&stderr(&out), &[arg(&empty), "holds no checkpoint"]);
+
+    for (resume, steps, at) in [
+        (Some(&run), 3, "step 4"),
+        (Some(&run), 4, "step 4"),
+        (None, 0, "step 0"),
+    ] {
+        let out = train_output(
+            &suite,
+            &tmp.path().join("more"),
+            resume.map(|r| r.as_path()),
+            steps,
+        );
+        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+        assert_contains(
+            &stderr(&out),
+            &[
+                &format!("--steps is {steps}"),
+                at,
+                "nothing would be trained",
+            ],
+        );
+        assert!(out.stdout.is_empty());
+    }
+}
+
+#[test]
+fn a_format_version_edited_down_is_damage_and_an_unprotected_resume_warns() {
+    let (_tmp, suite, run) = run_saving_every_step(4);
+    let sidecar = |step: &Path| step.join(format!("{STATE_FILE}.sha256"));
+    // The version edited down to bypass the sidecar, and the loader's position edited.
+    let step4 = run.join("step-00000004");
+    std::fs::remove_file(sidecar(&step4)).unwrap();
+    hand_edit_state(&step4, |s| {
+        s["format_version"] = 1.into();
+        s["loader"]["position"] = 1.into();
+    });
+    verify_says(&step4, 1, &["DAMAGED", STATE_FILE, "environment"]);
+    let out = train_output(&suite, &run.join("more"), Some(&step4), 6);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert_contains(&stderr(&out), &["format version 1", "environment"]);
+
+    // A state file as version 1 wrote it: no sidecar, no execution record. It resumes, warned.
+    let step3 = run.join("step-00000003");
+    std::fs::remove_file(sidecar(&step3)).unwrap();
+    hand_edit_state(&step3, |s| {
+        s["format_version"] = 1.into();
+        s.as_object_mut().unwrap().remove("environment");
+    });
+    let out = train_output(&suite, &run.join("again"), Some(&step3), 5);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let warning = stderr(&out);
+    assert!(
+        warning
+            .lines()
+            .any(|l| l.starts_with("warning:") && l.contains("unprotected")),
+        "{warning}"
+    );
+}
+
+#[test]
+fn train_names_the_place_of_an_impossible_value() {
+    let tmp = tempfile::tempdir().unwrap();
+    let text = suite_text("fp32", 32, "{max_steps: 4}").replace("lr: 0.003", "lr: .nan");
+    let suite = write_suite(tmp.path(), &text);
+    let out = train_output(&suite, &tmp.path().join("run"), None, 2);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let place = format!(
+        "{}:9:13: invalid configuration: optimizer.lr is NaN",
+        arg(&suite)
+    );
+    assert_contains(&stderr(&out), &[&place]);
+}
+
+#[test]
+fn an_out_that_is_not_a_directory_is_refused_with_the_fix() {
+    let tmp = tempfile::tempdir().unwrap();
+    let suite = write_suite(tmp.path(), &suite_text("fp32", 32, "{max_steps: 4}"));
+    let file = tmp.path().join("a-file");
+    std::fs::write(&file, "").unwrap();
+    let dangling = tmp.path().join("dangling");
+    std::os::unix::fs::symlink(tmp.path().join("nowhere"), &dangling).unwrap();
+    for out in [file, dangling] {
+        let refused = train_output(&suite, &out, None, 2);
+        assert_eq!(refused.status.code(), Some(2), "{}", stderr(&refused));
+        assert_contains(&stderr(&refused), &[arg(&out), "--out is not a directory"]);
     }
 }

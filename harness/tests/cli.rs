@@ -932,3 +932,30 @@ fn train_takes_a_device() {
         assert!(text(&out).contains("no GPU"), "{}", text(&out));
     }
 }
+
+#[test]
+fn a_run_names_the_place_of_an_impossible_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = tiny_suite(
+        dir.path(),
+        "nan-lr",
+        "devices: [cpu]\nchecks: {golden: false}",
+        &[("lr: 0.003", "lr: .nan")],
+    );
+    let (out, _) = run_reporting(dir.path(), &[&suite]);
+    assert_eq!(
+        out.status.code(),
+        Some(exit_codes::FAILED.into()),
+        "{}",
+        text(&out)
+    );
+    let summary = summary_json(dir.path());
+    let verdict = summary["trials"][0]["verdict"].as_str().unwrap();
+    let text = std::fs::read_to_string(&suite).unwrap();
+    let line = 1 + text.lines().position(|l| l.contains("lr: .nan")).unwrap();
+    let place = format!("{}:{line}:", suite.display());
+    assert!(
+        verdict.contains(&place) && verdict.contains("optimizer.lr is NaN"),
+        "{place}: {verdict}"
+    );
+}

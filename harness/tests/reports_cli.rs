@@ -341,3 +341,116 @@ fn merging_two_partitions_gives_the_report_of_the_whole_run() {
         text(&twice)
     );
 }
+
+#[test]
+fn a_report_that_cannot_be_written_whole_leaves_the_previous_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let (part, out) = (dir.path().join("part"), dir.path().join("out"));
+    std::fs::create_dir_all(&part).unwrap();
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::copy(recorded("passing"), part.join("summary.json")).unwrap();
+    let baseline = std::fs::read(recorded("regressed")).unwrap();
+    std::fs::write(out.join("summary.json"), &baseline).unwrap();
+    // A disk that fills after 4 KiB: writes past it fail (SIGXFSZ ignored, as a full disk's
+    // ENOSPC would).
+    let merge = Command::new("sh")
+        .args([
+            "-c",
+            "trap '' XFSZ; exec prlimit --fsize=4096 -- \"$@\"",
+            "sh",
+        ])
+        .args([BIN, "report", "merge", part.to_str().unwrap()])
+        .args(["--out", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(merge.status.code(), Some(2), "{}", text(&merge));
+    assert!(
+        text(&merge).contains("summary.json: cannot write"),
+        "{}",
+        text(&merge)
+    );
+    assert!(
+        std::fs::read(out.join("summary.json")).unwrap() == baseline,
+        "the previous summary was damaged"
+    );
+    let names: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, ["summary.json"]);
+}
+
+#[test]
+fn terminal_escapes_read_from_a_summary_are_printed_as_escapes() {
+    let dir = tempfile::tempdir().unwrap();
+    let part = dir.path().join("part");
+    std::fs::create_dir_all(&part).unwrap();
+    let mut summary = json(Path::new(&recorded("failing-negative-control")));
+    summary["trials"][0]["verdict"] = "\u{1b}[2J\u{1b}]0;TITLE\u{7}".into();
+    let file = part.join("summary.json");
+    std::fs::write(&file, serde_json::to_vec(&summary).unwrap()).unwrap();
+    let out_dir = dir.path().join("merged");
+    let merged = harness(&[
+        "report",
+        "merge",
+        part.to_str().unwrap(),
+        "--out",
+        out_dir.to_str().unwrap(),
+    ]);
+    let diff = harness(&["diff", &recorded("passing"), file.to_str().unwrap()]);
+    for out in [merged, diff] {
+        let all = text(&out);
+        assert!(
+            !all.contains(['\u{1b}', '\u{7}']),
+            "raw control characters printed: {all:?}"
+        );
+        assert!(all.contains("\\u{1b}[2J\\u{1b}]0;TITLE\\u{7}"), "{all}");
+    }
+}
+
+#[test]
+fn a_merged_trial_passes_only_by_its_checks_not_by_its_own_word() {
+    type Edit = fn(&mut serde_json::Value);
+    let edits: [(&str, Edit); 3] = [
+        ("failed: loss_continuity", |t| {
+            t["checks"][0]["status"] = "failed".into()
+        }),
+        ("no check outcomes recorded", |t| {
+            t["checks"] = serde_json::json!([])
+        }),
+        ("no run recorded", |t| {
+            t["record"]["phases"] = serde_json::json!([])
+        }),
+    ];
+    for (why, edit) in edits {
+        let dir = tempfile::tempdir().unwrap();
+        let part = dir.path().join("part");
+        std::fs::create_dir_all(&part).unwrap();
+        let mut summary = json(Path::new(&recorded("passing")));
+        assert_eq!(
+            summary["trials"][0]["checks"][0]["check"],
+            "loss_continuity"
+        );
+        edit(&mut summary["trials"][0]);
+        assert_eq!(summary["trials"][0]["passed"], true);
+        std::fs::write(
+            part.join("summary.json"),
+            serde_json::to_vec(&summary).unwrap(),
+        )
+        .unwrap();
+        let out_dir = dir.path().join("merged");
+        let out = harness(&[
+            "report",
+            "merge",
+            part.to_str().unwrap(),
+            "--out",
+            out_dir.to_str().unwrap(),
+        ]);
+        let all = text(&out);
+        assert_eq!(out.status.code(), Some(1), "{why}: {all}");
+        assert!(all.contains("0 passed, 1 failed"), "{why}: {all}");
+        assert!(all.contains(why), "{why}: {all}");
+        let merged = json(&out_dir.join("summary.json"));
+        assert_eq!(merged["trials"][0]["passed"], false, "{why}");
+    }
+}

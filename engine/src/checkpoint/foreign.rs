@@ -1,7 +1,7 @@
 //! Checkpoints of another run configuration in a run directory: found before training into it,
 //! deleted only when asked, so that one run directory never mixes two runs.
 
-use super::state::first_difference;
+use super::state::{comparable, first_difference};
 use super::{files, list, resolve, state_file, RunLock, LATEST_FILE};
 use crate::error::{EngineError, Result};
 use std::path::{Path, PathBuf};
@@ -26,7 +26,8 @@ pub fn foreign(run_dir: &Path, identity: &serde_json::Value) -> Result<Vec<Forei
         .into_iter()
         .filter_map(|dir| {
             let state = state_file::read(&dir).ok()?.state;
-            let difference = first_difference(&state.identity, identity, "")?;
+            let (recorded, current) = comparable(&state.identity, identity);
+            let difference = first_difference(&recorded, &current, "")?;
             Some(Foreign { dir, difference })
         })
         .collect())

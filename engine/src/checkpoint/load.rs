@@ -3,9 +3,10 @@
 //! once straight into them while its checksum is verified.
 
 use super::files::{self, MappedFile};
-use super::state::{first_difference, FileRecord, TrainerState};
+use super::state::{comparable, first_difference, FileRecord, TrainerState};
 use super::{
-    fingerprint, resolve, state_file, CONFIG_FILE, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE,
+    fingerprint, resolve, state_file, step_of_dir_name, CONFIG_FILE, MODEL_FILE, OPTIMIZER_FILE,
+    STATE_FILE,
 };
 use crate::error::{EngineError, Result};
 use crate::memory::{Category, MemoryTracker};
@@ -47,6 +48,7 @@ pub fn load(host: &MemoryTracker, dir: &Path, req: &LoadRequest<'_>) -> Result<L
     let dir = resolve(dir)?;
     let state = state_file::read(&dir)?.state;
     check_identity(&dir, &state, &req.identity)?;
+    check_step(&dir, &state)?;
     for name in [MODEL_FILE, OPTIMIZER_FILE, CONFIG_FILE] {
         if !state.files.contains_key(name) {
             return Err(EngineError::bad_file(
@@ -194,15 +196,40 @@ pub(crate) fn check_identity(
     state: &TrainerState,
     identity: &serde_json::Value,
 ) -> Result<()> {
-    if state.fingerprint == fingerprint(identity) && state.identity == *identity {
+    let (recorded, current) = comparable(&state.identity, identity);
+    if state.fingerprint == fingerprint(&state.identity) && recorded == current {
         return Ok(());
     }
-    let diff = first_difference(&state.identity, identity, "")
+    let diff = first_difference(&recorded, &current, "")
         .unwrap_or_else(|| "the recorded fingerprint does not match its configuration".into());
+    let fix = if diff.starts_with("data.") {
+        "resume on the data it was trained on (a token file is recorded by its size and sha256, not its path)"
+    } else {
+        "resume with the configuration it was saved with"
+    };
     Err(EngineError::bad_file(
         dir.join(STATE_FILE),
-        format!("checkpoint belongs to another run configuration ({diff}, checkpoint vs this run); resume with the configuration it was saved with"),
+        format!("checkpoint belongs to another run configuration ({diff}, checkpoint vs this run); {fix}"),
     ))
+}
+
+/// Fails when `dir` is named for another step (`step-N`) than its state's `global_step`: a
+/// checkpoint copied or renamed over another would resume at a step other than the one named.
+fn check_step(dir: &Path, state: &TrainerState) -> Result<()> {
+    let named = dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(step_of_dir_name);
+    match named {
+        Some(step) if step != state.global_step => Err(EngineError::bad_file(
+            dir.join(STATE_FILE),
+            format!(
+                "holds the state after {} steps, but its directory is named for step {step} (copied or renamed?); resume from a checkpoint whose directory names its own step",
+                state.global_step
+            ),
+        )),
+        _ => Ok(()),
+    }
 }
 
 fn checksum_mismatch(path: &Path) -> EngineError {

@@ -63,6 +63,12 @@ pub fn step_dir_name(step: u64) -> String {
     format!("step-{step:08}")
 }
 
+/// The step a checkpoint directory's name stands for, if it is a name [`step_dir_name`] writes.
+pub fn step_of_dir_name(name: &str) -> Option<u64> {
+    let step: u64 = name.strip_prefix("step-")?.parse().ok()?;
+    (step_dir_name(step) == name).then_some(step)
+}
+
 /// One tensor to write: name, dtype, shape and raw little-endian bytes.
 pub struct Entry<'a> {
     /// Tensor name.
@@ -257,7 +263,7 @@ pub fn resolve(path: &Path) -> Result<PathBuf> {
     }
     let name = std::fs::read_to_string(&pointer).map_err(|e| EngineError::io(&pointer, e))?;
     let name = name.trim();
-    if name.is_empty() || name.contains('/') {
+    if step_of_dir_name(name).is_none() {
         return Err(EngineError::bad_file(
             &pointer,
             format!("names {name:?}, not a checkpoint directory of this run"),
@@ -343,7 +349,7 @@ mod tests {
             empty,
             "neither: itself, for load to refuse"
         );
-        for name in ["", "../elsewhere"] {
+        for name in ["", "../elsewhere", "..", ".", "step-2", "step-00000002/.."] {
             std::fs::write(run.join(LATEST_FILE), name).unwrap();
             let e = resolve(&run).unwrap_err().to_string();
             assert!(

@@ -102,6 +102,27 @@ pub fn first_difference(
     }
 }
 
+/// A checkpoint's identity (`recorded`) and a run's (`current`) as they are compared. A token
+/// file's identity written before its content was recorded names its path as spelled instead
+/// (see [`crate::data::DataConfig::identity`]): such a checkpoint's token file is compared by its
+/// dtype alone, since a path spelled from another directory says nothing of what the file was,
+/// and its content was never recorded.
+pub(crate) fn comparable(
+    recorded: &serde_json::Value,
+    current: &serde_json::Value,
+) -> (serde_json::Value, serde_json::Value) {
+    let (mut recorded, mut current) = (recorded.clone(), current.clone());
+    let token_file = |v: &serde_json::Value| v["data"]["kind"] == "token_file";
+    if token_file(&recorded) && token_file(&current) && recorded["data"].get("content").is_none() {
+        for (data, key) in [(&mut recorded, "path"), (&mut current, "content")] {
+            if let Some(data) = data["data"].as_object_mut() {
+                data.remove(key);
+            }
+        }
+    }
+    (recorded, current)
+}
+
 /// The path of key `key` inside the value at `path`, as `a.b.key`.
 pub(crate) fn child_path(path: &str, key: &str) -> String {
     if path.is_empty() {
@@ -119,6 +140,29 @@ fn show(v: Option<&serde_json::Value>) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_token_file_recorded_by_its_path_is_compared_by_its_dtype() {
+        let old = json!({"data": {"kind": "token_file", "path": "a/tok.bin", "dtype": "u16"}});
+        let content =
+            |c: &str| json!({"data": {"kind": "token_file", "dtype": "u16", "content": c}});
+        let (r, c) = comparable(&old, &content("4 bytes, sha256 ab"));
+        assert_eq!(first_difference(&r, &c, ""), None);
+        let wide = json!({"data": {"kind": "token_file", "path": "a/tok.bin", "dtype": "u32"}});
+        let (r, c) = comparable(&wide, &content("4 bytes, sha256 ab"));
+        assert_eq!(
+            first_difference(&r, &c, "").as_deref(),
+            Some("data.dtype: \"u32\" vs \"u16\"")
+        );
+        let (r, c) = comparable(
+            &content("4 bytes, sha256 ab"),
+            &content("6 bytes, sha256 cd"),
+        );
+        assert_eq!(
+            first_difference(&r, &c, "").as_deref(),
+            Some("data.content: \"4 bytes, sha256 ab\" vs \"6 bytes, sha256 cd\"")
+        );
+    }
 
     #[test]
     fn the_first_difference_names_its_path_and_both_values() {

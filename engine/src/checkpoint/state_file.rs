@@ -17,6 +17,10 @@ use std::path::Path;
 /// The first format version whose checkpoints carry the sidecar.
 const SIDECAR_SINCE: u32 = 2;
 
+/// Fields of the trainer state that no build writing format version 1 knew: a version-1 state
+/// file holding one had its version edited down, which would bypass the sidecar.
+const NEWER_THAN_SIDECAR: [&str; 1] = ["environment"];
+
 /// A checkpoint's trainer state, read and checked.
 pub struct StateFile {
     /// The state.
@@ -86,6 +90,16 @@ pub fn read(dir: &Path) -> Result<StateFile, StateError> {
             &dir.join(STATE_SUM_FILE),
             format!("is missing: a checkpoint of format version {} keeps {STATE_FILE}'s checksum in it; restore it or resume from an earlier checkpoint", probe.format_version),
         ));
+    }
+    if probe.format_version < SIDECAR_SINCE {
+        let fields: serde_json::Value = serde_json::from_slice(&bytes)
+            .map_err(|e| damaged(&path, format!("{e}; the file is damaged")))?;
+        if let Some(field) = NEWER_THAN_SIDECAR.iter().find(|f| fields.get(f).is_some()) {
+            return Err(damaged(
+                &path,
+                format!("says format version {} but holds `{field}`, which that version never had: its version was edited, and {STATE_SUM_FILE} with it; restore it or resume from an earlier checkpoint", probe.format_version),
+            ));
+        }
     }
     let state = serde_json::from_slice(&bytes)
         .map_err(|e| damaged(&path, format!("{e}; the file is damaged")))?;

@@ -178,18 +178,13 @@ pub fn bless(dir: &Path, r: &RunRecord) -> Result<PathBuf> {
     if read(&file)?.is_some_and(|s| s.text == text && !elsewhere(&s)) {
         return Ok(file);
     }
-    if let Some(parent) = file.parent() {
-        std::fs::create_dir_all(parent)
-            .with_context(|| format!("{}: cannot create", parent.display()))?;
-    }
     let snap = Snapshot {
         source: "harness/src/checks/golden.rs".into(),
         expression: format!("reference trajectory of {}", r.trial()),
         environment: here,
         text,
     };
-    std::fs::write(&file, snap.to_file())
-        .with_context(|| format!("{}: cannot write", file.display()))?;
+    crate::report_file::write(&file, snap.to_file().as_bytes())?;
     Ok(file)
 }
 

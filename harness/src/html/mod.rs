@@ -340,7 +340,5 @@ pub fn render(summary: &Summary, dir: &Path) -> Result<String> {
 /// Writes `index.html` of `summary` under `dir`.
 pub fn write(summary: &Summary, dir: &Path) -> Result<()> {
     let text = render(summary, dir)?;
-    std::fs::create_dir_all(dir).with_context(|| format!("{}: cannot create", dir.display()))?;
-    let file = dir.join("index.html");
-    std::fs::write(&file, text).with_context(|| format!("{}: cannot write", file.display()))
+    crate::report_file::write(&dir.join("index.html"), text.as_bytes())
 }

@@ -397,16 +397,10 @@ pub fn write(file: &Path, entries: &[Entry], markers: &[Frame], before: &Breakdo
         segments,
         device_traces: vec![trace],
     };
-    if let Some(dir) = file.parent() {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("{}: cannot create", dir.display()))?;
-    }
-    let out = std::fs::File::create(file)
-        .with_context(|| format!("{}: cannot create", file.display()))?;
-    let mut out = std::io::BufWriter::new(out);
-    serde_pickle::to_writer(&mut out, &snapshot, serde_pickle::SerOptions::new())
-        .with_context(|| format!("{}: cannot write the memory snapshot", file.display()))?;
-    std::io::Write::flush(&mut out).with_context(|| format!("{}: cannot write", file.display()))
+    crate::report_file::write_with(file, |mut out| {
+        serde_pickle::to_writer(&mut out, &snapshot, serde_pickle::SerOptions::new())
+            .context("cannot write the memory snapshot")
+    })
 }
 
 /// A free block.

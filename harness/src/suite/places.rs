@@ -48,6 +48,12 @@ pub struct Places {
     /// `faults`.
     #[serde(default)]
     pub faults: Place,
+    /// `checks`.
+    #[serde(default)]
+    pub checks: Place,
+    /// `threads`.
+    #[serde(default)]
+    pub threads: Place,
     /// Keys under `long_batch`.
     #[serde(default)]
     pub long_batch: LongBatchPlaces,
@@ -62,6 +68,9 @@ pub struct LongBatchPlaces {
     /// `long_batch.seq_len`.
     #[serde(default)]
     pub seq_len: Place,
+    /// `long_batch.from_step`.
+    #[serde(default)]
+    pub from_step: Place,
 }
 
 /// Where keys under `training:` are written.
@@ -70,6 +79,9 @@ pub struct TrainingPlaces {
     /// `training.keep_last`.
     #[serde(default)]
     pub keep_last: Place,
+    /// `training.extra_steps`.
+    #[serde(default)]
+    pub extra_steps: Place,
 }
 
 impl Places {
