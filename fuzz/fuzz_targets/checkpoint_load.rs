@@ -59,6 +59,7 @@ fn fixture() -> &'static Fixture {
             dropout: 0.0,
             long_batch: None,
             faults: Default::default(),
+            parallel: Default::default(),
         };
         let dir = tempfile::tempdir().unwrap();
         let dev = CpuDevice::new(1, u64::MAX).unwrap();
