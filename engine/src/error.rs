@@ -42,6 +42,17 @@ pub enum EngineError {
         /// Bytes asked for.
         bytes: u64,
     },
+    /// A data-parallel rank stopped before an exchange with this one finished: the stopped
+    /// rank's own error is the cause.
+    #[error(
+        "rank {rank}: rank {peer} stopped before the exchange finished (its own error says why)"
+    )]
+    PeerStopped {
+        /// The rank that was waiting.
+        rank: usize,
+        /// The rank that stopped.
+        peer: usize,
+    },
     /// The thread pool could not be started.
     #[error("could not start {threads} worker threads: {message}")]
     Threads {

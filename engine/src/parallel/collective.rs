@@ -93,12 +93,9 @@ pub fn thread_group(world: usize) -> Vec<ThreadRank> {
         .collect()
 }
 
-/// The error of a rank whose peer stopped: it names both, and says the peer's own error is the
-/// cause to look for.
+/// The error of rank `rank` whose peer `peer` stopped.
 fn peer_stopped(rank: usize, peer: usize) -> EngineError {
-    EngineError::Config(format!(
-        "rank {rank}: rank {peer} stopped before the exchange finished (its own error says why)"
-    ))
+    EngineError::PeerStopped { rank, peer }
 }
 
 impl Collective for ThreadRank {
@@ -121,11 +118,6 @@ impl Collective for ThreadRank {
             .recv()
             .map_err(|_| peer_stopped(self.rank, from))
     }
-}
-
-/// Whether `e` is a rank's report that a peer stopped, rather than a cause of its own.
-pub fn is_peer_stopped(e: &EngineError) -> bool {
-    matches!(e, EngineError::Config(m) if m.contains("stopped before the exchange finished"))
 }
 
 #[cfg(test)]
@@ -181,11 +173,17 @@ mod tests {
             1 => Err(EngineError::Config("rank 1 broke".into())),
             _ => c.all_gather(vec![1]).map(drop),
         });
+        for waiting in [0, 2] {
+            assert!(
+                matches!(out[waiting], Err(EngineError::PeerStopped { .. })),
+                "{:?}",
+                out[waiting]
+            );
+        }
         assert!(
-            is_peer_stopped(out[0].as_ref().unwrap_err()),
+            matches!(out[1], Err(EngineError::Config(_))),
             "{:?}",
-            out[0]
+            out[1]
         );
-        assert!(!is_peer_stopped(out[1].as_ref().unwrap_err()));
     }
 }

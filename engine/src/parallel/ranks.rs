@@ -15,7 +15,7 @@
 //!   updated rows. AdamW is element-wise, so a row updated on its rank has the bits it has on
 //!   one device.
 
-use super::collective::{is_peer_stopped, thread_group, Collective};
+use super::collective::{thread_group, Collective};
 use super::plan::{shard_of, shard_shape};
 use super::{Parallel, Shard};
 use crate::checkpoint::Entry;
@@ -281,7 +281,10 @@ fn first_cause<T>(results: Vec<Result<T>>) -> Result<Vec<T>> {
             Err(e) => errors.push(e),
         }
     }
-    match errors.iter().position(|e| !is_peer_stopped(e)) {
+    match errors
+        .iter()
+        .position(|e| !matches!(e, EngineError::PeerStopped { .. }))
+    {
         Some(i) => Err(errors.swap_remove(i)),
         None => errors.into_iter().next().map_or(Ok(oks), Err),
     }

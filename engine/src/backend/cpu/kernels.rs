@@ -555,7 +555,15 @@ impl Device for CpuDevice {
             p.par_chunks_mut(CHUNK)
                 .zip(g.par_chunks(CHUNK))
                 .zip(m.par_chunks_mut(CHUNK).zip(v.par_chunks_mut(CHUNK)))
-                .for_each(|((p, g), (m, v))| adamw_elements(p, g, m, v, a))
+                .for_each(|((p, g), (m, v))| {
+                    for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m).zip(v) {
+                        *p *= a.decay;
+                        *m += (g - *m) * a.one_minus_b1;
+                        *v = *v * a.b2 + a.one_minus_b2 * g * g;
+                        let denom = v.sqrt() / a.bc2_sqrt + a.eps;
+                        *p -= a.step_size * *m / denom;
+                    }
+                })
         });
         Ok(())
     }
@@ -564,29 +572,10 @@ impl Device for CpuDevice {
         &self,
         p: &mut Tensor<f32>,
         g: &Tensor<f32>,
-        (m, v): (&mut Tensor<f32>, &mut Tensor<f32>),
+        moments: (&mut Tensor<f32>, &mut Tensor<f32>),
         a: AdamWArgs,
     ) -> Result<()> {
-        let (dev, p, g) = (self, p.as_mut_slice(), g.as_slice());
-        let (m, v) = (m.as_mut_slice(), v.as_mut_slice());
-        dev.install(|| {
-            p.par_chunks_mut(CHUNK)
-                .zip(g.par_chunks(CHUNK))
-                .zip(m.par_chunks_mut(CHUNK).zip(v.par_chunks_mut(CHUNK)))
-                .for_each(|((p, g), (m, v))| adamw_elements(p, g, m, v, a))
-        });
-        Ok(())
-    }
-}
-
-/// AdamW on matching runs of parameters, gradients and moments.
-fn adamw_elements(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], a: AdamWArgs) {
-    for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m).zip(v) {
-        *p *= a.decay;
-        *m += (g - *m) * a.one_minus_b1;
-        *v = *v * a.b2 + a.one_minus_b2 * g * g;
-        let denom = v.sqrt() / a.bc2_sqrt + a.eps;
-        *p -= a.step_size * *m / denom;
+        self.adamw_range(p, g, moments, a, (0, 0))
     }
 }
 
