@@ -176,6 +176,10 @@ pub struct LongBatchEstimate {
     pub first_step: StepEstimate,
     /// A long step once the moments exist.
     pub later_step: StepEstimate,
+    /// Each data-parallel rank's first and later long step, in rank order (rank 0's are
+    /// `first_step` and `later_step`); empty for one rank.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ranks: Vec<[StepEstimate; 2]>,
 }
 
 impl Estimate {
@@ -227,13 +231,17 @@ pub fn estimate(cfg: &EstimateConfig) -> Result<Estimate> {
     }
     let long_batch = match cfg.run.long_batch {
         Some(long) => {
-            let (anatomy, ranks, _) = steps(cfg, long.seq_len)?;
+            let (anatomy, mut ranks, _) = steps(cfg, long.seq_len)?;
             let [first_step, later_step] = ranks[0].clone();
+            if ranks.len() == 1 {
+                ranks.clear();
+            }
             Some(LongBatchEstimate {
                 from_step: long.from_step,
                 anatomy,
                 first_step,
                 later_step,
+                ranks,
             })
         }
         None => None,

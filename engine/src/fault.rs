@@ -54,6 +54,11 @@ pub enum Fault {
     /// r + N, ...), a rule that depends on the world size, instead of a contiguous run in global
     /// order.
     MicroBatchesStrided,
+    /// Each data-parallel checkpoint saves the data position one rank read (the global count
+    /// divided by the world size), and a resumed run multiplies it by its own world size: at
+    /// the same world size the position comes back, at another the loader lands elsewhere
+    /// (Megatron-Bridge #5637: a run on 2 ranks resumed on 1 drops rank 1's position).
+    LoaderPositionPerRank,
 }
 
 /// The set of faults a run injects.

@@ -223,6 +223,13 @@ impl<D: Device> Trainer<D> {
         let faults = &trainer.cfg.faults;
         if !faults.has(Fault::LoaderPositionNotRestored) {
             let mut loader = loaded.state.loader;
+            if faults.has(Fault::LoaderPositionPerRank) {
+                let samples = trainer.loader.samples();
+                let read = (loader.epoch * samples + loader.position)
+                    * trainer.cfg.parallel.world_size as u64;
+                loader.epoch = read / samples;
+                loader.position = read % samples;
+            }
             if faults.has(Fault::EpochSkippedAtBoundary)
                 && loader.position >= trainer.loader.samples()
             {
@@ -389,14 +396,19 @@ impl<D: Device> Trainer<D> {
 
     /// The loader position a checkpoint saves: where the loader stands, except that
     /// [`Fault::LoaderPositionCountsSteps`] counts one micro-batch per step taken and
-    /// [`Fault::LoaderOffsetLostOnResave`] counts only the samples read since the resume.
+    /// [`Fault::LoaderOffsetLostOnResave`] counts only the samples read since the resume and
+    /// [`Fault::LoaderPositionPerRank`] one rank's share.
     fn saved_loader_state(&self) -> LoaderState {
         let state = self.loader.state();
         let samples = self.loader.samples();
         let faults = &self.cfg.faults;
+        let world = self.cfg.parallel.world_size as u64;
         let read = match self.resumed_loader {
             _ if faults.has(Fault::LoaderPositionCountsSteps) => {
                 self.step * self.cfg.batch_size as u64
+            }
+            _ if faults.has(Fault::LoaderPositionPerRank) => {
+                (state.epoch * samples + state.position) / world
             }
             Some(from) if faults.has(Fault::LoaderOffsetLostOnResave) => {
                 let at = |s: LoaderState| s.epoch * samples + s.position;

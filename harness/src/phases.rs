@@ -10,13 +10,14 @@
 
 use crate::devices::{self, DeviceKind, OnDevice};
 use crate::host_memory;
+use crate::rank_record::{RankModel, RankPhase, RankStep, WorldModel};
 use crate::saves::{SaveRecord, Saver};
 use crate::suite::Suite;
 use anyhow::Result;
 use ckpt_engine::backend::count::{Like, Routes};
 use ckpt_engine::checkpoint::step_dir_name;
 use ckpt_engine::data::SampleId;
-use ckpt_engine::estimate::{estimate, routed_steps, EstimateConfig};
+use ckpt_engine::estimate::{estimate, routed_steps, EstimateConfig, StepEstimate};
 use ckpt_engine::memory::{Breakdown, MemoryTracker, OutOfMemory};
 use ckpt_engine::{Device, EngineError, EnvChange, MemoryStats, StateDigest, StepStats, Trainer};
 use serde::{Deserialize, Deserializer, Serialize};
@@ -145,6 +146,10 @@ pub struct StepRecord {
     pub memory: MemoryStats,
     /// Wall-clock seconds of the step.
     pub seconds: f64,
+    /// Every rank's figures, in rank order, on more than one rank (the figures above are rank
+    /// 0's); empty on one device.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ranks: Vec<RankStep>,
 }
 
 /// The device's peak over one call, such as loading a checkpoint.
@@ -214,6 +219,10 @@ pub struct PhaseRecord {
     pub setup_seconds: f64,
     /// Wall-clock seconds of the whole phase, the trainer's drop included.
     pub seconds: f64,
+    /// Every rank's figures, in rank order, on more than one rank (`before`, `after` and
+    /// `setup` above are rank 0's); empty on one device.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ranks: Vec<RankPhase>,
 }
 
 /// An allocation the device refused, ending a phase early.
@@ -260,7 +269,7 @@ pub struct PredictedStep {
 
 /// A phase as the suite plans it: the trainer is built (fresh, or from the checkpoint of step
 /// `from`) and trains the steps `from..end`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PlannedPhase {
     /// Which phase.
     pub phase: Phase,
@@ -268,6 +277,17 @@ pub struct PlannedPhase {
     pub from: u64,
     /// The step it stops before.
     pub end: u64,
+    /// The ranks it runs on (the suite's `parallel`); 1 when not written.
+    #[serde(default = "one_rank", skip_serializing_if = "is_one_rank")]
+    pub world_size: usize,
+}
+
+fn one_rank() -> usize {
+    1
+}
+
+fn is_one_rank(n: &usize) -> bool {
+    *n == 1
 }
 
 impl PlannedPhase {
@@ -316,6 +336,11 @@ pub struct RunRecord {
     pub planned: Vec<PlannedPhase>,
     /// The phases in order.
     pub phases: Vec<PhaseRecord>,
+    /// The memory model of every rank at each world size the phases run at, when any runs on
+    /// more than one rank (the predictions above are then rank 0's at the reference's world
+    /// size); empty on one device.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub worlds: Vec<WorldModel>,
 }
 
 impl RunRecord {
@@ -454,7 +479,13 @@ pub fn plan(suite: &Suite) -> Vec<PlannedPhase> {
     std::iter::once((Phase::Reference, 0))
         .chain(chain.map(|(k, from)| (Phase::chained(k + 1), from)))
         .chain([(Phase::ResumeEnd, suite.max_steps())])
-        .map(|(phase, from)| PlannedPhase { phase, from, end })
+        .zip(suite.world_sizes())
+        .map(|((phase, from), world_size)| PlannedPhase {
+            phase,
+            from,
+            end,
+            world_size,
+        })
         .collect()
 }
 
@@ -503,6 +534,76 @@ fn legs(planned: &[PlannedPhase], work: &Path) -> Vec<Leg> {
                     saves_into: (Some(phase) != last_of_chain).then_some(own),
                 }
             }
+        })
+        .collect()
+}
+
+/// The trackers of `trainer`'s ranks on more than one rank, in rank order; none on one device.
+fn rank_trackers<D: Device>(trainer: &Trainer<D>) -> Vec<MemoryTracker> {
+    match trainer.ranks() {
+        [_] => Vec::new(),
+        ranks => ranks.iter().map(|s| s.device().tracker().clone()).collect(),
+    }
+}
+
+/// The memory model of every rank at each world size `planned` runs at, in order of first
+/// use, when any phase runs on more than one rank (a rank's device has `1 / N` of the
+/// `capacity`, as [`Device::ranks`] shares it out); empty otherwise.
+fn world_models(
+    suite: &Suite,
+    like: Like,
+    planned: &[PlannedPhase],
+    capacity: u64,
+) -> Result<Vec<WorldModel>> {
+    if planned.iter().all(|p| p.world_size == 1) {
+        return Ok(Vec::new());
+    }
+    let mut sizes: Vec<usize> = Vec::new();
+    for p in planned {
+        if !sizes.contains(&p.world_size) {
+            sizes.push(p.world_size);
+        }
+    }
+    let predict = |s: &StepEstimate| PredictedStep {
+        start: s.start,
+        peak: s.peak,
+        at_peak: s.at_peak,
+    };
+    let pair =
+        |ranks: &[[StepEstimate; 2]], first: &StepEstimate, later: &StepEstimate, r: usize| {
+            match ranks.get(r) {
+                Some([a, b]) => [predict(a), predict(b)],
+                None => [predict(first), predict(later)],
+            }
+        };
+    sizes
+        .into_iter()
+        .map(|world_size| {
+            let model = estimate(&EstimateConfig::from_train(
+                &suite.train_at(world_size),
+                like,
+            ))?;
+            let capacity = capacity / world_size as u64;
+            let ranks = (0..world_size)
+                .map(|r| {
+                    let predicted = pair(&model.ranks, &model.first_step, &model.later_step, r);
+                    RankModel {
+                        predicted_load: predicted[1].start.total(),
+                        predicted,
+                        predicted_long: model.long_batch.as_ref().map(|l| {
+                            (l.from_step, pair(&l.ranks, &l.first_step, &l.later_step, r))
+                        }),
+                        predicted_staging: if r == 0 {
+                            model.save_staging_on_device()
+                        } else {
+                            0
+                        },
+                        capacity,
+                        budget: suite.budget().map(|b| b.bytes(capacity)),
+                    }
+                })
+                .collect();
+            Ok(WorldModel { world_size, ranks })
         })
         .collect()
 }
@@ -571,6 +672,7 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
             )
         });
         let planned = plan(suite);
+        let worlds = world_models(suite, like, &planned, tracker.capacity())?;
         let legs = legs(&planned, work);
         let mut reference_digests: BTreeMap<u64, StateDigest> = BTreeMap::new();
         let mut samples_per_epoch = 0;
@@ -578,6 +680,11 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
         let digested_at = suite.resume_points();
         for leg in legs {
             let (phase, from) = (leg.phase, leg.resumes.as_ref().map(|(_, step)| *step));
+            let world = planned
+                .iter()
+                .find(|p| p.phase == phase)
+                .map_or(1, |p| p.world_size);
+            let train = suite.train_at(world);
             let phase_start = Instant::now();
             let mut saver = leg.saves_into.as_ref().map(|dir| {
                 let name = dir.file_name().unwrap_or_default().to_string_lossy();
@@ -595,17 +702,27 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
             let oom_before = tracker.stats().oom_count;
             tracker.reset_peak();
             let built = match &leg.resumes {
-                None => Trainer::new(suite.train.clone(), dev.clone()),
-                Some((dir, step)) => Trainer::resume(
-                    suite.train.clone(),
-                    dev.clone(),
-                    &dir.join(step_dir_name(*step)),
-                ),
+                None => Trainer::new(train, dev.clone()),
+                Some((dir, step)) => {
+                    Trainer::resume(train, dev.clone(), &dir.join(step_dir_name(*step)))
+                }
             };
             record.setup = window(&tracker.stats(), oom_before);
             record.setup_seconds = phase_start.elapsed().as_secs_f64();
             match built {
                 Ok(mut trainer) => {
+                    let ranks = rank_trackers(&trainer);
+                    record.ranks = ranks
+                        .iter()
+                        .map(|t| RankPhase {
+                            setup: window(&t.stats(), 0),
+                            ..RankPhase::default()
+                        })
+                        .collect();
+                    if let Some(first) = record.ranks.first() {
+                        record.before = first.before;
+                        record.setup = first.setup.clone();
+                    }
                     samples_per_epoch = trainer.loader().samples();
                     if let Some(step) = from {
                         record.resumed_digest = Some(trainer.state_digest()?);
@@ -619,13 +736,29 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
                         {
                             reference_digests.insert(trainer.step_index(), trainer.state_digest()?);
                         }
-                        let start = tracker.stats().current;
+                        let rank_starts: Vec<Breakdown> =
+                            ranks.iter().map(|t| t.stats().current).collect();
+                        let start = rank_starts
+                            .first()
+                            .copied()
+                            .unwrap_or_else(|| tracker.stats().current);
                         let staging = saver.as_ref().map_or(0, |s| s.staging_on_device(&trainer));
                         watch.step_started(phase, trainer.step_index());
                         let step_start = Instant::now();
                         match trainer.step() {
                             Ok(s) => {
+                                let ranks = rank_starts
+                                    .iter()
+                                    .zip(&s.rank_memory)
+                                    .enumerate()
+                                    .map(|(r, (start, memory))| RankStep {
+                                        start: *start,
+                                        staging: if r == 0 { staging } else { 0 },
+                                        memory: memory.clone(),
+                                    })
+                                    .collect();
                                 let step = StepRecord {
+                                    ranks,
                                     predicted: routed(&s)?,
                                     tokens_per_expert: s.tokens_per_expert,
                                     step: s.step,
@@ -663,13 +796,19 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
                     }
                     watch.releasing(phase);
                     drop(trainer);
+                    for (mine, t) in record.ranks.iter_mut().zip(&ranks) {
+                        mine.after = t.stats().current;
+                    }
                 }
                 Err(EngineError::OutOfMemory(e)) => {
                     record.oom = Some(Oom::new(None, &e));
                 }
                 Err(e) => return Err(e.into()),
             }
-            record.after = tracker.stats().current;
+            record.after = match record.ranks.first() {
+                Some(first) => first.after,
+                None => tracker.stats().current,
+            };
             record.host = HostMemory {
                 start_rss,
                 peak_rss: host_memory::peak(),
@@ -701,6 +840,7 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
             samples_per_epoch,
             planned,
             phases,
+            worlds,
         })
     }
 }

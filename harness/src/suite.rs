@@ -9,6 +9,7 @@ use ckpt_engine::data::{DataConfig, LongBatch};
 use ckpt_engine::fault::Fault;
 use ckpt_engine::model::loss::LossKind;
 use ckpt_engine::optim::{AdamWConfig, Schedule};
+use ckpt_engine::parallel::Parallel;
 use ckpt_engine::{Checkpointing, EngineError, LlamaConfig};
 use places::{key_path_place, location, model_error_place, place, place_of, yaml_error, Places};
 use serde::de::{self, MapAccess, Visitor};
@@ -18,7 +19,10 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 mod expectations;
+mod parallel;
 mod places;
+
+pub use parallel::ParallelSpec;
 
 /// The model: written inline, or a Hugging Face `config.json` path relative to the suite.
 #[derive(Clone, Debug)]
@@ -519,9 +523,12 @@ pub struct SuiteFile {
     pub long_batch: Option<LongBatch>,
     /// Run length and saves.
     pub training: Training,
-    /// CPU worker threads.
+    /// CPU worker threads (shared out among the ranks of a data-parallel phase).
     #[serde(default = "default_threads")]
     pub threads: usize,
+    /// Data parallelism: the ranks of each phase and what they shard; one rank when absent.
+    #[serde(default)]
+    pub parallel: Option<ParallelSpec>,
     /// Capacity and budgets.
     #[serde(default)]
     pub memory: MemorySpec,
@@ -635,7 +642,13 @@ impl Suite {
             dropout: file.dropout,
             long_batch: file.long_batch,
             faults: file.faults.iter().copied().collect(),
-            parallel: Default::default(),
+            parallel: file
+                .parallel
+                .as_ref()
+                .map_or_else(Default::default, |p| Parallel {
+                    world_size: p.world_size,
+                    shard: p.shard,
+                }),
         };
         Ok(Suite {
             path: path.to_path_buf(),
@@ -762,6 +775,18 @@ impl Suite {
                     place(path, not_run.referenced)
                 );
             }
+        }
+        if let Some(p) = &file.parallel {
+            let resumes = match &t.resume_from {
+                Some(r) => match &r.value {
+                    ResumeFrom::Step(_) => 1,
+                    ResumeFrom::Chain(steps) => steps.len(),
+                },
+                None => 1,
+            } + 1;
+            let moe = model.family.moe();
+            let accumulation = t.accumulation.unwrap_or(1);
+            p.validate(path, places, accumulation, resumes, &devices.value, moe)?;
         }
         expectations::check(path, places, file)
     }
@@ -914,6 +939,23 @@ impl Suite {
     /// The checks that must not run, in report order (empty for most suites).
     pub fn expect_not_run(&self) -> Vec<Check> {
         in_report_order(&self.file.expect_not_run)
+    }
+
+    /// The world size of each planned phase, in run order (see [`crate::phases::plan`]): the
+    /// reference's, each resume point's, then `resume-end`'s.
+    pub fn world_sizes(&self) -> Vec<usize> {
+        let resumes = self.resume_points().len() + 1;
+        match &self.file.parallel {
+            Some(p) => p.world_sizes(resumes),
+            None => vec![1; resumes + 1],
+        }
+    }
+
+    /// The engine configuration of a phase on `world_size` ranks.
+    pub fn train_at(&self, world_size: usize) -> TrainConfig {
+        let mut train = self.train.clone();
+        train.parallel.world_size = world_size;
+        train
     }
 
     /// The simulated capacity, if the suite sets one.

@@ -140,6 +140,19 @@ fn write_safetensors(path: &Path, entries: &[Entry<'_>]) -> Result<FileRecord> {
     header.insert("__metadata__".into(), serde_json::json!({"format": "pt"}));
     let mut offset = 0usize;
     for e in entries {
+        let want = e.shape.iter().product::<usize>() * e.dtype.bitsize() / 8;
+        if e.data.len() != want {
+            return Err(EngineError::bad_file(
+                path,
+                format!(
+                    "tensor {} has {} bytes, but its shape {:?} of {} holds {want}; nothing was written",
+                    e.name,
+                    e.data.len(),
+                    e.shape,
+                    e.dtype
+                ),
+            ));
+        }
         let end = offset + e.data.len();
         header.insert(
             e.name.clone(),
@@ -283,7 +296,7 @@ pub fn fingerprint(identity: &serde_json::Value) -> String {
 
 #[cfg(all(test, unix))]
 mod tests {
-    use super::testing::{environment, save_step};
+    use super::testing::{environment, save_step, save_step_with};
     use super::{entries_digest, resolve, state_file, Entry, LATEST_FILE};
     use safetensors::Dtype;
     use std::borrow::Cow;
@@ -327,6 +340,24 @@ mod tests {
             change(&mut changed);
             assert_ne!(entries_digest(&changed), digest, "{what}");
         }
+    }
+
+    #[test]
+    fn a_tensor_whose_bytes_do_not_fill_its_shape_is_refused_and_latest_stays() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = tmp.path().join("run");
+        let first = save_step(&run, 1);
+        let short = vec![entry("w", Dtype::F32, &[2, 2], &[0; 12])];
+        let e = save_step_with(&run, 2, short).unwrap_err().to_string();
+        assert!(
+            e.ends_with(
+                "tensor w has 12 bytes, but its shape [2, 2] of F32 holds 16; nothing was written"
+            ),
+            "{e}"
+        );
+        assert_eq!(resolve(&run).unwrap(), first);
+        let whole = vec![entry("w", Dtype::F32, &[2, 2], &[0; 16])];
+        assert!(save_step_with(&run, 2, whole).is_ok());
     }
 
     #[test]

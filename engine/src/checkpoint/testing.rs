@@ -1,8 +1,9 @@
 //! Small real checkpoints for this module's tests: no tensors, every file written by [`save`].
 
 use super::state::{RngState, ScheduleState, TrainerState, FORMAT_VERSION};
-use super::{fingerprint, save, SaveRequest};
+use super::{fingerprint, save, Entry, SaveRequest};
 use crate::environment::ExecutionEnv;
+use crate::error::Result;
 use crate::model::LlamaConfig;
 use crate::optim::Schedule;
 use std::path::{Path, PathBuf};
@@ -26,6 +27,11 @@ pub(crate) fn environment() -> ExecutionEnv {
 
 /// Saves the checkpoint of `step` into `run` and returns its directory.
 pub(crate) fn save_step(run: &Path, step: u64) -> PathBuf {
+    save_step_with(run, step, Vec::new()).unwrap()
+}
+
+/// Saves the checkpoint of `step` holding the weights `model` into `run`.
+pub(crate) fn save_step_with(run: &Path, step: u64, model: Vec<Entry<'_>>) -> Result<PathBuf> {
     let config = config();
     let identity = serde_json::json!({"model": config});
     let state = TrainerState {
@@ -46,9 +52,9 @@ pub(crate) fn save_step(run: &Path, step: u64) -> PathBuf {
     };
     let req = SaveRequest {
         config: &config,
-        model: Vec::new(),
+        model,
         optimizer: Vec::new(),
         state,
     };
-    save(run, req, None).unwrap()
+    save(run, req, None)
 }

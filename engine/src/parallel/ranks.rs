@@ -226,9 +226,21 @@ impl<D: Device> Ranks<D> {
             let spec = self.specs.iter().find(|s| s.name == param).ok_or_else(|| {
                 EngineError::Config(format!("optimizer entry {} names no parameter", entry.name))
             })?;
-            let mut data = entry.data.to_vec();
-            for rank in &others {
-                data.extend_from_slice(&rank[i].data);
+            let elem = entry.dtype.bitsize() / 8;
+            let mut data = vec![0u8; spec.shape.iter().product::<usize>() * elem];
+            let world = self.states.len();
+            let shards = std::iter::once(&entry.data).chain(others.iter().map(|o| &o[i].data));
+            for (rank, shard) in shards.enumerate() {
+                let (rows, row) = shard_rows(&spec.shape, world, rank, &self.faults);
+                let at = rows.start * row * elem;
+                let into = data.get_mut(at..at + shard.len()).ok_or_else(|| {
+                    EngineError::Config(format!(
+                        "rank {rank}'s shard of {} ({} bytes from byte {at}) overruns the tensor",
+                        entry.name,
+                        shard.len()
+                    ))
+                })?;
+                into.copy_from_slice(shard);
             }
             entry.shape = spec.shape.clone();
             entry.data = Cow::Owned(data);

@@ -20,6 +20,7 @@ pub mod memory_reclaimed;
 pub mod no_leak;
 pub mod oom_free;
 pub mod peak_budget;
+pub mod per_rank;
 pub mod state_digest;
 
 /// A check's name.
@@ -103,6 +104,9 @@ pub struct Failure {
     pub check: Check,
     /// The trial's name: `device::suite`, or `device::faults::suite` for a negative control.
     pub trial: String,
+    /// The rank, when the failure belongs to one rank of several.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank: Option<usize>,
     /// The phase, when the failure belongs to one.
     pub phase: Option<Phase>,
     /// The step, when the failure belongs to one.
@@ -123,6 +127,7 @@ impl Failure {
         Failure {
             check,
             trial: r.trial(),
+            rank: None,
             phase: None,
             step: None,
             what: what.into(),
@@ -161,6 +166,9 @@ impl Failure {
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}: {}", self.check, self.trial)?;
+        if let Some(r) = self.rank {
+            write!(f, " rank {r}")?;
+        }
         if let Some(p) = self.phase {
             write!(f, " {p}")?;
         }
@@ -320,11 +328,11 @@ pub fn run_all(r: &RunRecord, spec: &ChecksSpec, golden: &GoldenInput) -> Vec<Ou
                 }
                 Check::StateDigest => state_digest::check(r),
                 Check::DataLedger => data_ledger::check(r),
-                Check::MemoryReclaimed => memory_reclaimed::check(r),
-                Check::PeakBudget => peak_budget::check(r),
-                Check::NoLeak => no_leak::check(r),
+                Check::MemoryReclaimed => per_rank::check(r, memory_reclaimed::check),
+                Check::PeakBudget => per_rank::check(r, peak_budget::check),
+                Check::NoLeak => per_rank::check(r, no_leak::check),
                 Check::AcCoverage => ac_coverage::check(r),
-                Check::MemoryModel => memory_model::check(r),
+                Check::MemoryModel => per_rank::check(r, memory_model::check),
                 Check::OomFree => oom_free::check(r),
                 Check::Golden => golden::check(r, golden),
                 Check::Finite => finite::check(r),
@@ -387,6 +395,7 @@ pub(crate) mod fixtures {
     use crate::phases::{
         Oom, Phase, PhaseRecord, PlannedPhase, PredictedStep, RunRecord, StepRecord, Window,
     };
+    use crate::rank_record::{RankModel, RankPhase, RankStep, WorldModel};
     use crate::saves::{SaveRecord, SavedState};
     use ckpt_engine::checkpoint::state::RngState;
     use ckpt_engine::data::{LoaderState, SampleId};
@@ -448,6 +457,7 @@ pub(crate) mod fixtures {
                 oom_count: 0,
             },
             seconds: 0.01,
+            ranks: Vec::new(),
         }
     }
 
@@ -535,6 +545,7 @@ pub(crate) mod fixtures {
                 phase,
                 from,
                 end: 6,
+                world_size: 1,
             })
             .to_vec(),
             phases: vec![
@@ -542,6 +553,7 @@ pub(crate) mod fixtures {
                 phase(Phase::ResumeMid, 2, 6),
                 phase(Phase::ResumeEnd, 4, 6),
             ],
+            worlds: Vec::new(),
         };
         r.phases[0].steps[0].start.optimizer = 0;
         r.phases[0].saves = [2, 4, 6].map(save).to_vec();
@@ -575,9 +587,48 @@ pub(crate) mod fixtures {
             phase: Phase::ResumeChained(2),
             from: 3,
             end: 6,
+            world_size: 1,
         };
         r.planned.insert(2, chained);
         r.phases.insert(2, phase(Phase::ResumeChained(2), 3, 6));
+        r
+    }
+
+    /// The faithful run on `world` ranks in every phase, each rank holding what the one device
+    /// holds, under a memory model that says so.
+    pub fn ranked(world: usize) -> RunRecord {
+        let mut r = run();
+        for p in &mut r.planned {
+            p.world_size = world;
+        }
+        for p in &mut r.phases {
+            let mine = RankPhase {
+                before: p.before,
+                after: p.after,
+                setup: p.setup.clone(),
+            };
+            p.ranks = vec![mine; world];
+            for s in &mut p.steps {
+                let mine = RankStep {
+                    start: s.start,
+                    staging: s.staging,
+                    memory: s.memory.clone(),
+                };
+                s.ranks = vec![mine; world];
+            }
+        }
+        let model = RankModel {
+            predicted: r.predicted.clone(),
+            predicted_long: None,
+            predicted_load: r.predicted_load,
+            predicted_staging: 0,
+            capacity: r.capacity,
+            budget: r.budget,
+        };
+        r.worlds = vec![WorldModel {
+            world_size: world,
+            ranks: vec![model; world],
+        }];
         r
     }
 }

@@ -63,6 +63,12 @@ struct PhaseRow {
     left_behind: String,
 }
 
+/// One phase's row of the ranks table: each rank's figures, in rank order.
+struct RankRow {
+    phase: String,
+    cells: Vec<String>,
+}
+
 /// A memory trace file of the trial.
 struct TraceLink {
     phase: String,
@@ -88,6 +94,8 @@ struct TrialView {
     anatomy: Vec<AnatomyRow>,
     anatomy_note: String,
     phases: Vec<PhaseRow>,
+    rank_columns: Vec<String>,
+    ranks: Vec<RankRow>,
     traces: Vec<TraceLink>,
 }
 
@@ -148,6 +156,7 @@ fn checks(t: &TrialResult) -> Vec<CheckView> {
                 .take(FAILURES_SHOWN)
                 .map(|f| FailureView {
                     place: [
+                        f.rank.map(|r| format!("rank {r}")),
                         f.phase.map(|p| p.to_string()),
                         f.step.map(|s| format!("step {s}")),
                     ]
@@ -243,6 +252,43 @@ fn phase_rows(r: &RunRecord) -> Vec<PhaseRow> {
         .collect()
 }
 
+/// The ranks side by side, one row per phase on more than one rank: each rank's largest step
+/// peak against its memory model's, and what it held after the trainer was dropped. The column
+/// headers come first, one per rank of the widest phase.
+fn rank_rows(r: &RunRecord) -> (Vec<String>, Vec<RankRow>) {
+    let model = |world: usize, rank: usize| {
+        r.worlds
+            .iter()
+            .find(|w| w.world_size == world)
+            .and_then(|w| w.ranks.get(rank))
+    };
+    let rows: Vec<RankRow> = r
+        .phases
+        .iter()
+        .filter(|p| !p.ranks.is_empty())
+        .map(|p| RankRow {
+            phase: p.phase.to_string(),
+            cells: (0..p.ranks.len())
+                .map(|rank| {
+                    let peak = p.steps.iter().filter_map(|s| s.ranks.get(rank));
+                    let peak = peak.map(|s| s.memory.allocated.peak).max().unwrap_or(0);
+                    let predicted = model(p.ranks.len(), rank)
+                        .map_or("-".into(), |m| human_bytes(m.predicted[1].peak));
+                    let mine = &p.ranks[rank];
+                    let left = mine.after.total().saturating_sub(mine.before.total());
+                    format!(
+                        "peak {} (model {predicted}); {} left",
+                        human_bytes(peak),
+                        human_bytes(left)
+                    )
+                })
+                .collect(),
+        })
+        .collect();
+    let widest = rows.iter().map(|row| row.cells.len()).max().unwrap_or(0);
+    ((0..widest).map(|r| format!("rank {r}")).collect(), rows)
+}
+
 /// The trace files of `t` under `dir`, linked relative to it.
 fn traces(dir: &Path, t: &TrialResult) -> Vec<TraceLink> {
     let trial_dir = memory_trace::trial_dir(Path::new(memory_trace::DIR), &t.name);
@@ -275,6 +321,7 @@ fn trial(dir: &Path, t: &TrialResult) -> Result<TrialView> {
         Default::default()
     };
     let (anatomy, anatomy_note) = anatomy(r);
+    let (rank_columns, ranks) = rank_rows(r);
     Ok(TrialView {
         id: trial_id(&t.name),
         name: t.name.clone(),
@@ -298,6 +345,8 @@ fn trial(dir: &Path, t: &TrialResult) -> Result<TrialView> {
         anatomy,
         anatomy_note,
         phases: phase_rows(r),
+        rank_columns,
+        ranks,
         traces: traces(dir, t),
     })
 }

@@ -60,6 +60,17 @@ pub struct Places {
     /// Keys under `training`.
     #[serde(default)]
     pub training: TrainingPlaces,
+    /// Keys under `parallel`.
+    #[serde(default)]
+    pub parallel: ParallelPlaces,
+}
+
+/// Where keys under `parallel:` are written.
+#[derive(Default, Deserialize)]
+pub struct ParallelPlaces {
+    /// `parallel.world_size`.
+    #[serde(default)]
+    pub world_size: Place,
 }
 
 /// Where keys under `long_batch:` are written.
