@@ -477,6 +477,11 @@ pub trait Device: Clone + Send + Sync + 'static {
     /// [`crate::optim::CHUNK`] elements, then in order.
     fn norm(&self, tensors: &[&Self::Tensor<f32>]) -> Result<f64>;
 
+    /// The squares of `t` summed as [`Device::norm`] sums one tensor's (f64, over fixed chunks,
+    /// then in order), so that adding the tensors' sums in order and taking the square root
+    /// gives the norm's bits.
+    fn sum_squares(&self, t: &Self::Tensor<f32>) -> Result<f64>;
+
     /// `x *= coef`.
     fn scale(&self, x: &mut Self::Tensor<f32>, coef: f32) -> Result<()>;
 

@@ -45,14 +45,15 @@ pub enum Fault {
     AsyncSaveReadsLiveWeights,
     /// Data parallelism sums the gradients by rank: each rank adds up its own micro-batches
     /// from zero and the ranks' sums are added in rank order, so the bits depend on the world
-    /// size (as an all-reduce's do).
+    /// size (as an all-reduce's do). Acts on the chain of `shard: none` and `optimizer`.
     GradientsSummedByRank,
     /// The optimizer shards of data parallelism start one row late on every rank but the
     /// first: a row at each shard boundary is never updated.
     ShardBoundaryOffByOne,
     /// Data-parallel ranks take every `world_size`-th micro-batch of a step (rank r takes r,
     /// r + N, ...), a rule that depends on the world size, instead of a contiguous run in global
-    /// order.
+    /// order. Acts on the chain of `shard: none` and `optimizer` (under `shard: gradients` that
+    /// is the rule, and the ring keeps the order).
     MicroBatchesStrided,
     /// Each data-parallel checkpoint saves the data position one rank read (the global count
     /// divided by the world size), and a resumed run multiplies it by its own world size: at

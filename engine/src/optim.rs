@@ -207,9 +207,9 @@ impl<D: Device> AdamW<D> {
     }
 
     /// One AdamW update of a shard of every tensor: rows `shards[i].0` (of `shards[i].1`
-    /// elements each) of parameter `i`, whose gradient is whole. The moments hold those rows
-    /// only (allocated at the first update), and so do the parameters where `params_sharded`;
-    /// each element gets the bits [`AdamW::update`] gives it.
+    /// elements each) of parameter `i`. The moments hold those rows only (allocated at the
+    /// first update), and so do the parameters and the gradients where `sharded` says so (else
+    /// they are whole); each element gets the bits [`AdamW::update`] gives it.
     #[allow(clippy::too_many_arguments)]
     pub fn update_shard(
         &mut self,
@@ -218,7 +218,7 @@ impl<D: Device> AdamW<D> {
         params: &mut Params<D::Tensor<f32>>,
         grads: &Params<D::Tensor<f32>>,
         shards: &[(Range<usize>, usize)],
-        params_sharded: bool,
+        sharded: ShardedParts,
         lr: f64,
     ) -> Result<()> {
         // The shapes are asked for once per moment, each time parameter by parameter.
@@ -241,11 +241,20 @@ impl<D: Device> AdamW<D> {
             .zip(shards);
         for (((p, g), (m, v)), (rows, row)) in tensors {
             let offset = rows.start * row;
-            let p_offset = if params_sharded { 0 } else { offset };
-            dev.adamw_range(p, g, (m, v), args, (p_offset, offset))?;
+            let at = |sharded: bool| if sharded { 0 } else { offset };
+            dev.adamw_range(p, g, (m, v), args, (at(sharded.params), at(sharded.grads)))?;
         }
         Ok(())
     }
+}
+
+/// Which tensors [`AdamW::update_shard`] gets as a rank's rows only (the others whole).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShardedParts {
+    /// The f32 weights it updates.
+    pub params: bool,
+    /// The gradients it reads.
+    pub grads: bool,
 }
 
 /// The factor `torch.nn.utils.clip_grad_norm_` scales gradients of norm `norm` by to bring

@@ -10,9 +10,10 @@ use crate::fault::Fault;
 use crate::memory::Category;
 use crate::model::loss::counted;
 use crate::model::{
-    param_specs, Batch, Dropout, LlamaConfig, Model, Params, PassConfig, PassOutput, StepShare,
+    param_specs, Batch, Dropout, GradHooks, LlamaConfig, Model, Params, PassConfig, PassOutput,
+    StepShare,
 };
-use crate::optim::{clip_grad_norm, AdamW, Moments};
+use crate::optim::{clip_grad_norm, AdamW, Moments, ShardedParts};
 use crate::tensor::Elem;
 use half::bf16;
 
@@ -90,20 +91,21 @@ impl<D: Device> State<D> {
                 master,
             },
         };
-        Self::assemble(cfg, dev, model, weights, moments)
+        Self::assemble(cfg, dev, model, weights, None, moments)
     }
 
-    /// The state of a run from weights built elsewhere (a data-parallel rank's, whose master
-    /// weights may hold its rows only) and, when resuming, the saved moments with their step
-    /// count.
+    /// The state of a run from weights and gradients built elsewhere (a data-parallel rank's,
+    /// whose master weights and gradients may hold its rows only) and, when resuming, the saved
+    /// moments with their step count.
     pub fn with_weights(
         cfg: &TrainConfig,
         dev: D,
         weights: Weights<D>,
+        grads: Params<D::Tensor<f32>>,
         moments: Option<(Moments<D>, u64)>,
     ) -> Result<Self> {
         let model = Model::new(&dev, cfg.model.clone())?;
-        Self::assemble(cfg, dev, model, weights, moments)
+        Self::assemble(cfg, dev, model, weights, Some(grads), moments)
     }
 
     fn assemble(
@@ -111,9 +113,13 @@ impl<D: Device> State<D> {
         dev: D,
         model: Model<D>,
         weights: Weights<D>,
+        grads: Option<Params<D::Tensor<f32>>>,
         moments: Option<(Moments<D>, u64)>,
     ) -> Result<Self> {
-        let grads = Params::try_new(&cfg.model, |s| dev.zeros::<f32>(&s.shape, Category::Grads))?;
+        let grads = match grads {
+            Some(grads) => grads,
+            None => Params::try_new(&cfg.model, |s| dev.zeros::<f32>(&s.shape, Category::Grads))?,
+        };
         let mut optimizer = AdamW::new(cfg.optimizer.clone());
         if let Some((moments, step)) = moments {
             optimizer.set_state(moments, step);
@@ -211,8 +217,23 @@ impl<D: Device> State<D> {
         share: StepShare,
         first: u64,
     ) -> Result<Vec<PassOutput>> {
+        self.passes_hooked(batches, dropout, share, (first, 1), &mut ())
+    }
+
+    /// [`State::passes`] over micro-batches whose global indices are `first`, `first +
+    /// stride`, ..., telling `hooks` around every addition to the gradients
+    /// ([`Model::forward_backward_hooked`]).
+    pub fn passes_hooked(
+        &mut self,
+        batches: &[Batch],
+        dropout: Option<Dropout>,
+        share: StepShare,
+        (first, stride): (u64, u64),
+        hooks: &mut dyn GradHooks<D>,
+    ) -> Result<Vec<PassOutput>> {
         let mut passes = Vec::with_capacity(batches.len());
-        for (i, batch) in (first..).zip(batches) {
+        let indices = (0..).map(|k| first + k * stride);
+        for (i, batch) in indices.zip(batches) {
             let pass = PassConfig {
                 checkpointing: self.cfg.checkpointing,
                 loss: self.cfg.loss,
@@ -226,13 +247,14 @@ impl<D: Device> State<D> {
             let (dev, model, grads) = (&self.dev, &self.model, &mut self.grads);
             let out = match &self.weights {
                 Weights::Fp32(p) => {
-                    let (out, kept) = model.forward_backward_with(dev, p, grads, batch, &pass)?;
+                    let (out, kept) =
+                        model.forward_backward_hooked(dev, p, grads, batch, &pass, hooks)?;
                     self.kept.extend(kept.into_iter().map(|t| Box::new(t) as _));
                     out
                 }
                 Weights::Bf16Mixed { compute, .. } => {
                     let (out, kept) =
-                        model.forward_backward_with(dev, compute, grads, batch, &pass)?;
+                        model.forward_backward_hooked(dev, compute, grads, batch, &pass, hooks)?;
                     self.kept.extend(kept.into_iter().map(|t| Box::new(t) as _));
                     out
                 }
@@ -276,8 +298,12 @@ impl<D: Device> State<D> {
         &mut self,
         lr: f64,
         shards: &[(std::ops::Range<usize>, usize)],
+        grads_sharded: bool,
     ) -> Result<()> {
-        let sharded = matches!(self.weights, Weights::Bf16Mixed { .. });
+        let sharded = ShardedParts {
+            params: matches!(self.weights, Weights::Bf16Mixed { .. }),
+            grads: grads_sharded,
+        };
         let (dev, model, master) = (&self.dev, &self.cfg.model, self.weights.master_mut());
         self.optimizer
             .update_shard(dev, model, master, &self.grads, shards, sharded, lr)

@@ -84,7 +84,7 @@ fn every_world_size_and_stage_trains_the_bits_of_one_rank() {
     for (name, cfg) in cases {
         let one = run(&cfg, 3);
         for world in 1..=4 {
-            for shard in [Shard::None, Shard::Optimizer] {
+            for shard in [Shard::None, Shard::Optimizer, Shard::Gradients] {
                 let got = run(&with(&cfg, world, shard, &[]), 3);
                 assert_eq!(got, one, "{name}, world size {world}, shard {shard:?}");
             }
@@ -101,6 +101,8 @@ fn a_checkpoint_resumes_at_another_world_size_bit_for_bit() {
         ((3, Shard::Optimizer), (2, Shard::None)),
         ((1, Shard::None), (4, Shard::Optimizer)),
         ((4, Shard::Optimizer), (1, Shard::None)),
+        ((4, Shard::Gradients), (3, Shard::Gradients)),
+        ((2, Shard::Gradients), (4, Shard::Optimizer)),
     ] {
         let dir = tempfile::tempdir().unwrap();
         let dev = || CpuDevice::new(4, u64::MAX).unwrap();
@@ -203,14 +205,13 @@ proptest! {
     #[test]
     fn each_rank_s_memory_equals_the_estimate(
         world in prop::sample::select(vec![1usize, 2, 3, 4, 6]),
-        optimizer_sharded in any::<bool>(),
+        shard in prop::sample::select(vec![Shard::None, Shard::Optimizer, Shard::Gradients]),
         bf16 in any::<bool>(),
         full_checkpointing in any::<bool>(),
         vocab in 17usize..41,
         threads in 1usize..5,
     ) {
         let precision = if bf16 { Precision::Bf16Mixed } else { Precision::Fp32 };
-        let shard = if optimizer_sharded { Shard::Optimizer } else { Shard::None };
         let mut cfg = with(&dense(precision), world, shard, &[]);
         cfg.model.vocab_size = vocab;
         cfg.dropout = 0.0;
@@ -302,4 +303,32 @@ fn a_world_size_that_does_not_divide_the_micro_batches_is_refused_with_both_numb
             assert!(e.contains("12 micro-batches"), "{e}");
         }
     }
+}
+
+/// Sharding the gradients leaves each rank its rows of every gradient between steps, where the
+/// other stages keep them whole: together the ranks hold one rank's gradient bytes.
+#[test]
+fn sharded_gradients_hold_each_rank_s_rows_between_steps() {
+    let cfg = dense(Precision::Bf16Mixed);
+    let grad_bytes = |cfg: TrainConfig| {
+        let mut t = Trainer::new(cfg, CpuDevice::new(4, u64::MAX).unwrap()).unwrap();
+        let s = t.step().unwrap();
+        let ranks = match s.rank_memory.is_empty() {
+            true => vec![s.memory],
+            false => s.rank_memory,
+        };
+        ranks
+            .iter()
+            .map(|m| m.current.get(ckpt_engine::Category::Grads))
+            .collect::<Vec<u64>>()
+    };
+    let one = grad_bytes(cfg.clone())[0];
+    let optimizer = grad_bytes(with(&cfg, 3, Shard::Optimizer, &[]));
+    assert!(
+        optimizer.iter().all(|&b| b == one),
+        "{optimizer:?} vs {one}"
+    );
+    let sharded = grad_bytes(with(&cfg, 3, Shard::Gradients, &[]));
+    assert!(sharded.iter().all(|&b| b < one / 2), "{sharded:?} vs {one}");
+    assert_eq!(sharded.iter().sum::<u64>(), one, "the shards tile");
 }

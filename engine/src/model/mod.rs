@@ -163,6 +163,52 @@ impl PassConfig<'_> {
     }
 }
 
+/// Parameters a pass writes the gradients of together, in the backward pass's order: the LM
+/// head (with the loss), the final norm, each decoder block from the last, the embedding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Group {
+    /// The LM head (the embedding itself when tied).
+    Head,
+    /// The final RMSNorm.
+    FinalNorm,
+    /// Decoder block `l`.
+    Layer(usize),
+    /// The token embedding.
+    Embed,
+}
+
+impl Group {
+    /// Every group a backward pass over `layers` blocks writes, in the order it writes them.
+    pub fn backward_order(layers: usize) -> Vec<Group> {
+        [Group::Head, Group::FinalNorm]
+            .into_iter()
+            .chain((0..layers).rev().map(Group::Layer))
+            .chain([Group::Embed])
+            .collect()
+    }
+}
+
+/// Where a pass's gradients are while it adds to them. On one device every gradient is always
+/// whole in place and nothing happens (`()`); a data-parallel rank that shards gradients makes a
+/// group's gradients whole (the partial sums of the micro-batches before) just before the pass
+/// first adds to them, and hands them on just after it has added its last.
+pub trait GradHooks<D: Device> {
+    /// The pass is about to add to `group`'s gradients in `grads`.
+    fn before(&mut self, grads: &mut Params<D::Tensor<f32>>, group: Group) -> Result<()>;
+    /// The pass has added its share to `group`'s gradients in `grads`.
+    fn after(&mut self, grads: &mut Params<D::Tensor<f32>>, group: Group) -> Result<()>;
+}
+
+/// Gradients always whole in place: nothing to do.
+impl<D: Device> GradHooks<D> for () {
+    fn before(&mut self, _: &mut Params<D::Tensor<f32>>, _: Group) -> Result<()> {
+        Ok(())
+    }
+    fn after(&mut self, _: &mut Params<D::Tensor<f32>>, _: Group) -> Result<()> {
+        Ok(())
+    }
+}
+
 /// The model's fixed state besides parameters: its shape, where its parameters are, and its
 /// rotary tables.
 pub struct Model<D: Device> {
@@ -289,6 +335,20 @@ impl<D: Device> Model<D> {
         batch: &Batch,
         pass: &PassConfig<'_>,
     ) -> Result<(PassOutput, Vec<D::Tensor<E>>)> {
+        self.forward_backward_hooked(dev, w, grads, batch, pass, &mut ())
+    }
+
+    /// [`Model::forward_backward_with`], telling `hooks` before and after each [`Group`]'s
+    /// gradients are added to.
+    pub fn forward_backward_hooked<E: Elem>(
+        &self,
+        dev: &D,
+        w: &Params<D::Tensor<E>>,
+        grads: &mut Params<D::Tensor<f32>>,
+        batch: &Batch,
+        pass: &PassConfig<'_>,
+        hooks: &mut dyn GradHooks<D>,
+    ) -> Result<(PassOutput, Vec<D::Tensor<E>>)> {
         self.check_batch(batch)?;
         let d = self.dims(batch);
         dev.check_attention(d.attn)?;
@@ -329,6 +389,7 @@ impl<D: Device> Model<D> {
 
         dev.enter(StepPhase::Loss);
         let mut dhn = dev.zeros::<E>(&[rows, h], Category::Activations)?;
+        hooks.before(grads, Group::Head)?;
         let loss = linear_cross_entropy(
             dev,
             &final_norm.out,
@@ -339,6 +400,7 @@ impl<D: Device> Model<D> {
             &mut dhn,
             grads.get_mut(p.head),
         )?;
+        hooks.after(grads, Group::Head)?;
 
         let coef = self
             .cfg
@@ -357,8 +419,10 @@ impl<D: Device> Model<D> {
         let block::Norm { rinv, out: hn } = final_norm;
         drop(hn);
         let mut dh = dev.zeros::<E>(&[rows, h], Category::Activations)?;
+        hooks.before(grads, Group::FinalNorm)?;
         let final_norm = (w.get(p.final_norm), grads.get_mut(p.final_norm));
         dev.rmsnorm_backward(&dhn, &x, final_norm.0, &rinv, &mut dh, final_norm.1)?;
+        hooks.after(grads, Group::FinalNorm)?;
         drop((dhn, x, rinv));
 
         let keep_inputs = pass.faults.has(Fault::RecomputeInputsKept);
@@ -377,13 +441,17 @@ impl<D: Device> Model<D> {
             };
             recomputed_blocks += usize::from(recomputes);
             let dispatch = recomputes && keep_dispatch;
+            hooks.before(grads, Group::Layer(l))?;
             let leaked = block::backward(ctx, (w, layer), grads, &input, acts, &mut dh, dispatch)?;
+            hooks.after(grads, Group::Layer(l))?;
             kept.extend(leaked);
             if recomputes && keep_inputs {
                 kept.push(input);
             }
         }
+        hooks.before(grads, Group::Embed)?;
         dev.embedding_backward(&dh, &ids, grads.get_mut(p.embed))?;
+        hooks.after(grads, Group::Embed)?;
         let out = PassOutput {
             loss: (loss.loss as f64 + coef * aux.unwrap_or(0.0)) as f32,
             ce: loss.loss,

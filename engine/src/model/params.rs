@@ -107,6 +107,23 @@ pub struct Layout {
 }
 
 impl Layout {
+    /// The tensors of `group`, in layout order: a block's are those named
+    /// `model.layers.{l}.`.
+    pub fn tensors_of(&self, group: super::Group) -> Vec<usize> {
+        use super::Group;
+        match group {
+            Group::Head => vec![self.head],
+            Group::FinalNorm => vec![self.final_norm],
+            Group::Embed => vec![self.embed],
+            Group::Layer(l) => {
+                let prefix = format!("model.layers.{l}.");
+                (0..self.specs.len())
+                    .filter(|&i| self.specs[i].name.starts_with(&prefix))
+                    .collect()
+            }
+        }
+    }
+
     /// The layout of `cfg`'s family and shape.
     pub fn of(cfg: &LlamaConfig) -> Self {
         let (h, f, v, d) = (

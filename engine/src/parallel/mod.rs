@@ -29,6 +29,10 @@ pub enum Shard {
     /// Each rank holds the AdamW moments (and updates the weights) of its rows of every tensor
     /// only; the updated rows are gathered onto every rank (ZeRO-1).
     Optimizer,
+    /// The optimizer's split, and each rank holds its rows of every gradient only: a gradient
+    /// is whole only while a pass adds to it, passed from rank to rank in global micro-batch
+    /// order (ZeRO-2).
+    Gradients,
 }
 
 /// How a run is spread over ranks.

@@ -1,7 +1,7 @@
 //! One training step over `N` data-parallel ranks, with the bits of one rank.
 //!
 //! A step is a fixed list of `M` micro-batches in global sample order. Rank `r` takes the
-//! contiguous run `r·M/N .. (r+1)·M/N`. The gradients are summed along a chain in global
+//! contiguous run `r·M/N .. (r+1)·M/N` (under `shard: gradients`, every `N`-th one). The gradients are summed along a chain in global
 //! micro-batch order: rank 0 adds its micro-batches' gradients to zero, hands the sum to rank 1,
 //! which adds its own to it, and so on. One rank adds every micro-batch to the same buffer in
 //! the same order, so the last rank ends with the bits of a single device, whatever `N`. The
@@ -14,6 +14,10 @@
 //!   its rows of the master weights with its shard of the moments, and the ranks gather the
 //!   updated rows. AdamW is element-wise, so a row updated on its rank has the bits it has on
 //!   one device.
+//! - `gradients`: no rank holds a whole gradient between passes. Rank `r` takes micro-batches
+//!   `r, r + N, ...`, and a [`GradRing`] hands each tensor's sum from the rank of one micro-batch
+//!   to the rank of the next, tensor by tensor as the backward pass finishes with it; after the
+//!   last micro-batch each rank gets its rows, and the update runs as under `optimizer`.
 
 use super::collective::{thread_group, Collective};
 use super::plan::{shard_of, shard_shape};
@@ -26,7 +30,7 @@ use crate::fault::{Fault, Faults};
 use crate::memory::Category;
 use crate::model::loss::counted;
 use crate::model::{param_specs, LlamaConfig, ParamSpec};
-use crate::model::{Batch, Dropout, Params, PassOutput, StepShare};
+use crate::model::{Batch, Dropout, GradHooks, Group, Layout, Params, PassOutput, StepShare};
 use crate::optim::{clip_coefficient, grad_norm, Moments};
 use crate::state::{State, Weights};
 use crate::tensor::{Elem, Tensor};
@@ -68,7 +72,13 @@ impl<D: Device> Ranks<D> {
             let whole = |shape: &[usize]| 0..shape.first().copied().unwrap_or(1);
             let shard = |shape: &[usize]| match cfg.parallel.shard {
                 Shard::None => whole(shape),
-                Shard::Optimizer => shard_rows(shape, world, rank, &cfg.faults).0,
+                Shard::Optimizer | Shard::Gradients => {
+                    shard_rows(shape, world, rank, &cfg.faults).0
+                }
+            };
+            let grad_rows = |shape: &[usize]| match cfg.parallel.shard {
+                Shard::Gradients => shard(shape),
+                Shard::None | Shard::Optimizer => whole(shape),
             };
             let model = &cfg.model;
             let weights = match cfg.precision {
@@ -105,7 +115,11 @@ impl<D: Device> Ranks<D> {
                 }
                 None => None,
             };
-            states.push(State::with_weights(cfg, dev, weights, moments)?);
+            let grads = each_param(model, |_, s| {
+                let shape = shard_shape(&s.shape, grad_rows(&s.shape).len());
+                dev.zeros::<f32>(&shape, Category::Grads)
+            })?;
+            states.push(State::with_weights(cfg, dev, weights, grads, moments)?);
         }
         Ok(Ranks {
             states,
@@ -163,9 +177,12 @@ impl<D: Device> Ranks<D> {
                 .zip(thread_group(world))
                 .map(|(state, comm)| {
                     let rank = comm.rank();
-                    let mine = micro_batches(batches, world, rank, faults);
+                    let (mine, first) = match shard {
+                        Shard::Gradients => (strided(batches, world, rank), rank),
+                        _ => (micro_batches(batches, world, rank, faults), rank * per_rank),
+                    };
                     let step = RankStep {
-                        first: (rank * per_rank) as u64,
+                        first: first as u64,
                         micro_batches: batches.len(),
                         dropout,
                         lr,
@@ -191,7 +208,8 @@ impl<D: Device> Ranks<D> {
         });
         first_cause(results).map(|ranks| {
             let norm = ranks.last().map_or(0.0, |r| r.1);
-            let passes = ranks.into_iter().flat_map(|r| r.0).collect();
+            let by_rank = ranks.into_iter().map(|r| r.0).collect();
+            let passes = in_global_order(by_rank, shard);
             (self.states[0].model().step_output(passes), norm)
         })
     }
@@ -201,7 +219,7 @@ impl<D: Device> Ranks<D> {
     pub fn checkpoint_bytes(&self) -> u64 {
         let others = match self.parallel.shard {
             Shard::None => 0,
-            Shard::Optimizer => self.states[1..]
+            Shard::Optimizer | Shard::Gradients => self.states[1..]
                 .iter()
                 .map(State::optimizer_state_bytes)
                 .sum(),
@@ -262,9 +280,35 @@ fn parameter_of(name: &str) -> &str {
 fn micro_batches(batches: &[Batch], world: usize, rank: usize, faults: &Faults) -> Vec<Batch> {
     let per_rank = batches.len() / world;
     if faults.has(Fault::MicroBatchesStrided) {
-        return batches.iter().skip(rank).step_by(world).cloned().collect();
+        return strided(batches, world, rank);
     }
     batches[rank * per_rank..(rank + 1) * per_rank].to_vec()
+}
+
+/// Micro-batches `rank`, `rank + world`, ... of a step: each rank's under `shard: gradients`,
+/// whose ring passes each gradient on after every micro-batch.
+fn strided(batches: &[Batch], world: usize, rank: usize) -> Vec<Batch> {
+    batches.iter().skip(rank).step_by(world).cloned().collect()
+}
+
+/// The ranks' passes (`by_rank[r]` in the order rank `r` ran them) in global micro-batch
+/// order: the ranks' runs one after the other, or interleaved under `shard: gradients`.
+fn in_global_order(by_rank: Vec<Vec<PassOutput>>, shard: Shard) -> Vec<PassOutput> {
+    if shard != Shard::Gradients {
+        return by_rank.into_iter().flatten().collect();
+    }
+    let world = by_rank.len();
+    let mut slots: Vec<Option<PassOutput>> = Vec::new();
+    for (rank, passes) in by_rank.into_iter().enumerate() {
+        for (k, pass) in passes.into_iter().enumerate() {
+            let at = rank + k * world;
+            if slots.len() <= at {
+                slots.resize_with(at + 1, || None);
+            }
+            slots[at] = Some(pass);
+        }
+    }
+    slots.into_iter().flatten().collect()
 }
 
 /// The rows of a tensor of `shape` whose optimizer state `rank` holds, and the elements per row;
@@ -358,6 +402,9 @@ impl RankStep<'_> {
             tokens: comm.sum_u64(counted_here)? as usize,
             micro_batches: self.micro_batches,
         };
+        if self.shard == Shard::Gradients {
+            return self.run_ring(state, comm, mine, share);
+        }
         let by_rank = self.faults.has(Fault::GradientsSummedByRank);
         if rank == 0 || by_rank {
             state.zero_grads()?;
@@ -375,13 +422,7 @@ impl RankStep<'_> {
             true => grad_norm(state.device(), state.grads())?,
             false => 0.0,
         };
-        let norm = f64::from_le_bytes(
-            comm.broadcast(last, norm.to_le_bytes().to_vec())?
-                .try_into()
-                .map_err(|_| {
-                    EngineError::Config("the gradient norm's message is not 8 bytes".into())
-                })?,
-        );
+        let norm = broadcast_norm(comm, norm)?;
         let coef = clip_coefficient(norm, state.optimizer().config().grad_clip);
         match self.shard {
             Shard::None => {
@@ -398,11 +439,210 @@ impl RankStep<'_> {
                     .collect();
                 scatter_grads(state, comm, last, self.faults)?;
                 scale(state, coef)?;
-                state.adamw_shard(self.lr, &shards)?;
+                state.adamw_shard(self.lr, &shards, false)?;
                 gather_updated(state, comm, self.faults)?;
             }
+            Shard::Gradients => unreachable!("run_ring runs it"),
         }
         Ok((passes, norm))
+    }
+
+    /// `shard: gradients`: the passes run with a [`GradRing`], which passes each gradient to
+    /// the rank of the next micro-batch and leaves each rank its rows of the sum; then the
+    /// norm from the last rank's per-tensor sums, and the update of each rank's rows.
+    fn run_ring<D: Device>(
+        &self,
+        state: &mut State<D>,
+        comm: &dyn Collective,
+        mine: &[Batch],
+        share: StepShare,
+    ) -> Result<(Vec<PassOutput>, f64)> {
+        let (rank, world) = (comm.rank(), comm.world_size());
+        let last = world - 1;
+        let layout = state.model().layout().clone();
+        let mut ring = GradRing::new(state.device().clone(), comm, &layout, self, rank);
+        let stride = (rank as u64, world as u64);
+        let passes = state.passes_hooked(mine, self.dropout, share, stride, &mut ring)?;
+        state.device().enter(StepPhase::Optimizer);
+        let norm = match rank == last {
+            true => ring.sums.iter().sum::<f64>().sqrt(),
+            false => {
+                ring.receive_rows(state.grads_mut(), last)?;
+                0.0
+            }
+        };
+        let norm = broadcast_norm(comm, norm)?;
+        let coef = clip_coefficient(norm, state.optimizer().config().grad_clip);
+        let shards: Vec<_> = (layout.specs.iter())
+            .map(|s| shard_rows(&s.shape, world, rank, self.faults))
+            .collect();
+        scale(state, coef)?;
+        state.adamw_shard(self.lr, &shards, true)?;
+        gather_updated(state, comm, self.faults)?;
+        Ok((passes, norm))
+    }
+}
+
+/// Rank `root`'s gradient norm on every rank.
+fn broadcast_norm(comm: &dyn Collective, norm: f64) -> Result<f64> {
+    let last = comm.world_size() - 1;
+    let bytes = comm.broadcast(last, norm.to_le_bytes().to_vec())?;
+    let bytes = bytes
+        .try_into()
+        .map_err(|_| EngineError::Config("the gradient norm's message is not 8 bytes".into()))?;
+    Ok(f64::from_le_bytes(bytes))
+}
+
+/// A rank's gradients under `shard: gradients`. Between passes a rank holds its rows of each
+/// gradient only. Just before a pass first adds to a tensor's gradient the ring makes it whole:
+/// zeros for the step's first micro-batch, else the sum so far, received from the rank of the
+/// micro-batch before. Just after the pass's last addition it hands the sum on to the rank of
+/// the next micro-batch and frees it; after the step's last micro-batch it sends each rank its
+/// rows instead, keeping the tensor's sum of squares for the norm. Each tensor is added to in
+/// global micro-batch order, on one buffer, as on one device.
+struct GradRing<'a, D: Device> {
+    dev: D,
+    comm: &'a dyn Collective,
+    layout: &'a Layout,
+    faults: &'a Faults,
+    rank: usize,
+    /// The global index of the micro-batch the pass running now trains.
+    pass: u64,
+    /// Micro-batches in the step.
+    micro_batches: u64,
+    /// How many groups of one backward pass write each tensor (2 for tied embeddings).
+    writes: Vec<usize>,
+    /// The writes of the running pass still to come, per tensor.
+    remaining: Vec<usize>,
+    /// The rank's rows of each tensor whose whole gradient is in place.
+    stash: Vec<Option<D::Tensor<f32>>>,
+    /// Each tensor's sum of squares, on the last rank after the last micro-batch.
+    sums: Vec<f64>,
+}
+
+impl<'a, D: Device> GradRing<'a, D> {
+    fn new(
+        dev: D,
+        comm: &'a dyn Collective,
+        layout: &'a Layout,
+        step: &'a RankStep<'_>,
+        rank: usize,
+    ) -> Self {
+        let n = layout.specs.len();
+        let mut writes = vec![0; n];
+        for g in Group::backward_order(layout.layers.len()) {
+            layout
+                .tensors_of(g)
+                .into_iter()
+                .for_each(|t| writes[t] += 1);
+        }
+        GradRing {
+            dev,
+            comm,
+            layout,
+            faults: step.faults,
+            rank,
+            pass: rank as u64,
+            micro_batches: step.micro_batches as u64,
+            remaining: writes.clone(),
+            writes,
+            stash: (0..n).map(|_| None).collect(),
+            sums: vec![0.0; n],
+        }
+    }
+
+    /// The ranks before and after this one on the ring.
+    fn neighbours(&self) -> (usize, usize) {
+        let world = self.comm.world_size();
+        ((self.rank + world - 1) % world, (self.rank + 1) % world)
+    }
+
+    /// The order the tensors' sums are complete in on the last micro-batch: as the backward
+    /// pass finishes with each.
+    fn completion_order(&self) -> Vec<usize> {
+        let mut remaining = self.writes.clone();
+        let mut order = Vec::new();
+        for g in Group::backward_order(self.layout.layers.len()) {
+            for t in self.layout.tensors_of(g) {
+                remaining[t] -= 1;
+                if remaining[t] == 0 {
+                    order.push(t);
+                }
+            }
+        }
+        order
+    }
+
+    /// Every tensor's rows of the step's sum from rank `from`, into `grads`, in the order the
+    /// sums were completed.
+    fn receive_rows(&self, grads: &mut Params<D::Tensor<f32>>, from: usize) -> Result<()> {
+        for t in self.completion_order() {
+            self.dev
+                .write_bytes(grads.get_mut(t), 0, &self.comm.recv(from)?)?;
+        }
+        Ok(())
+    }
+
+    /// Sends each rank its rows of `whole`, tensor `t`'s sum over the step (this rank's rows
+    /// into `mine`).
+    fn scatter(&self, t: usize, whole: &D::Tensor<f32>, mine: &mut D::Tensor<f32>) -> Result<()> {
+        let shape = &self.layout.specs[t].shape;
+        for to in 0..self.comm.world_size() {
+            let (rows, row) = shard_rows(shape, self.comm.world_size(), to, self.faults);
+            let bytes =
+                self.dev
+                    .read_bytes(whole, rows.start * row * F32, rows.len() * row * F32)?;
+            match to == self.rank {
+                true => self.dev.write_bytes(mine, 0, &bytes)?,
+                false => self.comm.send(to, bytes)?,
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<D: Device> GradHooks<D> for GradRing<'_, D> {
+    fn before(&mut self, grads: &mut Params<D::Tensor<f32>>, group: Group) -> Result<()> {
+        for t in self.layout.tensors_of(group) {
+            if self.remaining[t] != self.writes[t] {
+                continue;
+            }
+            let shape = &self.layout.specs[t].shape;
+            let mut whole = self.dev.zeros::<f32>(shape, Category::Grads)?;
+            if self.pass > 0 {
+                let bytes = self.comm.recv(self.neighbours().0)?;
+                self.dev.write_bytes(&mut whole, 0, &bytes)?;
+            }
+            self.stash[t] = Some(std::mem::replace(grads.get_mut(t), whole));
+        }
+        Ok(())
+    }
+
+    fn after(&mut self, grads: &mut Params<D::Tensor<f32>>, group: Group) -> Result<()> {
+        for t in self.layout.tensors_of(group) {
+            self.remaining[t] -= 1;
+            if self.remaining[t] > 0 {
+                continue;
+            }
+            let mine = self.stash[t].take().ok_or_else(|| {
+                EngineError::Config(format!(
+                    "gradient {t} was handed on before it was made whole"
+                ))
+            })?;
+            let whole = std::mem::replace(grads.get_mut(t), mine);
+            if self.pass + 1 < self.micro_batches {
+                let bytes = self.dev.read_bytes(&whole, 0, whole.bytes() as usize)?;
+                self.comm.send(self.neighbours().1, bytes)?;
+            } else {
+                self.sums[t] = self.dev.sum_squares(&whole)?;
+                self.scatter(t, &whole, grads.get_mut(t))?;
+            }
+        }
+        if group == Group::Embed {
+            self.pass += self.comm.world_size() as u64;
+            self.remaining = self.writes.clone();
+        }
+        Ok(())
     }
 }
 

@@ -423,6 +423,10 @@ impl Device for CountingDevice {
         Ok(())
     }
 
+    fn sum_squares(&self, _: &T<f32>) -> Result<f64> {
+        Ok(0.0)
+    }
+
     fn norm(&self, tensors: &[&T<f32>]) -> Result<f64> {
         if self.like == Like::Cuda {
             let numels = tensors.iter().map(|t| t.numel());

@@ -521,15 +521,19 @@ impl Device for CpuDevice {
     fn norm(&self, tensors: &[&Tensor<f32>]) -> Result<f64> {
         let mut total = 0.0f64;
         for t in tensors {
-            let partial: Vec<f64> = self.install(|| {
-                t.as_slice()
-                    .par_chunks(CHUNK)
-                    .map(|c| c.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>())
-                    .collect()
-            });
-            total += partial.iter().sum::<f64>();
+            total += self.sum_squares(t)?;
         }
         Ok(total.sqrt())
+    }
+
+    fn sum_squares(&self, t: &Tensor<f32>) -> Result<f64> {
+        let partial: Vec<f64> = self.install(|| {
+            t.as_slice()
+                .par_chunks(CHUNK)
+                .map(|c| c.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>())
+                .collect()
+        });
+        Ok(partial.iter().sum::<f64>())
     }
 
     fn scale(&self, x: &mut Tensor<f32>, coef: f32) -> Result<()> {

@@ -586,6 +586,10 @@ impl Device for CudaDevice {
         )
     }
 
+    fn sum_squares(&self, _: &CudaTensor<f32>) -> Result<f64> {
+        Err(ranks_on_cuda())
+    }
+
     fn norm(&self, tensors: &[&CudaTensor<f32>]) -> Result<f64> {
         let numels = || tensors.iter().map(|t| t.numel());
         let partial = self.alloc(norm_partials_bytes(numels()) as usize, Category::Workspace)?;
