@@ -10,10 +10,11 @@ use crate::fault::Fault;
 use crate::memory::Category;
 use crate::model::loss::counted;
 use crate::model::{
-    param_specs, Batch, Dropout, GradHooks, LlamaConfig, Model, Params, PassConfig, PassOutput,
+    param_specs, Batch, Dropout, LlamaConfig, Model, Params, PassConfig, PassHooks, PassOutput,
     StepShare,
 };
 use crate::optim::{clip_grad_norm, AdamW, Moments, ShardedParts};
+use crate::parallel::Shard;
 use crate::tensor::Elem;
 use half::bf16;
 
@@ -229,7 +230,7 @@ impl<D: Device> State<D> {
         dropout: Option<Dropout>,
         share: StepShare,
         (first, stride): (u64, u64),
-        hooks: &mut dyn GradHooks<D>,
+        hooks: &mut (impl PassHooks<D, f32> + PassHooks<D, bf16>),
     ) -> Result<Vec<PassOutput>> {
         let mut passes = Vec::with_capacity(batches.len());
         let indices = (0..).map(|k| first + k * stride);
@@ -245,7 +246,7 @@ impl<D: Device> State<D> {
                 share: Some(share),
             };
             let (dev, model, grads) = (&self.dev, &self.model, &mut self.grads);
-            let out = match &self.weights {
+            let out = match &mut self.weights {
                 Weights::Fp32(p) => {
                     let (out, kept) =
                         model.forward_backward_hooked(dev, p, grads, batch, &pass, hooks)?;
@@ -292,17 +293,20 @@ impl<D: Device> State<D> {
 
     /// One AdamW update at learning rate `lr` of rows `shards[i].0` (of `shards[i].1` elements)
     /// of each master weight, whose moments hold those rows only ([`AdamW::update_shard`]); in
-    /// bf16-mixed the master weights hold those rows only too. The compute weights are not
-    /// refreshed: the other rows arrive from the other ranks first.
+    /// bf16-mixed, and in every precision under `stage` `full`, the master weights hold those
+    /// rows only too, and under `gradients` and `full` so do the gradients. The compute weights
+    /// are not refreshed: the other rows arrive from the other ranks first (or, under `full`,
+    /// [`State::refresh_compute`] rounds the rank's own).
     pub fn adamw_shard(
         &mut self,
         lr: f64,
         shards: &[(std::ops::Range<usize>, usize)],
-        grads_sharded: bool,
+        stage: Shard,
     ) -> Result<()> {
+        let mixed = matches!(self.weights, Weights::Bf16Mixed { .. });
         let sharded = ShardedParts {
-            params: matches!(self.weights, Weights::Bf16Mixed { .. }),
-            grads: grads_sharded,
+            params: mixed || stage == Shard::Full,
+            grads: matches!(stage, Shard::Gradients | Shard::Full),
         };
         let (dev, model, master) = (&self.dev, &self.cfg.model, self.weights.master_mut());
         self.optimizer

@@ -163,7 +163,7 @@ fn zero_grads(dev: &CpuDevice, cfg: &LlamaConfig) -> Params<Tensor<f32>> {
 fn pass(
     dev: &CpuDevice,
     model: &Model<CpuDevice>,
-    w: &Params<Tensor<f32>>,
+    w: &mut Params<Tensor<f32>>,
     batch: &Batch,
     ckpt: Checkpointing,
     loss: LossKind,
@@ -175,7 +175,7 @@ fn pass(
 fn pass_with(
     dev: &CpuDevice,
     model: &Model<CpuDevice>,
-    w: &Params<Tensor<f32>>,
+    w: &mut Params<Tensor<f32>>,
     batch: &Batch,
     checkpointing: Checkpointing,
     loss: LossKind,
@@ -189,7 +189,7 @@ fn pass_with(
 fn pass_output(
     dev: &CpuDevice,
     model: &Model<CpuDevice>,
-    w: &Params<Tensor<f32>>,
+    w: &mut Params<Tensor<f32>>,
     batch: &Batch,
     (checkpointing, loss): (Checkpointing, LossKind),
     dropout: Option<Dropout>,
@@ -283,7 +283,7 @@ fn check_gradients(case: &Case, dropout: Option<Dropout>) -> Result<(), TestCase
     let model = Model::new(&dev, case.cfg.clone()).unwrap();
     let mut w = init(&dev, case);
     let plain = (Checkpointing::None, LossKind::Standard);
-    let (base, analytic) = pass_output(&dev, &model, &w, &case.batch, plain, dropout);
+    let (base, analytic) = pass_output(&dev, &model, &mut w, &case.batch, plain, dropout);
     let specs = param_specs(&case.cfg);
     let top_k = case.cfg.moe.as_ref().map_or(1, |m| m.num_experts_per_tok);
     let mut rng = ChaCha8Rng::seed_from_u64(case.seed ^ 0x5eed);
@@ -293,7 +293,7 @@ fn check_gradients(case: &Case, dropout: Option<Dropout>) -> Result<(), TestCase
             let mut rerouted = false;
             let (numeric, correction) = derivative(orig, |x| {
                 w.tensors_mut()[ti].as_mut_slice()[i] = x;
-                let (out, _) = pass_output(&dev, &model, &w, &case.batch, plain, dropout);
+                let (out, _) = pass_output(&dev, &model, &mut w, &case.batch, plain, dropout);
                 rerouted |= expert_sets(&out, top_k) != expert_sets(&base, top_k);
                 out.loss as f64
             });
@@ -361,22 +361,34 @@ fn max_relative_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f64 {
 fn check_policies(case: &Case, chunk_tokens: usize) -> Result<(), TestCaseError> {
     let dev = CpuDevice::new(2, u64::MAX).unwrap();
     let model = Model::new(&dev, case.cfg.clone()).unwrap();
-    let w = init(&dev, case);
+    let mut w = init(&dev, case);
     let names: Vec<String> = param_specs(&case.cfg).into_iter().map(|s| s.name).collect();
     let layers = case.cfg.num_hidden_layers;
     let chunked = LossKind::Chunked { chunk_tokens };
     let b = &case.batch;
-    let (loss, grads, recomputed) =
-        pass(&dev, &model, &w, b, Checkpointing::None, LossKind::Standard);
+    let (loss, grads, recomputed) = pass(
+        &dev,
+        &model,
+        &mut w,
+        b,
+        Checkpointing::None,
+        LossKind::Standard,
+    );
     prop_assert_eq!(recomputed, 0);
 
-    let (ac_loss, ac_grads, ac_recomputed) =
-        pass(&dev, &model, &w, b, Checkpointing::Full, LossKind::Standard);
+    let (ac_loss, ac_grads, ac_recomputed) = pass(
+        &dev,
+        &model,
+        &mut w,
+        b,
+        Checkpointing::Full,
+        LossKind::Standard,
+    );
     prop_assert_eq!(ac_recomputed, layers);
     prop_assert_eq!(ac_loss.to_bits(), loss.to_bits());
     same_bits("full checkpointing", &ac_grads, &grads, &names)?;
 
-    let (ch_loss, ch_grads, _) = pass(&dev, &model, &w, b, Checkpointing::None, chunked);
+    let (ch_loss, ch_grads, _) = pass(&dev, &model, &mut w, b, Checkpointing::None, chunked);
     let loss_diff = ((ch_loss - loss) / loss.abs().max(1e-6)).abs();
     prop_assert!(loss_diff <= 1e-6, "chunked loss {ch_loss} vs {loss}");
     let grad_diff = max_relative_diff(&ch_grads, &grads);
@@ -385,7 +397,7 @@ fn check_policies(case: &Case, chunk_tokens: usize) -> Result<(), TestCaseError>
         "chunked gradients differ by {grad_diff:e}"
     );
 
-    let (both_loss, both_grads, _) = pass(&dev, &model, &w, b, Checkpointing::Full, chunked);
+    let (both_loss, both_grads, _) = pass(&dev, &model, &mut w, b, Checkpointing::Full, chunked);
     prop_assert_eq!(both_loss.to_bits(), ch_loss.to_bits());
     same_bits(
         "full checkpointing, chunked loss",
@@ -401,17 +413,17 @@ fn check_policies(case: &Case, chunk_tokens: usize) -> Result<(), TestCaseError>
 fn check_dropout_policies(case: &Case, dropout: Option<Dropout>) -> Result<(), TestCaseError> {
     let dev = CpuDevice::new(2, u64::MAX).unwrap();
     let model = Model::new(&dev, case.cfg.clone()).unwrap();
-    let w = init(&dev, case);
+    let mut w = init(&dev, case);
     let names: Vec<String> = param_specs(&case.cfg).into_iter().map(|s| s.name).collect();
     let (b, kind) = (&case.batch, LossKind::Standard);
-    let (loss, grads, _) = pass_with(&dev, &model, &w, b, Checkpointing::None, kind, dropout);
+    let (loss, grads, _) = pass_with(&dev, &model, &mut w, b, Checkpointing::None, kind, dropout);
     for policy in [Checkpointing::Full, Checkpointing::Selective] {
-        let (l, g, recomputed) = pass_with(&dev, &model, &w, b, policy, kind, dropout);
+        let (l, g, recomputed) = pass_with(&dev, &model, &mut w, b, policy, kind, dropout);
         prop_assert_eq!(recomputed, case.cfg.num_hidden_layers);
         prop_assert_eq!(l.to_bits(), loss.to_bits());
         same_bits(&format!("{policy:?} with dropout"), &g, &grads, &names)?;
     }
-    let (_, plain, _) = pass(&dev, &model, &w, b, Checkpointing::None, kind);
+    let (_, plain, _) = pass(&dev, &model, &mut w, b, Checkpointing::None, kind);
     prop_assert!(plain != grads, "dropout changed no gradient");
     Ok(())
 }

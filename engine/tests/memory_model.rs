@@ -74,7 +74,7 @@ struct Pass {
 fn pass<E: Elem>(
     dev: &CpuDevice,
     cfg: &LlamaConfig,
-    w: &Params<Tensor<E>>,
+    w: &mut Params<Tensor<E>>,
     b: &Batch,
     ckpt: Checkpointing,
     loss: LossKind,
@@ -95,7 +95,7 @@ fn pass<E: Elem>(
 fn assert_policies_bitwise<E: Elem>(
     dev: &CpuDevice,
     cfg: &LlamaConfig,
-    w: &Params<Tensor<E>>,
+    w: &mut Params<Tensor<E>>,
     b: &Batch,
     loss: LossKind,
 ) {
@@ -120,12 +120,12 @@ fn assert_policies_bitwise<E: Elem>(
 fn checkpointing_policies_give_bitwise_identical_losses_and_gradients() {
     let cfg = tiny();
     let dev = CpuDevice::new(2, u64::MAX).unwrap();
-    let master = weights::init_params(dev.tracker(), &cfg, 1, 0.1, Category::Params).unwrap();
-    let compute = rounded::<_, half::bf16>(&dev, &cfg, &master).unwrap();
+    let mut master = weights::init_params(dev.tracker(), &cfg, 1, 0.1, Category::Params).unwrap();
+    let mut compute = rounded::<_, half::bf16>(&dev, &cfg, &master).unwrap();
     let b = batch(&cfg, 3, 7);
     for loss in [LossKind::Standard, LossKind::Chunked { chunk_tokens: 4 }] {
-        assert_policies_bitwise(&dev, &cfg, &master, &b, loss);
-        assert_policies_bitwise(&dev, &cfg, &compute, &b, loss);
+        assert_policies_bitwise(&dev, &cfg, &mut master, &b, loss);
+        assert_policies_bitwise(&dev, &cfg, &mut compute, &b, loss);
     }
 }
 
@@ -145,7 +145,7 @@ fn relative_error(a: &[f32], b: &[f32]) -> f64 {
 fn assert_chunked_matches<E: Elem>(
     dev: &CpuDevice,
     cfg: &LlamaConfig,
-    w: &Params<Tensor<E>>,
+    w: &mut Params<Tensor<E>>,
     b: &Batch,
     tolerance: f64,
 ) {
@@ -183,18 +183,18 @@ fn assert_chunked_matches<E: Elem>(
 fn chunked_loss_matches_the_standard_loss() {
     let cfg = tiny();
     let dev = CpuDevice::new(2, u64::MAX).unwrap();
-    let master = weights::init_params(dev.tracker(), &cfg, 2, 0.1, Category::Params).unwrap();
-    let compute = rounded::<_, half::bf16>(&dev, &cfg, &master).unwrap();
+    let mut master = weights::init_params(dev.tracker(), &cfg, 2, 0.1, Category::Params).unwrap();
+    let mut compute = rounded::<_, half::bf16>(&dev, &cfg, &master).unwrap();
     let b = batch(&cfg, 3, 7);
-    assert_chunked_matches(&dev, &cfg, &master, &b, 1e-6);
-    assert_chunked_matches(&dev, &cfg, &compute, &b, 1e-5);
+    assert_chunked_matches(&dev, &cfg, &mut master, &b, 1e-6);
+    assert_chunked_matches(&dev, &cfg, &mut compute, &b, 1e-5);
 }
 
 /// Peak bytes of one pass above what was held before it.
 fn pass_peak<E: Elem>(
     dev: &CpuDevice,
     cfg: &LlamaConfig,
-    w: &Params<Tensor<E>>,
+    w: &mut Params<Tensor<E>>,
     b: &Batch,
     loss: LossKind,
 ) -> u64 {
@@ -219,15 +219,15 @@ fn chunked_loss_never_holds_logits_of_every_token() {
         ..tiny()
     };
     let dev = CpuDevice::new(2, u64::MAX).unwrap();
-    let master = weights::init_params(dev.tracker(), &cfg, 3, 0.1, Category::Params).unwrap();
-    let compute = rounded::<_, half::bf16>(&dev, &cfg, &master).unwrap();
+    let mut master = weights::init_params(dev.tracker(), &cfg, 3, 0.1, Category::Params).unwrap();
+    let mut compute = rounded::<_, half::bf16>(&dev, &cfg, &master).unwrap();
     let b = batch(&cfg, 4, 16);
     let all_logits = |elem: u64| (b.batch * b.seq * cfg.vocab_size) as u64 * elem;
     let chunked = LossKind::Chunked { chunk_tokens: 2 };
-    assert!(pass_peak(&dev, &cfg, &master, &b, chunked) < all_logits(4));
-    assert!(pass_peak(&dev, &cfg, &master, &b, LossKind::Standard) > all_logits(4));
-    assert!(pass_peak(&dev, &cfg, &compute, &b, chunked) < all_logits(2));
-    assert!(pass_peak(&dev, &cfg, &compute, &b, LossKind::Standard) > all_logits(2));
+    assert!(pass_peak(&dev, &cfg, &mut master, &b, chunked) < all_logits(4));
+    assert!(pass_peak(&dev, &cfg, &mut master, &b, LossKind::Standard) > all_logits(4));
+    assert!(pass_peak(&dev, &cfg, &mut compute, &b, chunked) < all_logits(2));
+    assert!(pass_peak(&dev, &cfg, &mut compute, &b, LossKind::Standard) > all_logits(2));
 }
 
 /// A tiny run with every memory-relevant choice drawn at random.
@@ -392,13 +392,13 @@ proptest! {
     fn checkpointing_is_bitwise_on_random_shapes(c in case()) {
         let t = &c.train;
         let dev = CpuDevice::new(c.threads, u64::MAX).unwrap();
-        let master = weights::init_params(dev.tracker(), &t.model, 7, 0.2, Category::Params).unwrap();
+        let mut master = weights::init_params(dev.tracker(), &t.model, 7, 0.2, Category::Params).unwrap();
         let b = batch(&t.model, t.batch_size, t.seq_len);
         match t.precision {
-            Precision::Fp32 => assert_policies_bitwise(&dev, &t.model, &master, &b, t.loss),
+            Precision::Fp32 => assert_policies_bitwise(&dev, &t.model, &mut master, &b, t.loss),
             Precision::Bf16Mixed => {
-                let compute = rounded::<_, half::bf16>(&dev, &t.model, &master).unwrap();
-                assert_policies_bitwise(&dev, &t.model, &compute, &b, t.loss);
+                let mut compute = rounded::<_, half::bf16>(&dev, &t.model, &master).unwrap();
+                assert_policies_bitwise(&dev, &t.model, &mut compute, &b, t.loss);
             }
         }
     }

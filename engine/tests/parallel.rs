@@ -84,7 +84,7 @@ fn every_world_size_and_stage_trains_the_bits_of_one_rank() {
     for (name, cfg) in cases {
         let one = run(&cfg, 3);
         for world in 1..=4 {
-            for shard in [Shard::None, Shard::Optimizer, Shard::Gradients] {
+            for shard in [Shard::None, Shard::Optimizer, Shard::Gradients, Shard::Full] {
                 let got = run(&with(&cfg, world, shard, &[]), 3);
                 assert_eq!(got, one, "{name}, world size {world}, shard {shard:?}");
             }
@@ -103,6 +103,9 @@ fn a_checkpoint_resumes_at_another_world_size_bit_for_bit() {
         ((4, Shard::Optimizer), (1, Shard::None)),
         ((4, Shard::Gradients), (3, Shard::Gradients)),
         ((2, Shard::Gradients), (4, Shard::Optimizer)),
+        ((4, Shard::Full), (3, Shard::Full)),
+        ((3, Shard::Full), (1, Shard::None)),
+        ((1, Shard::None), (2, Shard::Full)),
     ] {
         let dir = tempfile::tempdir().unwrap();
         let dev = || CpuDevice::new(4, u64::MAX).unwrap();
@@ -205,7 +208,7 @@ proptest! {
     #[test]
     fn each_rank_s_memory_equals_the_estimate(
         world in prop::sample::select(vec![1usize, 2, 3, 4, 6]),
-        shard in prop::sample::select(vec![Shard::None, Shard::Optimizer, Shard::Gradients]),
+        shard in prop::sample::select(vec![Shard::None, Shard::Optimizer, Shard::Gradients, Shard::Full]),
         bf16 in any::<bool>(),
         full_checkpointing in any::<bool>(),
         vocab in 17usize..41,
@@ -331,4 +334,58 @@ fn sharded_gradients_hold_each_rank_s_rows_between_steps() {
     let sharded = grad_bytes(with(&cfg, 3, Shard::Gradients, &[]));
     assert!(sharded.iter().all(|&b| b < one / 2), "{sharded:?} vs {one}");
     assert_eq!(sharded.iter().sum::<u64>(), one, "the shards tile");
+}
+
+/// Full sharding leaves each rank its rows of every weight between steps, where the other
+/// stages keep them whole: together the ranks hold one rank's weights, plus the rotary tables
+/// (counted as params) that every rank keeps whole.
+#[test]
+fn fully_sharded_weights_hold_each_rank_s_rows_between_steps() {
+    for precision in [Precision::Fp32, Precision::Bf16Mixed] {
+        let cfg = dense(precision);
+        let param_bytes = |cfg: TrainConfig| {
+            let mut t = Trainer::new(cfg, CpuDevice::new(4, u64::MAX).unwrap()).unwrap();
+            let s = t.step().unwrap();
+            let ranks = match s.rank_memory.is_empty() {
+                true => vec![s.memory],
+                false => s.rank_memory,
+            };
+            ranks
+                .iter()
+                .map(|m| m.current.get(ckpt_engine::Category::Params))
+                .collect::<Vec<u64>>()
+        };
+        let one = param_bytes(cfg.clone())[0];
+        let full = param_bytes(with(&cfg, 3, Shard::Full, &[]));
+        assert!(
+            full.iter().all(|&b| b < one / 2),
+            "{precision:?}: {full:?} vs {one}"
+        );
+        let gradients = param_bytes(with(&cfg, 3, Shard::Gradients, &[]));
+        assert!(
+            gradients.iter().all(|&b| b == one),
+            "{precision:?}: {gradients:?}"
+        );
+        let sum: u64 = full.iter().sum();
+        assert!(
+            sum > one && sum < one + one / 2,
+            "{precision:?}: {sum} vs {one}"
+        );
+    }
+}
+
+#[test]
+fn full_sharding_of_tied_embeddings_on_several_ranks_is_refused_saying_what_to_write() {
+    let mut cfg = with(&dense(Precision::Fp32), 2, Shard::Full, &[]);
+    cfg.model.tie_word_embeddings = true;
+    let e = cfg.validate().unwrap_err().to_string();
+    assert!(e.contains("parallel.shard is full on several ranks"), "{e}");
+    assert!(e.contains("write shard: gradients"), "{e}");
+    cfg.parallel.shard = Shard::Gradients;
+    assert!(cfg.validate().is_ok());
+    cfg.parallel = Parallel {
+        world_size: 1,
+        shard: Shard::Full,
+    };
+    assert!(cfg.validate().is_ok());
 }

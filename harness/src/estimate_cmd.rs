@@ -7,6 +7,7 @@ use anyhow::{bail, Context, Result};
 use ckpt_engine::backend::count::{Like, Routes};
 use ckpt_engine::data::DataConfig;
 use ckpt_engine::estimate::{estimate, Estimate, EstimateConfig};
+use ckpt_engine::memory::human_bytes;
 use ckpt_engine::model::loss::LossKind;
 use ckpt_engine::optim::{AdamWConfig, Schedule};
 use ckpt_engine::parallel::Shard;
@@ -426,6 +427,26 @@ fn budget_verdict(
     })
 }
 
+/// Whether each column's largest step peak (of any rank) and checkpoint load fit a device of
+/// `capacity` bytes, one line a column.
+fn fits(cols: &[Column], estimates: &[Estimate], capacity: u64) -> String {
+    let mut text = format!("\nOn a device of {}:\n", exact_bytes(capacity));
+    for (c, e) in cols.iter().zip(estimates) {
+        let (peak, at) = largest_peak(e);
+        let need = peak.max(e.checkpoint_io);
+        let verdict = match need <= capacity {
+            true => format!("fits, {} to spare", human_bytes(capacity - need)),
+            false => format!("does not fit, {} over", human_bytes(need - capacity)),
+        };
+        text.push_str(&format!(
+            "- {}: {verdict} (largest step peak {} at {at})\n",
+            c.title,
+            human_bytes(peak)
+        ));
+    }
+    text
+}
+
 /// Each data-parallel rank's step peaks and what its later steps hold at the peak, for the run
 /// as configured; nothing for one rank.
 fn rank_table(e: &Estimate, exact: bool) -> String {
@@ -648,6 +669,9 @@ pub fn table(a: &EstimateArgs) -> Result<Report> {
     });
     let mut text = header + &experts + &markdown(&rows);
     text.push_str(&rank_table(&estimates[configured], a.bytes));
+    if let Some(capacity) = a.capacity {
+        text.push_str(&fits(&cols, &estimates, capacity));
+    }
     let verdict = suite.as_ref().and_then(|s| {
         budget_verdict(
             s,
@@ -737,6 +761,52 @@ mod tests {
         );
         let one = table(&flags("1")).unwrap().text;
         assert!(!one.contains("ranks, shard"), "{one}");
+    }
+
+    /// With `--capacity`, each column says whether its largest step peak fits the device; full
+    /// sharding over 4 ranks fits a device the unsharded run does not.
+    #[test]
+    fn each_column_says_whether_it_fits_the_capacity() {
+        let run = |shard: &str, capacity: &str| {
+            let flags = [
+                "--vocab",
+                "512",
+                "--hidden",
+                "64",
+                "--ffn",
+                "128",
+                "--layers",
+                "4",
+                "--heads",
+                "4",
+                "--batch",
+                "1",
+                "--seq",
+                "16",
+                "--accumulation",
+                "4",
+                "--world-size",
+                "4",
+                "--shard",
+                shard,
+                "--capacity",
+                capacity,
+            ];
+            table(&args(&flags)).unwrap().text
+        };
+        let verdicts = |text: &str| -> Vec<bool> {
+            let lines = text
+                .lines()
+                .skip_while(|l| !l.starts_with("On a device of"));
+            lines.skip(1).map(|l| l.contains(": fits,")).collect()
+        };
+        let roomy = run("none", "100000000");
+        assert_eq!(verdicts(&roomy), [true; 4], "{roomy}");
+        let none = run("none", "3000000");
+        let full = run("full", "3000000");
+        assert_eq!(verdicts(&none), [false; 4], "{none}");
+        assert_eq!(verdicts(&full), [true; 4], "{full}");
+        assert!(none.contains("does not fit,"), "{none}");
     }
 
     #[test]

@@ -106,7 +106,7 @@ fn pass(
     dev: &CpuDevice,
     model: &Model<CpuDevice>,
     precision: Precision,
-    master: &Params<Tensor<f32>>,
+    master: &mut Params<Tensor<f32>>,
     grads: &mut Params<Tensor<f32>>,
     batch: &Batch,
 ) -> Result<PassOutput> {
@@ -123,10 +123,10 @@ fn pass(
             LossKind::Standard,
         )?,
         Precision::Bf16Mixed => {
-            let compute = rounded::<_, half::bf16>(dev, model.config(), master)?;
+            let mut compute = rounded::<_, half::bf16>(dev, model.config(), master)?;
             model.forward_backward(
                 dev,
-                &compute,
+                &mut compute,
                 grads,
                 batch,
                 Checkpointing::None,
@@ -161,7 +161,7 @@ pub fn run(req: &EvalRequest) -> Result<EvalReport> {
         .check_batch(&batch)
         .with_context(|| format!("{}: batch does not fit the model", req.batch.display()))?;
     let mut grads = zeros(&dev, &cfg, Category::Grads)?;
-    let first = pass(&dev, &model, req.precision, &master, &mut grads, &batch)?;
+    let first = pass(&dev, &model, req.precision, &mut master, &mut grads, &batch)?;
     let mut out = BTreeMap::new();
     named(&cfg, "grad.", &grads, &mut out);
     let mut losses = None;
@@ -169,7 +169,7 @@ pub fn run(req: &EvalRequest) -> Result<EvalReport> {
         let mut opt = AdamW::new(req.adamw.clone());
         let mut seen = Vec::with_capacity(req.adamw_steps);
         for _ in 0..req.adamw_steps {
-            seen.push(pass(&dev, &model, req.precision, &master, &mut grads, &batch)?.loss);
+            seen.push(pass(&dev, &model, req.precision, &mut master, &mut grads, &batch)?.loss);
             opt.update(&dev, &cfg, &mut master, &grads, req.adamw.lr)?;
         }
         named(&cfg, "after_adamw.", &master, &mut out);

@@ -188,23 +188,35 @@ impl Group {
     }
 }
 
-/// Where a pass's gradients are while it adds to them. On one device every gradient is always
-/// whole in place and nothing happens (`()`); a data-parallel rank that shards gradients makes a
-/// group's gradients whole (the partial sums of the micro-batches before) just before the pass
-/// first adds to them, and hands them on just after it has added its last.
-pub trait GradHooks<D: Device> {
+/// Where a pass's weights and gradients are while it runs. On one device every tensor is
+/// always whole in place and nothing happens (`()`). A data-parallel rank that shards gradients
+/// makes a group's gradients whole (the sum of the micro-batches before) just before the pass
+/// first adds to them, and hands them on just after its last addition; one that shards the
+/// weights too makes a group's weights whole just before the pass reads them and frees them
+/// just after.
+pub trait PassHooks<D: Device, E: Elem> {
+    /// The pass is about to read `group`'s weights in `w`.
+    fn weights_in(&mut self, w: &mut Params<D::Tensor<E>>, group: Group) -> Result<()>;
+    /// The pass is done reading `group`'s weights for now.
+    fn weights_out(&mut self, w: &mut Params<D::Tensor<E>>, group: Group) -> Result<()>;
     /// The pass is about to add to `group`'s gradients in `grads`.
-    fn before(&mut self, grads: &mut Params<D::Tensor<f32>>, group: Group) -> Result<()>;
+    fn grads_in(&mut self, grads: &mut Params<D::Tensor<f32>>, group: Group) -> Result<()>;
     /// The pass has added its share to `group`'s gradients in `grads`.
-    fn after(&mut self, grads: &mut Params<D::Tensor<f32>>, group: Group) -> Result<()>;
+    fn grads_out(&mut self, grads: &mut Params<D::Tensor<f32>>, group: Group) -> Result<()>;
 }
 
-/// Gradients always whole in place: nothing to do.
-impl<D: Device> GradHooks<D> for () {
-    fn before(&mut self, _: &mut Params<D::Tensor<f32>>, _: Group) -> Result<()> {
+/// Every tensor always whole in place: nothing to do.
+impl<D: Device, E: Elem> PassHooks<D, E> for () {
+    fn weights_in(&mut self, _: &mut Params<D::Tensor<E>>, _: Group) -> Result<()> {
         Ok(())
     }
-    fn after(&mut self, _: &mut Params<D::Tensor<f32>>, _: Group) -> Result<()> {
+    fn weights_out(&mut self, _: &mut Params<D::Tensor<E>>, _: Group) -> Result<()> {
+        Ok(())
+    }
+    fn grads_in(&mut self, _: &mut Params<D::Tensor<f32>>, _: Group) -> Result<()> {
+        Ok(())
+    }
+    fn grads_out(&mut self, _: &mut Params<D::Tensor<f32>>, _: Group) -> Result<()> {
         Ok(())
     }
 }
@@ -304,7 +316,7 @@ impl<D: Device> Model<D> {
     pub fn forward_backward<E: Elem>(
         &self,
         dev: &D,
-        w: &Params<D::Tensor<E>>,
+        w: &mut Params<D::Tensor<E>>,
         grads: &mut Params<D::Tensor<f32>>,
         batch: &Batch,
         checkpointing: Checkpointing,
@@ -330,7 +342,7 @@ impl<D: Device> Model<D> {
     pub fn forward_backward_with<E: Elem>(
         &self,
         dev: &D,
-        w: &Params<D::Tensor<E>>,
+        w: &mut Params<D::Tensor<E>>,
         grads: &mut Params<D::Tensor<f32>>,
         batch: &Batch,
         pass: &PassConfig<'_>,
@@ -339,15 +351,15 @@ impl<D: Device> Model<D> {
     }
 
     /// [`Model::forward_backward_with`], telling `hooks` before and after each [`Group`]'s
-    /// gradients are added to.
+    /// weights are read and its gradients added to.
     pub fn forward_backward_hooked<E: Elem>(
         &self,
         dev: &D,
-        w: &Params<D::Tensor<E>>,
+        w: &mut Params<D::Tensor<E>>,
         grads: &mut Params<D::Tensor<f32>>,
         batch: &Batch,
         pass: &PassConfig<'_>,
-        hooks: &mut dyn GradHooks<D>,
+        hooks: &mut dyn PassHooks<D, E>,
     ) -> Result<(PassOutput, Vec<D::Tensor<E>>)> {
         self.check_batch(batch)?;
         let d = self.dims(batch);
@@ -364,7 +376,9 @@ impl<D: Device> Model<D> {
         let (rows, h, p) = (d.rows, d.hidden, &self.layout);
         let ids = dev.ids(&batch.input_ids)?;
         let mut x = dev.uninit::<E>(&[rows, h], Category::Activations)?;
+        hooks.weights_in(w, Group::Embed)?;
         dev.embedding_forward(w.get(p.embed), &ids, &mut x)?;
+        hooks.weights_out(w, Group::Embed)?;
 
         let mut inputs: Vec<D::Tensor<E>> = Vec::with_capacity(p.layers.len());
         let mut saved = Vec::with_capacity(p.layers.len());
@@ -372,7 +386,9 @@ impl<D: Device> Model<D> {
         let mut tokens_per_expert = Vec::new();
         let mut experts_chosen = Vec::new();
         for (l, layer) in p.layers.iter().enumerate() {
+            hooks.weights_in(w, Group::Layer(l))?;
             let (out, acts) = block::forward(BlockCtx { layer: l, ..ctx }, (w, layer), &x)?;
+            hooks.weights_out(w, Group::Layer(l))?;
             if let Some(moe) = &self.cfg.moe {
                 let routing = acts.routing();
                 tokens_per_expert.push(routing.map_or_else(Vec::new, |r| r.tokens_per_expert()));
@@ -385,11 +401,14 @@ impl<D: Device> Model<D> {
             saved.push(pass.policy(l).keep(acts));
             inputs.push(std::mem::replace(&mut x, out));
         }
+        hooks.weights_in(w, Group::FinalNorm)?;
         let final_norm = block::norm(ctx, &x, w.get(p.final_norm))?;
+        hooks.weights_out(w, Group::FinalNorm)?;
 
         dev.enter(StepPhase::Loss);
         let mut dhn = dev.zeros::<E>(&[rows, h], Category::Activations)?;
-        hooks.before(grads, Group::Head)?;
+        hooks.weights_in(w, Group::Head)?;
+        hooks.grads_in(grads, Group::Head)?;
         let loss = linear_cross_entropy(
             dev,
             &final_norm.out,
@@ -400,7 +419,8 @@ impl<D: Device> Model<D> {
             &mut dhn,
             grads.get_mut(p.head),
         )?;
-        hooks.after(grads, Group::Head)?;
+        hooks.grads_out(grads, Group::Head)?;
+        hooks.weights_out(w, Group::Head)?;
 
         let coef = self
             .cfg
@@ -419,10 +439,12 @@ impl<D: Device> Model<D> {
         let block::Norm { rinv, out: hn } = final_norm;
         drop(hn);
         let mut dh = dev.zeros::<E>(&[rows, h], Category::Activations)?;
-        hooks.before(grads, Group::FinalNorm)?;
+        hooks.weights_in(w, Group::FinalNorm)?;
+        hooks.grads_in(grads, Group::FinalNorm)?;
         let final_norm = (w.get(p.final_norm), grads.get_mut(p.final_norm));
         dev.rmsnorm_backward(&dhn, &x, final_norm.0, &rinv, &mut dh, final_norm.1)?;
-        hooks.after(grads, Group::FinalNorm)?;
+        hooks.grads_out(grads, Group::FinalNorm)?;
+        hooks.weights_out(w, Group::FinalNorm)?;
         drop((dhn, x, rinv));
 
         let keep_inputs = pass.faults.has(Fault::RecomputeInputsKept);
@@ -432,6 +454,7 @@ impl<D: Device> Model<D> {
         for (l, layer) in p.layers.iter().enumerate().rev() {
             let ctx = BlockCtx { layer: l, ..ctx };
             let input = inputs.pop().expect("one input per block");
+            hooks.weights_in(w, Group::Layer(l))?;
             let (acts, recomputes) = match saved.pop().flatten() {
                 Some(acts) => {
                     let partial = acts.is_partial();
@@ -441,17 +464,18 @@ impl<D: Device> Model<D> {
             };
             recomputed_blocks += usize::from(recomputes);
             let dispatch = recomputes && keep_dispatch;
-            hooks.before(grads, Group::Layer(l))?;
+            hooks.grads_in(grads, Group::Layer(l))?;
             let leaked = block::backward(ctx, (w, layer), grads, &input, acts, &mut dh, dispatch)?;
-            hooks.after(grads, Group::Layer(l))?;
+            hooks.grads_out(grads, Group::Layer(l))?;
+            hooks.weights_out(w, Group::Layer(l))?;
             kept.extend(leaked);
             if recomputes && keep_inputs {
                 kept.push(input);
             }
         }
-        hooks.before(grads, Group::Embed)?;
+        hooks.grads_in(grads, Group::Embed)?;
         dev.embedding_backward(&dh, &ids, grads.get_mut(p.embed))?;
-        hooks.after(grads, Group::Embed)?;
+        hooks.grads_out(grads, Group::Embed)?;
         let out = PassOutput {
             loss: (loss.loss as f64 + coef * aux.unwrap_or(0.0)) as f32,
             ce: loss.loss,

@@ -33,6 +33,10 @@ pub enum Shard {
     /// is whole only while a pass adds to it, passed from rank to rank in global micro-batch
     /// order (ZeRO-2).
     Gradients,
+    /// The gradients' split, and each rank holds its rows of every weight only: a block's
+    /// weights are gathered whole just before a pass reads them and freed just after, in the
+    /// forward pass and again in the backward pass (ZeRO-3, FSDP's FULL_SHARD).
+    Full,
 }
 
 /// How a run is spread over ranks.

@@ -30,7 +30,7 @@ use crate::fault::{Fault, Faults};
 use crate::memory::Category;
 use crate::model::loss::counted;
 use crate::model::{param_specs, LlamaConfig, ParamSpec};
-use crate::model::{Batch, Dropout, GradHooks, Group, Layout, Params, PassOutput, StepShare};
+use crate::model::{Batch, Dropout, Group, Layout, Params, PassHooks, PassOutput, StepShare};
 use crate::optim::{clip_coefficient, grad_norm, Moments};
 use crate::state::{State, Weights};
 use crate::tensor::{Elem, Tensor};
@@ -72,23 +72,27 @@ impl<D: Device> Ranks<D> {
             let whole = |shape: &[usize]| 0..shape.first().copied().unwrap_or(1);
             let shard = |shape: &[usize]| match cfg.parallel.shard {
                 Shard::None => whole(shape),
-                Shard::Optimizer | Shard::Gradients => {
-                    shard_rows(shape, world, rank, &cfg.faults).0
-                }
+                _ => shard_rows(shape, world, rank, &cfg.faults).0,
             };
             let grad_rows = |shape: &[usize]| match cfg.parallel.shard {
-                Shard::Gradients => shard(shape),
+                Shard::Gradients | Shard::Full => shard(shape),
                 Shard::None | Shard::Optimizer => whole(shape),
+            };
+            let weight_rows = |shape: &[usize]| match cfg.parallel.shard {
+                Shard::Full => shard(shape),
+                _ => whole(shape),
             };
             let model = &cfg.model;
             let weights = match cfg.precision {
                 Precision::Fp32 => Weights::Fp32(each_param(model, |i, s| {
-                    place(&dev, host(i), &s.shape, whole(&s.shape), category)
+                    place(&dev, host(i), &s.shape, weight_rows(&s.shape), category)
                 })?),
                 Precision::Bf16Mixed => Weights::Bf16Mixed {
                     compute: each_param(model, |i, s| {
-                        let whole = place(&dev, host(i), &s.shape, whole(&s.shape), category)?;
-                        let mut compute = dev.zeros::<bf16>(&s.shape, Category::Params)?;
+                        let rows = weight_rows(&s.shape);
+                        let shape = shard_shape(&s.shape, rows.len());
+                        let whole = place(&dev, host(i), &s.shape, rows, category)?;
+                        let mut compute = dev.zeros::<bf16>(&shape, Category::Params)?;
                         dev.round(&whole, &mut compute)?;
                         Ok(compute)
                     })?,
@@ -174,11 +178,11 @@ impl<D: Device> Ranks<D> {
             let handles: Vec<_> = self
                 .states
                 .iter_mut()
-                .zip(thread_group(world))
-                .map(|(state, comm)| {
+                .zip(thread_group(world).into_iter().zip(thread_group(world)))
+                .map(|(state, (comm, gather))| {
                     let rank = comm.rank();
                     let (mine, first) = match shard {
-                        Shard::Gradients => (strided(batches, world, rank), rank),
+                        Shard::Gradients | Shard::Full => (strided(batches, world, rank), rank),
                         _ => (micro_batches(batches, world, rank, faults), rank * per_rank),
                     };
                     let step = RankStep {
@@ -191,7 +195,7 @@ impl<D: Device> Ranks<D> {
                     };
                     std::thread::Builder::new()
                         .name(format!("rank-{rank}"))
-                        .spawn_scoped(s, move || step.run(state, &comm, &mine))
+                        .spawn_scoped(s, move || step.run(state, (&comm, &gather), &mine))
                 })
                 .collect();
             handles
@@ -215,38 +219,54 @@ impl<D: Device> Ranks<D> {
     }
 
     /// The bytes of the tensors [`Ranks::checkpoint_entries`] returns, from their sizes alone:
-    /// rank 0's, and with sharded optimizer state every other rank's share of it.
+    /// rank 0's, and with sharded optimizer state every other rank's share of it (under
+    /// `shard: full`, every other rank's share of everything).
     pub fn checkpoint_bytes(&self) -> u64 {
+        let others = self.states[1..].iter();
         let others = match self.parallel.shard {
             Shard::None => 0,
-            Shard::Optimizer | Shard::Gradients => self.states[1..]
-                .iter()
-                .map(State::optimizer_state_bytes)
-                .sum(),
+            Shard::Optimizer | Shard::Gradients => others.map(State::optimizer_state_bytes).sum(),
+            Shard::Full => others.map(State::checkpoint_bytes).sum(),
         };
         self.states[0].checkpoint_bytes() + others
     }
 
-    /// What a checkpoint of the ranks holds, as one device's checkpoint holds it: rank 0's
-    /// weights, and with sharded optimizer state each moment's (and bf16-mixed master weight's)
-    /// rows gathered from the ranks that hold them.
+    /// What a checkpoint of the ranks holds, as one device's checkpoint holds it: with sharded
+    /// optimizer state each moment's (and bf16-mixed master weight's) rows gathered from the
+    /// ranks that hold them, in rank order; under `shard: full` each weight's rows too; rank 0's
+    /// tensors where they are whole.
     pub fn checkpoint_entries(&self) -> Result<(Vec<Entry<'_>>, Vec<Entry<'_>>)> {
-        let (model, mut optimizer) = self.states[0].checkpoint_entries()?;
+        let (mut model, mut optimizer) = self.states[0].checkpoint_entries()?;
         if self.parallel.shard == Shard::None || self.states.len() == 1 {
             return Ok((model, optimizer));
         }
         let others = self.states[1..]
             .iter()
-            .map(|s| s.checkpoint_entries().map(|e| e.1))
+            .map(State::checkpoint_entries)
             .collect::<Result<Vec<_>>>()?;
-        for (i, entry) in optimizer.iter_mut().enumerate() {
+        let optimizer_shards: Vec<&[Entry<'_>]> = others.iter().map(|o| &o.1[..]).collect();
+        self.gather_entries(&mut optimizer, &optimizer_shards)?;
+        if self.parallel.shard == Shard::Full {
+            let model_shards: Vec<&[Entry<'_>]> = others.iter().map(|o| &o.0[..]).collect();
+            self.gather_entries(&mut model, &model_shards)?;
+        }
+        Ok((model, optimizer))
+    }
+
+    /// Each of rank 0's `entries` made whole: every rank's rows (rank 0's, then each of
+    /// `others`' entry at the same place) written at their shard's offset.
+    fn gather_entries(&self, entries: &mut [Entry<'_>], others: &[&[Entry<'_>]]) -> Result<()> {
+        let world = self.states.len();
+        for (i, entry) in entries.iter_mut().enumerate() {
             let param = parameter_of(&entry.name);
             let spec = self.specs.iter().find(|s| s.name == param).ok_or_else(|| {
-                EngineError::Config(format!("optimizer entry {} names no parameter", entry.name))
+                EngineError::Config(format!(
+                    "checkpoint entry {} names no parameter",
+                    entry.name
+                ))
             })?;
             let elem = entry.dtype.bitsize() / 8;
             let mut data = vec![0u8; spec.shape.iter().product::<usize>() * elem];
-            let world = self.states.len();
             let shards = std::iter::once(&entry.data).chain(others.iter().map(|o| &o[i].data));
             for (rank, shard) in shards.enumerate() {
                 let (rows, row) = shard_rows(&spec.shape, world, rank, &self.faults);
@@ -263,7 +283,7 @@ impl<D: Device> Ranks<D> {
             entry.shape = spec.shape.clone();
             entry.data = Cow::Owned(data);
         }
-        Ok((model, optimizer))
+        Ok(())
     }
 }
 
@@ -294,7 +314,7 @@ fn strided(batches: &[Batch], world: usize, rank: usize) -> Vec<Batch> {
 /// The ranks' passes (`by_rank[r]` in the order rank `r` ran them) in global micro-batch
 /// order: the ranks' runs one after the other, or interleaved under `shard: gradients`.
 fn in_global_order(by_rank: Vec<Vec<PassOutput>>, shard: Shard) -> Vec<PassOutput> {
-    if shard != Shard::Gradients {
+    if matches!(shard, Shard::None | Shard::Optimizer) {
         return by_rank.into_iter().flatten().collect();
     }
     let world = by_rank.len();
@@ -389,10 +409,13 @@ struct RankStep<'a> {
 }
 
 impl RankStep<'_> {
+    /// The rank's part of the step: `comm` carries the chain or ring and the collectives,
+    /// `gather` the weight gathers of `shard: full` (apart, so that a rank one micro-batch ahead
+    /// on the ring never reads a gather's bytes for the ring's).
     fn run<D: Device>(
         &self,
         state: &mut State<D>,
-        comm: &dyn Collective,
+        (comm, gather): (&dyn Collective, &dyn Collective),
         mine: &[Batch],
     ) -> Result<(Vec<PassOutput>, f64)> {
         let (rank, world) = (comm.rank(), comm.world_size());
@@ -402,8 +425,8 @@ impl RankStep<'_> {
             tokens: comm.sum_u64(counted_here)? as usize,
             micro_batches: self.micro_batches,
         };
-        if self.shard == Shard::Gradients {
-            return self.run_ring(state, comm, mine, share);
+        if matches!(self.shard, Shard::Gradients | Shard::Full) {
+            return self.run_ring(state, (comm, gather), mine, share);
         }
         let by_rank = self.faults.has(Fault::GradientsSummedByRank);
         if rank == 0 || by_rank {
@@ -439,30 +462,38 @@ impl RankStep<'_> {
                     .collect();
                 scatter_grads(state, comm, last, self.faults)?;
                 scale(state, coef)?;
-                state.adamw_shard(self.lr, &shards, false)?;
+                state.adamw_shard(self.lr, &shards, Shard::Optimizer)?;
                 gather_updated(state, comm, self.faults)?;
             }
-            Shard::Gradients => unreachable!("run_ring runs it"),
+            Shard::Gradients | Shard::Full => unreachable!("run_ring runs it"),
         }
         Ok((passes, norm))
     }
 
-    /// `shard: gradients`: the passes run with a [`GradRing`], which passes each gradient to
-    /// the rank of the next micro-batch and leaves each rank its rows of the sum; then the
-    /// norm from the last rank's per-tensor sums, and the update of each rank's rows.
+    /// `shard: gradients` and `full`: the passes run with a [`GradRing`], which passes each
+    /// gradient to the rank of the next micro-batch and leaves each rank its rows of the sum
+    /// (and under `full` with a [`WeightGather`] for each precision); then the norm from the
+    /// last rank's per-tensor sums, and the update of each rank's rows.
     fn run_ring<D: Device>(
         &self,
         state: &mut State<D>,
-        comm: &dyn Collective,
+        (comm, gather): (&dyn Collective, &dyn Collective),
         mine: &[Batch],
         share: StepShare,
     ) -> Result<(Vec<PassOutput>, f64)> {
         let (rank, world) = (comm.rank(), comm.world_size());
         let last = world - 1;
         let layout = state.model().layout().clone();
-        let mut ring = GradRing::new(state.device().clone(), comm, &layout, self, rank);
+        let dev = state.device().clone();
+        let full = self.shard == Shard::Full;
+        let mut hooks = RankHooks {
+            ring: GradRing::new(dev.clone(), comm, &layout, self, rank),
+            f32s: full.then(|| WeightGather::new(dev.clone(), gather, &layout, self.faults)),
+            bf16s: full.then(|| WeightGather::new(dev.clone(), gather, &layout, self.faults)),
+        };
         let stride = (rank as u64, world as u64);
-        let passes = state.passes_hooked(mine, self.dropout, share, stride, &mut ring)?;
+        let passes = state.passes_hooked(mine, self.dropout, share, stride, &mut hooks)?;
+        let ring = hooks.ring;
         state.device().enter(StepPhase::Optimizer);
         let norm = match rank == last {
             true => ring.sums.iter().sum::<f64>().sqrt(),
@@ -477,8 +508,11 @@ impl RankStep<'_> {
             .map(|s| shard_rows(&s.shape, world, rank, self.faults))
             .collect();
         scale(state, coef)?;
-        state.adamw_shard(self.lr, &shards, true)?;
-        gather_updated(state, comm, self.faults)?;
+        state.adamw_shard(self.lr, &shards, self.shard)?;
+        match full {
+            true => state.refresh_compute()?,
+            false => gather_updated(state, comm, self.faults)?,
+        }
         Ok((passes, norm))
     }
 }
@@ -601,8 +635,9 @@ impl<'a, D: Device> GradRing<'a, D> {
     }
 }
 
-impl<D: Device> GradHooks<D> for GradRing<'_, D> {
-    fn before(&mut self, grads: &mut Params<D::Tensor<f32>>, group: Group) -> Result<()> {
+impl<D: Device> GradRing<'_, D> {
+    /// Makes `group`'s gradients whole before a pass first adds to them.
+    fn grads_in(&mut self, grads: &mut Params<D::Tensor<f32>>, group: Group) -> Result<()> {
         for t in self.layout.tensors_of(group) {
             if self.remaining[t] != self.writes[t] {
                 continue;
@@ -618,7 +653,8 @@ impl<D: Device> GradHooks<D> for GradRing<'_, D> {
         Ok(())
     }
 
-    fn after(&mut self, grads: &mut Params<D::Tensor<f32>>, group: Group) -> Result<()> {
+    /// Hands `group`'s sums on after a pass has added its last.
+    fn grads_out(&mut self, grads: &mut Params<D::Tensor<f32>>, group: Group) -> Result<()> {
         for t in self.layout.tensors_of(group) {
             self.remaining[t] -= 1;
             if self.remaining[t] > 0 {
@@ -810,4 +846,108 @@ fn bytes_to_f32(bytes: &[u8]) -> Vec<f32> {
         .chunks_exact(4)
         .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
         .collect()
+}
+
+/// A rank's weights under `shard: full`: between uses a rank holds its rows of each weight; a
+/// group's weights are gathered whole from every rank's rows just before a pass reads them and
+/// freed just after.
+struct WeightGather<'a, D: Device, E: Elem> {
+    dev: D,
+    comm: &'a dyn Collective,
+    layout: &'a Layout,
+    faults: &'a Faults,
+    /// The rank's rows of each weight whose whole tensor is in place.
+    stash: Vec<Option<D::Tensor<E>>>,
+}
+
+impl<'a, D: Device, E: Elem> WeightGather<'a, D, E> {
+    fn new(dev: D, comm: &'a dyn Collective, layout: &'a Layout, faults: &'a Faults) -> Self {
+        WeightGather {
+            dev,
+            comm,
+            layout,
+            faults,
+            stash: (0..layout.specs.len()).map(|_| None).collect(),
+        }
+    }
+
+    /// Gathers `group`'s weights whole into `w`, keeping the rank's rows aside.
+    fn weights_in(&mut self, w: &mut Params<D::Tensor<E>>, group: Group) -> Result<()> {
+        let (world, elem) = (self.comm.world_size(), std::mem::size_of::<E>());
+        for t in self.layout.tensors_of(group) {
+            if self.stash[t].is_some() {
+                return Err(EngineError::Config(format!(
+                    "weight {t} was gathered twice without being freed"
+                )));
+            }
+            let mine = w.get(t);
+            let bytes = self.dev.read_bytes(mine, 0, mine.bytes() as usize)?;
+            let shape = &self.layout.specs[t].shape;
+            let mut whole = self.dev.zeros::<E>(shape, Category::Params)?;
+            for (from, rows_bytes) in self.comm.all_gather(bytes)?.into_iter().enumerate() {
+                let (rows, row) = shard_rows(shape, world, from, self.faults);
+                self.dev
+                    .write_bytes(&mut whole, rows.start * row * elem, &rows_bytes)?;
+            }
+            self.stash[t] = Some(std::mem::replace(w.get_mut(t), whole));
+        }
+        Ok(())
+    }
+
+    /// Frees `group`'s whole weights, putting the rank's rows back.
+    fn weights_out(&mut self, w: &mut Params<D::Tensor<E>>, group: Group) -> Result<()> {
+        for t in self.layout.tensors_of(group) {
+            let mine = self.stash[t].take().ok_or_else(|| {
+                EngineError::Config(format!("weight {t} was freed without being gathered"))
+            })?;
+            drop(std::mem::replace(w.get_mut(t), mine));
+        }
+        Ok(())
+    }
+}
+
+/// What a rank's passes are told under `shard: gradients` (the ring) and `full` (the ring and
+/// the weight gathers of the run's precision).
+struct RankHooks<'a, D: Device> {
+    ring: GradRing<'a, D>,
+    f32s: Option<WeightGather<'a, D, f32>>,
+    bf16s: Option<WeightGather<'a, D, bf16>>,
+}
+
+impl<D: Device> PassHooks<D, f32> for RankHooks<'_, D> {
+    fn weights_in(&mut self, w: &mut Params<D::Tensor<f32>>, group: Group) -> Result<()> {
+        self.f32s
+            .as_mut()
+            .map_or(Ok(()), |g| g.weights_in(w, group))
+    }
+    fn weights_out(&mut self, w: &mut Params<D::Tensor<f32>>, group: Group) -> Result<()> {
+        self.f32s
+            .as_mut()
+            .map_or(Ok(()), |g| g.weights_out(w, group))
+    }
+    fn grads_in(&mut self, grads: &mut Params<D::Tensor<f32>>, group: Group) -> Result<()> {
+        self.ring.grads_in(grads, group)
+    }
+    fn grads_out(&mut self, grads: &mut Params<D::Tensor<f32>>, group: Group) -> Result<()> {
+        self.ring.grads_out(grads, group)
+    }
+}
+
+impl<D: Device> PassHooks<D, bf16> for RankHooks<'_, D> {
+    fn weights_in(&mut self, w: &mut Params<D::Tensor<bf16>>, group: Group) -> Result<()> {
+        self.bf16s
+            .as_mut()
+            .map_or(Ok(()), |g| g.weights_in(w, group))
+    }
+    fn weights_out(&mut self, w: &mut Params<D::Tensor<bf16>>, group: Group) -> Result<()> {
+        self.bf16s
+            .as_mut()
+            .map_or(Ok(()), |g| g.weights_out(w, group))
+    }
+    fn grads_in(&mut self, grads: &mut Params<D::Tensor<f32>>, group: Group) -> Result<()> {
+        self.ring.grads_in(grads, group)
+    }
+    fn grads_out(&mut self, grads: &mut Params<D::Tensor<f32>>, group: Group) -> Result<()> {
+        self.ring.grads_out(grads, group)
+    }
 }
