@@ -11,7 +11,7 @@ use ckpt_engine::estimate::{estimate, EstimateConfig, StepEstimate};
 use ckpt_engine::model::config::MoeConfig;
 use ckpt_engine::model::{Checkpointing, Family};
 use ckpt_engine::parallel::{Parallel, Shard};
-use ckpt_engine::{CpuDevice, Fault, MemoryTracker, StateDigest, TrainConfig, Trainer};
+use ckpt_engine::{Category, CpuDevice, Fault, MemoryTracker, StateDigest, TrainConfig, Trainer};
 use proptest::prelude::*;
 
 /// A vocabulary that neither 3 nor 4 divides.
@@ -261,18 +261,7 @@ proptest! {
 fn sharded_optimizer_state_takes_less_memory_on_every_rank() {
     for precision in [Precision::Fp32, Precision::Bf16Mixed] {
         let cfg = dense(precision);
-        let optimizer_bytes = |cfg: TrainConfig| {
-            let mut t = Trainer::new(cfg, CpuDevice::new(4, u64::MAX).unwrap()).unwrap();
-            let s = t.step().unwrap();
-            let ranks = match s.rank_memory.is_empty() {
-                true => vec![s.memory],
-                false => s.rank_memory,
-            };
-            ranks
-                .iter()
-                .map(|m| m.current.get(ckpt_engine::Category::Optimizer))
-                .collect::<Vec<u64>>()
-        };
+        let optimizer_bytes = |cfg: TrainConfig| held_after_a_step(cfg, Category::Optimizer);
         let one = optimizer_bytes(cfg.clone())[0];
         let none = optimizer_bytes(with(&cfg, 4, Shard::None, &[]));
         assert!(
@@ -313,18 +302,7 @@ fn a_world_size_that_does_not_divide_the_micro_batches_is_refused_with_both_numb
 #[test]
 fn sharded_gradients_hold_each_rank_s_rows_between_steps() {
     let cfg = dense(Precision::Bf16Mixed);
-    let grad_bytes = |cfg: TrainConfig| {
-        let mut t = Trainer::new(cfg, CpuDevice::new(4, u64::MAX).unwrap()).unwrap();
-        let s = t.step().unwrap();
-        let ranks = match s.rank_memory.is_empty() {
-            true => vec![s.memory],
-            false => s.rank_memory,
-        };
-        ranks
-            .iter()
-            .map(|m| m.current.get(ckpt_engine::Category::Grads))
-            .collect::<Vec<u64>>()
-    };
+    let grad_bytes = |cfg: TrainConfig| held_after_a_step(cfg, Category::Grads);
     let one = grad_bytes(cfg.clone())[0];
     let optimizer = grad_bytes(with(&cfg, 3, Shard::Optimizer, &[]));
     assert!(
@@ -343,18 +321,7 @@ fn sharded_gradients_hold_each_rank_s_rows_between_steps() {
 fn fully_sharded_weights_hold_each_rank_s_rows_between_steps() {
     for precision in [Precision::Fp32, Precision::Bf16Mixed] {
         let cfg = dense(precision);
-        let param_bytes = |cfg: TrainConfig| {
-            let mut t = Trainer::new(cfg, CpuDevice::new(4, u64::MAX).unwrap()).unwrap();
-            let s = t.step().unwrap();
-            let ranks = match s.rank_memory.is_empty() {
-                true => vec![s.memory],
-                false => s.rank_memory,
-            };
-            ranks
-                .iter()
-                .map(|m| m.current.get(ckpt_engine::Category::Params))
-                .collect::<Vec<u64>>()
-        };
+        let param_bytes = |cfg: TrainConfig| held_after_a_step(cfg, Category::Params);
         let one = param_bytes(cfg.clone())[0];
         let full = param_bytes(with(&cfg, 3, Shard::Full, &[]));
         assert!(
@@ -388,4 +355,15 @@ fn full_sharding_of_tied_embeddings_on_several_ranks_is_refused_saying_what_to_w
         shard: Shard::Full,
     };
     assert!(cfg.validate().is_ok());
+}
+
+/// Each rank's bytes of `category` after the first step of `cfg` (one device's, for one rank).
+fn held_after_a_step(cfg: TrainConfig, category: Category) -> Vec<u64> {
+    let mut t = Trainer::new(cfg, CpuDevice::new(4, u64::MAX).unwrap()).unwrap();
+    let s = t.step().unwrap();
+    let ranks = match s.rank_memory.is_empty() {
+        true => vec![s.memory],
+        false => s.rank_memory,
+    };
+    ranks.iter().map(|m| m.current.get(category)).collect()
 }
