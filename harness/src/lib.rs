@@ -13,6 +13,7 @@ pub mod merge;
 pub mod phases;
 pub mod plan;
 pub mod progress;
+pub mod record;
 pub mod repeat;
 pub mod report;
 pub mod report_file;
