@@ -2,6 +2,7 @@
 //! start (the run's facts and the memory model's predictions on the reference's), its steps, its
 //! saves, its resumed state with the reference's at the same step, and its end.
 
+use super::extensions::{self, PhaseExt, StepExt};
 use super::lines::{
     Digested, Engine, Host, Line, Memory, Oom, PhaseEndLine, PhaseLine, Planned, ResumeLine,
     ResumedFrom, Run, SaveLine, Schedule, State, StepLine,
@@ -136,32 +137,36 @@ fn start(r: &RunRecord, p: &PhaseRecord, seeds: &BTreeMap<String, u64>) -> Phase
             oom_count: Some(p.setup.oom_count),
             ..Memory::default()
         },
-        extensions: Some(if reference {
-            json!({ENGINE: {
-                "setup_seconds": p.setup_seconds,
-                "predicted": r.predicted,
-                "predicted_long": r.predicted_long,
-                "predicted_load": r.predicted_load,
-                "predicted_staging": r.predicted_staging,
-            }})
-        } else {
-            json!({ENGINE: {"setup_seconds": p.setup_seconds}})
-        }),
+        extensions: Some(json!({extensions::KEY: PhaseExt {
+            setup_seconds: p.setup_seconds,
+            ..if reference { run_ext(r) } else { PhaseExt::default() }
+        }})),
+    }
+}
+
+/// The run's fields the contract has no place for, on the reference's `phase` line.
+fn run_ext(r: &RunRecord) -> PhaseExt {
+    PhaseExt {
+        setup_seconds: 0.0,
+        suite: Some(r.suite.clone()),
+        planned: Some(r.planned.clone()),
+        predicted: Some(r.predicted.clone()),
+        predicted_long: r.predicted_long.clone(),
+        predicted_load: Some(r.predicted_load),
+        predicted_staging: Some(r.predicted_staging),
     }
 }
 
 fn step(phase: Phase, s: &StepRecord) -> StepLine {
     let m = &s.memory;
-    let mut own = serde_json::Map::new();
-    if !s.tokens_per_expert.is_empty() {
-        own.insert("tokens_per_expert".into(), json!(s.tokens_per_expert));
-    }
-    if let Some(p) = &s.predicted {
-        own.insert("predicted".into(), json!(p));
-    }
-    if s.staging > 0 {
-        own.insert("staging".into(), json!(s.staging));
-    }
+    let own = StepExt {
+        tokens_per_expert: s.tokens_per_expert.clone(),
+        predicted: s.predicted.clone(),
+        staging: s.staging,
+        peak_by_category: m.peak_by_category,
+        capacity: m.capacity,
+        alloc_count: m.alloc_count,
+    };
     StepLine {
         phase,
         step: s.step,
@@ -186,7 +191,7 @@ fn step(phase: Phase, s: &StepRecord) -> StepLine {
             oom_count: Some(m.oom_count),
         },
         seconds: s.seconds,
-        extensions: (!own.is_empty()).then(|| json!({ENGINE: own})),
+        extensions: Some(json!({extensions::KEY: own})),
     }
 }
 

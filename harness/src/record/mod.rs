@@ -2,8 +2,10 @@
 //! `harness/record/`): the lines of the format ([`lines`]), and the built-in engine's recorded
 //! run written in it ([`from_run`]), one JSON-lines file per trial beside `summary.json`.
 
+pub mod extensions;
 pub mod from_run;
 pub mod lines;
+pub mod to_run;
 
 use crate::phases::RunRecord;
 use crate::report_file;
