@@ -4,10 +4,12 @@ that is wrong, while the well-formed line it was made from passes."""
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any, Callable
 
 import jsonschema
 import pytest
+from conftest import read_record
 
 STEP: dict[str, Any] = {
     "kind": "step",
@@ -76,3 +78,16 @@ def test_a_broken_line_fails_validation(
     break_it(broken)
     with pytest.raises(jsonschema.ValidationError):
         validator.validate(broken)
+
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "record" / "examples").glob("*.jsonl"))
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[e.name for e in EXAMPLES])
+def test_the_example_records_validate(example: Path, validator: Any) -> None:
+    lines = read_record(example, validator)
+    assert lines[0]["kind"] == "phase"
+
+
+def test_there_are_example_records() -> None:
+    assert EXAMPLES, "harness/record/examples holds no record"

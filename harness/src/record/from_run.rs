@@ -4,8 +4,8 @@
 
 use super::extensions::{self, PhaseExt, StepExt};
 use super::lines::{
-    Digested, Engine, Host, Line, Memory, Oom, PhaseEndLine, PhaseLine, Planned, ResumeLine,
-    ResumedFrom, Run, SaveLine, Schedule, State, StepLine,
+    Engine, Host, Line, Memory, Oom, OptimizerState, Params, PhaseEndLine, PhaseLine, Planned,
+    ResumeLine, ResumedFrom, Run, SaveLine, Schedule, State, StepLine,
 };
 use crate::phases::{Phase, PhaseRecord, RunRecord, StepRecord};
 use crate::saves::{SaveRecord, SavedState};
@@ -67,6 +67,7 @@ fn phase_lines(r: &RunRecord, p: &PhaseRecord, seeds: &BTreeMap<String, u64>) ->
             state: state(got),
             reference_state: p.reference_digest.as_ref().map(state),
             environment_changes: p.env_changes.iter().map(ToString::to_string).collect(),
+            ..ResumeLine::default()
         })));
     }
     let mut saves = p.saves.iter().peekable();
@@ -80,19 +81,19 @@ fn phase_lines(r: &RunRecord, p: &PhaseRecord, seeds: &BTreeMap<String, u64>) ->
     out.push(Line::PhaseEnd(Box::new(PhaseEndLine {
         phase: p.phase,
         memory_after: held(p.after),
-        host: Host {
+        host: Some(Host {
             start_rss: p.host.start_rss,
             peak_rss: p.host.peak_rss,
-            reset: p.host.reset,
-        },
+            reset: Some(p.host.reset),
+        }),
         oom: p.oom.as_ref().map(|o| Oom {
             message: o.message.clone(),
             step: o.step,
-            requested: o.requested,
-            allocated: o.allocated,
-            by_category: o.by_category,
+            requested: Some(o.requested),
+            allocated: Some(o.allocated),
+            by_category: Some(o.by_category),
         }),
-        seconds: p.seconds,
+        seconds: Some(p.seconds),
     })));
     out
 }
@@ -103,10 +104,11 @@ fn start(r: &RunRecord, p: &PhaseRecord, seeds: &BTreeMap<String, u64>) -> Phase
     PhaseLine {
         record: super::VERSION.into(),
         phase: p.phase,
-        trial: r.name.clone(),
+        trial: Some(r.name.clone()),
         engine: Engine {
             name: ENGINE.into(),
             version: env!("CARGO_PKG_VERSION").into(),
+            libraries: None,
         },
         device: r.device.clone(),
         // The harness trains every trial on one rank.
@@ -114,10 +116,14 @@ fn start(r: &RunRecord, p: &PhaseRecord, seeds: &BTreeMap<String, u64>) -> Phase
         seeds: seeds.clone(),
         resumed_from: planned
             .filter(|q| q.phase != Phase::Reference)
-            .map(|q| ResumedFrom { step: q.from }),
+            .map(|q| ResumedFrom {
+                step: q.from,
+                checkpoint: None,
+            }),
         planned: planned.map(|q| Planned {
             from: q.from,
             end: q.end,
+            horizon: None,
         }),
         run: reference.then(|| Run {
             layers: r.layers as u64,
@@ -129,18 +135,19 @@ fn start(r: &RunRecord, p: &PhaseRecord, seeds: &BTreeMap<String, u64>) -> Phase
             budget: r.budget,
             rss_budget: r.rss_budget,
         }),
-        memory_before: held(p.before),
-        setup: Memory {
+        memory_before: Some(held(p.before)),
+        setup: Some(Memory {
             source: SOURCE.into(),
             allocated_peak: Some(p.setup.peak),
             by_category_at_peak: Some(p.setup.at_peak),
             oom_count: Some(p.setup.oom_count),
             ..Memory::default()
-        },
+        }),
         extensions: Some(json!({extensions::KEY: PhaseExt {
             setup_seconds: p.setup_seconds,
             ..if reference { run_ext(r) } else { PhaseExt::default() }
         }})),
+        ..PhaseLine::default()
     }
 }
 
@@ -171,13 +178,13 @@ fn step(phase: Phase, s: &StepRecord) -> StepLine {
         phase,
         step: s.step,
         loss: finite(f64::from(s.loss)),
-        loss_dtype: "float32".into(),
+        loss_dtype: Some("float32".into()),
         lr: finite(s.lr),
         grad_norm: finite(s.grad_norm),
-        batch_digest: s.batch_digest.clone(),
-        samples: s.samples.clone(),
-        recomputed_blocks: s.recomputed_blocks as u64,
-        memory: Memory {
+        batch_digest: Some(s.batch_digest.clone()),
+        samples: Some(s.samples.clone()),
+        recomputed_blocks: Some(s.recomputed_blocks as u64),
+        memory: Some(Memory {
             source: SOURCE.into(),
             peak_reset: Some(true),
             allocated: Some(m.allocated.current),
@@ -189,9 +196,11 @@ fn step(phase: Phase, s: &StepRecord) -> StepLine {
             by_category_at_peak: Some(m.at_peak),
             by_category_at_start: Some(s.start),
             oom_count: Some(m.oom_count),
-        },
-        seconds: s.seconds,
+            ..Memory::default()
+        }),
+        seconds: Some(s.seconds),
         extensions: Some(json!({extensions::KEY: own})),
+        ..StepLine::default()
     }
 }
 
@@ -200,15 +209,16 @@ fn state(d: &StateDigest) -> State {
     State {
         schedule: Some(Schedule {
             next_lr: finite(d.next_lr),
+            digest: None,
         }),
         rng: Some(BTreeMap::from([(
             "dropout".to_string(),
             json!({"seed": d.rng.seed, "offset": d.rng.offset}),
         )])),
         data: Some(BTreeMap::from([
-            ("epoch".to_string(), d.loader.epoch),
-            ("position".to_string(), d.loader.position),
-            ("shuffle_seed".to_string(), d.loader.shuffle_seed),
+            ("epoch".to_string(), json!(d.loader.epoch)),
+            ("position".to_string(), json!(d.loader.position)),
+            ("shuffle_seed".to_string(), json!(d.loader.shuffle_seed)),
         ])),
         ..tensors(&SavedState::in_memory(d))
     }
@@ -218,16 +228,16 @@ fn state(d: &StateDigest) -> State {
 fn tensors(s: &SavedState) -> State {
     State {
         step: s.step,
-        optimizer_steps: s.optimizer_steps,
-        params: Digested {
-            digest: s.params.clone(),
-        },
-        optimizer: Digested {
-            digest: s.optimizer.clone(),
-        },
-        schedule: None,
-        rng: None,
-        data: None,
+        optimizer_steps: Some(s.optimizer_steps),
+        params: Some(Params {
+            digest: Some(s.params.clone()),
+            ..Params::default()
+        }),
+        optimizer: Some(OptimizerState {
+            digest: Some(s.optimizer.clone()),
+            ..OptimizerState::default()
+        }),
+        ..State::default()
     }
 }
 
@@ -235,7 +245,8 @@ fn saved(phase: Phase, s: &SaveRecord) -> SaveLine {
     SaveLine {
         phase,
         step: s.step,
-        asynchronous: s.asynchronous,
+        checkpoint: None,
+        asynchronous: Some(s.asynchronous),
         state: tensors(&s.in_memory),
         on_disk: s.on_disk.as_ref().map(tensors),
         differing_files: s.differing_files.clone(),
@@ -295,10 +306,13 @@ mod tests {
             })
             .unwrap();
         let got = r.phases[1].resumed_digest.as_ref().unwrap();
-        assert_eq!(resume.state.params.digest, got.params);
+        assert_eq!(
+            resume.state.params.as_ref().unwrap().digest.as_deref(),
+            Some(got.params.as_str())
+        );
         assert_eq!(
             resume.state.data.as_ref().unwrap()["position"],
-            got.loader.position
+            json!(got.loader.position)
         );
         let want = r.phases[1].reference_digest.as_ref().unwrap();
         let reference = resume.reference_state.as_ref().unwrap();

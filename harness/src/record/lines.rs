@@ -25,32 +25,45 @@ pub enum Line {
 }
 
 /// The trainer that wrote a record.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Engine {
     /// Its name.
     pub name: String,
     /// Its version.
     pub version: String,
+    /// Other versions that matter (`torch`, `numpy`, `python`), by name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub libraries: Option<BTreeMap<String, String>>,
 }
 
 /// The step a phase resumed from.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ResumedFrom {
     /// Steps the checkpoint had taken.
     pub step: u64,
+    /// The checkpoint's path or name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<String>,
 }
 
 /// The steps a phase trains: from `from`, stopping before `end`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Planned {
     /// The first step trained.
     pub from: u64,
     /// The step it stops before.
     pub end: u64,
+    /// The schedule's horizon in steps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub horizon: Option<u64>,
 }
 
 /// Facts of the run the checks need, on the reference's `phase` line.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct Run {
     /// Decoder blocks.
     pub layers: u64,
@@ -73,18 +86,23 @@ pub struct Run {
 }
 
 /// `phase`: a phase starts.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PhaseLine {
     /// The record's version, [`super::VERSION`].
     pub record: String,
     /// Which phase.
     pub phase: Phase,
     /// The trial's name.
-    pub trial: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trial: Option<String>,
     /// The trainer.
     pub engine: Engine,
     /// What trains (`cpu`, `cuda`).
     pub device: String,
+    /// The device's model name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_name: Option<String>,
     /// Ranks training together.
     pub world_size: u64,
     /// Every seed, by name.
@@ -98,9 +116,11 @@ pub struct PhaseLine {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run: Option<Run>,
     /// Memory held before the trainer was built.
-    pub memory_before: Memory,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_before: Option<Memory>,
     /// Building the trainer: its peak and refusals.
-    pub setup: Memory,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub setup: Option<Memory>,
     /// The writer's own data.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub extensions: Option<serde_json::Value>,
@@ -108,9 +128,13 @@ pub struct PhaseLine {
 
 /// Memory figures in bytes, of one `source`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Memory {
     /// What the figures measure: `engine` for the built-in engine's count of every allocation.
     pub source: String,
+    /// The device measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
     /// Whether the peak was reset when the step began.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_reset: Option<bool>,
@@ -144,7 +168,8 @@ pub struct Memory {
 }
 
 /// `step`: one optimizer step.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct StepLine {
     /// Which phase.
     pub phase: Phase,
@@ -153,51 +178,91 @@ pub struct StepLine {
     /// The loss, exactly; `None` when not finite.
     pub loss: Option<f64>,
     /// The dtype the loss was computed in.
-    pub loss_dtype: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_dtype: Option<String>,
     /// The learning rate applied; `None` when not finite.
     pub lr: Option<f64>,
     /// The gradient norm before clipping; `None` when not finite.
     pub grad_norm: Option<f64>,
+    /// Tokens the loss counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<u64>,
     /// A digest of the batch.
-    pub batch_digest: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_digest: Option<String>,
     /// The batch's samples, in row order.
-    pub samples: Vec<SampleId>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub samples: Option<Vec<SampleId>>,
     /// Blocks recomputed in backward.
-    pub recomputed_blocks: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recomputed_blocks: Option<u64>,
     /// The step's memory.
-    pub memory: Memory,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<Memory>,
     /// Wall-clock seconds.
-    pub seconds: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seconds: Option<f64>,
     /// The writer's own data.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub extensions: Option<serde_json::Value>,
 }
 
-/// Parameters, or the optimizer's state, as one digest.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Digested {
-    /// sha256 over every tensor.
-    pub digest: String,
+/// The parameters' digests.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Params {
+    /// One digest over every parameter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+    /// Each parameter's digest by name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by_name: Option<BTreeMap<String, String>>,
+    /// Groups of names that share storage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tied: Option<Vec<Vec<String>>>,
+}
+
+/// The optimizer state's digests.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OptimizerState {
+    /// One digest over the whole optimizer state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+    /// Each parameter's optimizer state by the parameter's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by_param: Option<BTreeMap<String, String>>,
+    /// The parameter groups without their parameters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hyper: Option<String>,
 }
 
 /// The learning-rate schedule's state.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Schedule {
     /// The learning rate the next step applies; `None` when not finite.
     pub next_lr: Option<f64>,
+    /// A digest of the learning-rate scheduler's state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
 }
 
 /// A training state.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct State {
     /// Steps taken.
     pub step: u64,
     /// Optimizer updates taken.
-    pub optimizer_steps: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optimizer_steps: Option<u64>,
     /// The parameters.
-    pub params: Digested,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub params: Option<Params>,
     /// The optimizer's state.
-    pub optimizer: Digested,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optimizer: Option<OptimizerState>,
     /// The schedule, where recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schedule: Option<Schedule>,
@@ -206,18 +271,23 @@ pub struct State {
     pub rng: Option<BTreeMap<String, serde_json::Value>>,
     /// The data position, where recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub data: Option<BTreeMap<String, u64>>,
+    pub data: Option<BTreeMap<String, serde_json::Value>>,
 }
 
 /// `save`: a checkpoint was saved.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SaveLine {
     /// Which phase.
     pub phase: Phase,
     /// Steps taken at the save.
     pub step: u64,
+    /// The checkpoint's path or name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<String>,
     /// Whether it was written in the background.
-    pub asynchronous: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub asynchronous: Option<bool>,
     /// The live state when the save was asked for.
     pub state: State,
     /// What the checkpoint held on disk once complete.
@@ -229,12 +299,16 @@ pub struct SaveLine {
 }
 
 /// `resume`: a checkpoint was loaded.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ResumeLine {
     /// Which phase.
     pub phase: Phase,
     /// Steps the checkpoint had taken.
     pub step: u64,
+    /// The checkpoint's path or name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<String>,
     /// The state loaded.
     pub state: State,
     /// The reference's state before the same step, as the reference run recorded it.
@@ -246,7 +320,8 @@ pub struct ResumeLine {
 }
 
 /// The out-of-memory error that ended a phase early.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Oom {
     /// The error, with where it happened.
     pub message: String,
@@ -254,31 +329,38 @@ pub struct Oom {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step: Option<u64>,
     /// Bytes asked for.
-    pub requested: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested: Option<u64>,
     /// Bytes held then.
-    pub allocated: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocated: Option<u64>,
     /// Bytes held per category then.
-    pub by_category: Breakdown,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by_category: Option<Breakdown>,
 }
 
 /// `phase_end`: the trainer was released.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PhaseEndLine {
     /// Which phase.
     pub phase: Phase,
     /// Memory held after the trainer was released.
     pub memory_after: Memory,
     /// Resident host memory over the phase.
-    pub host: Host,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<Host>,
     /// The out-of-memory error that ended the phase early.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub oom: Option<Oom>,
     /// Wall-clock seconds of the phase.
-    pub seconds: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seconds: Option<f64>,
 }
 
 /// Resident host memory over a phase, where the platform reports it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Host {
     /// Resident bytes at the phase's start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -287,5 +369,6 @@ pub struct Host {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_rss: Option<u64>,
     /// Whether the peak was reset at the phase's start.
-    pub reset: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reset: Option<bool>,
 }

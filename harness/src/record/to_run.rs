@@ -1,6 +1,9 @@
 //! A `ckpt-record/1` record read back into the [`RunRecord`] the checks read: the built-in
-//! engine's records (with its `extensions`) come back as the run that wrote them. Every line
-//! must parse as the contract's; an error names the file, the line and what to fix.
+//! engine's records (with its `extensions`) come back as the run that wrote them. Another
+//! trainer's record reads too, as far as a `RunRecord` holds it: its steps, memory, saves and
+//! phases; its resumed states, which name other generators than the engine's, have no engine
+//! digest. Every line must parse as the contract's; an error names the file, the line and what
+//! to fix.
 
 use super::extensions::{self, PhaseExt, StepExt};
 use super::lines::{Line, Memory, PhaseLine, State, StepLine};
@@ -68,19 +71,17 @@ pub fn run_record(lines: Vec<Line>) -> Result<RunRecord> {
             Line::Step(s) => p.steps.push(step(*s).with_context(at)?),
             Line::Save(s) => p.saves.push(SaveRecord {
                 step: s.step,
-                asynchronous: s.asynchronous,
+                asynchronous: s.asynchronous.unwrap_or_default(),
                 in_memory: saved(&s.state),
                 on_disk: s.on_disk.as_ref().map(saved),
                 differing_files: s.differing_files,
             }),
             Line::Resume(x) => {
-                p.resumed_digest = Some(digest(&x.state).with_context(at)?);
-                p.reference_digest = x
-                    .reference_state
-                    .as_ref()
-                    .map(digest)
-                    .transpose()
-                    .with_context(at)?;
+                p.resumed_digest = digest(&x.state).with_context(at)?;
+                p.reference_digest = match &x.reference_state {
+                    Some(state) => digest(state).with_context(at)?,
+                    None => None,
+                };
                 p.env_changes = x
                     .environment_changes
                     .iter()
@@ -90,19 +91,20 @@ pub fn run_record(lines: Vec<Line>) -> Result<RunRecord> {
             }
             Line::PhaseEnd(e) => {
                 p.after = e.memory_after.by_category.unwrap_or_default();
+                let host = e.host.unwrap_or_default();
                 p.host = HostMemory {
-                    start_rss: e.host.start_rss,
-                    peak_rss: e.host.peak_rss,
-                    reset: e.host.reset,
+                    start_rss: host.start_rss,
+                    peak_rss: host.peak_rss,
+                    reset: host.reset.unwrap_or_default(),
                 };
                 p.oom = e.oom.map(|o| Oom {
                     message: o.message,
                     step: o.step,
-                    requested: o.requested,
-                    allocated: o.allocated,
-                    by_category: o.by_category,
+                    requested: o.requested.unwrap_or_default(),
+                    allocated: o.allocated.unwrap_or_default(),
+                    by_category: o.by_category.unwrap_or_default(),
                 });
-                p.seconds = e.seconds;
+                p.seconds = e.seconds.unwrap_or_default();
             }
         }
     }
@@ -126,7 +128,7 @@ fn begin(r: &mut RunRecord, ran: &mut Vec<PlannedPhase>, start: PhaseLine) -> Re
     }
     let own: PhaseExt = ext(&start.extensions)?;
     if let Some(run) = &start.run {
-        r.name = start.trial.clone();
+        r.name = start.trial.clone().unwrap_or_default();
         r.device = start.device.clone();
         r.layers = usize::try_from(run.layers)?;
         r.params = run.params;
@@ -152,8 +154,11 @@ fn begin(r: &mut RunRecord, ran: &mut Vec<PlannedPhase>, start: PhaseLine) -> Re
     }
     r.phases.push(PhaseRecord {
         phase: start.phase,
-        before: start.memory_before.by_category.unwrap_or_default(),
-        setup: window(&start.setup),
+        before: start
+            .memory_before
+            .and_then(|m| m.by_category)
+            .unwrap_or_default(),
+        setup: start.setup.as_ref().map(window).unwrap_or_default(),
         setup_seconds: own.setup_seconds,
         ..PhaseRecord::default()
     });
@@ -175,7 +180,7 @@ fn float(x: Option<f64>) -> f64 {
 
 fn step(s: StepLine) -> Result<StepRecord> {
     let own: StepExt = ext(&s.extensions)?;
-    let m = &s.memory;
+    let m = s.memory.unwrap_or_default();
     let usage = |current: Option<u64>, peak: Option<u64>| Usage {
         current: current.unwrap_or_default(),
         peak: peak.unwrap_or_default(),
@@ -185,9 +190,9 @@ fn step(s: StepLine) -> Result<StepRecord> {
         loss: float(s.loss) as f32,
         lr: float(s.lr),
         grad_norm: float(s.grad_norm),
-        batch_digest: s.batch_digest,
-        samples: s.samples,
-        recomputed_blocks: usize::try_from(s.recomputed_blocks)?,
+        batch_digest: s.batch_digest.unwrap_or_default(),
+        samples: s.samples.unwrap_or_default(),
+        recomputed_blocks: usize::try_from(s.recomputed_blocks.unwrap_or_default())?,
         tokens_per_expert: own.tokens_per_expert,
         predicted: own.predicted,
         start: m.by_category_at_start.unwrap_or_default(),
@@ -202,34 +207,42 @@ fn step(s: StepLine) -> Result<StepRecord> {
             alloc_count: own.alloc_count,
             oom_count: m.oom_count.unwrap_or_default(),
         },
-        seconds: s.seconds,
+        seconds: s.seconds.unwrap_or_default(),
     })
 }
 
+/// A state's steps and one-digest summaries of its tensors (empty where the record has none).
 fn saved(s: &State) -> SavedState {
     SavedState {
         step: s.step,
-        optimizer_steps: s.optimizer_steps,
-        params: s.params.digest.clone(),
-        optimizer: s.optimizer.digest.clone(),
+        optimizer_steps: s.optimizer_steps.unwrap_or_default(),
+        params: s
+            .params
+            .as_ref()
+            .and_then(|p| p.digest.clone())
+            .unwrap_or_default(),
+        optimizer: s
+            .optimizer
+            .as_ref()
+            .and_then(|o| o.digest.clone())
+            .unwrap_or_default(),
     }
 }
 
-/// A resumed (or reference) state as the engine's digest: it needs the schedule's next
-/// learning rate, the `dropout` generator and the loader's position, which the engine writes.
-fn digest(s: &State) -> Result<StateDigest> {
+/// A resumed (or reference) state as the engine's digest, when it is the engine's (it has the
+/// engine's `dropout` generator); then it needs the schedule's next learning rate and the
+/// loader's position too. Another trainer's state has no such digest: `None`.
+fn digest(s: &State) -> Result<Option<StateDigest>> {
+    let Some(rng) = s.rng.as_ref().and_then(|r| r.get("dropout")) else {
+        return Ok(None);
+    };
     let missing = |what: &str| anyhow!("the state of step {} has no {what}", s.step);
     let data = s.data.as_ref().ok_or_else(|| missing("data"))?;
     let at = |key: &str| {
         data.get(key)
-            .copied()
-            .ok_or_else(|| missing(&format!("data.{key}")))
+            .and_then(serde_json::Value::as_u64)
+            .ok_or_else(|| missing(&format!("data.{key} as an integer")))
     };
-    let rng = s
-        .rng
-        .as_ref()
-        .and_then(|r| r.get("dropout"))
-        .ok_or_else(|| missing("rng.dropout"))?;
     let rng: RngState = serde_json::from_value(rng.clone())
         .map_err(|e| anyhow!("the state of step {}: rng.dropout: {e}", s.step))?;
     let next_lr = s
@@ -237,11 +250,17 @@ fn digest(s: &State) -> Result<StateDigest> {
         .as_ref()
         .ok_or_else(|| missing("schedule"))?
         .next_lr;
-    Ok(StateDigest {
-        step: s.step,
-        params: s.params.digest.clone(),
-        optimizer: s.optimizer.digest.clone(),
-        optimizer_steps: s.optimizer_steps,
+    let SavedState {
+        step,
+        optimizer_steps,
+        params,
+        optimizer,
+    } = saved(s);
+    Ok(Some(StateDigest {
+        step,
+        params,
+        optimizer,
+        optimizer_steps,
         next_lr: float(next_lr),
         loader: LoaderState {
             epoch: at("epoch")?,
@@ -249,7 +268,7 @@ fn digest(s: &State) -> Result<StateDigest> {
             shuffle_seed: at("shuffle_seed")?,
         },
         rng,
-    })
+    }))
 }
 
 /// `field: saved → now`, as [`EnvChange`] displays itself.
@@ -346,6 +365,12 @@ training: {max_steps: 4, resume_from: [1, 2], async_save: true}
         let err = parse("{\"kind\": \"phase\"}\nnot json\n", "run.jsonl").unwrap_err();
         assert!(err.to_string().starts_with("run.jsonl:1:"), "{err}");
         assert!(err.to_string().contains("see docs/RECORD.md"), "{err}");
+        let err = parse(
+            r#"{"kind": "step", "phase": "reference", "step": 0, "loss": 1.0, "lr": 0.1, "losses": []}"#,
+            "run.jsonl",
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("unknown field `losses`"), "{err}");
         let mut lines = from_run::lines(&fixtures::run());
         let step = lines.remove(1);
         let err = run_record(vec![step]).unwrap_err();
@@ -362,14 +387,39 @@ training: {max_steps: 4, resume_from: [1, 2], async_save: true}
     }
 
     #[test]
-    fn a_resumed_state_without_the_engine_s_generator_is_refused() {
-        let mut lines = from_run::lines(&fixtures::run());
+    fn the_python_recorder_s_record_reads_with_its_steps_and_saves() {
+        let text = include_str!("../../record/examples/pytorch-loop.jsonl");
+        let r = run_record(parse(text, "pytorch-loop.jsonl").unwrap()).unwrap();
+        let phases: Vec<String> = r.phases.iter().map(|p| p.phase.to_string()).collect();
+        assert_eq!(phases, ["reference", "resume-mid", "resume-end"]);
+        let steps: Vec<usize> = r.phases.iter().map(|p| p.steps.len()).collect();
+        assert_eq!(steps, [8, 5, 2]);
+        let reference = &r.phases[0];
+        for p in &r.phases[1..] {
+            assert!(p.resumed_digest.is_none());
+            for s in &p.steps {
+                let want = &reference.steps[s.step as usize];
+                assert_eq!(s.loss.to_bits(), want.loss.to_bits(), "step {}", s.step);
+                assert_eq!(s.samples, want.samples);
+            }
+        }
+        assert_eq!(
+            reference.saves.iter().map(|s| s.step).collect::<Vec<_>>(),
+            [3, 6]
+        );
+        assert!(reference.steps.iter().all(|s| s.memory.allocated.peak > 0));
+    }
+
+    #[test]
+    fn an_engine_state_without_its_loader_position_is_refused() {
+        let r = fixtures::run();
+        let mut lines = from_run::lines(&r);
         for line in &mut lines {
             if let Line::Resume(x) = line {
-                x.state.rng = None;
+                x.state.data = None;
             }
         }
         let err = format!("{:#}", run_record(lines).unwrap_err());
-        assert!(err.contains("has no rng.dropout"), "{err}");
+        assert!(err.contains("has no data"), "{err}");
     }
 }
