@@ -25,7 +25,9 @@ def harness() -> Path:
         "set CKPT_HARNESS=target/release/ckpt-harness"
     )
     path = Path(named)
-    assert path.is_file(), f"CKPT_HARNESS={named}: no such file; build it with cargo build --release -p ckpt-harness"
+    assert path.is_file(), (
+        f"CKPT_HARNESS={named}: no such file; build it with cargo build --release -p ckpt-harness"
+    )
     return path
 
 

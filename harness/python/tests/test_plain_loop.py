@@ -48,7 +48,9 @@ def dataset() -> torch.Tensor:
     return torch.randint(0, VOCAB, (SAMPLES, SEQ + 1), generator=torch.Generator().manual_seed(1))
 
 
-def batch_at(data: torch.Tensor, epoch: int, position: int) -> tuple[list[tuple[int, int]], int, int]:
+def batch_at(
+    data: torch.Tensor, epoch: int, position: int
+) -> tuple[list[tuple[int, int]], int, int]:
     """The samples of the next batch from `(epoch, position)` and the position after it."""
     samples = []
     for _ in range(BATCH):
@@ -60,6 +62,12 @@ def batch_at(data: torch.Tensor, epoch: int, position: int) -> tuple[list[tuple[
     return samples, epoch, position
 
 
+def schedule(step: int) -> float:
+    """Warmup over two steps, then cosine decay pinned at its horizon `MAX_STEPS`."""
+    warmup = min(1.0, (step + 1) / 2)
+    return warmup * 0.5 * (1 + math.cos(math.pi * min(step, MAX_STEPS) / MAX_STEPS))
+
+
 def train(record: Path, ckpts: Path, phase: str, start: int) -> None:
     """Trains from step `start` (a fresh start at 0, else the checkpoint of `start` steps) to
     `MAX_STEPS + EXTRA`, saving at `RESUME_AT` and `MAX_STEPS` in the reference."""
@@ -68,9 +76,7 @@ def train(record: Path, ckpts: Path, phase: str, start: int) -> None:
     torch.manual_seed(SEED)
     model = Tiny()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / 2) * 0.5 * (1 + math.cos(math.pi * min(s, MAX_STEPS) / MAX_STEPS))
-    )
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
     epoch, position = 0, 0
     rec = Recorder.open(
         record,
@@ -159,12 +165,15 @@ def test_a_resumed_plain_loop_records_the_reference_s_steps_and_state(
     assert_resumed_states_equal_saved(lines, ["resume-mid", "resume-end"])
     (save,) = [s for s in by_phase(lines, "save")["reference"] if s["step"] == RESUME_AT]
     assert save["state"]["params"]["tied"] == [["embed.weight", "out.weight"]]
-    assert set(save["state"]["optimizer"]["by_param"]) == {"embed.weight", "hidden.weight", "hidden.bias"}
+    optimized = set(save["state"]["optimizer"]["by_param"])
+    assert optimized == {"embed.weight", "hidden.weight", "hidden.bias"}
     assert set(save["state"]["rng"]) >= {"python", "numpy", "torch_cpu"}
     assert steps["reference"][0]["memory"]["source"] == "host_rss"
 
 
-def test_a_resume_that_skips_the_rng_differs_from_the_reference(tmp_path: Path, validator: Any) -> None:
+def test_a_resume_that_skips_the_rng_differs_from_the_reference(
+    tmp_path: Path, validator: Any
+) -> None:
     """The comparison above can fail: without the torch generator restored, dropout draws other
     masks and the resumed losses leave the reference's."""
     record = tmp_path / "run.jsonl"

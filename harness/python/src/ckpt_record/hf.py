@@ -155,7 +155,9 @@ class CkptRecordCallback(TrainerCallback):
         """Writes the step's line."""
         if self.recorder is None or self._loss is None:
             return
-        batch = {f"{i}.{name}": t for i, micro in enumerate(self._micro) for name, t in micro.items()}
+        batch = {
+            f"{i}.{name}": t for i, micro in enumerate(self._micro) for name, t in micro.items()
+        }
         self.recorder.step(
             state.global_step - 1,
             self._loss,
