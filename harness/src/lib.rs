@@ -14,6 +14,7 @@ pub mod phases;
 pub mod plan;
 pub mod progress;
 pub mod rank_record;
+pub mod record;
 pub mod repeat;
 pub mod report;
 pub mod report_file;

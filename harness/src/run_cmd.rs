@@ -1,5 +1,6 @@
 //! `ckpt-harness run`: every planned trial through the phases and checks, with progress as it
-//! goes, a summary table, `summary.json` and `index.html` in the report directory, optionally
+//! goes, a summary table, `summary.json`, `index.html` and each trial's run record
+//! (`records/<trial>.jsonl`, docs/RECORD.md) in the report directory, optionally
 //! JUnit XML, memory traces, and the changes against a baseline; the caller exits non-zero on
 //! any failure.
 
@@ -9,6 +10,7 @@ use crate::html;
 use crate::memory_trace::{self, Tracer};
 use crate::plan::{self, DeviceChoice, TierFilter};
 use crate::progress::{Reporter, Style};
+use crate::record;
 use crate::repeat::Spread;
 use crate::report::{Skipped, Summary};
 use crate::trends::Trends;
@@ -47,10 +49,14 @@ pub struct RunOptions {
     pub repeat: usize,
 }
 
-/// Writes the reports of `summary` into `dir` (`summary.json`, `index.html`) and JUnit XML to
-/// `junit` when given.
+/// Writes the reports of `summary` into `dir` (`summary.json`, `index.html`, every trial's
+/// `ckpt-record/1` record under `records/`) and JUnit XML to `junit` when given.
 pub fn write_reports(summary: &Summary, dir: &Path, junit: Option<&Path>) -> Result<()> {
     summary.write_json(dir)?;
+    record::write_all(
+        summary.trials.iter().map(|t| &t.record),
+        &dir.join(record::DIR),
+    )?;
     html::write(summary, dir)?;
     if let Some(file) = junit {
         write_file(file, &summary.junit())?;

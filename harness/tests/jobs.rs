@@ -83,3 +83,24 @@ fn ci_runs_the_nightly_tier_s_cpu_suites() {
         "after scripts/nightly.sh, which builds the release CLI: {ci:?}"
     );
 }
+
+/// CI installs the Python recorder from the checkout and runs its tests once scripts/nightly.sh
+/// has built the release CLI, whose records they validate (the binary named by `CKPT_HARNESS`),
+/// with the packages they need pinned.
+#[test]
+fn ci_runs_the_python_recorder_s_tests_against_the_release_cli() {
+    let ci = commands(".ci/run");
+    let at = |pred: &dyn Fn(&str) -> bool| ci.iter().position(|l| pred(l));
+    let nightly = at(&|l| l.contains("scripts/nightly.sh"));
+    let install = at(&|l| l.contains("pip install") && l.contains("./harness/python"));
+    let binary = at(&|l| l.starts_with("CKPT_HARNESS=\"$PWD/target/release/ckpt-harness\""));
+    let pytest = at(&|l| l.contains("-m pytest") && l.contains("harness/python"));
+    assert!(
+        nightly.is_some() && nightly < install && install < binary && binary < pytest,
+        "{ci:?}"
+    );
+    let requirements = std::fs::read_to_string(root().join("scripts/requirements-ci.txt")).unwrap();
+    for package in ["accelerate==", "jsonschema==", "pytest=="] {
+        assert!(requirements.contains(package), "{package} is not pinned");
+    }
+}

@@ -1,0 +1,429 @@
+//! A `ckpt-record/1` record read back into the [`RunRecord`] the checks read: the built-in
+//! engine's records (with its `extensions`) come back as the run that wrote them. Another
+//! trainer's record reads too, as far as a `RunRecord` holds it: its steps, memory, saves and
+//! phases; its resumed states, which name other generators than the engine's, have no engine
+//! digest. Every line must parse as the contract's; an error names the file, the line and what
+//! to fix.
+
+use super::extensions::{self, PhaseExt, StepExt};
+use super::lines::{Line, Memory, PhaseLine, State, StepLine};
+use crate::phases::{HostMemory, Oom, PhaseRecord, PlannedPhase, RunRecord, StepRecord, Window};
+use crate::saves::{SaveRecord, SavedState};
+use anyhow::{anyhow, bail, Context, Result};
+use ckpt_engine::checkpoint::state::RngState;
+use ckpt_engine::data::LoaderState;
+use ckpt_engine::memory::Usage;
+use ckpt_engine::{EnvChange, MemoryStats, StateDigest};
+use serde::de::DeserializeOwned;
+use std::path::Path;
+
+/// Reads the record in `file`.
+pub fn read(file: &Path) -> Result<RunRecord> {
+    let text = std::fs::read_to_string(file)
+        .with_context(|| format!("{}: cannot read", file.display()))?;
+    let lines = parse(&text, &file.display().to_string())?;
+    run_record(lines).with_context(|| format!("{}", file.display()))
+}
+
+/// The lines of a record's text; `origin` names it in errors.
+pub fn parse(text: &str, origin: &str) -> Result<Vec<Line>> {
+    text.lines()
+        .enumerate()
+        .map(|(n, line)| {
+            serde_json::from_str(line).map_err(|e| {
+                anyhow!(
+                    "{origin}:{}:{}: not a ckpt-record/1 line: {e}; see docs/RECORD.md",
+                    n + 1,
+                    e.column()
+                )
+            })
+        })
+        .collect()
+}
+
+/// The engine's extension of a line, or its default where the line has none.
+fn ext<T: DeserializeOwned + Default>(value: &Option<serde_json::Value>) -> Result<T> {
+    match value.as_ref().and_then(|v| v.get(extensions::KEY)) {
+        None => Ok(T::default()),
+        Some(v) => serde_json::from_value(v.clone())
+            .map_err(|e| anyhow!("extensions.{}: {e}", extensions::KEY)),
+    }
+}
+
+/// The run the lines record, phase by phase.
+pub fn run_record(lines: Vec<Line>) -> Result<RunRecord> {
+    let mut r = RunRecord::default();
+    let mut ran = Vec::new();
+    for (n, line) in lines.into_iter().enumerate() {
+        let at = || format!("line {}", n + 1);
+        if let Line::Phase(start) = line {
+            begin(&mut r, &mut ran, *start).with_context(at)?;
+            continue;
+        }
+        let Some(p) = r.phases.last_mut() else {
+            bail!(
+                "{}: a record begins with a `phase` line, before any step, save, resume or end",
+                at()
+            );
+        };
+        match line {
+            Line::Phase(_) => unreachable!("handled above"),
+            Line::Step(s) => p.steps.push(step(*s).with_context(at)?),
+            Line::Save(s) => p.saves.push(SaveRecord {
+                step: s.step,
+                asynchronous: s.asynchronous.unwrap_or_default(),
+                in_memory: saved(&s.state),
+                on_disk: s.on_disk.as_ref().map(saved),
+                differing_files: s.differing_files,
+            }),
+            Line::Resume(x) => {
+                p.resumed_digest = digest(&x.state).with_context(at)?;
+                p.reference_digest = match &x.reference_state {
+                    Some(state) => digest(state).with_context(at)?,
+                    None => None,
+                };
+                p.env_changes = x
+                    .environment_changes
+                    .iter()
+                    .map(|c| env_change(c))
+                    .collect::<Result<_>>()
+                    .with_context(at)?;
+            }
+            Line::PhaseEnd(e) => {
+                p.after = e.memory_after.by_category.unwrap_or_default();
+                let host = e.host.unwrap_or_default();
+                p.host = HostMemory {
+                    start_rss: host.start_rss,
+                    peak_rss: host.peak_rss,
+                    reset: host.reset.unwrap_or_default(),
+                };
+                p.oom = e.oom.map(|o| Oom {
+                    message: o.message,
+                    step: o.step,
+                    requested: o.requested.unwrap_or_default(),
+                    allocated: o.allocated.unwrap_or_default(),
+                    by_category: o.by_category.unwrap_or_default(),
+                });
+                p.seconds = e.seconds.unwrap_or_default();
+            }
+        }
+    }
+    // Records that do not list every planned phase (as the engine's extension does) plan the
+    // phases they ran.
+    if r.planned.is_empty() {
+        r.planned = ran;
+    }
+    Ok(r)
+}
+
+/// A `phase` line: a new phase, and on the reference's the run's facts; the steps it plans are
+/// added to `ran`.
+fn begin(r: &mut RunRecord, ran: &mut Vec<PlannedPhase>, start: PhaseLine) -> Result<()> {
+    if start.record != super::VERSION {
+        bail!(
+            "record version {:?}: this reader reads {}",
+            start.record,
+            super::VERSION
+        );
+    }
+    let own: PhaseExt = ext(&start.extensions)?;
+    if let Some(run) = &start.run {
+        r.name = start.trial.clone().unwrap_or_default();
+        r.device = start.device.clone();
+        r.layers = usize::try_from(run.layers)?;
+        r.params = run.params;
+        r.checkpointing = run.checkpointing;
+        r.samples_per_epoch = run.samples_per_epoch;
+        r.planned_saves = run.planned_saves.clone();
+        r.capacity = run.capacity;
+        r.budget = run.budget;
+        r.rss_budget = run.rss_budget;
+        r.suite = own.suite.clone().unwrap_or_default();
+        r.planned = own.planned.clone().unwrap_or_default();
+        r.predicted = own.predicted.clone().unwrap_or_default();
+        r.predicted_long = own.predicted_long.clone();
+        r.predicted_load = own.predicted_load.unwrap_or_default();
+        r.predicted_staging = own.predicted_staging.unwrap_or_default();
+        r.worlds = own.worlds.clone().unwrap_or_default();
+    }
+    if let Some(p) = &start.planned {
+        ran.push(PlannedPhase {
+            phase: start.phase,
+            from: p.from,
+            end: p.end,
+            world_size: usize::try_from(start.world_size)?.max(1),
+        });
+    }
+    r.phases.push(PhaseRecord {
+        phase: start.phase,
+        before: start
+            .memory_before
+            .and_then(|m| m.by_category)
+            .unwrap_or_default(),
+        setup: start.setup.as_ref().map(window).unwrap_or_default(),
+        setup_seconds: own.setup_seconds,
+        ranks: own.ranks,
+        ..PhaseRecord::default()
+    });
+    Ok(())
+}
+
+fn window(m: &Memory) -> Window {
+    Window {
+        peak: m.allocated_peak.unwrap_or_default(),
+        at_peak: m.by_category_at_peak.unwrap_or_default(),
+        oom_count: m.oom_count.unwrap_or_default(),
+    }
+}
+
+/// A float the record holds as `null` when it was not finite.
+fn float(x: Option<f64>) -> f64 {
+    x.unwrap_or(f64::NAN)
+}
+
+fn step(s: StepLine) -> Result<StepRecord> {
+    let own: StepExt = ext(&s.extensions)?;
+    let m = s.memory.unwrap_or_default();
+    let usage = |current: Option<u64>, peak: Option<u64>| Usage {
+        current: current.unwrap_or_default(),
+        peak: peak.unwrap_or_default(),
+    };
+    Ok(StepRecord {
+        step: s.step,
+        loss: float(s.loss) as f32,
+        lr: float(s.lr),
+        grad_norm: float(s.grad_norm),
+        batch_digest: s.batch_digest.unwrap_or_default(),
+        samples: s.samples.unwrap_or_default(),
+        recomputed_blocks: usize::try_from(s.recomputed_blocks.unwrap_or_default())?,
+        tokens_per_expert: own.tokens_per_expert,
+        predicted: own.predicted,
+        start: m.by_category_at_start.unwrap_or_default(),
+        staging: own.staging,
+        memory: MemoryStats {
+            allocated: usage(m.allocated, m.allocated_peak),
+            reserved: usage(m.reserved, m.reserved_peak),
+            current: m.by_category.unwrap_or_default(),
+            peak_by_category: own.peak_by_category,
+            at_peak: m.by_category_at_peak.unwrap_or_default(),
+            capacity: own.capacity,
+            alloc_count: own.alloc_count,
+            oom_count: m.oom_count.unwrap_or_default(),
+        },
+        seconds: s.seconds.unwrap_or_default(),
+        ranks: own.ranks,
+    })
+}
+
+/// A state's steps and one-digest summaries of its tensors (empty where the record has none).
+fn saved(s: &State) -> SavedState {
+    SavedState {
+        step: s.step,
+        optimizer_steps: s.optimizer_steps.unwrap_or_default(),
+        params: s
+            .params
+            .as_ref()
+            .and_then(|p| p.digest.clone())
+            .unwrap_or_default(),
+        optimizer: s
+            .optimizer
+            .as_ref()
+            .and_then(|o| o.digest.clone())
+            .unwrap_or_default(),
+    }
+}
+
+/// A resumed (or reference) state as the engine's digest, when it is the engine's (it has the
+/// engine's `dropout` generator); then it needs the schedule's next learning rate and the
+/// loader's position too. Another trainer's state has no such digest: `None`.
+fn digest(s: &State) -> Result<Option<StateDigest>> {
+    let Some(rng) = s.rng.as_ref().and_then(|r| r.get("dropout")) else {
+        return Ok(None);
+    };
+    let missing = |what: &str| anyhow!("the state of step {} has no {what}", s.step);
+    let data = s.data.as_ref().ok_or_else(|| missing("data"))?;
+    let at = |key: &str| {
+        data.get(key)
+            .and_then(serde_json::Value::as_u64)
+            .ok_or_else(|| missing(&format!("data.{key} as an integer")))
+    };
+    let rng: RngState = serde_json::from_value(rng.clone())
+        .map_err(|e| anyhow!("the state of step {}: rng.dropout: {e}", s.step))?;
+    let next_lr = s
+        .schedule
+        .as_ref()
+        .ok_or_else(|| missing("schedule"))?
+        .next_lr;
+    let SavedState {
+        step,
+        optimizer_steps,
+        params,
+        optimizer,
+    } = saved(s);
+    Ok(Some(StateDigest {
+        step,
+        params,
+        optimizer,
+        optimizer_steps,
+        next_lr: float(next_lr),
+        loader: LoaderState {
+            epoch: at("epoch")?,
+            position: at("position")?,
+            shuffle_seed: at("shuffle_seed")?,
+        },
+        rng,
+    }))
+}
+
+/// `field: saved → now`, as [`EnvChange`] displays itself.
+fn env_change(text: &str) -> Result<EnvChange> {
+    let parsed = text.split_once(": ").and_then(|(field, rest)| {
+        let (saved, now) = rest.split_once(" → ")?;
+        Some(EnvChange {
+            field: field.into(),
+            saved: saved.into(),
+            now: now.into(),
+        })
+    });
+    parsed.ok_or_else(|| anyhow!("environment change {text:?}: expected `field: saved → now`"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checks::fixtures;
+    use crate::devices::DeviceKind;
+    use crate::phases;
+    use crate::record::from_run;
+    use crate::suite::Suite;
+
+    /// `r` written as a record's text and read back.
+    fn round_trip(r: &RunRecord) -> RunRecord {
+        let text: String = from_run::lines(r)
+            .iter()
+            .map(|l| serde_json::to_string(l).unwrap() + "\n")
+            .collect();
+        run_record(parse(&text, "r.jsonl").unwrap()).unwrap()
+    }
+
+    fn json(r: &RunRecord) -> serde_json::Value {
+        serde_json::to_value(r).unwrap()
+    }
+
+    #[test]
+    fn a_real_run_reads_back_as_the_run_that_wrote_it() {
+        let text = "name: t
+model: {vocab_size: 64, hidden_size: 32, intermediate_size: 64, num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 4, max_position_embeddings: 64}
+data: {kind: synthetic, seed: 1, samples: 64}
+batch_size: 2
+seq_len: 16
+optimizer: {lr: 0.001}
+training: {max_steps: 4, resume_from: [1, 2], async_save: true}
+";
+        let suite = Suite::parse(Path::new("t.yaml"), text).unwrap();
+        let work = tempfile::tempdir().unwrap();
+        let r = phases::run(&suite, DeviceKind::Cpu, work.path(), &mut ()).unwrap();
+        assert_eq!(r.phases.len(), 4);
+        assert_eq!(json(&round_trip(&r)), json(&r));
+    }
+
+    #[test]
+    fn every_field_of_a_hand_made_run_reads_back() {
+        let mut r = fixtures::run();
+        r.budget = Some(1 << 20);
+        r.predicted_long = Some((3, r.predicted.clone()));
+        let s = &mut r.phases[0].steps[1];
+        s.loss = f32::NAN;
+        s.tokens_per_expert = vec![vec![3, 5]];
+        s.staging = 64;
+        r.phases[1].env_changes = vec![EnvChange {
+            field: "cpu_kernels".into(),
+            saved: "x86_64 fma".into(),
+            now: "x86_64 avx512f".into(),
+        }];
+        r.phases[2].oom = Some(Oom {
+            message: "step 5: out of memory".into(),
+            step: Some(5),
+            requested: 10,
+            allocated: 20,
+            ..Oom::default()
+        });
+        let back = round_trip(&r);
+        assert!(back.phases[0].steps[1].loss.is_nan());
+        assert_eq!(json(&back), json(&r));
+    }
+
+    #[test]
+    fn a_changed_field_does_not_read_back_as_the_original() {
+        let r = fixtures::run();
+        let mut lines = from_run::lines(&r);
+        let Line::Step(s) = &mut lines[1] else {
+            panic!("not a step")
+        };
+        s.loss = Some(f64::from(s.loss.unwrap() as f32 + 1.0));
+        assert_ne!(json(&run_record(lines).unwrap()), json(&r));
+    }
+
+    #[test]
+    fn bad_lines_are_refused_naming_the_place_and_the_fix() {
+        let err = parse("{\"kind\": \"phase\"}\nnot json\n", "run.jsonl").unwrap_err();
+        assert!(err.to_string().starts_with("run.jsonl:1:"), "{err}");
+        assert!(err.to_string().contains("see docs/RECORD.md"), "{err}");
+        let err = parse(
+            r#"{"kind": "step", "phase": "reference", "step": 0, "loss": 1.0, "lr": 0.1, "losses": []}"#,
+            "run.jsonl",
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("unknown field `losses`"), "{err}");
+        let mut lines = from_run::lines(&fixtures::run());
+        let step = lines.remove(1);
+        let err = run_record(vec![step]).unwrap_err();
+        assert!(
+            format!("{err}").contains("line 1: a record begins with a `phase` line"),
+            "{err}"
+        );
+        let Line::Phase(start) = &mut lines[0] else {
+            panic!("not a phase line")
+        };
+        start.record = "ckpt-record/2".into();
+        let err = format!("{:#}", run_record(lines).unwrap_err());
+        assert!(err.contains("record version \"ckpt-record/2\""), "{err}");
+    }
+
+    #[test]
+    fn the_python_recorder_s_record_reads_with_its_steps_and_saves() {
+        let text = include_str!("../../record/examples/pytorch-loop.jsonl");
+        let r = run_record(parse(text, "pytorch-loop.jsonl").unwrap()).unwrap();
+        let phases: Vec<String> = r.phases.iter().map(|p| p.phase.to_string()).collect();
+        assert_eq!(phases, ["reference", "resume-mid", "resume-end"]);
+        let steps: Vec<usize> = r.phases.iter().map(|p| p.steps.len()).collect();
+        assert_eq!(steps, [8, 5, 2]);
+        let reference = &r.phases[0];
+        for p in &r.phases[1..] {
+            assert!(p.resumed_digest.is_none());
+            for s in &p.steps {
+                let want = &reference.steps[s.step as usize];
+                assert_eq!(s.loss.to_bits(), want.loss.to_bits(), "step {}", s.step);
+                assert_eq!(s.samples, want.samples);
+            }
+        }
+        assert_eq!(
+            reference.saves.iter().map(|s| s.step).collect::<Vec<_>>(),
+            [3, 6]
+        );
+        assert!(reference.steps.iter().all(|s| s.memory.allocated.peak > 0));
+    }
+
+    #[test]
+    fn an_engine_state_without_its_loader_position_is_refused() {
+        let r = fixtures::run();
+        let mut lines = from_run::lines(&r);
+        for line in &mut lines {
+            if let Line::Resume(x) = line {
+                x.state.data = None;
+            }
+        }
+        let err = format!("{:#}", run_record(lines).unwrap_err());
+        assert!(err.contains("has no data"), "{err}");
+    }
+}
