@@ -60,6 +60,11 @@ pub enum Fault {
     /// the same world size the position comes back, at another the loader lands elsewhere
     /// (Megatron-Bridge #5637: a run on 2 ranks resumed on 1 drops rank 1's position).
     LoaderPositionPerRank,
+    /// Full sharding keeps every weight it gathers until the step's passes end instead of
+    /// freeing it once the pass has read it: each rank's step peak holds a gathered copy of the
+    /// weights for every use (FSDP's `reshard_after_forward` off, and the backward's copies
+    /// never freed). The bits are untouched and the step ends with nothing held.
+    GatheredWeightsKept,
 }
 
 /// The set of faults a run injects.

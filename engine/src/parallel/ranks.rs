@@ -858,6 +858,8 @@ struct WeightGather<'a, D: Device, E: Elem> {
     faults: &'a Faults,
     /// The rank's rows of each weight whose whole tensor is in place.
     stash: Vec<Option<D::Tensor<E>>>,
+    /// Whole weights [`Fault::GatheredWeightsKept`] keeps until the step's passes end.
+    kept: Vec<D::Tensor<E>>,
 }
 
 impl<'a, D: Device, E: Elem> WeightGather<'a, D, E> {
@@ -868,6 +870,7 @@ impl<'a, D: Device, E: Elem> WeightGather<'a, D, E> {
             layout,
             faults,
             stash: (0..layout.specs.len()).map(|_| None).collect(),
+            kept: Vec::new(),
         }
     }
 
@@ -894,13 +897,17 @@ impl<'a, D: Device, E: Elem> WeightGather<'a, D, E> {
         Ok(())
     }
 
-    /// Frees `group`'s whole weights, putting the rank's rows back.
+    /// Frees `group`'s whole weights, putting the rank's rows back (or, with
+    /// [`Fault::GatheredWeightsKept`], keeps them until the step's passes end).
     fn weights_out(&mut self, w: &mut Params<D::Tensor<E>>, group: Group) -> Result<()> {
         for t in self.layout.tensors_of(group) {
             let mine = self.stash[t].take().ok_or_else(|| {
                 EngineError::Config(format!("weight {t} was freed without being gathered"))
             })?;
-            drop(std::mem::replace(w.get_mut(t), mine));
+            let whole = std::mem::replace(w.get_mut(t), mine);
+            if self.faults.has(Fault::GatheredWeightsKept) {
+                self.kept.push(whole);
+            }
         }
         Ok(())
     }
