@@ -517,7 +517,7 @@ impl RankStep<'_> {
     }
 }
 
-/// Rank `root`'s gradient norm on every rank.
+/// The last rank's gradient norm `norm`, on every rank.
 fn broadcast_norm(comm: &dyn Collective, norm: f64) -> Result<f64> {
     let last = comm.world_size() - 1;
     let bytes = comm.broadcast(last, norm.to_le_bytes().to_vec())?;
