@@ -5,6 +5,7 @@
 use crate::error::{check_host, try_vec, EngineError, Result};
 use crate::model::loss::IGNORE_INDEX;
 use crate::model::Batch;
+use crate::regular_file;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
@@ -56,24 +57,13 @@ impl DataConfig {
     }
 }
 
-/// The size of the regular file at `path`, from its metadata: a FIFO, a device such as
-/// `/dev/zero` or a directory is refused before anything is read from it.
-fn regular_file_len(path: &Path) -> Result<u64> {
-    let meta = std::fs::metadata(path).map_err(|e| EngineError::io(path, e))?;
-    if !meta.is_file() {
-        return Err(EngineError::bad_file(
-            path,
-            "is not a regular file (a FIFO, a device or a directory); write the path of a file of token ids",
-        ));
-    }
-    Ok(meta.len())
-}
+/// What a token file must be, for the message refusing a FIFO, a device or a directory.
+const TOKEN_FILE: &str = "the path of a file of token ids";
 
 /// `"N bytes, sha256 HEX"` of the token file at `path`, read in pieces.
 fn content(path: &Path) -> Result<String> {
     use sha2::{Digest, Sha256};
-    regular_file_len(path)?;
-    let mut file = std::fs::File::open(path).map_err(|e| EngineError::io(path, e))?;
+    let (mut file, _) = regular_file::open(path, TOKEN_FILE)?;
     let mut hasher = Sha256::new();
     let bytes = std::io::copy(&mut file, &mut hasher).map_err(|e| EngineError::io(path, e))?;
     let hex: String = hasher
@@ -227,7 +217,7 @@ impl DataLoader {
                 }
             }
             DataConfig::TokenFile { path, dtype } => {
-                let len = regular_file_len(path)?;
+                let len = regular_file::len(path, TOKEN_FILE)?;
                 let (width, name) = match dtype {
                     TokenDtype::U16 => (2, "u16"),
                     TokenDtype::U32 => (4, "u32"),
@@ -239,7 +229,7 @@ impl DataLoader {
                     ));
                 }
                 check_host(len, "the token file")?;
-                let bytes = std::fs::read(path).map_err(|e| EngineError::io(path, e))?;
+                let bytes = regular_file::read(path, TOKEN_FILE)?;
                 let tokens: Vec<u32> = match dtype {
                     TokenDtype::U16 => bytes
                         .chunks_exact(2)
@@ -561,9 +551,15 @@ mod tests {
                 .err()
                 .unwrap()
                 .to_string();
-            assert!(e.contains("is not a regular file"), "{special}: {e}");
+            assert!(
+                e.contains("is a character device, not a regular file"),
+                "{special}: {e}"
+            );
             let e = data.identity().unwrap_err().to_string();
-            assert!(e.contains("is not a regular file"), "{special}: {e}");
+            assert!(
+                e.contains("is a character device, not a regular file"),
+                "{special}: {e}"
+            );
         }
     }
 

@@ -21,6 +21,7 @@ pub mod memory;
 pub mod model;
 pub mod optim;
 pub mod parallel;
+pub mod regular_file;
 pub mod state;
 pub mod tensor;
 pub mod trainer;

@@ -161,9 +161,8 @@ fn run_config(a: &EstimateArgs, suite: Option<&Suite>) -> Result<TrainConfig> {
     let mut run = if let Some(s) = suite {
         s.train.clone()
     } else if let Some(path) = &a.config {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("{}: cannot read", path.display()))?;
-        serde_json::from_str(&text)
+        let text = ckpt_engine::regular_file::read(path, "a TrainConfig JSON file")?;
+        serde_json::from_slice(&text)
             .with_context(|| format!("{}: not a TrainConfig", path.display()))?
     } else if a.llama_1b {
         let mut run = synthetic_run(llama_1b(), 8, 2048);

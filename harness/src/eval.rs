@@ -51,7 +51,8 @@ pub struct EvalReport {
 
 /// Reads `input_ids` and `labels` (`[B, T]` int64) from a safetensors file.
 pub fn read_batch(path: &Path) -> Result<Batch> {
-    let bytes = std::fs::read(path).with_context(|| format!("{}: cannot read", path.display()))?;
+    let bytes =
+        ckpt_engine::regular_file::read(path, "a safetensors file of input_ids and labels")?;
     let st = weights::parse_safetensors(path, &bytes)?;
     let get = |name: &str| -> Result<(Vec<usize>, Vec<i64>)> {
         let view = st

@@ -23,7 +23,7 @@ pub fn write_trial(dir: &Path, t: &TrialResult) -> Result<()> {
 fn files_in(dir: &Path) -> Result<Vec<PathBuf>> {
     let mut found = Vec::new();
     let summary = dir.join("summary.json");
-    if summary.is_file() {
+    if summary.exists() {
         found.push(summary);
     }
     let trials = dir.join(TRIALS_DIR);

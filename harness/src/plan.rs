@@ -52,7 +52,8 @@ pub struct Planned {
     pub skip: Option<String>,
 }
 
-/// Suite files under `paths`: files as given; directories searched for `*.yaml`, then their
+/// Suite files under `paths`: files as given; directories searched for `*.yaml` (a FIFO or a
+/// device of that name too, for loading to refuse by name), then their
 /// `faults/` directory (the negative controls); sorted within each directory; a file reached
 /// twice listed once. Finding none is an error.
 pub fn files(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
@@ -62,7 +63,7 @@ pub fn files(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
         let mut found: Vec<PathBuf> = entries
             .flatten()
             .map(|e| e.path())
-            .filter(|f| f.is_file() && f.extension().is_some_and(|x| x == "yaml" || x == "yml"))
+            .filter(|f| !f.is_dir() && f.extension().is_some_and(|x| x == "yaml" || x == "yml"))
             .collect();
         found.sort();
         Ok(found)

@@ -4,7 +4,8 @@
 use crate::checks::{golden, Check};
 use crate::trends::Trends;
 use crate::trial::TrialResult;
-use anyhow::{Context, Result};
+use anyhow::Result;
+use ckpt_engine::regular_file;
 use serde::{Deserialize, Serialize};
 use std::fmt::Write;
 use std::path::Path;
@@ -54,8 +55,7 @@ impl Summary {
 
     /// Reads a `summary.json` that `run` or `report merge` wrote.
     pub fn read(file: &Path) -> Result<Self> {
-        let text =
-            std::fs::read(file).with_context(|| format!("{}: cannot read", file.display()))?;
+        let text = regular_file::read(file, "the summary.json a run wrote, or its directory")?;
         serde_json::from_slice(&text).map_err(|e| {
             anyhow::anyhow!(
                 "{}:{}:{}: not a summary ckpt-harness wrote: {e}; give the summary.json a run wrote",

@@ -3,14 +3,14 @@
 
 use crate::checks::Check;
 use crate::devices::DeviceKind;
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use ckpt_engine::config::{Init, Precision, TrainConfig};
 use ckpt_engine::data::{DataConfig, LongBatch};
 use ckpt_engine::fault::Fault;
 use ckpt_engine::model::loss::LossKind;
 use ckpt_engine::optim::{AdamWConfig, Schedule};
 use ckpt_engine::parallel::Parallel;
-use ckpt_engine::{Checkpointing, EngineError, LlamaConfig};
+use ckpt_engine::{regular_file, Checkpointing, EngineError, LlamaConfig};
 use places::{key_path_place, location, model_error_place, place, place_of, yaml_error, Places};
 use serde::de::{self, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
@@ -105,6 +105,9 @@ pub enum ResumeFrom {
     /// A chain of resume points, each written where it is.
     Chain(Vec<Spanned<u64>>),
 }
+
+/// What a suite path must be, for the message refusing a FIFO, a device or a directory.
+const SUITE_FILE: &str = "the path of a suite file (YAML)";
 
 const RESUME_FROM_HINT: &str =
     "a step such as resume_from: 4, or a strictly increasing list of steps such as resume_from: [3, 5, 7]";
@@ -573,10 +576,11 @@ fn in_report_order(list: &Option<Spanned<Vec<Check>>>) -> Vec<Check> {
 }
 
 impl Suite {
-    /// Reads and validates a suite file.
+    /// Reads and validates a suite file (a regular file: a FIFO or a device is refused unread).
     pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("{}: cannot read", path.display()))?;
+        let bytes = regular_file::read(path, SUITE_FILE)?;
+        let text = String::from_utf8(bytes)
+            .map_err(|e| anyhow::anyhow!("{}: cannot read: {e}", path.display()))?;
         Self::parse(path, &text)
     }
 
@@ -874,7 +878,8 @@ impl Suite {
         };
         let at = match &e {
             EngineError::Config(message) => {
-                let text = std::fs::read_to_string(&self.path).unwrap_or_default();
+                let text = regular_file::read(&self.path, SUITE_FILE).unwrap_or_default();
+                let text = String::from_utf8_lossy(&text);
                 let key = message
                     .split(' ')
                     .next()

@@ -8,6 +8,7 @@
 
 use super::state::FileRecord;
 use crate::error::{EngineError, Result};
+use crate::regular_file;
 use sha2::{Digest, Sha256};
 use std::fs::File;
 use std::io::{Read, Write};
@@ -75,10 +76,16 @@ pub fn write_synced(path: &Path, parts: &[&[u8]]) -> Result<FileRecord> {
     })
 }
 
-/// The size and both checksums of the file at `path`, read once.
+/// What a checkpoint's files must be, for the message refusing a FIFO, a device or a directory.
+pub(crate) const CHECKPOINT_FILE: &str =
+    "a checkpoint's regular file; restore it or resume from an earlier checkpoint";
+
+/// The size and both checksums of the regular file at `path`, read once up to the size its
+/// metadata gave when it was opened (a FIFO or a device is refused unread).
 pub fn checksums(path: &Path) -> Result<FileRecord> {
     let io = |e| EngineError::io(path, e);
-    let mut file = File::open(path).map_err(io)?;
+    let (file, len) = regular_file::open(path, CHECKPOINT_FILE)?;
+    let mut file = file.take(len);
     let (mut sha256, mut xxh3) = (Sha256::new(), Xxh3Default::new());
     let mut piece = vec![0u8; PIECE];
     let mut bytes = 0u64;
@@ -173,7 +180,7 @@ pub fn read_verified(
     record: &FileRecord,
     mut regions: Vec<(u64, &mut [u8])>,
 ) -> Result<bool> {
-    let file = File::open(path).map_err(|e| EngineError::io(path, e))?;
+    let (file, _) = regular_file::open(path, CHECKPOINT_FILE)?;
     let mut stream = VerifiedStream {
         path,
         file,
@@ -234,10 +241,9 @@ pub struct MappedFile {
 }
 
 impl MappedFile {
-    /// Maps `path`; a missing file is an error naming it.
+    /// Maps the regular file `path`; a missing file, a FIFO or a device is an error naming it.
     pub fn open(path: &Path) -> Result<Self> {
-        let file = File::open(path).map_err(|e| EngineError::io(path, e))?;
-        let len = file.metadata().map_err(|e| EngineError::io(path, e))?.len();
+        let (file, len) = regular_file::open(path, CHECKPOINT_FILE)?;
         if len == 0 {
             return Ok(MappedFile { map: None });
         }

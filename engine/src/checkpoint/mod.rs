@@ -114,7 +114,7 @@ pub fn entries_digest(entries: &[Entry<'_>]) -> String {
 pub fn tensor_digests(dir: &Path) -> Result<[String; 2]> {
     let digest = |file: &str| -> Result<String> {
         let path = dir.join(file);
-        let bytes = std::fs::read(&path).map_err(|e| EngineError::io(&path, e))?;
+        let bytes = crate::regular_file::read(&path, files::CHECKPOINT_FILE)?;
         let tensors = safetensors::SafeTensors::deserialize(&bytes)
             .map_err(|e| EngineError::bad_file(&path, format!("not a safetensors file: {e}")))?;
         let mut views = tensors.tensors();
@@ -274,7 +274,11 @@ pub fn resolve(path: &Path) -> Result<PathBuf> {
     if path.join(STATE_FILE).exists() || !pointer.exists() {
         return Ok(path.to_path_buf());
     }
-    let name = std::fs::read_to_string(&pointer).map_err(|e| EngineError::io(&pointer, e))?;
+    let name = crate::regular_file::read(
+        &pointer,
+        "a run's latest pointer, a file naming its newest checkpoint",
+    )?;
+    let name = String::from_utf8_lossy(&name);
     let name = name.trim();
     if step_of_dir_name(name).is_none() {
         return Err(EngineError::bad_file(

@@ -8,10 +8,11 @@
 //! [`super::verify`] reports their state file as unprotected. From version 2 on a missing sidecar
 //! is damage.
 
-use super::files::{sha256_hex, write_synced};
+use super::files::{sha256_hex, write_synced, CHECKPOINT_FILE};
 use super::state::{child_path, TrainerState, VersionProbe, FORMAT_VERSION};
 use super::{STATE_FILE, STATE_SUM_FILE};
 use crate::error::EngineError;
+use crate::regular_file;
 use std::path::Path;
 
 /// The first format version whose checkpoints carry the sidecar.
@@ -59,7 +60,7 @@ pub fn read(dir: &Path) -> Result<StateFile, StateError> {
         return Err(damaged(dir, "is not a checkpoint directory".into()));
     }
     let path = dir.join(STATE_FILE);
-    let bytes = std::fs::read(&path).map_err(|e| StateError::Damaged(EngineError::io(&path, e)))?;
+    let bytes = regular_file::read(&path, CHECKPOINT_FILE).map_err(StateError::Damaged)?;
     let recorded = read_sidecar(dir)?;
     if let Some(want) = &recorded {
         let found = sha256_hex(&bytes);
@@ -113,11 +114,14 @@ pub fn read(dir: &Path) -> Result<StateFile, StateError> {
 /// The sha256 the sidecar of `dir` records, or `None` when there is no sidecar.
 fn read_sidecar(dir: &Path) -> Result<Option<String>, StateError> {
     let path = dir.join(STATE_SUM_FILE);
-    let text = match std::fs::read_to_string(&path) {
-        Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(StateError::Damaged(EngineError::io(&path, e))),
+    let bytes = match regular_file::read(&path, CHECKPOINT_FILE) {
+        Ok(bytes) => bytes,
+        Err(EngineError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(None)
+        }
+        Err(e) => return Err(StateError::Damaged(e)),
     };
+    let text = String::from_utf8_lossy(&bytes);
     let mut words = text.split_whitespace();
     match (words.next(), words.next(), words.next()) {
         (Some(sum), Some(name), None)
@@ -145,7 +149,7 @@ pub(crate) fn write(dir: &Path, state: &TrainerState) -> crate::Result<()> {
 /// that rewrite a state file on purpose.
 pub fn reseal(dir: &Path) -> crate::Result<()> {
     let path = dir.join(STATE_FILE);
-    let bytes = std::fs::read(&path).map_err(|e| EngineError::io(&path, e))?;
+    let bytes = regular_file::read(&path, CHECKPOINT_FILE)?;
     write_sidecar(dir, &sha256_hex(&bytes))
 }
 

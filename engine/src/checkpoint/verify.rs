@@ -121,10 +121,17 @@ fn problem(dir: &Path, name: &str, record: &super::FileRecord) -> std::result::R
         return Err(format!("{STATE_FILE} lists an invalid file name {name:?}"));
     }
     let path = dir.join(name);
+    let len = crate::regular_file::len(&path, files::CHECKPOINT_FILE).map_err(|e| e.to_string())?;
+    if len != record.bytes {
+        return Err(format!(
+            "is {len} bytes, {} were written (truncated or replaced)",
+            record.bytes
+        ));
+    }
     let found = files::checksums(&path).map_err(|e| e.to_string())?;
     if found.bytes != record.bytes {
         return Err(format!(
-            "is {} bytes, {} were written (truncated or replaced)",
+            "is {} bytes, {} were written (it changed while it was read)",
             found.bytes, record.bytes
         ));
     }

@@ -327,7 +327,9 @@ struct HfRope {
 impl LlamaConfig {
     /// Reads a Hugging Face `config.json` of the Llama family.
     pub fn from_hf_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| EngineError::io(path, e))?;
+        let bytes = crate::regular_file::read(path, "a Hugging Face config.json")?;
+        let text = String::from_utf8(bytes)
+            .map_err(|e| EngineError::bad_file(path, format!("is not UTF-8 text: {e}")))?;
         Self::from_hf_json(&text).map_err(|m| EngineError::bad_file(path, m))
     }
 

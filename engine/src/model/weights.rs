@@ -13,9 +13,9 @@ use safetensors::{Dtype, SafeTensors};
 use std::collections::BTreeMap;
 use std::path::Path;
 
-/// Reads a whole file, naming it on failure.
+/// Reads a whole regular file, naming it on failure (a FIFO or a device is refused unread).
 pub fn read_file(path: &Path) -> Result<Vec<u8>> {
-    std::fs::read(path).map_err(|e| EngineError::io(path, e))
+    crate::regular_file::read(path, "a safetensors file of weights")
 }
 
 /// Parses safetensors bytes, naming the file on failure.

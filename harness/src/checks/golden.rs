@@ -137,8 +137,9 @@ fn read(file: &Path) -> Result<Option<Snapshot>> {
     if !file.exists() {
         return Ok(None);
     }
-    let content = std::fs::read_to_string(file)
-        .with_context(|| format!("{}: cannot read", file.display()))?;
+    let bytes = ckpt_engine::regular_file::read(file, "a golden snapshot file")?;
+    let content = String::from_utf8(bytes)
+        .with_context(|| format!("{}: cannot read as UTF-8 text", file.display()))?;
     let snap = Snapshot::parse(&content).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
     Ok(Some(snap))
 }

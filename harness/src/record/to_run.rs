@@ -19,8 +19,9 @@ use std::path::Path;
 
 /// Reads the record in `file`.
 pub fn read(file: &Path) -> Result<RunRecord> {
-    let text = std::fs::read_to_string(file)
-        .with_context(|| format!("{}: cannot read", file.display()))?;
+    let bytes = ckpt_engine::regular_file::read(file, "a ckpt-record/1 record file")?;
+    let text = String::from_utf8(bytes)
+        .with_context(|| format!("{}: cannot read as UTF-8 text", file.display()))?;
     let lines = parse(&text, &file.display().to_string())?;
     run_record(lines).with_context(|| format!("{}", file.display()))
 }
