@@ -53,6 +53,16 @@ pub enum EngineError {
         /// The rank that stopped.
         peer: usize,
     },
+    /// A checkpoint could not be saved. `message` says which step, why (the unfinished copy,
+    /// already removed, is not named as if it were still there) and what the run's `latest`
+    /// names now.
+    #[error("{message}")]
+    SaveFailed {
+        /// The step whose save failed.
+        step: u64,
+        /// The whole account, as printed.
+        message: String,
+    },
     /// The thread pool could not be started.
     #[error("could not start {threads} worker threads: {message}")]
     Threads {

@@ -99,7 +99,7 @@ pub fn train_help() -> String {
             (SUCCESS, "trained and saved"),
             (
                 FAILED,
-                "training stopped: a step's loss or gradient norm, or the weights, turned non-finite; latest still names the last checkpoint saved",
+                "training stopped: a step's loss or gradient norm, or the weights, turned non-finite, or a save failed (a full disk); latest still names the last checkpoint saved",
             ),
         ],
         "",

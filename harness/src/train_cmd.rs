@@ -11,14 +11,15 @@
 //!
 //! A step whose loss or gradient norm is not finite stops training before anything more is
 //! saved, and so does a checkpoint holding a non-finite number: `latest` keeps naming the last
-//! checkpoint of finite numbers, and `train` fails with [`Stopped`].
+//! checkpoint of finite numbers, and `train` fails with [`Stopped`]. So does a save that fails
+//! (a full disk): the message names the step and the checkpoint `latest` still names.
 
 use crate::devices::{self, DeviceKind, OnDevice};
 use crate::suite::Suite;
 use anyhow::{bail, Result};
 use ckpt_engine::checkpoint::{self, Entry, Foreign, RunLock};
 use ckpt_engine::environment;
-use ckpt_engine::{Device, Trainer};
+use ckpt_engine::{Device, EngineError, Trainer};
 use serde::Serialize;
 use std::io::Write;
 use std::path::Path;
@@ -34,8 +35,8 @@ struct StepLine {
 }
 
 /// Training that stopped part-way for a reason other than bad input: a step whose loss or
-/// gradient norm turned non-finite, or weights that did. The message names the step and the
-/// checkpoint `latest` still names.
+/// gradient norm turned non-finite, weights that did, or a save that failed. The message names
+/// the step and the checkpoint `latest` still names.
 #[derive(Debug)]
 pub struct Stopped(String);
 
@@ -121,7 +122,16 @@ impl OnDevice for Train<'_> {
         for f in &foreign {
             eprintln!("note: deleted {} ({})", f.dir.display(), f.difference);
         }
-        train_until(&mut trainer, suite, opts.out, target)
+        train_until(&mut trainer, suite, opts.out, target).map_err(save_stops)
+    }
+}
+
+/// A failed save as [`Stopped`]: it is not bad input, and its message already names the step
+/// and what `latest` names.
+fn save_stops(e: anyhow::Error) -> anyhow::Error {
+    match e.downcast_ref::<EngineError>() {
+        Some(EngineError::SaveFailed { message, .. }) => Stopped(message.clone()).into(),
+        _ => e,
     }
 }
 

@@ -747,6 +747,53 @@ fn a_kill_at_any_rename_of_a_resave_keeps_latest_complete() {
     }
 }
 
+/// A save that fails (the first fsync of step 3's save returns ENOSPC, injected by strace) stops
+/// `train` with exit 1, naming the step and the checkpoint `latest` still names, not the
+/// temporary copy it removed; synchronous and asynchronous saves alike. The run still verifies
+/// and resumes.
+#[test]
+fn a_failed_save_names_its_step_and_the_checkpoint_latest_still_names() {
+    assert!(
+        Command::new("strace").arg("-V").output().is_ok(),
+        "this test needs strace (apt-get install strace)"
+    );
+    for training in ["{max_steps: 8}", "{max_steps: 8, async_save: true}"] {
+        let tmp = tempfile::tempdir().unwrap();
+        let suite = write_suite(tmp.path(), &suite_text("fp32", 32, training));
+        let run = tmp.path().join("run");
+        train(&suite, &run, None, 2);
+        let out = Command::new("strace")
+            .args([
+                "-f",
+                "-o",
+                "/dev/null",
+                "-e",
+                "inject=fsync:error=ENOSPC:when=1",
+            ])
+            .args([BIN, "train", arg(&suite), "--out", arg(&run), "--resume"])
+            .args([arg(&run), "--steps", "3"])
+            .output()
+            .unwrap();
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{training}: {err}");
+        assert_contains(
+            &err,
+            &[
+                &format!("saving step 3 into {} failed: writing its ", run.display()),
+                "No space left on device",
+                &format!(
+                    "{} still names step-00000002, the previous checkpoint",
+                    run.join("latest").display()
+                ),
+            ],
+        );
+        assert!(!err.contains(".tmp-step"), "{training}: {err}");
+        assert_eq!(leftovers(&run), Vec::<String>::new(), "{training}");
+        assert_eq!(verify_status(&run), Some(0), "{training}");
+        train(&suite, &run, Some(&run), 3);
+    }
+}
+
 /// The hidden size every checkpoint of `run` was saved with.
 fn hidden_sizes(run: &Path) -> Vec<u64> {
     checkpoint::list(run)

@@ -183,16 +183,76 @@ pub struct SaveRequest<'a> {
 /// Writes a checkpoint for `req.state.global_step` into `run_dir`, atomically, points `latest` at
 /// it and keeps only the newest `keep_last` checkpoints, holding the run's [`RunLock`]
 /// throughout. Returns the checkpoint's directory.
+///
+/// A failure once writing has begun is [`EngineError::SaveFailed`], naming the step and what
+/// `latest` names after it (the previous checkpoint, unless only the cleanup after publishing
+/// failed).
 pub fn save(run_dir: &Path, req: SaveRequest<'_>, keep_last: Option<usize>) -> Result<PathBuf> {
     state_file::check_storable(&req.state)?;
     let _lock = RunLock::acquire(run_dir)?;
     recover(run_dir)?;
+    let step = req.state.global_step;
+    let mut tmp_path = None;
+    write_and_publish(run_dir, req, keep_last, &mut tmp_path)
+        .map_err(|cause| save_failed(run_dir, step, tmp_path.as_deref(), cause))
+}
+
+/// [`EngineError::SaveFailed`] for step `step`'s save into `run_dir`, which failed with `cause`
+/// while writing into `tmp` (removed since): the cause with the temporary copy's files named by
+/// their names alone, and what `latest` names now.
+fn save_failed(run_dir: &Path, step: u64, tmp: Option<&Path>, cause: EngineError) -> EngineError {
+    let cause = match (&cause, tmp) {
+        (EngineError::Io { path, source }, Some(tmp)) if path.starts_with(tmp) => {
+            let file = path.strip_prefix(tmp).unwrap_or(path);
+            format!("writing its {}: {source}", file.display())
+        }
+        _ => cause.to_string(),
+    };
+    let name = step_dir_name(step);
+    let pointer = run_dir.join(LATEST_FILE);
+    let now = pointer
+        .exists()
+        .then(|| resolve(run_dir).ok())
+        .flatten()
+        .and_then(|dir| dir.file_name().map(|n| n.to_string_lossy().into_owned()));
+    let latest = match now {
+        Some(n) if n == name => format!(
+            "the checkpoint was published and {} names it; only the cleanup after it failed",
+            pointer.display()
+        ),
+        Some(n) => format!(
+            "its unfinished copy was removed, and {} still names {n}, the previous checkpoint; fix the cause (free space, permissions), then resume from it",
+            pointer.display()
+        ),
+        None => format!(
+            "its unfinished copy was removed; {} holds no earlier checkpoint; fix the cause (free space, permissions) and train again",
+            run_dir.display()
+        ),
+    };
+    EngineError::SaveFailed {
+        step,
+        message: format!(
+            "saving step {step} into {} failed: {cause}; {latest}",
+            run_dir.display()
+        ),
+    }
+}
+
+/// The body of [`save`] once the run is locked and recovered; `tmp_path` is set to the
+/// temporary directory as soon as it exists, for the error to name what was being written.
+fn write_and_publish(
+    run_dir: &Path,
+    req: SaveRequest<'_>,
+    keep_last: Option<usize>,
+    tmp_path: &mut Option<PathBuf>,
+) -> Result<PathBuf> {
     let name = step_dir_name(req.state.global_step);
     // Removed on any error before it is renamed into place.
     let tmp = tempfile::Builder::new()
         .prefix(&format!("{TMP_PREFIX}{name}-"))
         .tempdir_in(run_dir)
         .map_err(|e| EngineError::io(run_dir, e))?;
+    *tmp_path = Some(tmp.path().to_path_buf());
     let tmp_path = tmp.path();
 
     let mut state = req.state;
