@@ -579,8 +579,7 @@ impl Suite {
     /// Reads and validates a suite file (a regular file: a FIFO or a device is refused unread).
     pub fn load(path: &Path) -> Result<Self> {
         let bytes = regular_file::read(path, SUITE_FILE)?;
-        let text = String::from_utf8(bytes)
-            .map_err(|e| anyhow::anyhow!("{}: cannot read: {e}", path.display()))?;
+        let text = places::utf8_text(path, bytes).map_err(anyhow::Error::msg)?;
         Self::parse(path, &text)
     }
 

@@ -959,3 +959,30 @@ fn a_run_names_the_place_of_an_impossible_value() {
         "{place}: {verdict}"
     );
 }
+
+/// A suite file that is not UTF-8 is refused at its first invalid byte's line and column.
+#[test]
+fn invalid_utf8_in_a_suite_is_placed() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = tiny_suite(dir.path(), "latin1", "", &[]);
+    let mut bytes = std::fs::read(&suite).unwrap();
+    let written = String::from_utf8(bytes.clone()).unwrap();
+    let line = written
+        .lines()
+        .position(|l| l.starts_with("seq_len"))
+        .unwrap()
+        + 1;
+    let at = written.find("seq_len").unwrap() + "seq_".len();
+    bytes[at] = 0xe9;
+    std::fs::write(&suite, bytes).unwrap();
+    for command in ["validate", "run"] {
+        let out = harness(&[command], &[&suite]);
+        let all = text(&out);
+        assert_eq!(out.status.code(), Some(exit_codes::INVALID.into()), "{all}");
+        let want = format!(
+            "{}:{line}:5: byte 0xe9 (offset {at}) is not UTF-8",
+            suite.display()
+        );
+        assert!(all.contains(&want), "wanted {want:?} in {all}");
+    }
+}

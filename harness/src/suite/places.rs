@@ -20,6 +20,24 @@ pub fn place(path: &Path, loc: Location) -> String {
     }
 }
 
+/// The text of the suite file `path` whose bytes are `bytes`; where they are not UTF-8, the
+/// error gives the first invalid byte's `file:line:column` (the column counted in characters)
+/// and offset.
+pub fn utf8_text(path: &Path, bytes: Vec<u8>) -> Result<String, String> {
+    String::from_utf8(bytes).map_err(|e| {
+        let valid = &e.as_bytes()[..e.utf8_error().valid_up_to()];
+        let text = std::str::from_utf8(valid).expect("the prefix before the error is UTF-8");
+        let line = text.matches('\n').count() + 1;
+        let column = text.rsplit('\n').next().unwrap_or("").chars().count() + 1;
+        let byte = e.as_bytes()[valid.len()];
+        format!(
+            "{}:{line}:{column}: byte 0x{byte:02x} (offset {}) is not UTF-8; a suite file is UTF-8 text: save it as UTF-8 or remove that byte",
+            path.display(),
+            valid.len()
+        )
+    })
+}
+
 /// Where `key` is, or the file alone when it is not written.
 pub fn place_of(path: &Path, key: &Place) -> String {
     place(path, location(key))
@@ -241,5 +259,27 @@ pub fn yaml_error(path: &Path, text: &str, e: &serde_saphyr::Error) -> String {
     match key {
         Some(k) if !message.contains(&k) => format!("{at}: {k}: {message}"),
         _ => format!("{at}: {message}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn invalid_utf8_is_placed_at_its_first_bad_byte() {
+        let path = Path::new("s.yaml");
+        let bytes = b"name: x\nmodel: \xc3\xa9t\xe9\n".to_vec();
+        let e = utf8_text(path, bytes).unwrap_err();
+        assert!(
+            e.starts_with("s.yaml:2:10: byte 0xe9 (offset 18) is not UTF-8;"),
+            "{e}"
+        );
+        let first = utf8_text(path, b"\xff".to_vec()).unwrap_err();
+        assert!(
+            first.starts_with("s.yaml:1:1: byte 0xff (offset 0)"),
+            "{first}"
+        );
+        assert_eq!(utf8_text(path, b"a: b".to_vec()).unwrap(), "a: b");
     }
 }
