@@ -2,7 +2,9 @@
 //! `cargo nextest run --partition` writing one summary per trial under `trials/`) put back
 //! together as the summary of the whole run, its trials in the order one run would list them.
 
+use crate::checks::{Check, Status};
 use crate::report::Summary;
+use crate::suite::Suite;
 use crate::trial::TrialResult;
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
@@ -64,13 +66,70 @@ fn run_order(t: &TrialResult) -> (PathBuf, bool, PathBuf, usize) {
     (home.to_path_buf(), in_faults, t.path.clone(), device)
 }
 
-/// `t` failed, with the reason, when its checks do not make it a pass though it says it passed.
+/// `t` failed, with the reason, when its checks do not make it a pass though it says it passed:
+/// by their own statuses ([`TrialResult::derived_failure`]), or against its suite file
+/// ([`against_suite`]).
 fn rederived(mut t: TrialResult) -> TrialResult {
-    if let Some(why) = t.derived_failure().filter(|_| t.passed) {
+    if !t.passed {
+        return t;
+    }
+    let why: Vec<String> = t
+        .derived_failure()
+        .into_iter()
+        .chain(against_suite(&t))
+        .collect();
+    if !why.is_empty() {
         t.passed = false;
-        t.verdict = format!("{why} (its summary said it passed)");
+        t.verdict = format!("{} (its summary said it passed)", why.join("; "));
     }
     t
+}
+
+/// What `t`'s summary lacks of what its suite file, read again, requires: an outcome, not
+/// `off`, for every check the suite turns on, and the suite's `expect_fail` and
+/// `expect_not_run`. A suite file named relatively is read from the current directory, the
+/// checkout's root that `run` and the suites test binary name suites from.
+fn against_suite(t: &TrialResult) -> Option<String> {
+    let suite = match Suite::load(&t.path) {
+        Ok(suite) => suite,
+        Err(e) => {
+            return Some(format!(
+                "its suite file cannot be read here ({}), so which checks it must have is unknown; merge in the checkout that ran it",
+                crate::error_text::one_line(&e)
+            ))
+        }
+    };
+    let mut why = Vec::new();
+    for check in Check::ALL {
+        if !suite.file.checks.enabled(check) {
+            continue;
+        }
+        match t.checks.iter().find(|o| o.check == check) {
+            None => why.push(format!(
+                "check {check} is missing from its summary, and {} turns it on",
+                t.path.display()
+            )),
+            Some(o) if o.status == Status::Off => why.push(format!(
+                "check {check} is off in its summary, but {} turns it on",
+                t.path.display()
+            )),
+            Some(_) => {}
+        }
+    }
+    for (key, summary, suite) in [
+        ("expect_fail", &t.expect_fail, suite.expect_fail()),
+        ("expect_not_run", &t.expect_not_run, suite.expect_not_run()),
+    ] {
+        if *summary != suite {
+            let names = |c: &[Check]| c.iter().map(Check::to_string).collect::<Vec<_>>();
+            why.push(format!(
+                "its {key} [{}] is not its suite's [{}]",
+                names(summary).join(", "),
+                names(&suite).join(", ")
+            ));
+        }
+    }
+    (!why.is_empty()).then(|| why.join("; "))
 }
 
 /// The summary of every trial in the summaries under `dirs`. A trial found twice is an error:
@@ -109,36 +168,134 @@ pub fn merge(dirs: &[PathBuf]) -> Result<Summary> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checks::fixtures;
+    use crate::checks::{fixtures, Failure, Outcome};
     use crate::devices::DeviceKind;
 
-    fn trial(name: &str, path: &str, device: DeviceKind) -> TrialResult {
+    /// A passing trial of the repository's suite `file` (relative to the root): an outcome for
+    /// every check, failed for those its suite expects to fail, and the suite's expectations.
+    fn trial(name: &str, file: &str, device: DeviceKind) -> TrialResult {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(file);
+        let suite = Suite::load(&path).unwrap();
+        let r = fixtures::run();
+        let checks = Check::ALL
+            .into_iter()
+            .map(|c| match suite.expect_fail().contains(&c) {
+                true => Outcome::new(c, &r, 1, 1, vec![Failure::new(c, &r, "a fault")]),
+                false => Outcome::nothing_asked(c),
+            })
+            .collect();
         TrialResult {
             name: name.into(),
-            suite: "s".into(),
-            path: path.into(),
+            suite: suite.file.name.clone(),
+            path,
             device,
             passed: true,
-            expect_fail: Vec::new(),
-            expect_not_run: Vec::new(),
+            expect_fail: suite.expect_fail(),
+            expect_not_run: suite.expect_not_run(),
             verdict: String::new(),
-            checks: vec![crate::checks::Outcome::nothing_asked(
-                crate::checks::Check::PeakBudget,
-            )],
+            checks,
             seconds: 1.0,
-            record: fixtures::run(),
+            record: r,
             repeat: None,
         }
+    }
+
+    /// The verdict of `t` written alone into a partition and merged.
+    fn merged_alone(t: &TrialResult) -> TrialResult {
+        let dir = tempfile::tempdir().unwrap();
+        write_trial(dir.path(), t).unwrap();
+        merge(&[dir.path().to_path_buf()]).unwrap().trials.remove(0)
+    }
+
+    #[test]
+    fn a_check_the_suite_turns_on_missing_or_off_in_the_summary_fails_the_trial() {
+        let whole = trial("cpu::tiny-fp32", "suites/tiny-fp32.yaml", DeviceKind::Cpu);
+        assert!(merged_alone(&whole).passed);
+        let mut removed = whole.clone();
+        removed.checks.retain(|o| o.check != Check::LossContinuity);
+        let t = merged_alone(&removed);
+        assert!(!t.passed);
+        assert!(
+            t.verdict
+                .starts_with("check loss_continuity is missing from its summary, and "),
+            "{}",
+            t.verdict
+        );
+        assert!(
+            t.verdict.contains("suites/tiny-fp32.yaml turns it on"),
+            "{}",
+            t.verdict
+        );
+        let mut off = whole.clone();
+        off.checks[0] = Outcome::off(off.checks[0].check);
+        let t = merged_alone(&off);
+        assert!(!t.passed);
+        assert!(
+            t.verdict.starts_with(&format!(
+                "check {} is off in its summary",
+                off.checks[0].check
+            )),
+            "{}",
+            t.verdict
+        );
+    }
+
+    #[test]
+    fn expectations_other_than_the_suite_s_fail_the_trial() {
+        let control = "suites/faults/moments_not_saved.yaml";
+        let mut excused = trial("cpu::faults::moments_not_saved", control, DeviceKind::Cpu);
+        assert!(merged_alone(&excused).passed);
+        // A failure excused by an expect_fail the suite does not have.
+        excused.expect_fail.push(Check::Finite);
+        let at = excused
+            .checks
+            .iter()
+            .position(|o| o.check == Check::Finite)
+            .unwrap();
+        let r = fixtures::run();
+        excused.checks[at] = Outcome::new(
+            Check::Finite,
+            &r,
+            1,
+            1,
+            vec![Failure::new(Check::Finite, &r, "nan")],
+        );
+        let t = merged_alone(&excused);
+        assert!(!t.passed);
+        assert!(t.verdict.contains("its expect_fail ["), "{}", t.verdict);
+        assert!(
+            t.verdict.contains("finite] is not its suite's ["),
+            "{}",
+            t.verdict
+        );
+    }
+
+    #[test]
+    fn a_suite_file_that_cannot_be_read_fails_the_trial() {
+        let mut t = trial("cpu::tiny-fp32", "suites/tiny-fp32.yaml", DeviceKind::Cpu);
+        t.path = PathBuf::from("suites/no-such-suite.yaml");
+        let t = merged_alone(&t);
+        assert!(!t.passed);
+        assert!(
+            t.verdict
+                .starts_with("its suite file cannot be read here ("),
+            "{}",
+            t.verdict
+        );
     }
 
     #[test]
     fn the_trials_each_test_process_wrote_merge_in_run_order() {
         let dir = tempfile::tempdir().unwrap();
         let written = [
-            trial("cuda::b", "suites/b.yaml", DeviceKind::Cuda),
-            trial("cpu::faults::a", "suites/faults/a.yaml", DeviceKind::Cpu),
-            trial("cpu::b", "suites/b.yaml", DeviceKind::Cpu),
-            trial("cpu::c", "suites/c.yaml", DeviceKind::Cpu),
+            trial("cuda::b", "suites/async-save.yaml", DeviceKind::Cuda),
+            trial(
+                "cpu::faults::a",
+                "suites/faults/moments_not_saved.yaml",
+                DeviceKind::Cpu,
+            ),
+            trial("cpu::b", "suites/async-save.yaml", DeviceKind::Cpu),
+            trial("cpu::c", "suites/tiny-fp32.yaml", DeviceKind::Cpu),
         ];
         for t in &written {
             write_trial(dir.path(), t).unwrap();
