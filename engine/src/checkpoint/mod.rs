@@ -201,11 +201,19 @@ pub fn save(run_dir: &Path, req: SaveRequest<'_>, keep_last: Option<usize>) -> R
 /// while writing into `tmp` (removed since): the cause with the temporary copy's files named by
 /// their names alone, and what `latest` names now.
 fn save_failed(run_dir: &Path, step: u64, tmp: Option<&Path>, cause: EngineError) -> EngineError {
-    let cause = match (&cause, tmp) {
-        (EngineError::Io { path, source }, Some(tmp)) if path.starts_with(tmp) => {
-            let file = path.strip_prefix(tmp).unwrap_or(path);
-            format!("writing its {}: {source}", file.display())
-        }
+    let within = |path: &Path| {
+        tmp.and_then(|t| path.strip_prefix(t).ok())
+            .map(Path::to_owned)
+    };
+    let cause = match &cause {
+        EngineError::Io { path, source } => match within(path) {
+            Some(file) => format!("writing its {}: {source}", file.display()),
+            None => cause.to_string(),
+        },
+        EngineError::BadFile { path, message } => match within(path) {
+            Some(file) => format!("its {}: {message}", file.display()),
+            None => cause.to_string(),
+        },
         _ => cause.to_string(),
     };
     let name = step_dir_name(step);
@@ -413,12 +421,12 @@ mod tests {
         let first = save_step(&run, 1);
         let short = vec![entry("w", Dtype::F32, &[2, 2], &[0; 12])];
         let e = save_step_with(&run, 2, short).unwrap_err().to_string();
-        assert!(
-            e.ends_with(
-                "tensor w has 12 bytes, but its shape [2, 2] of F32 holds 16; nothing was written"
-            ),
-            "{e}"
+        let said = format!(
+            "saving step 2 into {} failed: its model.safetensors: tensor w has 12 bytes, but its shape [2, 2] of F32 holds 16; nothing was written; its unfinished copy was removed, and {} still names step-00000001, the previous checkpoint",
+            run.display(),
+            run.join(LATEST_FILE).display()
         );
+        assert!(e.starts_with(&said), "{e}");
         assert_eq!(resolve(&run).unwrap(), first);
         let whole = vec![entry("w", Dtype::F32, &[2, 2], &[0; 16])];
         assert!(save_step_with(&run, 2, whole).is_ok());
