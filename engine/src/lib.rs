@@ -17,6 +17,7 @@ pub mod environment;
 pub mod error;
 pub mod estimate;
 pub mod fault;
+pub mod host_memory;
 pub mod memory;
 pub mod model;
 pub mod optim;

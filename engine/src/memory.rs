@@ -438,13 +438,11 @@ impl Drop for Lease {
     }
 }
 
-/// The host's available memory in bytes (`MemAvailable` of `/proc/meminfo`), where the platform
-/// reports it.
+/// The host memory this process may still allocate, in bytes, where the platform reports it:
+/// the machine's available memory, bounded by the process's cgroup limit and its address-space
+/// and data limits ([`crate::host_memory`]).
 pub fn host_available() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    kib.checked_mul(1024)
+    crate::host_memory::available()
 }
 
 /// `1536` → `1.5 KiB`: bytes for people.

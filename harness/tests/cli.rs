@@ -986,3 +986,30 @@ fn invalid_utf8_in_a_suite_is_placed() {
         assert!(all.contains(&want), "wanted {want:?} in {all}");
     }
 }
+
+/// The CPU device's capacity, without `memory.capacity`, is what the process may still allocate:
+/// under an address-space limit (`ulimit -v`) the limit bounds it, not the machine's memory.
+#[test]
+fn the_host_s_capacity_honours_the_address_space_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let extra = "devices: [cpu]\nchecks: {golden: false}";
+    let suite = tiny_suite(dir.path(), "limited", extra, &[]);
+    let limit_kib: u64 = 3 << 20;
+    let script = format!("ulimit -v {limit_kib} && exec \"$0\" \"$@\"");
+    let out = Command::new("sh")
+        .args(["-c", &script, BIN, "run", "--report"])
+        .arg(dir.path())
+        .arg(&suite)
+        .current_dir(root())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let capacity = summary_json(dir.path())["trials"][0]["record"]["capacity"]
+        .as_u64()
+        .unwrap();
+    assert!(capacity > 0, "{capacity}");
+    assert!(
+        capacity < limit_kib * 1024,
+        "{capacity} under a {limit_kib} KiB limit"
+    );
+}
