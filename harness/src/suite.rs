@@ -191,6 +191,10 @@ fn suite_name<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
 fn default_extra() -> u64 {
     3
 }
+/// The most worker threads a suite may ask for: more than the cores of any machine it runs on,
+/// far fewer than would take minutes to start.
+const MAX_THREADS: usize = 1024;
+
 fn default_threads() -> usize {
     2
 }
@@ -693,6 +697,13 @@ impl Suite {
             bail!(
                 "{}: threads is 0; write the worker threads, at least 1",
                 place_of(path, &places.threads)
+            );
+        }
+        if file.threads > MAX_THREADS {
+            bail!(
+                "{}: threads is {}, more worker threads than any machine runs at once (each costs a stack and a start-up); write at most {MAX_THREADS}, such as the machine's cores",
+                place_of(path, &places.threads),
+                file.threads
             );
         }
         if !(0.0..1.0).contains(&file.dropout) {
@@ -1407,6 +1418,13 @@ expect_fail: [state_digest, loss_continuity]
     fn values_that_would_fail_later_are_refused_at_their_place() {
         let e = error("threads: 0\n");
         assert!(e.starts_with("s.yaml:9:10: threads is 0"), "{e}");
+        let e = error("threads: 100000\n");
+        assert!(
+            e.starts_with("s.yaml:9:10: threads is 100000, more worker threads than"),
+            "{e}"
+        );
+        assert!(e.contains("write at most 1024"), "{e}");
+        parse("threads: 1024\n").unwrap();
         let text = BASE.replace("  max_steps: 8\n", "  max_steps: 8\n  extra_steps: 0\n");
         let e = format!(
             "{:#}",
