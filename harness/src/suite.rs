@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 mod expectations;
 mod parallel;
 mod places;
+mod size;
 
 pub use parallel::ParallelSpec;
 
@@ -607,6 +608,12 @@ impl Suite {
             (model.max_position_embeddings == 0).then(|| {
                 format!("max_position_embeddings is 0; write max_position_embeddings: {longest} or more (the longest row the suite trains on)")
             })
+        });
+        let problem = problem.or_else(|| {
+            let cpu = file.devices.value.contains(&DeviceKind::Cpu);
+            let capacity = file.memory.capacity.as_ref().map(|c| c.value);
+            let host = ckpt_engine::memory::host_available();
+            size::too_large(&model, file.precision, cpu, capacity, host)
         });
         if let Some(m) = problem {
             bail!("{}: model: {m}", model_error_place(path, text, &m));
