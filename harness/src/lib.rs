@@ -2,12 +2,14 @@
 //! resuming changed nothing and memory behaved. This crate also holds the command-line tool.
 
 pub mod checks;
+pub mod command_phases;
 pub mod devices;
 pub mod error_text;
 pub mod eval;
 pub mod exit_codes;
 pub mod host_memory;
 pub mod html;
+pub mod judge_cmd;
 pub mod memory_trace;
 pub mod merge;
 pub mod phases;
@@ -15,6 +17,7 @@ pub mod plan;
 pub mod progress;
 pub mod rank_record;
 pub mod record;
+pub mod record_fields;
 pub mod repeat;
 pub mod report;
 pub mod report_file;
@@ -23,5 +26,6 @@ pub mod saves;
 pub mod snapshot;
 pub mod suite;
 pub mod train_cmd;
+pub mod training_state;
 pub mod trends;
 pub mod trial;

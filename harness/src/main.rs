@@ -7,7 +7,7 @@ use ckpt_harness::plan::{self, DeviceChoice, TierFilter};
 use ckpt_harness::progress::Style;
 use ckpt_harness::report::Summary;
 use ckpt_harness::suite::Suite;
-use ckpt_harness::{error_text, eval, exit_codes, merge, run_cmd, train_cmd};
+use ckpt_harness::{error_text, eval, exit_codes, judge_cmd, merge, run_cmd, train_cmd};
 use clap::{Parser, Subcommand};
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -103,6 +103,33 @@ enum Command {
         /// every run does.
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
         repeat: u16,
+    },
+    /// Judges runs recorded elsewhere (ckpt-record/1, docs/RECORD.md) by the suites' checks:
+    /// another trainer's record through the Python recorder, a cluster job's, or `run`'s own
+    /// records/. Checks whose inputs a record lacks are reported not applicable.
+    #[command(after_help = exit_codes::run_help())]
+    Judge {
+        /// Suite files or directories: the trials to judge and their checks (default: suites/).
+        paths: Vec<PathBuf>,
+        /// The directory of records, `<trial>.jsonl` each (`cpu::tiny` is `cpu.tiny.jsonl`).
+        #[arg(long)]
+        records: PathBuf,
+        /// Where to write summary.json, index.html and the records judged.
+        #[arg(long, default_value = "report")]
+        report: PathBuf,
+        /// Also write JUnit XML to this file.
+        #[arg(long)]
+        junit: Option<PathBuf>,
+        /// The summary.json of an earlier run: say what changed against it.
+        #[arg(long)]
+        baseline: Option<PathBuf>,
+        /// Exit 1 when something regressed against --baseline, even if every trial passed.
+        #[arg(long, requires = "baseline")]
+        fail_on_regression: bool,
+        /// The golden snapshot directory [default: the nearest golden/ in or above each suite
+        /// file's directory].
+        #[arg(long)]
+        golden: Option<PathBuf>,
     },
     /// Lists the trials the suites hold, and which cannot run here.
     #[command(after_help = exit_codes::plain_help())]
@@ -393,6 +420,26 @@ fn dispatch(command: Command) -> Result<u8> {
                 repeat: repeat.into(),
             };
             let summary = run_cmd::run(&opts, &mut stdout.lock())?;
+            Ok(run_status(&summary, fail_on_regression))
+        }
+        Command::Judge {
+            paths,
+            records,
+            report,
+            junit,
+            baseline,
+            fail_on_regression,
+            golden,
+        } => {
+            let opts = judge_cmd::JudgeOptions {
+                paths: default_paths(paths),
+                records,
+                report,
+                junit,
+                golden,
+                baseline: baseline.as_deref().map(summary_file),
+            };
+            let summary = judge_cmd::judge(&opts, &mut std::io::stdout().lock())?;
             Ok(run_status(&summary, fail_on_regression))
         }
         Command::Diff { old, new } => {

@@ -11,8 +11,10 @@
 use crate::devices::{self, DeviceKind, OnDevice};
 use crate::host_memory;
 use crate::rank_record::{RankModel, RankPhase, RankStep, WorldModel};
+use crate::record_fields::RecordField;
 use crate::saves::{SaveRecord, Saver};
 use crate::suite::Suite;
+use crate::training_state::State;
 use anyhow::Result;
 use ckpt_engine::backend::count::{Like, Routes};
 use ckpt_engine::checkpoint::step_dir_name;
@@ -21,7 +23,7 @@ use ckpt_engine::estimate::{estimate, routed_steps, EstimateConfig, StepEstimate
 use ckpt_engine::memory::{Breakdown, MemoryTracker, OutOfMemory};
 use ckpt_engine::{Device, EngineError, EnvChange, MemoryStats, StateDigest, StepStats, Trainer};
 use serde::{Deserialize, Deserializer, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -201,6 +203,10 @@ pub struct PhaseRecord {
     pub resumed_digest: Option<StateDigest>,
     /// The reference trainer's state before the same step.
     pub reference_digest: Option<StateDigest>,
+    /// The resumed state as another trainer's record names it (parameters and optimizer state
+    /// by name, every generator, the data position), where it is not the engine's digest.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resumed_state: Option<State>,
     /// How the execution environment recorded in the checkpoint it resumed from differs from
     /// the device's, field by field: empty for the reference, when nothing differs, and in
     /// summaries written before it was recorded.
@@ -341,6 +347,15 @@ pub struct RunRecord {
     /// size); empty on one device.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub worlds: Vec<WorldModel>,
+    /// The optional parts of the record its trainer did not record (another trainer's record
+    /// read back); the checks that need one are not applicable. Empty for the built-in engine,
+    /// which records every one.
+    #[serde(skip_serializing_if = "BTreeSet::is_empty")]
+    pub lacks: BTreeSet<RecordField>,
+    /// The record's own text, for a run read from a `ckpt-record/1` record written elsewhere:
+    /// what the report's `records/` keeps, in place of the engine's lines. Not in summaries.
+    #[serde(skip)]
+    pub text: Option<String>,
 }
 
 impl RunRecord {
@@ -491,21 +506,21 @@ pub fn plan(suite: &Suite) -> Vec<PlannedPhase> {
 
 /// How one planned phase runs: the checkpoint it resumes from and where it saves.
 #[derive(Debug, PartialEq)]
-struct Leg {
+pub(crate) struct Leg {
     /// Which phase.
-    phase: Phase,
+    pub(crate) phase: Phase,
     /// The run directory holding the checkpoint it resumes from, and its step; `None` for the
     /// reference's fresh trainer.
-    resumes: Option<(PathBuf, u64)>,
+    pub(crate) resumes: Option<(PathBuf, u64)>,
     /// The run directory it saves into, when a later phase resumes from it: the reference's,
     /// and each resume of a chain but the last.
-    saves_into: Option<PathBuf>,
+    pub(crate) saves_into: Option<PathBuf>,
 }
 
 /// How each phase of `planned` runs, its checkpoints under `work`: the reference saves into
 /// `checkpoints`, and `resume-end` and the first resume load from there; each later resume of
 /// a chain loads from the run directory of the one before, `checkpoints-<phase>`.
-fn legs(planned: &[PlannedPhase], work: &Path) -> Vec<Leg> {
+pub(crate) fn legs(planned: &[PlannedPhase], work: &Path) -> Vec<Leg> {
     let reference = work.join("checkpoints");
     let last_of_chain = planned
         .iter()
@@ -841,6 +856,8 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
             planned,
             phases,
             worlds,
+            lacks: BTreeSet::new(),
+            text: None,
         })
     }
 }

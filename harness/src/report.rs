@@ -1,7 +1,7 @@
 //! Reports of a run: the summary table, `summary.json` (written, and read back for trends and
 //! merges) and JUnit XML.
 
-use crate::checks::{golden, Check};
+use crate::checks::{golden, Check, Status};
 use crate::trends::Trends;
 use crate::trial::TrialResult;
 use anyhow::Result;
@@ -88,6 +88,15 @@ impl Summary {
             let mut note = String::new();
             if !not_run.is_empty() {
                 note = format!("  not run: {}", not_run.join(", "));
+            }
+            let not_applicable: Vec<&str> = t
+                .checks
+                .iter()
+                .filter(|o| o.status == Status::NotApplicable)
+                .map(|o| o.check.name())
+                .collect();
+            if !not_applicable.is_empty() {
+                note.push_str(&format!("  not applicable: {}", not_applicable.join(", ")));
             }
             if !t.expect_fail.is_empty() {
                 note.push_str(" (negative control)");

@@ -69,14 +69,15 @@ pub fn trends(file: &Path, baseline: &Summary, summary: &Summary) -> Trends {
     Trends::new(&file.display().to_string(), baseline, summary)
 }
 
+/// The baseline summary in `file`, if one is named, with its file.
+pub fn read_baseline(file: Option<&PathBuf>) -> Result<Option<(&PathBuf, Summary)>> {
+    file.map(|f| Summary::read(f).map(|s| (f, s))).transpose()
+}
+
 /// Runs the trials, printing to `out`; returns the summary (the caller decides the exit status).
 /// A failed write to `out` (a closed pipe) stops the run after the trial it happened in.
 pub fn run(opts: &RunOptions, out: &mut impl Write) -> Result<Summary> {
-    let baseline = opts
-        .baseline
-        .as_ref()
-        .map(|f| Summary::read(f).map(|s| (f, s)))
-        .transpose()?;
+    let baseline = read_baseline(opts.baseline.as_ref())?;
     let suites = plan::load(&plan::files(&opts.paths)?)?;
     let planned = plan::plan(&suites, &opts.paths, opts.tier, opts.device)?;
     let mode = if opts.bless {

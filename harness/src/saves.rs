@@ -5,6 +5,7 @@
 
 use crate::devices::DeviceKind;
 use crate::suite::Suite;
+use crate::training_state::State;
 use anyhow::{Context, Result};
 use ckpt_engine::checkpoint::{self, state_file, step_dir_name};
 use ckpt_engine::{Device, StateDigest, Trainer};
@@ -53,7 +54,7 @@ impl SavedState {
 }
 
 /// One checkpoint save of the reference phase.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct SaveRecord {
     /// The step saved (steps taken).
@@ -67,6 +68,10 @@ pub struct SaveRecord {
     /// For an asynchronous save, the files of the checkpoint that differ from (or are missing
     /// in either of) a synchronous save of the same state; `None` when not compared.
     pub differing_files: Option<Vec<String>>,
+    /// The saved state as another trainer's record names it, by name; `None` in the engine's
+    /// records, whose digests above say it all.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub named: Option<State>,
 }
 
 /// Saves the reference phase's checkpoints as the suite says and records each.

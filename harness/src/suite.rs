@@ -11,6 +11,7 @@ use ckpt_engine::model::loss::LossKind;
 use ckpt_engine::optim::{AdamWConfig, Schedule};
 use ckpt_engine::parallel::Parallel;
 use ckpt_engine::{regular_file, Checkpointing, EngineError, LlamaConfig};
+use engine::CommandEngine;
 use places::{key_path_place, location, model_error_place, place, place_of, yaml_error, Places};
 use serde::de::{self, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
@@ -18,6 +19,7 @@ use serde_saphyr::{Location, Spanned};
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+pub mod engine;
 mod expectations;
 mod parallel;
 mod places;
@@ -546,6 +548,10 @@ pub struct SuiteFile {
     /// Engine faults to inject (negative controls).
     #[serde(default)]
     pub faults: Vec<Fault>,
+    /// Another trainer, run as a command for each phase instead of the built-in engine; its
+    /// record is judged by the checks.
+    #[serde(default)]
+    pub engine: Option<CommandEngine>,
     /// The checks that must fail: the trial passes only when exactly these fail.
     #[serde(default)]
     pub expect_fail: Option<Spanned<Vec<Check>>>,
@@ -674,6 +680,9 @@ impl Suite {
     }
 
     fn validate(path: &Path, places: &Places, file: &SuiteFile, model: &LlamaConfig) -> Result<()> {
+        if let Some(engine) = &file.engine {
+            Self::validate_engine(path, places, file, engine)?;
+        }
         let t = &file.training;
         let max_steps = t.max_steps.value;
         if max_steps < 2 {
@@ -814,6 +823,32 @@ impl Suite {
 
     /// Checks `training.resume_from`: every step between 1 and `max_steps - 1`, a list not
     /// empty and strictly increasing; the error names the step's place.
+    /// A suite whose phases another trainer runs: a command that can run, and none of the
+    /// built-in engine's own settings that the command would silently ignore.
+    fn validate_engine(
+        path: &Path,
+        places: &Places,
+        file: &SuiteFile,
+        engine: &CommandEngine,
+    ) -> Result<()> {
+        if let Some(problem) = engine.problem() {
+            bail!("{}: {problem}", place_of(path, &places.engine));
+        }
+        if !file.faults.is_empty() {
+            bail!(
+                "{}: faults are the built-in engine's, and engine.command runs another trainer; give the command the fault to inject instead (an argument or an environment variable)",
+                place_of(path, &places.faults)
+            );
+        }
+        if file.parallel.is_some() {
+            bail!(
+                "{}: parallel sets the built-in engine's ranks, and engine.command runs another trainer, one process per phase; remove parallel",
+                place_of(path, &places.engine)
+            );
+        }
+        Ok(())
+    }
+
     fn validate_resume_from(path: &Path, r: &Spanned<ResumeFrom>, max_steps: u64) -> Result<()> {
         let steps: Vec<(u64, Location)> = match &r.value {
             ResumeFrom::Step(step) => vec![(*step, r.referenced)],

@@ -127,6 +127,7 @@ pub fn status_name(s: Status) -> &'static str {
         Status::Failed => "failed",
         Status::NotRun => "not run",
         Status::Off => "off",
+        Status::NotApplicable => "not applicable",
     }
 }
 

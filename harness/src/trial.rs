@@ -3,10 +3,12 @@
 //! `expect_not_run` had nothing to compare; a suite that cannot run fails with the reason.
 
 use crate::checks::{self, golden, Check, Outcome, Status};
+use crate::command_phases;
 use crate::devices::DeviceKind;
 use crate::error_text;
 use crate::phases::{self, RunRecord, Watch};
 use crate::repeat::Spread;
+use crate::suite::engine::CommandEngine;
 use crate::suite::Suite;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
@@ -234,24 +236,12 @@ pub fn run(
     mode: GoldenMode,
     watch: &mut impl Watch,
 ) -> TrialResult {
+    if let Some(engine) = &suite.file.engine {
+        return run_command(suite, engine, device, golden_dir);
+    }
     let started = Instant::now();
-    let expect_fail = suite.expect_fail();
-    let expect_not_run = suite.expect_not_run();
     let (verdict, checks, record) = match observe(suite, device, golden_dir, mode, watch) {
-        Ok(Observed { record, checks }) => {
-            let failed = verdict(&expect_fail, &with_status(&checks, Status::Failed));
-            let not_run = not_run_verdict(&expect_not_run, &with_status(&checks, Status::NotRun));
-            let why: Vec<String> = [failed, not_run]
-                .into_iter()
-                .filter_map(Result::err)
-                .collect();
-            let verdict = if why.is_empty() {
-                Ok(())
-            } else {
-                Err(why.join("; "))
-            };
-            (verdict, checks, record)
-        }
+        Ok(Observed { record, checks }) => (conclude(suite, &checks), checks, record),
         Err(e) => (
             Err(format!(
                 "could not run: {}: {}",
@@ -262,20 +252,128 @@ pub fn run(
             RunRecord::default(),
         ),
     };
+    result(suite, device, verdict, checks, record, started)
+}
+
+/// A trial of a suite whose phases another trainer runs (`engine: {command}`): every phase as
+/// the command, with run directories in a temporary directory, then its record judged.
+fn run_command(
+    suite: &Suite,
+    engine: &CommandEngine,
+    device: DeviceKind,
+    golden_dir: &Path,
+) -> TrialResult {
+    let started = Instant::now();
+    let recorded = suite.check_run().and_then(|()| {
+        let work = tempfile::tempdir().context("cannot create a temporary directory")?;
+        command_phases::run(suite, engine, device, work.path())
+    });
+    let mut result = match recorded {
+        Ok(record) => judge(suite, device, record, golden_dir),
+        Err(e) => failed(
+            suite,
+            device,
+            format!(
+                "could not run: {}: {}",
+                suite.path.display(),
+                error_text::one_line(&e)
+            ),
+        ),
+    };
+    result.seconds = started.elapsed().as_secs_f64();
+    result
+}
+
+/// The verdict on the checks' outcomes of a trial of `suite`: exactly the checks of its
+/// `expect_fail` failed and exactly those of its `expect_not_run` had nothing to compare;
+/// `Ok` or why not. A check not applicable to the record is neither.
+fn conclude(suite: &Suite, checks: &[Outcome]) -> Result<(), String> {
+    let failed = verdict(&suite.expect_fail(), &with_status(checks, Status::Failed));
+    let not_run = not_run_verdict(
+        &suite.expect_not_run(),
+        &with_status(checks, Status::NotRun),
+    );
+    let why: Vec<String> = [failed, not_run]
+        .into_iter()
+        .filter_map(Result::err)
+        .collect();
+    if why.is_empty() {
+        Ok(())
+    } else {
+        Err(why.join("; "))
+    }
+}
+
+/// The trial's result from its verdict, outcomes and record.
+fn result(
+    suite: &Suite,
+    device: DeviceKind,
+    verdict: Result<(), String>,
+    checks: Vec<Outcome>,
+    record: RunRecord,
+    started: Instant,
+) -> TrialResult {
     TrialResult {
         name: name(suite, device),
         suite: suite.file.name.clone(),
         path: suite.path.clone(),
         device,
         passed: verdict.is_ok(),
-        expect_fail,
-        expect_not_run,
+        expect_fail: suite.expect_fail(),
+        expect_not_run: suite.expect_not_run(),
         verdict: verdict.err().unwrap_or_default(),
         checks,
         seconds: started.elapsed().as_secs_f64(),
         record,
         repeat: None,
     }
+}
+
+/// A trial that could not be judged (its record missing or unreadable): failed, with `why` as
+/// its verdict.
+pub fn failed(suite: &Suite, device: DeviceKind, why: String) -> TrialResult {
+    let started = Instant::now();
+    result(
+        suite,
+        device,
+        Err(why),
+        Vec::new(),
+        RunRecord::default(),
+        started,
+    )
+}
+
+/// Judges a run recorded elsewhere (the record of `suite` on `device`, read from a
+/// `ckpt-record/1` file) by the suite's checks and expectations, as [`run`] judges its own:
+/// the phases the suite plans are what a complete record holds; a check whose inputs the
+/// record lacks is not applicable, never passed.
+pub fn judge(
+    suite: &Suite,
+    device: DeviceKind,
+    mut record: RunRecord,
+    golden_dir: &Path,
+) -> TrialResult {
+    let started = Instant::now();
+    record.name = name(suite, device);
+    record.suite.clone_from(&suite.file.name);
+    record.device = device.to_string();
+    record.planned = phases::plan(suite);
+    let outcome = suite.check_run().and_then(|()| {
+        let stored = golden::load(golden_dir, &record.device, &record.suite)?;
+        Ok(checks::run_all(&record, &suite.file.checks, &stored))
+    });
+    let (verdict, checks) = match outcome {
+        Ok(checks) => (conclude(suite, &checks), checks),
+        Err(e) => (
+            Err(format!(
+                "could not judge: {}: {}",
+                suite.path.display(),
+                error_text::one_line(&e)
+            )),
+            Vec::new(),
+        ),
+    };
+    result(suite, device, verdict, checks, record, started)
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! Which job runs what: mutation testing (`scripts/mutants.sh`, hours of rebuilds) is part of the
-//! nightly job and of nothing CI runs; CI runs every tier's CPU suites.
+//! nightly job and of nothing CI runs; CI runs every tier's CPU suites, and the suites that judge
+//! other trainers.
 
 use std::path::{Path, PathBuf};
 
@@ -103,4 +104,26 @@ fn ci_runs_the_python_recorder_s_tests_against_the_release_cli() {
     for package in ["accelerate==", "jsonschema==", "pytest=="] {
         assert!(requirements.contains(package), "{package} is not pinned");
     }
+}
+
+/// CI runs the suites that judge another trainer (`harness/python/suites`, each phase a Python
+/// command writing its record) once the recorder is installed, with the environment that has it
+/// first on the PATH; and those suites hold negative controls.
+#[test]
+fn ci_judges_the_pytorch_trainers_suites_with_the_recorder_installed() {
+    let ci = commands(".ci/run");
+    let at = |pred: &dyn Fn(&str) -> bool| ci.iter().position(|l| pred(l));
+    let install = at(&|l| l.contains("pip install") && l.contains("./harness/python"));
+    let suites = at(&|l| {
+        l.contains("ci-python/bin:$PATH") && l.contains("ckpt-harness run harness/python/suites")
+    });
+    assert!(install.is_some() && install < suites, "{ci:?}");
+    let controls = std::fs::read_dir(root().join("harness/python/suites/faults"))
+        .unwrap()
+        .filter(|e| {
+            let text = std::fs::read_to_string(e.as_ref().unwrap().path()).unwrap();
+            text.contains("expect_fail:") && text.contains("--fault ")
+        })
+        .count();
+    assert!(controls >= 3, "{controls} negative controls");
 }

@@ -4,6 +4,7 @@ line against it."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,9 @@ import jsonschema
 import pytest
 
 SCHEMA = Path(__file__).resolve().parents[2] / "record" / "ckpt-record-1.schema.json"
+
+# The example trainers (`harness/python/examples`), which the tests drive as a suite's command does.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
 
 def load_schema() -> dict[str, Any]:

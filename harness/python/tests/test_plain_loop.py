@@ -5,13 +5,11 @@ losses and learning rates bit for bit and its saved state at their resume points
 from __future__ import annotations
 
 import json
-import math
-import random
 import struct
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+import plain_loop
 import pytest
 import torch
 from conftest import read_record
@@ -23,124 +21,22 @@ from phases import (
 
 from ckpt_record import Recorder
 
-VOCAB, HIDDEN, SEQ, BATCH, SAMPLES = 32, 16, 8, 4, 10
 MAX_STEPS, EXTRA, RESUME_AT = 6, 2, 3
-SEED = 7
-
-
-class Tiny(torch.nn.Module):
-    """An embedding, a hidden layer with dropout, and an output tied to the embedding."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = torch.nn.Embedding(VOCAB, HIDDEN)
-        self.hidden = torch.nn.Linear(HIDDEN, HIDDEN)
-        self.drop = torch.nn.Dropout(0.2)
-        self.out = torch.nn.Linear(HIDDEN, VOCAB, bias=False)
-        self.out.weight = self.embed.weight
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        logits: torch.Tensor = self.out(self.drop(torch.tanh(self.hidden(self.embed(ids)))))
-        return logits
-
-
-def dataset() -> torch.Tensor:
-    return torch.randint(0, VOCAB, (SAMPLES, SEQ + 1), generator=torch.Generator().manual_seed(1))
-
-
-def batch_at(
-    data: torch.Tensor, epoch: int, position: int
-) -> tuple[list[tuple[int, int]], int, int]:
-    """The samples of the next batch from `(epoch, position)` and the position after it."""
-    samples = []
-    for _ in range(BATCH):
-        if position == SAMPLES:
-            epoch, position = epoch + 1, 0
-        order = torch.randperm(SAMPLES, generator=torch.Generator().manual_seed(SEED + epoch))
-        samples.append((epoch, int(order[position])))
-        position += 1
-    return samples, epoch, position
-
-
-def schedule(step: int) -> float:
-    """Warmup over two steps, then cosine decay pinned at its horizon `MAX_STEPS`."""
-    warmup = min(1.0, (step + 1) / 2)
-    return warmup * 0.5 * (1 + math.cos(math.pi * min(step, MAX_STEPS) / MAX_STEPS))
 
 
 def train(record: Path, ckpts: Path, phase: str, start: int) -> None:
     """Trains from step `start` (a fresh start at 0, else the checkpoint of `start` steps) to
     `MAX_STEPS + EXTRA`, saving at `RESUME_AT` and `MAX_STEPS` in the reference."""
-    random.seed(SEED)
-    np.random.seed(SEED)
-    torch.manual_seed(SEED)
-    model = Tiny()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
-    epoch, position = 0, 0
-    rec = Recorder.open(
+    plain_loop.train(
         record,
+        ckpts,
         phase,
-        seeds={"python": SEED, "numpy": SEED, "torch": SEED},
-        resumed_from=start if start else None,
-        checkpoint=f"step-{start}" if start else None,
-        planned={"from": start, "end": MAX_STEPS + EXTRA, "horizon": MAX_STEPS},
+        end=MAX_STEPS + EXTRA,
+        horizon=MAX_STEPS,
+        save_steps={RESUME_AT, MAX_STEPS} if phase == "reference" else set(),
+        resume_dir=ckpts,
+        start=start,
     )
-    if start:
-        ckpt: dict[str, Any] = torch.load(ckpts / f"step-{start}.pt", weights_only=False)
-        model.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["optimizer"])
-        sched.load_state_dict(ckpt["scheduler"])
-        random.setstate(ckpt["python"])
-        np.random.set_state(ckpt["numpy"])
-        torch.set_rng_state(ckpt["torch"])
-        epoch, position = ckpt["data"]
-        position_now = {"epoch": epoch, "position": position}
-        rec.resume(start, model, optimizer=opt, scheduler=sched, data=position_now)
-    data = dataset()
-    for step in range(start, MAX_STEPS + EXTRA):
-        samples, epoch, position = batch_at(data, epoch, position)
-        rows = data[[i for _, i in samples]]
-        ids, labels = rows[:, :-1], rows[:, 1:]
-        loss = torch.nn.functional.cross_entropy(model(ids).reshape(-1, VOCAB), labels.reshape(-1))
-        opt.zero_grad()
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        lr = opt.param_groups[0]["lr"]
-        opt.step()
-        rec.step(
-            step,
-            loss,
-            lr,
-            grad_norm=grad_norm,
-            tokens=labels.numel(),
-            batch={"input_ids": ids, "labels": labels},
-            samples=samples,
-        )
-        sched.step()
-        if phase == "reference" and step + 1 in (RESUME_AT, MAX_STEPS):
-            torch.save(
-                {
-                    "model": model.state_dict(),
-                    "optimizer": opt.state_dict(),
-                    "scheduler": sched.state_dict(),
-                    "python": random.getstate(),
-                    "numpy": np.random.get_state(),
-                    "torch": torch.get_rng_state(),
-                    "data": (epoch, position),
-                },
-                ckpts / f"step-{step + 1}.pt",
-            )
-            rec.save(
-                step + 1,
-                model,
-                optimizer=opt,
-                scheduler=sched,
-                data={"epoch": epoch, "position": position},
-                checkpoint=f"step-{step + 1}",
-            )
-    del model, opt, sched
-    rec.phase_end()
 
 
 def run_phases(tmp_path: Path) -> Path:
@@ -180,7 +76,7 @@ def test_a_resume_that_skips_the_rng_differs_from_the_reference(
     train(record, tmp_path, "reference", 0)
     ckpt = tmp_path / f"step-{RESUME_AT}.pt"
     saved = torch.load(ckpt, weights_only=False)
-    saved["torch"] = torch.manual_seed(SEED + 1).get_state()
+    saved["torch"] = torch.manual_seed(plain_loop.SEED + 1).get_state()
     torch.save(saved, ckpt)
     train(record, tmp_path, "resume-mid", RESUME_AT)
     lines = read_record(record, validator)

@@ -1,7 +1,9 @@
 //! `data_ledger`: every phase's samples, joined at its resume point to the reference's samples
 //! before it, are the reference's, in order; and every such sequence keeps the epoch rules:
 //! within an epoch no sample repeats, and an epoch begins only after the one before it handed
-//! out every sample (none skipped).
+//! out every sample (none skipped). A record that does not say how many samples an epoch
+//! holds (another trainer's) has its ledgers compared with the reference's, and a figure says
+//! the epoch rules were not checked.
 
 use super::{Check, Failure, Outcome};
 use crate::phases::{PhaseRecord, RunRecord};
@@ -49,12 +51,26 @@ pub fn check(r: &RunRecord) -> Outcome {
             }
         }
         let joined: Vec<(u64, SampleId)> = before.into_iter().chain(own).collect();
+        if r.samples_per_epoch == 0 {
+            continue;
+        }
         if let Some((step, what, expected, actual)) = epoch_break(&joined, r.samples_per_epoch) {
             out.push(fail(phase, what).step(step).saw(expected, actual));
         }
     }
-    Outcome::new(Check::DataLedger, r, compared, r.planned_steps(), out)
+    let o = Outcome::new(Check::DataLedger, r, compared, r.planned_steps(), out);
+    if r.samples_per_epoch == 0 {
+        o.with(
+            EPOCH_RULES_NOT_CHECKED,
+            "the record does not say how many samples an epoch holds (`run.samples_per_epoch`): each phase's samples were compared with the reference's, the epoch rules not checked",
+        )
+    } else {
+        o
+    }
 }
+
+/// The figure saying the epoch rules were not checked, and why.
+pub const EPOCH_RULES_NOT_CHECKED: &str = "epoch_rules_not_checked";
 
 /// The first row whose sample differs from the reference's at the same step and row: its step,
 /// the reference's sample, the phase's, and where it sits.

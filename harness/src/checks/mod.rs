@@ -3,6 +3,7 @@
 //! what was expected against what was seen.
 
 use crate::phases::{Phase, RunRecord};
+use crate::record_fields::RecordField;
 use crate::suite::{ChecksSpec, Continuity};
 use ckpt_engine::memory::{human_bytes, Breakdown, Category};
 use serde::{Deserialize, Serialize};
@@ -165,7 +166,10 @@ impl Failure {
 
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.check, self.trial)?;
+        write!(f, "{}:", self.check)?;
+        if !self.trial.is_empty() {
+            write!(f, " {}", self.trial)?;
+        }
         if let Some(r) = self.rank {
             write!(f, " rank {r}")?;
         }
@@ -200,6 +204,10 @@ pub enum Status {
     NotRun,
     /// The suite turned it off.
     Off,
+    /// The record lacks what it compares: a trainer that does not record it (another
+    /// trainer's record without memory figures, say). Never a pass; the outcome's `reason`
+    /// says what is missing.
+    NotApplicable,
 }
 
 /// A check's verdict, figures and failures.
@@ -219,6 +227,9 @@ pub struct Outcome {
     pub figures: BTreeMap<String, serde_json::Value>,
     /// What it found wrong.
     pub failures: Vec<Failure>,
+    /// Why it is not applicable, for [`Status::NotApplicable`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 impl Outcome {
@@ -255,6 +266,7 @@ impl Outcome {
             implied,
             figures: BTreeMap::new(),
             failures,
+            reason: None,
         }
     }
 
@@ -276,6 +288,16 @@ impl Outcome {
             implied: 0,
             figures: BTreeMap::new(),
             failures: Vec::new(),
+            reason: None,
+        }
+    }
+
+    /// A check whose inputs the record lacks: `missing` says which, for people.
+    pub fn not_applicable(check: Check, missing: impl Into<String>) -> Self {
+        Outcome {
+            status: Status::NotApplicable,
+            reason: Some(missing.into()),
+            ..Outcome::off(check)
         }
     }
 
@@ -322,6 +344,9 @@ pub fn run_all(r: &RunRecord, spec: &ChecksSpec, golden: &GoldenInput) -> Vec<Ou
             if !spec.enabled(check) {
                 return Outcome::off(check);
             }
+            if let Some(field) = needs(check).iter().find(|f| r.lacks.contains(f)) {
+                return Outcome::not_applicable(check, format!("the record lacks it: {field}"));
+            }
             match check {
                 Check::LossContinuity => {
                     loss_continuity::check(r, spec.loss_continuity.0.unwrap_or(Continuity::Bitwise))
@@ -340,6 +365,22 @@ pub fn run_all(r: &RunRecord, spec: &ChecksSpec, golden: &GoldenInput) -> Vec<Ou
             }
         })
         .collect()
+}
+
+/// The optional parts of a record that `check` compares (docs/RECORD.md): without one of them
+/// the check is not applicable.
+pub fn needs(check: Check) -> &'static [RecordField] {
+    match check {
+        Check::LossContinuity | Check::StateDigest | Check::Golden | Check::Finite => &[],
+        Check::DataLedger => &[RecordField::Samples],
+        Check::MemoryReclaimed => &[RecordField::MemoryByCategory],
+        Check::PeakBudget => &[RecordField::StepMemory],
+        Check::NoLeak => &[RecordField::DeviceMemory, RecordField::StepByCategory],
+        Check::AcCoverage => &[RecordField::RecomputedBlocks],
+        Check::MemoryModel => &[RecordField::MemoryModel],
+        Check::OomFree => &[RecordField::OomCount],
+        Check::CheckpointEquivalence => &[RecordField::OnDisk],
+    }
 }
 
 /// `a - b` per category, clamped at zero.
@@ -554,6 +595,8 @@ pub(crate) mod fixtures {
                 phase(Phase::ResumeEnd, 4, 6),
             ],
             worlds: Vec::new(),
+            lacks: Default::default(),
+            text: None,
         };
         r.phases[0].steps[0].start.optimizer = 0;
         r.phases[0].saves = [2, 4, 6].map(save).to_vec();
@@ -576,6 +619,7 @@ pub(crate) mod fixtures {
             in_memory: state.clone(),
             on_disk: Some(state),
             differing_files: Some(Vec::new()),
+            named: None,
         }
     }
 
@@ -829,6 +873,48 @@ mod tests {
                 (Finite, NotRun),
                 (CheckpointEquivalence, NotRun),
             ]
+        );
+    }
+
+    /// A record without a part a check compares leaves that check not applicable, saying which
+    /// part is missing, whatever the check would have made of the defaults; the others run.
+    #[test]
+    fn a_check_whose_inputs_the_record_lacks_is_not_applicable() {
+        use Check::*;
+        let mut r = fixtures::run();
+        for p in &mut r.phases {
+            for s in &mut p.steps {
+                s.samples.clear();
+            }
+        }
+        assert_eq!(data_ledger::check(&r).status, Status::Failed);
+        r.lacks.insert(RecordField::Samples);
+        let o = &outcomes(&r)[2];
+        assert_eq!((o.check, o.status), (DataLedger, Status::NotApplicable));
+        assert_eq!(
+            o.reason.as_deref(),
+            Some("the record lacks it: no step line carries `samples`")
+        );
+        assert!(o.failures.is_empty());
+        r.lacks = [
+            RecordField::StepMemory,
+            RecordField::DeviceMemory,
+            RecordField::StepByCategory,
+            RecordField::MemoryByCategory,
+            RecordField::RecomputedBlocks,
+            RecordField::MemoryModel,
+            RecordField::OomCount,
+            RecordField::OnDisk,
+        ]
+        .into();
+        let applicable: Vec<Check> = outcomes(&r)
+            .iter()
+            .filter(|o| o.status != Status::NotApplicable)
+            .map(|o| o.check)
+            .collect();
+        assert_eq!(
+            applicable,
+            [LossContinuity, StateDigest, DataLedger, Golden, Finite]
         );
     }
 

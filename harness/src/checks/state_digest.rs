@@ -1,18 +1,28 @@
 //! `state_digest`: at the first step of each resumed phase, the resumed trainer's weights,
 //! optimizer state, step, next learning rate and loader position equal the reference trainer's
-//! before the same step, and the first resumed batch is the reference's.
+//! before the same step, and the first resumed batch is the reference's. Another trainer's
+//! record names its state by parts (parameters and optimizer state by name, each generator,
+//! the data position): its resumed state is compared with the state the reference recorded
+//! at the save it resumes from, part by part, each failure naming the first tensor that differs.
 
 use super::{Check, Failure, Outcome};
-use crate::phases::{Phase, RunRecord};
+use crate::phases::{Phase, PhaseRecord, RunRecord};
+use crate::training_state::State;
 
 /// Compares the resumed state with the reference's at every resume point; `compared` counts the
 /// resume points.
 pub fn check(r: &RunRecord) -> Outcome {
     let mut out = Vec::new();
     let mut compared = 0u64;
-    let reference = r.reference();
     for phase in r.phases.iter().filter(|p| p.phase != Phase::Reference) {
         let fail = |what: &str| Failure::new(Check::StateDigest, r, what).phase(phase.phase);
+        if let (None, Some(got)) = (&phase.resumed_digest, &phase.resumed_state) {
+            if by_name(r, phase.phase, got, &mut out).is_some() {
+                compared += 1;
+            }
+            out.extend(batch_differs(r, phase));
+            continue;
+        }
         let (Some(got), Some(want)) = (&phase.resumed_digest, &phase.reference_digest) else {
             out.push(fail("state digests").saw("both recorded", "missing"));
             continue;
@@ -53,25 +63,61 @@ pub fn check(r: &RunRecord) -> Outcome {
                 out.push(fail(what).step(at).saw(w, g));
             }
         }
-        let first = phase.steps.first();
-        let reference_batch = reference.and_then(|p| {
-            p.steps
-                .iter()
-                .find(|s| Some(s.step) == first.map(|f| f.step))
-        });
-        if let (Some(f), Some(w)) = (first, reference_batch) {
-            if f.batch_digest != w.batch_digest {
-                out.push(
-                    fail("batch digest")
-                        .step(f.step)
-                        .saw(&w.batch_digest, &f.batch_digest)
-                        .detail("the resumed loader hands out a different batch"),
-                );
-            }
-        }
+        out.extend(batch_differs(r, phase));
     }
     let implied = r.planned_resumes().count() as u64;
     Outcome::new(Check::StateDigest, r, compared, implied, out)
+}
+
+/// The first resumed step's batch against the reference's at the same step, when it differs.
+fn batch_differs(r: &RunRecord, phase: &PhaseRecord) -> Option<Failure> {
+    let first = phase.steps.first()?;
+    let want = r.reference()?.steps.iter().find(|s| s.step == first.step)?;
+    (first.batch_digest != want.batch_digest).then(|| {
+        Failure::new(Check::StateDigest, r, "batch digest")
+            .phase(phase.phase)
+            .step(first.step)
+            .saw(&want.batch_digest, &first.batch_digest)
+            .detail("the resumed loader hands out a different batch")
+    })
+}
+
+/// Another trainer's resumed state `got` against the state the reference recorded when it saved
+/// the checkpoint the phase resumes from, part by part and name by name (each kind's first
+/// difference, with how many more of its kind differ). `None` when the reference recorded no
+/// such save (a failure says so).
+fn by_name(r: &RunRecord, phase: Phase, got: &State, out: &mut Vec<Failure>) -> Option<()> {
+    let from = r
+        .planned
+        .iter()
+        .find(|q| q.phase == phase)
+        .map_or(got.step, |q| q.from);
+    let fail = |what: &str| {
+        Failure::new(Check::StateDigest, r, what)
+            .phase(phase)
+            .step(from)
+    };
+    let saved = r
+        .reference()
+        .and_then(|p| p.saves.iter().rev().find(|s| s.step == from))
+        .and_then(|s| s.named.as_ref());
+    let Some(want) = saved else {
+        out.push(
+            fail("the reference's state at the save resumed from")
+                .saw("recorded on a save line", "none recorded")
+                .detail("the reference must write a save line for every checkpoint a phase resumes from"),
+        );
+        return None;
+    };
+    let shown = |v: &Option<String>| v.clone().unwrap_or_else(|| "not recorded".into());
+    for d in want.differences(got) {
+        let mut f = fail(&d.what).saw(shown(&d.expected), shown(&d.actual));
+        if d.more > 0 {
+            f = f.detail(format!("and {} more of its kind differ", d.more));
+        }
+        out.push(f);
+    }
+    Some(())
 }
 
 #[cfg(test)]

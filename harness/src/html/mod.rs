@@ -35,6 +35,8 @@ struct CheckView {
     status: &'static str,
     expected_to_fail: bool,
     compared: u64,
+    /// Why the check is not applicable; empty otherwise.
+    reason: String,
     failures: Vec<FailureView>,
     more: usize,
 }
@@ -150,6 +152,7 @@ fn checks(t: &TrialResult) -> Vec<CheckView> {
             status: status_name(o.status),
             expected_to_fail: t.expect_fail.contains(&o.check),
             compared: o.compared,
+            reason: o.reason.clone().unwrap_or_default(),
             failures: o
                 .failures
                 .iter()

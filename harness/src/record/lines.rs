@@ -3,6 +3,7 @@
 //! `phase_end` line once the trainer is released. Optional fields are left out when absent.
 
 use crate::phases::Phase;
+pub use crate::training_state::{OptimizerState, Params, Schedule, State};
 use ckpt_engine::data::SampleId;
 use ckpt_engine::memory::Breakdown;
 use serde::{Deserialize, Serialize};
@@ -205,73 +206,6 @@ pub struct StepLine {
     /// The writer's own data.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub extensions: Option<serde_json::Value>,
-}
-
-/// The parameters' digests.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Params {
-    /// One digest over every parameter.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub digest: Option<String>,
-    /// Each parameter's digest by name.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub by_name: Option<BTreeMap<String, String>>,
-    /// Groups of names that share storage.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tied: Option<Vec<Vec<String>>>,
-}
-
-/// The optimizer state's digests.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct OptimizerState {
-    /// One digest over the whole optimizer state.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub digest: Option<String>,
-    /// Each parameter's optimizer state by the parameter's name.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub by_param: Option<BTreeMap<String, String>>,
-    /// The parameter groups without their parameters.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub hyper: Option<String>,
-}
-
-/// The learning-rate schedule's state.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Schedule {
-    /// The learning rate the next step applies; `None` when not finite.
-    pub next_lr: Option<f64>,
-    /// A digest of the learning-rate scheduler's state.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub digest: Option<String>,
-}
-
-/// A training state.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct State {
-    /// Steps taken.
-    pub step: u64,
-    /// Optimizer updates taken.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub optimizer_steps: Option<u64>,
-    /// The parameters.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub params: Option<Params>,
-    /// The optimizer's state.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub optimizer: Option<OptimizerState>,
-    /// The schedule, where recorded.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub schedule: Option<Schedule>,
-    /// Every random generator, by name, where recorded.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rng: Option<BTreeMap<String, serde_json::Value>>,
-    /// The data position, where recorded.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub data: Option<BTreeMap<String, serde_json::Value>>,
 }
 
 /// `save`: a checkpoint was saved.

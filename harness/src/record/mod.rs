@@ -25,9 +25,18 @@ pub fn file(dir: &Path, trial: &str) -> PathBuf {
     dir.join(format!("{}.jsonl", trial.replace("::", ".")))
 }
 
-/// Writes every trial's record under `dir`, one file each (see [`file`]).
+/// Writes every trial's record under `dir`, one file each (see [`file`]): a record read from
+/// elsewhere as it was read, the engine's as its lines; a trial that recorded nothing (it could
+/// not run) has none.
 pub fn write_all<'a>(records: impl IntoIterator<Item = &'a RunRecord>, dir: &Path) -> Result<()> {
     for r in records {
+        if r.phases.is_empty() && r.text.is_none() {
+            continue;
+        }
+        if let Some(text) = &r.text {
+            report_file::write(&file(dir, &r.name), text.as_bytes())?;
+            continue;
+        }
         let lines = from_run::lines(r);
         report_file::write_with(&file(dir, &r.name), |out: &mut dyn Write| {
             for line in &lines {

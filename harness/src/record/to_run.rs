@@ -6,8 +6,10 @@
 //! to fix.
 
 use super::extensions::{self, PhaseExt, StepExt};
+use super::from_run;
 use super::lines::{Line, Memory, PhaseLine, State, StepLine};
 use crate::phases::{HostMemory, Oom, PhaseRecord, PlannedPhase, RunRecord, StepRecord, Window};
+use crate::record_fields::RecordField;
 use crate::saves::{SaveRecord, SavedState};
 use anyhow::{anyhow, bail, Context, Result};
 use ckpt_engine::checkpoint::state::RngState;
@@ -15,13 +17,19 @@ use ckpt_engine::data::LoaderState;
 use ckpt_engine::memory::Usage;
 use ckpt_engine::{EnvChange, MemoryStats, StateDigest};
 use serde::de::DeserializeOwned;
+use std::collections::BTreeSet;
 use std::path::Path;
+
+/// The text of the record in `file`: a regular file of UTF-8 text.
+pub fn text(file: &Path) -> Result<String> {
+    let bytes = ckpt_engine::regular_file::read(file, "a ckpt-record/1 record file")?;
+    String::from_utf8(bytes)
+        .with_context(|| format!("{}: cannot read as UTF-8 text", file.display()))
+}
 
 /// Reads the record in `file`.
 pub fn read(file: &Path) -> Result<RunRecord> {
-    let bytes = ckpt_engine::regular_file::read(file, "a ckpt-record/1 record file")?;
-    let text = String::from_utf8(bytes)
-        .with_context(|| format!("{}: cannot read as UTF-8 text", file.display()))?;
+    let text = text(file)?;
     let lines = parse(&text, &file.display().to_string())?;
     run_record(lines).with_context(|| format!("{}", file.display()))
 }
@@ -55,9 +63,13 @@ fn ext<T: DeserializeOwned + Default>(value: &Option<serde_json::Value>) -> Resu
 pub fn run_record(lines: Vec<Line>) -> Result<RunRecord> {
     let mut r = RunRecord::default();
     let mut ran = Vec::new();
+    let mut seen = Seen::default();
+    let mut foreign = false;
     for (n, line) in lines.into_iter().enumerate() {
         let at = || format!("line {}", n + 1);
+        seen.note(&line);
         if let Line::Phase(start) = line {
+            foreign |= start.engine.name != from_run::ENGINE;
             begin(&mut r, &mut ran, *start).with_context(at)?;
             continue;
         }
@@ -76,9 +88,13 @@ pub fn run_record(lines: Vec<Line>) -> Result<RunRecord> {
                 in_memory: saved(&s.state),
                 on_disk: s.on_disk.as_ref().map(saved),
                 differing_files: s.differing_files,
+                named: foreign.then_some(s.state),
             }),
             Line::Resume(x) => {
                 p.resumed_digest = digest(&x.state).with_context(at)?;
+                if p.resumed_digest.is_none() {
+                    p.resumed_state = Some(x.state.clone());
+                }
                 p.reference_digest = match &x.reference_state {
                     Some(state) => digest(state).with_context(at)?,
                     None => None,
@@ -114,7 +130,84 @@ pub fn run_record(lines: Vec<Line>) -> Result<RunRecord> {
     if r.planned.is_empty() {
         r.planned = ran;
     }
+    r.lacks = seen.lacks(&r);
     Ok(r)
+}
+
+/// Which optional parts of the record ([`RecordField`]) its lines carried.
+#[derive(Default)]
+struct Seen {
+    samples: bool,
+    step_peak: bool,
+    step_by_category: bool,
+    host_memory: bool,
+    phase_by_category: bool,
+    phase_lines: usize,
+    phase_ends_by_category: usize,
+    recomputed_blocks: bool,
+    predictions: bool,
+    oom_count: bool,
+    on_disk: bool,
+}
+
+impl Seen {
+    fn note(&mut self, line: &Line) {
+        match line {
+            Line::Phase(p) => {
+                self.phase_lines += 1;
+                self.phase_by_category = (self.phase_lines == 1 || self.phase_by_category)
+                    && p.memory_before
+                        .as_ref()
+                        .is_some_and(|m| m.by_category.is_some());
+                let own = p.extensions.as_ref().and_then(|e| e.get(extensions::KEY));
+                self.predictions |= own.is_some_and(|e| e.get("predicted").is_some());
+            }
+            Line::Step(s) => {
+                self.samples |= s.samples.is_some();
+                self.recomputed_blocks |= s.recomputed_blocks.is_some();
+                if let Some(m) = &s.memory {
+                    self.step_peak |= m.allocated_peak.is_some();
+                    self.step_by_category |= m.by_category.is_some();
+                    self.oom_count |= m.oom_count.is_some();
+                    self.host_memory |= !matches!(m.source.as_str(), "engine" | "cuda");
+                }
+            }
+            Line::Save(s) => self.on_disk |= s.on_disk.is_some(),
+            Line::PhaseEnd(e) => {
+                self.phase_ends_by_category += usize::from(e.memory_after.by_category.is_some());
+            }
+            Line::Resume(_) => {}
+        }
+    }
+
+    /// The parts missing from the record `r` read.
+    fn lacks(&self, r: &RunRecord) -> BTreeSet<RecordField> {
+        let missing = [
+            (RecordField::Samples, !self.samples),
+            (RecordField::StepMemory, !self.step_peak),
+            (
+                RecordField::DeviceMemory,
+                !self.step_peak || self.host_memory,
+            ),
+            (RecordField::StepByCategory, !self.step_by_category),
+            (
+                RecordField::MemoryByCategory,
+                !self.phase_by_category || self.phase_ends_by_category < self.phase_lines,
+            ),
+            (
+                RecordField::RecomputedBlocks,
+                !self.recomputed_blocks || r.layers == 0,
+            ),
+            (RecordField::MemoryModel, !self.predictions),
+            (RecordField::OomCount, !self.oom_count),
+            (RecordField::OnDisk, !self.on_disk),
+        ];
+        missing
+            .into_iter()
+            .filter(|(_, absent)| *absent)
+            .map(|(field, _)| field)
+            .collect()
+    }
 }
 
 /// A `phase` line: a new phase, and on the reference's the run's facts; the steps it plans are
@@ -413,6 +506,80 @@ training: {max_steps: 4, resume_from: [1, 2], async_save: true}
             [3, 6]
         );
         assert!(reference.steps.iter().all(|s| s.memory.allocated.peak > 0));
+    }
+
+    /// The Python recorder's record read back: what it lacks, and the checks that can judge it
+    /// pass on it.
+    #[test]
+    fn another_trainer_s_record_says_what_it_lacks_and_its_states_compare_by_name() {
+        use crate::checks::{self, state_digest, Status};
+        let text = include_str!("../../record/examples/pytorch-loop.jsonl");
+        let r = run_record(parse(text, "pytorch-loop.jsonl").unwrap()).unwrap();
+        let lacks: Vec<RecordField> = r.lacks.iter().copied().collect();
+        assert_eq!(
+            lacks,
+            [
+                RecordField::DeviceMemory,
+                RecordField::StepByCategory,
+                RecordField::MemoryByCategory,
+                RecordField::RecomputedBlocks,
+                RecordField::MemoryModel,
+                RecordField::OomCount,
+                RecordField::OnDisk,
+            ]
+        );
+        let o = state_digest::check(&r);
+        assert_eq!(
+            (o.status, o.compared),
+            (Status::Passed, 2),
+            "{:?}",
+            o.failures
+        );
+        assert!(r.phases[0].saves.iter().all(|s| s.named.is_some()));
+        let spec = crate::suite::ChecksSpec::default();
+        let all = checks::run_all(&r, &spec, &checks::GoldenInput::default());
+        let not_applicable: Vec<&str> = all
+            .iter()
+            .filter(|o| o.status == Status::NotApplicable)
+            .map(|o| o.check.name())
+            .collect();
+        assert_eq!(
+            not_applicable,
+            [
+                "memory_reclaimed",
+                "no_leak",
+                "ac_coverage",
+                "memory_model",
+                "oom_free",
+                "checkpoint_equivalence"
+            ]
+        );
+    }
+
+    /// A resumed tensor that is not the saved one fails `state_digest`, naming the tensor.
+    #[test]
+    fn another_trainer_s_resumed_tensor_that_differs_is_named() {
+        use crate::checks::state_digest;
+        let text = include_str!("../../record/examples/pytorch-loop.jsonl");
+        let mut lines = parse(text, "pytorch-loop.jsonl").unwrap();
+        for line in &mut lines {
+            if let Line::Resume(x) = line {
+                if x.phase == crate::phases::Phase::ResumeEnd {
+                    let by_name = x.state.params.as_mut().unwrap().by_name.as_mut().unwrap();
+                    by_name.insert("hidden.bias".into(), "0".repeat(64));
+                }
+            }
+        }
+        let r = run_record(lines).unwrap();
+        let o = state_digest::check(&r);
+        let failures: Vec<String> = o.failures.iter().map(ToString::to_string).collect();
+        assert_eq!(failures.len(), 1, "{failures:?}");
+        assert!(
+            failures[0]
+                .starts_with("state_digest: resume-end step 6: params hidden.bias: expected "),
+            "{}",
+            failures[0]
+        );
     }
 
     #[test]

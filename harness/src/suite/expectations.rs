@@ -53,6 +53,7 @@ pub(super) fn check(path: &Path, places: &Places, file: &SuiteFile) -> Result<()
     };
     let memory = file.memory.capacity.is_some() || file.memory.budget.is_some();
     let explained = !file.faults.is_empty()
+        || file.engine.is_some()
         || memory
         || fail
             .value

@@ -66,6 +66,9 @@ pub struct Places {
     /// `faults`.
     #[serde(default)]
     pub faults: Place,
+    /// `engine`.
+    #[serde(default)]
+    pub engine: Place,
     /// `checks`.
     #[serde(default)]
     pub checks: Place,

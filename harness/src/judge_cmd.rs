@@ -1,0 +1,155 @@
+//! `ckpt-harness judge --records DIR`: runs recorded elsewhere (a cluster job, another trainer
+//! through the Python recorder, `ckpt-harness run`'s own `records/`) judged by the suites'
+//! checks and expectations, with the same summary, report, JUnit and trends as `run`. Each
+//! trial's record is `DIR/<trial>.jsonl` (`cpu::tiny` is `cpu.tiny.jsonl`); a check whose inputs
+//! the record lacks is reported not applicable, with the reason.
+
+use crate::checks::golden;
+use crate::error_text::printable;
+use crate::plan;
+use crate::record::{self, to_run};
+use crate::report::{Skipped, Summary};
+use crate::run_cmd;
+use crate::trial;
+use anyhow::{bail, Context, Result};
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// What `judge` was asked to do.
+#[derive(Clone, Debug)]
+pub struct JudgeOptions {
+    /// Suite files or directories: the trials to judge and their checks.
+    pub paths: Vec<PathBuf>,
+    /// The directory of records, one `<trial>.jsonl` each.
+    pub records: PathBuf,
+    /// Where `summary.json`, `index.html` and the records judged go.
+    pub report: PathBuf,
+    /// Where JUnit XML goes, if anywhere.
+    pub junit: Option<PathBuf>,
+    /// Where the golden snapshots live; by default found from each suite file.
+    pub golden: Option<PathBuf>,
+    /// The summary of an earlier run to compare with.
+    pub baseline: Option<PathBuf>,
+}
+
+/// Judges every trial of the suites whose record `opts.records` holds, printing the summary
+/// table to `out`; returns the summary (the caller decides the exit status). A suite file named
+/// on the command line with no record on any of its devices fails; one found in a directory
+/// without a record is listed as skipped.
+pub fn judge(opts: &JudgeOptions, out: &mut impl Write) -> Result<Summary> {
+    if !opts.records.is_dir() {
+        bail!(
+            "--records {}: not a directory; name the directory that holds the `<trial>.jsonl` records (a report's records/)",
+            opts.records.display()
+        );
+    }
+    let baseline = run_cmd::read_baseline(opts.baseline.as_ref())?;
+    let suites = plan::load(&plan::files(&opts.paths)?)?;
+    let mut trials = Vec::new();
+    let mut skipped = Vec::new();
+    let mut judged = Vec::new();
+    for suite in &suites {
+        let golden_dir = opts
+            .golden
+            .clone()
+            .unwrap_or_else(|| golden::dir_for(&suite.path));
+        let mut found = false;
+        for &device in suite.devices() {
+            let name = trial::name(suite, device);
+            let file = record::file(&opts.records, &name);
+            if !file.is_file() {
+                continue;
+            }
+            found = true;
+            let text = to_run::text(&file);
+            let run = text
+                .as_ref()
+                .map_err(|e| anyhow::anyhow!("{e:#}"))
+                .and_then(|t| {
+                    to_run::run_record(to_run::parse(t, &file.display().to_string())?)
+                        .with_context(|| file.display().to_string())
+                });
+            let result = match run {
+                Ok(mut run) => {
+                    run.text = text.ok();
+                    trial::judge(suite, device, run, &golden_dir)
+                }
+                Err(e) => trial::failed(suite, device, format!("could not read its record: {e:#}")),
+            };
+            writeln!(
+                out,
+                "{} {}",
+                if result.passed { "PASS" } else { "FAIL" },
+                printable(&name)
+            )?;
+            judged.push(file);
+            trials.push(result);
+        }
+        if !found {
+            let wanted = suite
+                .devices()
+                .iter()
+                .map(|&d| {
+                    record::file(&opts.records, &trial::name(suite, d))
+                        .display()
+                        .to_string()
+                })
+                .collect::<Vec<_>>()
+                .join(" or ");
+            let device = suite.devices()[0];
+            if opts.paths.contains(&suite.path) {
+                trials.push(trial::failed(
+                    suite,
+                    device,
+                    format!("no record: expected {wanted}"),
+                ));
+            } else {
+                skipped.push(Skipped {
+                    name: trial::name(suite, device),
+                    reason: format!("no record ({wanted})"),
+                });
+            }
+        }
+    }
+    let unmatched = unmatched(&opts.records, &judged)?;
+    let mut summary = Summary::new(trials, skipped);
+    write!(out, "\n{}", printable(&summary.table()))?;
+    if !unmatched.is_empty() {
+        writeln!(
+            out,
+            "note: {} record(s) in {} match no suite named: {}",
+            unmatched.len(),
+            opts.records.display(),
+            printable(&unmatched.join(", "))
+        )?;
+    }
+    if let Some((file, old)) = &baseline {
+        let t = run_cmd::trends(file, old, &summary);
+        write!(out, "{}", printable(&t.text()))?;
+        summary.trends = Some(t);
+    }
+    run_cmd::write_reports(&summary, &opts.report, opts.junit.as_deref())?;
+    Ok(summary)
+}
+
+/// The `.jsonl` files in `dir` that no judged trial read.
+fn unmatched(dir: &Path, judged: &[PathBuf]) -> Result<Vec<String>> {
+    let read: BTreeSet<&Path> = judged.iter().map(PathBuf::as_path).collect();
+    let mut out = Vec::new();
+    for entry in
+        std::fs::read_dir(dir).with_context(|| format!("{}: cannot list", dir.display()))?
+    {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "jsonl") && !read.contains(path.as_path()) {
+            out.push(
+                path.file_name()
+                    .unwrap_or_default()
+                    .to_string_lossy()
+                    .into_owned(),
+            );
+        }
+    }
+    out.sort();
+    Ok(out)
+}
