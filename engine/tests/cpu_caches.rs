@@ -31,7 +31,10 @@ const SHAPES: [(usize, usize, usize, bool, bool, bool); 5] = [
 /// A fake cache directory: `(level, type, size, ways, shared_cpu_list)` per `index<i>`.
 type Caches = [(u32, &'static str, &'static str, u32, &'static str); 4];
 
-const FAKES: [(&str, Caches); 3] = [
+/// Other caches; `gemm`'s own blocking moves under the first on CPUs with AVX2 only and under
+/// the second with AVX-512 too (its wider kernels need a larger L1 before the inner block grows
+/// past 512).
+const FAKES: [(&str, Caches); 4] = [
     (
         "a 128 KiB 32-way L1d, 2 MiB L2, 8 MiB L3",
         [
@@ -39,6 +42,15 @@ const FAKES: [(&str, Caches); 3] = [
             (1, "Instruction", "32K", 8, "0"),
             (2, "Unified", "2048K", 16, "0"),
             (3, "Unified", "8M", 16, "0-1"),
+        ],
+    ),
+    (
+        "a 256 KiB 16-way L1d, 2 MiB L2, 32 MiB L3",
+        [
+            (1, "Data", "256K", 16, "0"),
+            (1, "Instruction", "32K", 8, "0"),
+            (2, "Unified", "2048K", 16, "0"),
+            (3, "Unified", "32M", 16, "0-1"),
         ],
     ),
     (
