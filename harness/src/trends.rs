@@ -5,7 +5,7 @@
 //! Regressions are the changes for the worse; the rest (a trial newly passing, a new trial,
 //! figures measured on one side only) are said too.
 
-use crate::bench::Bench;
+use crate::bench::{Bench, Figure};
 use crate::checks::Status;
 use crate::phases::{Phase, RunRecord};
 use crate::report::Summary;
@@ -369,7 +369,7 @@ fn loss_moved(b: &RunRecord, t: &RunRecord, trial: &str) -> Option<Change> {
 
 /// How many of the engine's figures `bench` holds, as a change's side says it.
 fn measured(bench: &Bench) -> String {
-    format!("{} figures measured", bench.judged().count())
+    format!("{} measured", bench.judged().count())
 }
 
 /// The changes of the engine's benchmark figures: each down more than [`FIGURE_DROP`]; those
@@ -389,8 +389,7 @@ fn figure_changes(b: Option<&Bench>, t: Option<&Bench>) -> Vec<Change> {
         }
         (Some(b), Some(t)) => (b, t),
     };
-    let same =
-        |f: &crate::bench::Figure, g: &crate::bench::Figure| f.name == g.name && f.unit == g.unit;
+    let same = |f: &Figure, g: &Figure| f.name == g.name && f.unit == g.unit;
     let mut out = Vec::new();
     for now in t.judged() {
         let Some(was) = b.judged().find(|was| same(was, now)) else {
@@ -436,7 +435,6 @@ impl Trends {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::Figure;
     use crate::checks::{fixtures, Check, Failure, Outcome};
     use crate::devices::DeviceKind;
     use crate::report::Skipped;
@@ -681,7 +679,7 @@ mod tests {
                 Some(both.clone()),
                 None,
                 "figures",
-                "2 figures measured",
+                "2 measured",
                 "not measured",
             ),
             (
@@ -689,7 +687,7 @@ mod tests {
                 Some(both.clone()),
                 "figures",
                 "not measured",
-                "2 figures measured",
+                "2 measured",
             ),
             (
                 Some(both.clone()),
