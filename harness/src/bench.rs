@@ -29,16 +29,15 @@ pub struct Figure {
 }
 
 impl Figure {
-    /// The value with its unit, to three significant figures or more: `4506 tokens/s`,
-    /// `1.37 GB/s`, `0.93x`.
+    /// The value with its unit, to three significant figures or more (three decimals at most):
+    /// `4506 tokens/s`, `1.37 GB/s`, `0.934x`.
     pub fn shown(&self) -> String {
         let v = self.value;
-        let digits = if v.abs() >= 100.0 {
-            0
-        } else if v.abs() >= 10.0 {
-            1
-        } else {
-            2
+        let digits = match v.abs() {
+            a if a >= 100.0 => 0,
+            a if a >= 10.0 => 1,
+            a if a >= 1.0 => 2,
+            _ => 3,
         };
         if self.unit == "x" {
             format!("{v:.digits$}x")
@@ -214,8 +213,8 @@ mod tests {
         f.unit = "tokens/s".into();
         assert_eq!(f.shown(), "4506 tokens/s");
         f.unit = "x".into();
-        f.value = 0.934;
-        assert_eq!(f.shown(), "0.93x");
+        f.value = 0.9345;
+        assert_eq!(f.shown(), "0.934x");
         f.value = 12.34;
         assert_eq!(f.shown(), "12.3x");
     }
