@@ -339,15 +339,20 @@ mod tests {
             }],
         };
         let mut with = Summary::new(
-            vec![trial("cpu::a", "suites/a.yaml", DeviceKind::Cpu)],
+            vec![trial(
+                "cpu::tiny-fp32",
+                "suites/tiny-fp32.yaml",
+                DeviceKind::Cpu,
+            )],
             Vec::new(),
         );
         with.bench = Some(bench.clone());
         with.write_json(&a).unwrap();
-        write_trial(&b, &trial("cpu::b", "suites/b.yaml", DeviceKind::Cpu)).unwrap();
+        let other = trial("cpu::async-save", "suites/async-save.yaml", DeviceKind::Cpu);
+        write_trial(&b, &other).unwrap();
         let merged = merge(&[a.clone(), b.clone()]).unwrap();
         assert_eq!(merged.bench, Some(bench));
-        with.trials[0].name = "cpu::c".into();
+        with.trials = vec![other];
         with.write_json(&b).unwrap();
         let e = merge(&[a, b]).unwrap_err().to_string();
         assert!(
