@@ -4,21 +4,26 @@
 # one after the other in the same invocation; prints both and the ratio. Then checkpoint save and
 # load throughput next to a plain write + fsync and read of the same bytes (checkpoint_io bench).
 #
-#   scripts/bench.sh [--threads N] [--steps N] [--warmup N] [--rounds N]
+#   scripts/bench.sh [--threads N] [--steps N] [--warmup N] [--rounds N] [--json FILE]
 #
 # Environment: PYTHON picks the interpreter (default python3). With --rounds N > 1 the two
-# benchmarks alternate N times and the medians are compared, which steadies figures on a busy
-# machine.
+# training benchmarks alternate N times, the checkpoint bench runs N times, and the medians are
+# compared, which steadies figures on a busy machine. --json FILE also writes the figures for
+# `ckpt-harness run --bench FILE` (the nightly job's summary.json): the engine's (tokens/s of each
+# configuration, save and load GB/s, and their ratios to PyTorch and to plain input/output),
+# which trends compare night to night, and the references they are held to.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-threads=2 steps=10 warmup=2 rounds=1
+command="scripts/bench.sh${*:+ $*}"
+threads=2 steps=10 warmup=2 rounds=1 json=""
 while [[ $# -gt 0 ]]; do
     case "$1" in
     --threads) threads="$2" ;;
     --steps) steps="$2" ;;
     --warmup) warmup="$2" ;;
     --rounds) rounds="$2" ;;
+    --json) json="$2" ;;
     *)
         echo "bench.sh: unknown argument $1" >&2
         exit 2
@@ -36,6 +41,25 @@ json_number() {
 # The median of numbers given one per line.
 median() {
     sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+
+# The median of the figure named KEY over JSON lines given one per line.
+median_of() {
+    local key="$1" line
+    while IFS= read -r line; do json_number "$key" "$line"; done | median
+}
+
+# figure NAME UNIT VALUE [reference]: one figure for --json; a value that is not a number stops
+# the script, so a figure the benches did not print is never written as something else.
+figures=()
+figure() {
+    if ! [[ $3 =~ ^[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?$ ]]; then
+        echo "bench.sh: $1: no figure measured (got '$3')" >&2
+        exit 1
+    fi
+    local reference=""
+    [[ ${4:-} == reference ]] && reference=', "reference": true'
+    figures+=("    {\"name\": \"$1\", \"unit\": \"$2\", \"value\": $3$reference}")
 }
 
 echo "building the engine bench..." >&2
@@ -59,21 +83,55 @@ for ((round = 1; round <= rounds; round++)); do
     fi
 done
 
+config="fp32, $threads thread$([[ $threads == 1 ]] || echo s)"
 ours_tps=$(printf '%s\n' "${ours[@]}" | median)
 printf 'engine tokens/s:  %.1f (%d thread(s), median of %d round(s))\n' "$ours_tps" "$threads" "$rounds"
+figure "training, engine ($config)" tokens/s "$ours_tps"
 if [[ $have_torch == 0 ]]; then
     echo "pytorch reference skipped: $python cannot import torch and transformers"
 else
     theirs_tps=$(printf '%s\n' "${theirs[@]}" | median)
     printf 'pytorch tokens/s: %.1f\n' "$theirs_tps"
-    awk -v a="$ours_tps" -v b="$theirs_tps" 'BEGIN { printf "ratio engine/pytorch: %.2fx (target >= 1.0x)\n", a / b }'
+    ratio=$(awk -v a="$ours_tps" -v b="$theirs_tps" 'BEGIN { printf "%.4f", a / b }')
+    printf 'ratio engine/pytorch: %.2fx (target >= 1.0x)\n' "$ratio"
+    figure "training, PyTorch ($config)" tokens/s "$theirs_tps" reference
+    figure "training, engine / PyTorch ($config)" x "$ratio"
 fi
 
 echo "checkpoint save and load..." >&2
-io=$(cargo bench -p ckpt-harness --bench checkpoint_io --locked -q | tail -n 1)
-echo "checkpoint_io: $io"
+io_lines=()
+for ((round = 1; round <= rounds; round++)); do
+    io=$(cargo bench -p ckpt-harness --bench checkpoint_io --locked -q | tail -n 1)
+    echo "checkpoint_io: $io"
+    io_lines+=("$io")
+done
+io_median() { printf '%s\n' "${io_lines[@]}" | median_of "$1"; }
 printf 'save %.2f GB/s, plain write + fsync %.2f GB/s: %.2fx (target >= 0.70x)\n' \
-    "$(json_number save_gb_s "$io")" "$(json_number plain_write_gb_s "$io")" "$(json_number save_vs_plain "$io")"
+    "$(io_median save_gb_s)" "$(io_median plain_write_gb_s)" "$(io_median save_vs_plain)"
 printf 'load %.2f GB/s, plain read into memory %.2f GB/s: %.2fx (target >= 0.70x); streaming read %.2f GB/s: %.2fx\n' \
-    "$(json_number load_gb_s "$io")" "$(json_number plain_read_gb_s "$io")" "$(json_number load_vs_plain "$io")" \
-    "$(json_number stream_read_gb_s "$io")" "$(json_number load_vs_stream "$io")"
+    "$(io_median load_gb_s)" "$(io_median plain_read_gb_s)" "$(io_median load_vs_plain)" "$(io_median stream_read_gb_s)" "$(io_median load_vs_stream)"
+[[ $rounds == 1 ]] || echo "(checkpoint figures: medians of $rounds runs)"
+figure "checkpoint save" GB/s "$(io_median save_gb_s)"
+figure "plain write + fsync" GB/s "$(io_median plain_write_gb_s)" reference
+figure "checkpoint save / plain write + fsync" x "$(io_median save_vs_plain)"
+figure "checkpoint load" GB/s "$(io_median load_gb_s)"
+figure "plain read into memory" GB/s "$(io_median plain_read_gb_s)" reference
+figure "streaming read" GB/s "$(io_median stream_read_gb_s)" reference
+figure "checkpoint load / plain read" x "$(io_median load_vs_plain)"
+figure "checkpoint load / streaming read" x "$(io_median load_vs_stream)"
+
+if [[ -n $json ]]; then
+    cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -n 1)
+    machine="${cpu:-unknown CPU}, $(nproc 2>/dev/null || echo '?') cores"
+    mkdir -p "$(dirname "$json")"
+    {
+        printf '{\n  "command": "%s",\n  "machine": "%s",\n  "figures": [\n' \
+            "${command//[\"\\]/}" "${machine//[\"\\]/}"
+        for ((i = 0; i < ${#figures[@]}; i++)); do
+            printf '%s%s\n' "${figures[i]}" "$([[ $i -lt $((${#figures[@]} - 1)) ]] && echo ,)"
+        done
+        printf '  ]\n}\n'
+    } >"$json.tmp"
+    mv "$json.tmp" "$json"
+    echo "figures written to $json" >&2
+fi

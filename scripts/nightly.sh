@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
-# The nightly job: every suite of every tier (the CI suites, the nightly ones and the negative
-# controls) on every device present, with memory traces; the report rendered in headless Chromium
-# (a screenshot; fails at 2 MB or more; the time it took to lay out is printed, not judged), the
+# The nightly job: the CPU benchmarks (scripts/bench.sh, on a machine not yet busy with the
+# suites), their figures written to OUT/bench.json; then every suite of every tier (the CI suites,
+# the nightly ones and the negative controls) on every device present, with memory traces, the
+# benchmarks' figures put in its summary.json; the report rendered in headless Chromium (a
+# screenshot; fails at 2 MB or more; the time it took to lay out is printed, not judged), the
 # traces read by PyTorch's _memory_viz and a checkpoint of every model family loaded by Hugging
 # Face transformers (scripts/check_hf_families.sh) where python3 has torch and transformers
-# (.ci/run installs scripts/requirements-ci.txt); then the CPU benchmarks; then mutation testing
-# of the code that decides verdicts and state (scripts/mutants.sh: hours, so never in CI).
+# (.ci/run installs scripts/requirements-ci.txt); then mutation testing of the code that decides
+# verdicts and state (scripts/mutants.sh: hours, so never in CI).
 #
 #   scripts/nightly.sh [--tier ci|nightly|all] [--baseline SUMMARY] [--fail-on-regression]
 #                      [--no-bench] [--no-mutants] [OUT]
 #
-# OUT (default report/nightly) gets summary.json, index.html (+ index.png), junit.xml, memory/
-# and the logs, the mutants' in OUT/mutants. --baseline names last night's summary.json: what
-# changed is at the top of the report. CI runs `--tier ci --no-bench --no-mutants`, then the
-# nightly tier's CPU suites by themselves.
+# OUT (default report/nightly) gets summary.json, index.html (+ index.png), junit.xml, memory/,
+# bench.json and the logs, the mutants' in OUT/mutants. --baseline names last night's
+# summary.json: what changed is at the top of the report, a benchmark figure down more than 10%
+# among the regressions. CI runs `--tier ci --no-bench --no-mutants`, then the nightly tier's CPU
+# suites by themselves.
 #
 # Exit status: 1 if a trial failed (or regressed, with --fail-on-regression), the report did
 # not render, torch could not read a trace, transformers did not give a family's loss, a
@@ -41,6 +44,13 @@ mkdir -p "$out"
 
 cargo build --release --locked -p ckpt-harness
 status=0
+rm -f "$out/bench.json"
+if [[ $bench == 1 ]]; then
+    scripts/bench.sh --rounds 3 --json "$out/bench.json" 2>&1 | tee "$out/bench.log" || status=1
+fi
+if [[ -f "$out/bench.json" ]]; then
+    run_args+=(--bench "$out/bench.json")
+fi
 target/release/ckpt-harness run suites --tier "$tier" --device auto --memory-trace \
     --report "$out" --junit "$out/junit.xml" "${run_args[@]}" 2>&1 | tee "$out/suites.log" ||
     status=$?
@@ -62,9 +72,6 @@ else
     echo "nightly: python3 cannot import torch, transformers and safetensors; the Hugging Face load check did not run"
 fi
 
-if [[ $bench == 1 ]]; then
-    scripts/bench.sh --rounds 3 2>&1 | tee "$out/bench.log" || status=1
-fi
 if [[ $mutants == 1 ]]; then
     scripts/mutants.sh "$out/mutants" 2>&1 | tee "$out/mutants.log" || status=1
 fi

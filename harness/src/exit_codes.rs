@@ -41,7 +41,7 @@ pub fn run_help() -> String {
             ),
             (FAILED, "a trial failed, or could not run; the reports are written all the same; with --fail-on-regression, also when something regressed against --baseline"),
         ],
-        ", no suite file found under the paths given, a --baseline that is not a summary.json",
+        ", no suite file found under the paths given, a --baseline that is not a summary.json, a --bench that is not a figures file",
     ))
 }
 
@@ -52,7 +52,7 @@ pub fn diff_help() -> String {
             (SUCCESS, "nothing regressed (other changes may be listed)"),
             (
                 FAILED,
-                "something regressed: a check newly failing or skipped, a step peak up more than 2%, step time up more than 10%, a loss trajectory that moved",
+                "something regressed: a check newly failing or skipped, a step peak up more than 2%, step time up more than 10%, a loss trajectory that moved, a benchmark figure down more than 10%",
             ),
         ],
         ", or a file that is not a summary.json ckpt-harness wrote",
@@ -66,7 +66,7 @@ pub fn merge_help() -> String {
             (SUCCESS, "every merged trial passed"),
             (FAILED, "a merged trial failed; with --fail-on-regression, also when something regressed against --baseline"),
         ],
-        ", a directory without summaries, a file that is not a summary.json, a trial found in two partitions",
+        ", a directory without summaries, a file that is not a summary.json, a trial found in two partitions, benchmark figures in two, a --bench that is not a figures file",
     ))
 }
 

@@ -1,6 +1,7 @@
 //! ckpt-harness: drives the training engine through train → save → resume phases and checks that
 //! resuming changed nothing and memory behaved. This crate also holds the command-line tool.
 
+pub mod bench;
 pub mod checks;
 pub mod command_phases;
 pub mod devices;

@@ -3,6 +3,7 @@
 use anyhow::Result;
 use ckpt_engine::optim::AdamWConfig;
 use ckpt_engine::{DeviceKind, Precision};
+use ckpt_harness::bench::Bench;
 use ckpt_harness::plan::{self, DeviceChoice, TierFilter};
 use ckpt_harness::progress::Style;
 use ckpt_harness::report::Summary;
@@ -90,6 +91,10 @@ enum Command {
         /// Exit 1 when something regressed against --baseline, even if every trial passed.
         #[arg(long, requires = "baseline")]
         fail_on_regression: bool,
+        /// The benchmarks' figures measured with this run (`scripts/bench.sh --json FILE`): put
+        /// in summary.json and index.html, compared with --baseline's.
+        #[arg(long)]
+        bench: Option<PathBuf>,
         /// The golden snapshot directory [default: the nearest golden/ in or above each suite
         /// file's directory; without one, golden/ beside the directory of suites (where --bless
         /// creates it), whatever the working directory].
@@ -185,7 +190,8 @@ enum Command {
         paths: Vec<PathBuf>,
     },
     /// What changed from one run to another: checks newly failing or skipped, step peaks up
-    /// more than 2%, step time up more than 10%, loss trajectories that moved.
+    /// more than 2%, step time up more than 10%, loss trajectories that moved, benchmark
+    /// figures down more than 10%.
     #[command(after_help = exit_codes::diff_help())]
     Diff {
         /// The earlier run's summary.json (or its report directory).
@@ -220,6 +226,10 @@ enum ReportCommand {
         /// Exit 1 when something regressed against --baseline, even if every trial passed.
         #[arg(long, requires = "baseline")]
         fail_on_regression: bool,
+        /// The benchmarks' figures measured with the run (`scripts/bench.sh --json FILE`), in
+        /// place of those a merged summary carries.
+        #[arg(long)]
+        bench: Option<PathBuf>,
     },
 }
 
@@ -400,6 +410,7 @@ fn dispatch(command: Command) -> Result<u8> {
             memory_trace,
             baseline,
             fail_on_regression,
+            bench,
             golden,
             bless,
             repeat,
@@ -417,6 +428,7 @@ fn dispatch(command: Command) -> Result<u8> {
                 progress,
                 memory_trace,
                 baseline: baseline.as_deref().map(summary_file),
+                bench,
                 repeat: repeat.into(),
             };
             let summary = run_cmd::run(&opts, &mut stdout.lock())?;
@@ -462,13 +474,18 @@ fn dispatch(command: Command) -> Result<u8> {
             junit,
             baseline,
             fail_on_regression,
+            bench,
         }) => {
             let old = baseline
                 .as_deref()
                 .map(summary_file)
                 .map(|f| Summary::read(&f).map(|s| (f, s)))
                 .transpose()?;
+            let bench = bench.as_deref().map(Bench::read).transpose()?;
             let mut summary = merge::merge(&dirs)?;
+            if bench.is_some() {
+                summary.bench = bench;
+            }
             let mut text = summary.table();
             if let Some((file, old)) = &old {
                 let t = run_cmd::trends(file, old, &summary);

@@ -1,7 +1,9 @@
 //! `report merge`: the summaries of a run split over machines (a `run` per machine, or
 //! `cargo nextest run --partition` writing one summary per trial under `trials/`) put back
-//! together as the summary of the whole run, its trials in the order one run would list them.
+//! together as the summary of the whole run, its trials in the order one run would list them,
+//! with the benchmarks' figures the one summary that has them carries.
 
+use crate::bench::Bench;
 use crate::checks::{Check, Status};
 use crate::report::Summary;
 use crate::suite::Suite;
@@ -135,14 +137,27 @@ fn against_suite(t: &TrialResult) -> Option<String> {
 /// The summary of every trial in the summaries under `dirs`. A trial found twice is an error:
 /// each partition runs its own trials. A trial skipped in one partition and run in another is
 /// counted as run. A trial's verdict is derived again from its checks
-/// ([`TrialResult::derived_failure`]): a summary saying `passed` is not believed.
+/// ([`TrialResult::derived_failure`]): a summary saying `passed` is not believed. The
+/// benchmarks' figures are those of the one summary that has them; two that have them are an
+/// error.
 pub fn merge(dirs: &[PathBuf]) -> Result<Summary> {
     let mut trials = Vec::new();
     let mut skipped = Vec::new();
     let mut seen: Vec<(String, PathBuf)> = Vec::new();
+    let mut bench: Option<(Bench, PathBuf)> = None;
     for dir in dirs {
         for file in files_in(dir)? {
             let part = Summary::read(&file)?;
+            if let Some(figures) = part.bench {
+                if let Some((_, first)) = &bench {
+                    bail!(
+                        "{}: benchmark figures are also in {}; merge them from one partition, or give them with --bench",
+                        file.display(),
+                        first.display()
+                    );
+                }
+                bench = Some((figures, file.clone()));
+            }
             for t in part.trials {
                 if let Some((_, first)) = seen.iter().find(|(n, _)| *n == t.name) {
                     bail!(
@@ -162,7 +177,9 @@ pub fn merge(dirs: &[PathBuf]) -> Result<Summary> {
     skipped.retain(|s| !seen.iter().any(|(n, _)| *n == s.name));
     skipped.sort_by(|a, b| a.name.cmp(&b.name));
     skipped.dedup_by(|a, b| a.name == b.name);
-    Ok(Summary::new(trials, skipped))
+    let mut summary = Summary::new(trials, skipped);
+    summary.bench = bench.map(|(figures, _)| figures);
+    Ok(summary)
 }
 
 #[cfg(test)]
@@ -305,6 +322,46 @@ mod tests {
         assert_eq!(names, ["cpu::b", "cuda::b", "cpu::c", "cpu::faults::a"]);
         assert_eq!((merged.passed, merged.failed), (4, 0));
         assert_eq!(merged.trials[0].record.phases.len(), 3);
+    }
+
+    #[test]
+    fn the_bench_figures_of_the_one_partition_that_has_them_are_the_merge_s() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        let bench = crate::bench::Bench {
+            command: "scripts/bench.sh".into(),
+            machine: "m".into(),
+            figures: vec![crate::bench::Figure {
+                name: "checkpoint load".into(),
+                unit: "GB/s".into(),
+                value: 1.37,
+                reference: false,
+            }],
+        };
+        let mut with = Summary::new(
+            vec![trial(
+                "cpu::tiny-fp32",
+                "suites/tiny-fp32.yaml",
+                DeviceKind::Cpu,
+            )],
+            Vec::new(),
+        );
+        with.bench = Some(bench.clone());
+        with.write_json(&a).unwrap();
+        let other = trial("cpu::async-save", "suites/async-save.yaml", DeviceKind::Cpu);
+        write_trial(&b, &other).unwrap();
+        let merged = merge(&[a.clone(), b.clone()]).unwrap();
+        assert_eq!(merged.bench, Some(bench));
+        with.trials = vec![other];
+        with.write_json(&b).unwrap();
+        let e = merge(&[a, b]).unwrap_err().to_string();
+        assert!(
+            e.contains("b/summary.json: benchmark figures are also in")
+                && e.ends_with(
+                    "a/summary.json; merge them from one partition, or give them with --bench"
+                ),
+            "{e}"
+        );
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Reports of a run: the summary table, `summary.json` (written, and read back for trends and
 //! merges) and JUnit XML.
 
+use crate::bench::Bench;
 use crate::checks::{golden, Check, Status};
 use crate::trends::Trends;
 use crate::trial::TrialResult;
@@ -38,6 +39,9 @@ pub struct Summary {
     /// What changed against a baseline run, when one was given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trends: Option<Trends>,
+    /// The benchmarks' figures measured with the run (`run --bench`); absent when none were.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bench: Option<Bench>,
 }
 
 impl Summary {
@@ -50,20 +54,28 @@ impl Summary {
             trials,
             skipped,
             trends: None,
+            bench: None,
         }
     }
 
     /// Reads a `summary.json` that `run` or `report merge` wrote.
     pub fn read(file: &Path) -> Result<Self> {
         let text = regular_file::read(file, "the summary.json a run wrote, or its directory")?;
-        serde_json::from_slice(&text).map_err(|e| {
+        let summary: Summary = serde_json::from_slice(&text).map_err(|e| {
             anyhow::anyhow!(
                 "{}:{}:{}: not a summary ckpt-harness wrote: {e}; give the summary.json a run wrote",
                 file.display(),
                 e.line(),
                 e.column()
             )
-        })
+        })?;
+        if let Some(Err(e)) = summary.bench.as_ref().map(Bench::check) {
+            anyhow::bail!(
+                "{}: bench.{e}; give the summary.json a run wrote",
+                file.display()
+            );
+        }
+        Ok(summary)
     }
 
     /// The table printed at the end of a run: one row per trial, its failed checks, then its

@@ -1,9 +1,10 @@
 //! `ckpt-harness run`: every planned trial through the phases and checks, with progress as it
 //! goes, a summary table, `summary.json`, `index.html` and each trial's run record
 //! (`records/<trial>.jsonl`, docs/RECORD.md) in the report directory, optionally
-//! JUnit XML, memory traces, and the changes against a baseline; the caller exits non-zero on
-//! any failure.
+//! JUnit XML, memory traces, the benchmarks' figures measured with the run, and the changes
+//! against a baseline; the caller exits non-zero on any failure.
 
+use crate::bench::Bench;
 use crate::checks::golden;
 use crate::error_text::printable;
 use crate::html;
@@ -44,6 +45,8 @@ pub struct RunOptions {
     pub memory_trace: bool,
     /// The summary of an earlier run to compare with.
     pub baseline: Option<PathBuf>,
+    /// The figures `scripts/bench.sh --json` measured with the run, to put in its summary.
+    pub bench: Option<PathBuf>,
     /// Runs of each trial (1: once); from 2 on the trial's result carries their spread, and
     /// it passes only when every run does.
     pub repeat: usize,
@@ -78,6 +81,7 @@ pub fn read_baseline(file: Option<&PathBuf>) -> Result<Option<(&PathBuf, Summary
 /// A failed write to `out` (a closed pipe) stops the run after the trial it happened in.
 pub fn run(opts: &RunOptions, out: &mut impl Write) -> Result<Summary> {
     let baseline = read_baseline(opts.baseline.as_ref())?;
+    let bench = opts.bench.as_deref().map(Bench::read).transpose()?;
     let suites = plan::load(&plan::files(&opts.paths)?)?;
     let planned = plan::plan(&suites, &opts.paths, opts.tier, opts.device)?;
     let mode = if opts.bless {
@@ -140,6 +144,7 @@ pub fn run(opts: &RunOptions, out: &mut impl Write) -> Result<Summary> {
     }
     drop(reporter);
     let mut summary = Summary::new(trials, skipped);
+    summary.bench = bench;
     write!(out, "\n{}", printable(&summary.table()))?;
     if let Some((file, old)) = &baseline {
         let t = trends(file, old, &summary);

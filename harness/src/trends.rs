@@ -1,9 +1,11 @@
 //! What changed between a baseline run and this one, trial by trial: a check newly failing or
 //! newly without a verdict, a trial newly failing, skipped or gone, a step's peak up more than
 //! [`PEAK_RISE`], the median step time up more than [`TIME_RISE`], the reference loss trajectory
-//! moved. Regressions are the changes for the worse; the rest (a trial newly passing, a new
-//! trial) are said too.
+//! moved; then the benchmarks: one of the engine's figures down more than [`FIGURE_DROP`].
+//! Regressions are the changes for the worse; the rest (a trial newly passing, a new trial,
+//! figures measured on one side only) are said too.
 
+use crate::bench::{Bench, Figure};
 use crate::checks::Status;
 use crate::phases::{Phase, RunRecord};
 use crate::report::Summary;
@@ -19,6 +21,11 @@ pub const PEAK_RISE: f64 = 0.02;
 pub const TIME_RISE: f64 = 0.10;
 /// A median step time rise below this many seconds is noise, whatever its fraction.
 pub const TIME_FLOOR: f64 = 0.001;
+/// A benchmark figure this much below the baseline's (a fraction) is a regression.
+pub const FIGURE_DROP: f64 = 0.10;
+/// What the changes of the benchmarks' figures name in place of a trial (and the id of the
+/// report's benchmarks section).
+pub const BENCHMARKS: &str = "benchmarks";
 
 /// What kind of change.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -34,16 +41,24 @@ pub enum Kind {
     StepTimeUp,
     /// The reference trajectory's losses differ.
     LossMoved,
+    /// One of the engine's benchmark figures fell more than [`FIGURE_DROP`].
+    FigureDown,
     /// A trial passes now and failed before.
     NewlyPassing,
     /// A trial the baseline does not have.
     NewTrial,
+    /// Benchmark figures measured on one side only (a run with `--no-bench`, a figure renamed),
+    /// so not compared.
+    FigureNotCompared,
 }
 
 impl Kind {
     /// Whether the change is for the worse.
     pub fn regression(self) -> bool {
-        !matches!(self, Kind::NewlyPassing | Kind::NewTrial)
+        !matches!(
+            self,
+            Kind::NewlyPassing | Kind::NewTrial | Kind::FigureNotCompared
+        )
     }
 
     /// How the report names it.
@@ -54,8 +69,10 @@ impl Kind {
             Kind::PeakUp => "step peak up",
             Kind::StepTimeUp => "step time up",
             Kind::LossMoved => "loss moved",
+            Kind::FigureDown => "figure down",
             Kind::NewlyPassing => "newly passing",
             Kind::NewTrial => "new trial",
+            Kind::FigureNotCompared => "figure not compared",
         }
     }
 }
@@ -132,7 +149,7 @@ pub fn status_name(s: Status) -> &'static str {
 }
 
 /// Every change of `now` against `baseline`, trial by trial in `now`'s order, then the trials
-/// only the baseline has.
+/// only the baseline has, then the benchmarks' figures.
 pub fn compare(baseline: &Summary, now: &Summary) -> Vec<Change> {
     let before: BTreeMap<&str, &TrialResult> = baseline
         .trials
@@ -172,6 +189,7 @@ pub fn compare(baseline: &Summary, now: &Summary) -> Vec<Change> {
             after,
         ));
     }
+    out.extend(figure_changes(baseline.bench.as_ref(), now.bench.as_ref()));
     out
 }
 
@@ -347,6 +365,55 @@ fn loss_moved(b: &RunRecord, t: &RunRecord, trial: &str) -> Option<Change> {
         format!("{w:.7}"),
         format!("{n:.7} (largest difference {largest:.3e})"),
     ))
+}
+
+/// How many of the engine's figures `bench` holds, as a change's side says it.
+fn measured(bench: &Bench) -> String {
+    format!("{} measured", bench.judged().count())
+}
+
+/// The changes of the engine's benchmark figures: each down more than [`FIGURE_DROP`]; those
+/// measured on one side only (every figure, when one run has none: `--no-bench`). Reference
+/// figures (PyTorch's, a plain write's) are not compared: the ratios to them are.
+fn figure_changes(b: Option<&Bench>, t: Option<&Bench>) -> Vec<Change> {
+    let unmatched = |what: &str, before: String, after: String| {
+        change(Kind::FigureNotCompared, BENCHMARKS, what, before, after)
+    };
+    let (b, t) = match (b, t) {
+        (None, None) => return Vec::new(),
+        (Some(b), None) => {
+            return vec![unmatched("figures", measured(b), "not measured".into())];
+        }
+        (None, Some(t)) => {
+            return vec![unmatched("figures", "not measured".into(), measured(t))];
+        }
+        (Some(b), Some(t)) => (b, t),
+    };
+    let same = |f: &Figure, g: &Figure| f.name == g.name && f.unit == g.unit;
+    let mut out = Vec::new();
+    for now in t.judged() {
+        let Some(was) = b.judged().find(|was| same(was, now)) else {
+            out.push(unmatched(&now.name, "not measured".into(), now.shown()));
+            continue;
+        };
+        let drop = (was.value - now.value) / was.value;
+        if drop > FIGURE_DROP {
+            out.push(change(
+                Kind::FigureDown,
+                BENCHMARKS,
+                &now.name,
+                was.shown(),
+                format!("{} (-{:.1}%)", now.shown(), drop * 100.0),
+            ));
+        }
+    }
+    for was in b
+        .judged()
+        .filter(|was| !t.judged().any(|now| same(was, now)))
+    {
+        out.push(unmatched(&was.name, was.shown(), "not measured".into()));
+    }
+    out
 }
 
 impl Trends {
@@ -540,6 +607,112 @@ mod tests {
         assert!(t
             .text()
             .starts_with("against old/summary.json: 0 regressions, 2 changes\n"));
+    }
+
+    /// Figures of the engine in tokens/s, then one reference figure.
+    fn bench(engine: &[(&str, f64)], reference: f64) -> Bench {
+        let figure = |name: &str, value, reference| Figure {
+            name: name.into(),
+            unit: "tokens/s".into(),
+            value,
+            reference,
+        };
+        let mut figures: Vec<Figure> = engine
+            .iter()
+            .map(|&(name, value)| figure(name, value, false))
+            .collect();
+        figures.push(figure("pytorch tokens/s", reference, true));
+        Bench {
+            command: "scripts/bench.sh".into(),
+            machine: "m".into(),
+            figures,
+        }
+    }
+
+    fn with_bench(bench: Option<Bench>) -> Summary {
+        let mut s = summary(vec![trial("cpu::a")]);
+        s.bench = bench;
+        s
+    }
+
+    #[test]
+    fn a_figure_down_more_than_10_percent_is_a_regression_and_10_percent_is_not() {
+        let old = with_bench(Some(bench(&[("engine tokens/s", 1000.0)], 900.0)));
+        let cases = [
+            (1000.0 / 1.2, true),
+            (1000.0 / 1.05, false),
+            (900.0, false),
+            (899.0, true),
+            (1500.0, false),
+        ];
+        for (now, flagged) in cases {
+            let new = with_bench(Some(bench(&[("engine tokens/s", now)], 900.0)));
+            let changes = compare(&old, &new);
+            let want: &[(Kind, &str)] = if flagged {
+                &[(Kind::FigureDown, "engine tokens/s")]
+            } else {
+                &[]
+            };
+            assert_eq!(kinds(&changes), want, "{now} against 1000");
+        }
+        let new = with_bench(Some(bench(&[("engine tokens/s", 800.0)], 900.0)));
+        let t = Trends::new("old/summary.json", &old, &new);
+        assert_eq!(t.regressions(), 1);
+        assert_eq!(
+            t.changes[0].to_string(),
+            "REGRESSION: benchmarks figure down: engine tokens/s: 1000 tokens/s -> 800 tokens/s (-20.0%)"
+        );
+    }
+
+    #[test]
+    fn a_reference_figure_down_is_not_compared() {
+        let old = with_bench(Some(bench(&[("engine tokens/s", 1000.0)], 900.0)));
+        let new = with_bench(Some(bench(&[("engine tokens/s", 1000.0)], 500.0)));
+        assert_eq!(compare(&old, &new), []);
+    }
+
+    #[test]
+    fn figures_measured_on_one_side_only_are_said_and_no_regression() {
+        let both = bench(&[("engine tokens/s", 1000.0), ("load GB/s", 2.0)], 900.0);
+        let cases = [
+            (
+                Some(both.clone()),
+                None,
+                "figures",
+                "2 measured",
+                "not measured",
+            ),
+            (
+                None,
+                Some(both.clone()),
+                "figures",
+                "not measured",
+                "2 measured",
+            ),
+            (
+                Some(both.clone()),
+                Some(bench(&[("engine tokens/s", 1000.0)], 900.0)),
+                "load GB/s",
+                "2.00 tokens/s",
+                "not measured",
+            ),
+            (
+                Some(bench(&[("engine tokens/s", 1000.0)], 900.0)),
+                Some(both),
+                "load GB/s",
+                "not measured",
+                "2.00 tokens/s",
+            ),
+        ];
+        for (old, new, what, before, after) in cases {
+            let t = Trends::new("old", &with_bench(old), &with_bench(new));
+            assert_eq!(kinds(&t.changes), [(Kind::FigureNotCompared, what)]);
+            assert_eq!(
+                (t.changes[0].before.as_str(), t.changes[0].after.as_str()),
+                (before, after)
+            );
+            assert_eq!(t.regressions(), 0, "{:?}", t.changes);
+        }
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! Which job runs what: mutation testing (`scripts/mutants.sh`, hours of rebuilds) is part of the
 //! nightly job and of nothing CI runs; CI runs every tier's CPU suites, and the suites that judge
-//! other trainers.
+//! other trainers; the nightly job's summary carries its benchmarks' figures.
 
 use std::path::{Path, PathBuf};
 
@@ -126,4 +126,27 @@ fn ci_judges_the_pytorch_trainers_suites_with_the_recorder_installed() {
         })
         .count();
     assert!(controls >= 3, "{controls} negative controls");
+}
+
+/// The nightly job measures the benchmarks first, each night afresh (last night's figures file
+/// removed), and gives their figures to the run, whose summary.json and trends then hold them.
+#[test]
+fn the_nightly_job_puts_its_benchmarks_figures_in_its_summary() {
+    let nightly = commands("scripts/nightly.sh");
+    let at = |pred: &dyn Fn(&str) -> bool| nightly.iter().position(|l| pred(l));
+    let removed = at(&|l| l == "rm -f \"$out/bench.json\"");
+    let bench =
+        at(&|l| l.starts_with("scripts/bench.sh") && l.contains("--json \"$out/bench.json\""));
+    let given = at(&|l| l == "run_args+=(--bench \"$out/bench.json\")");
+    let run = at(&|l| l.starts_with("target/release/ckpt-harness run suites"));
+    assert!(
+        removed.is_some() && removed < bench && bench < given && given < run,
+        "{nightly:?}"
+    );
+    let continued = nightly[run.unwrap()..]
+        .iter()
+        .take_while(|l| l.ends_with('\\'))
+        .count();
+    let run_command = nightly[run.unwrap()..=run.unwrap() + continued].join(" ");
+    assert!(run_command.contains("\"${run_args[@]}\""), "{run_command}");
 }

@@ -454,3 +454,139 @@ fn a_merged_trial_passes_only_by_its_checks_not_by_its_own_word() {
         assert_eq!(merged["trials"][0]["passed"], false, "{why}");
     }
 }
+
+/// The figures `scripts/bench.sh --json` writes, with `load` as the checkpoint load's GB/s.
+fn figures(load: f64) -> serde_json::Value {
+    serde_json::json!({
+        "command": "scripts/bench.sh --rounds 3",
+        "machine": "a test machine, 2 cores",
+        "figures": [
+            {"name": "training, engine (fp32, 2 threads)", "unit": "tokens/s", "value": 4506.0},
+            {"name": "checkpoint load", "unit": "GB/s", "value": load},
+            {"name": "streaming read", "unit": "GB/s", "value": 17.6, "reference": true}
+        ]
+    })
+}
+
+/// `recorded(name)` with `bench` as its figures, written into `dir`.
+fn with_figures(dir: &Path, name: &str, bench: serde_json::Value) -> String {
+    let mut summary = json(Path::new(&recorded("passing")));
+    summary["bench"] = bench;
+    let file = dir.join(name);
+    std::fs::write(&file, serde_json::to_vec(&summary).unwrap()).unwrap();
+    file.display().to_string()
+}
+
+#[test]
+fn diff_flags_a_benchmark_figure_down_more_than_10_percent_against_a_doctored_baseline() {
+    let dir = tempfile::tempdir().unwrap();
+    let now = with_figures(dir.path(), "now.json", figures(1.37));
+    let doctored = with_figures(dir.path(), "doctored.json", figures(1.37 * 1.2));
+    let out = harness(&["diff", &doctored, &now]);
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    assert!(all.contains(": 1 regressions, 1 changes"), "{all}");
+    assert!(
+        all.contains(
+            "REGRESSION: benchmarks figure down: checkpoint load: 1.64 GB/s -> 1.37 GB/s (-16.7%)"
+        ),
+        "{all}"
+    );
+    let near = with_figures(dir.path(), "near.json", figures(1.37 * 1.05));
+    let out = harness(&["diff", &near, &now]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains(": 0 regressions, 0 changes"));
+    let out = harness(&["diff", &recorded("passing"), &now]);
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{all}");
+    assert!(
+        all.contains("change: benchmarks figure not compared: figures: not measured -> 2 measured"),
+        "{all}"
+    );
+}
+
+#[test]
+fn a_run_with_bench_figures_keeps_them_and_fails_on_a_figure_down_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let bench = dir.path().join("bench.json");
+    std::fs::write(&bench, serde_json::to_vec(&figures(1.37)).unwrap()).unwrap();
+    let doctored = with_figures(dir.path(), "doctored.json", figures(2.0));
+    let report = dir.path().join("report");
+    let out = run(
+        &report,
+        &["suites/tiny-fp32.yaml"],
+        &[
+            "--bench",
+            bench.to_str().unwrap(),
+            "--baseline",
+            &doctored,
+            "--fail-on-regression",
+        ],
+    );
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    assert!(
+        all.contains(
+            "REGRESSION: benchmarks figure down: checkpoint load: 2.00 GB/s -> 1.37 GB/s (-31.5%)"
+        ),
+        "{all}"
+    );
+    let summary = json(&report.join("summary.json"));
+    assert_eq!(summary["bench"], figures(1.37));
+    let kinds: Vec<&str> = summary["trends"]["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["kind"].as_str().unwrap())
+        .collect();
+    assert!(kinds.contains(&"figure_down"), "{kinds:?}");
+    let page = std::fs::read_to_string(report.join("index.html")).unwrap();
+    let table = page
+        .find("<section id=\"benchmarks\">")
+        .expect("no benchmarks section");
+    assert!(page.find("<td>figure down</td>").unwrap() < table);
+    assert!(table < page.find("data-trial=").unwrap());
+    assert!(
+        page.contains("<td>checkpoint load</td><td class=\"num\">1.37 GB/s</td>"),
+        "{page}"
+    );
+    assert!(page.contains("streaming read <span class=\"note\">(reference)</span>"));
+
+    let merged = dir.path().join("merged");
+    let out = harness(&[
+        "report",
+        "merge",
+        report.to_str().unwrap(),
+        "--out",
+        merged.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(json(&merged.join("summary.json"))["bench"], figures(1.37));
+    std::fs::write(&bench, serde_json::to_vec(&figures(3.0)).unwrap()).unwrap();
+    let out = harness(&[
+        "report",
+        "merge",
+        report.to_str().unwrap(),
+        "--bench",
+        bench.to_str().unwrap(),
+        "--out",
+        merged.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(json(&merged.join("summary.json"))["bench"], figures(3.0));
+
+    std::fs::write(&bench, "{\"figures\": []}").unwrap();
+    let out = run(
+        &dir.path().join("bad"),
+        &["suites/tiny-fp32.yaml"],
+        &["--bench", bench.to_str().unwrap()],
+    );
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{all}");
+    assert!(
+        all.contains(
+            "bench.json: figures: no figure; give the file `scripts/bench.sh --json FILE` wrote"
+        ),
+        "{all}"
+    );
+}

@@ -1,5 +1,6 @@
 //! `index.html`: the run for people, self-contained (inline SVG and CSS, no script, no network).
-//! At the top what changed against the baseline, then every trial: its checks' verdicts with
+//! At the top what changed against the baseline, then the benchmarks' figures measured with
+//! the run (when they were), then every trial: its checks' verdicts with
 //! each failure's expected against actual, the loss curves of the phases, the memory
 //! timeline stacked by category, the memory anatomy (estimate against measured, bytes per
 //! parameter), and wall time per phase and per step. The page is the template
@@ -8,6 +9,7 @@
 pub mod plots;
 pub mod timeline;
 
+use crate::bench::Bench;
 use crate::checks::Check;
 use crate::memory_trace;
 use crate::phases::{Phase, RunRecord};
@@ -118,6 +120,20 @@ struct TrendsView {
     changes: Vec<ChangeView>,
 }
 
+/// One row of the benchmarks table.
+struct FigureRow {
+    name: String,
+    value: String,
+    reference: bool,
+}
+
+/// The benchmarks section.
+struct BenchView {
+    command: String,
+    machine: String,
+    figures: Vec<FigureRow>,
+}
+
 /// The page.
 #[derive(Template)]
 #[template(path = "report.html")]
@@ -126,6 +142,7 @@ struct Page {
     failed: usize,
     skipped: Vec<Skipped>,
     trends: Option<TrendsView>,
+    bench: Option<BenchView>,
     trials: Vec<TrialView>,
 }
 
@@ -373,6 +390,22 @@ fn trends_view(t: &Trends) -> TrendsView {
     }
 }
 
+fn bench_view(b: &Bench) -> BenchView {
+    BenchView {
+        command: b.command.clone(),
+        machine: b.machine.clone(),
+        figures: b
+            .figures
+            .iter()
+            .map(|f| FigureRow {
+                name: f.name.clone(),
+                value: f.shown(),
+                reference: f.reference,
+            })
+            .collect(),
+    }
+}
+
 /// The page of `summary`, linking the memory traces found under `dir`.
 pub fn render(summary: &Summary, dir: &Path) -> Result<String> {
     let page = Page {
@@ -380,6 +413,7 @@ pub fn render(summary: &Summary, dir: &Path) -> Result<String> {
         failed: summary.failed,
         skipped: summary.skipped.clone(),
         trends: summary.trends.as_ref().map(trends_view),
+        bench: summary.bench.as_ref().map(bench_view),
         trials: summary
             .trials
             .iter()
