@@ -109,16 +109,18 @@ enum Command {
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
         repeat: u16,
     },
-    /// Judges runs recorded elsewhere (ckpt-record/1, docs/RECORD.md) by the suites' checks:
-    /// another trainer's record through the Python recorder, a cluster job's, or `run`'s own
-    /// records/. Checks whose inputs a record lacks are reported not applicable.
+    /// Judges runs by the suites' checks: with --records, runs recorded elsewhere
+    /// (ckpt-record/1, docs/RECORD.md: another trainer's through the Python recorder, a cluster
+    /// job's, `run`'s own records/); without, the suites' trainers run through their phases as
+    /// `run` runs them (a suite's `engine: {command}` runs that command). Checks whose inputs a
+    /// record lacks are reported not applicable.
     #[command(after_help = exit_codes::run_help())]
     Judge {
         /// Suite files or directories: the trials to judge and their checks (default: suites/).
         paths: Vec<PathBuf>,
         /// The directory of records, `<trial>.jsonl` each (`cpu::tiny` is `cpu.tiny.jsonl`).
         #[arg(long)]
-        records: PathBuf,
+        records: Option<PathBuf>,
         /// Where to write summary.json, index.html and the records judged.
         #[arg(long, default_value = "report")]
         report: PathBuf,
@@ -443,15 +445,40 @@ fn dispatch(command: Command) -> Result<u8> {
             fail_on_regression,
             golden,
         } => {
-            let opts = judge_cmd::JudgeOptions {
-                paths: default_paths(paths),
-                records,
-                report,
-                junit,
-                golden,
-                baseline: baseline.as_deref().map(summary_file),
+            let stdout = std::io::stdout();
+            let baseline = baseline.as_deref().map(summary_file);
+            let summary = match records {
+                Some(records) => {
+                    let opts = judge_cmd::JudgeOptions {
+                        paths: default_paths(paths),
+                        records,
+                        report,
+                        junit,
+                        golden,
+                        baseline,
+                    };
+                    judge_cmd::judge(&opts, &mut stdout.lock())?
+                }
+                None => {
+                    let progress =
+                        Style::detect(stdout.is_terminal(), std::env::var_os("CI").as_deref());
+                    let opts = run_cmd::RunOptions {
+                        paths: default_paths(paths),
+                        device: DeviceChoice::Auto,
+                        tier: TierFilter::Ci,
+                        report,
+                        junit,
+                        golden,
+                        bless: false,
+                        progress,
+                        memory_trace: false,
+                        baseline,
+                        bench: None,
+                        repeat: 1,
+                    };
+                    run_cmd::run(&opts, &mut stdout.lock())?
+                }
             };
-            let summary = judge_cmd::judge(&opts, &mut std::io::stdout().lock())?;
             Ok(run_status(&summary, fail_on_regression))
         }
         Command::Diff { old, new } => {

@@ -298,8 +298,8 @@ fn a_suite_s_command_runs_each_phase_and_its_record_is_judged_and_kept() {
     ]);
     assert!(out.status.success(), "{}", text(&out));
     let s = summary(&report);
-    let statuses = statuses(&s);
-    let passed: Vec<&str> = statuses
+    let ran = statuses(&s);
+    let passed: Vec<&str> = ran
         .iter()
         .filter(|(_, s)| s == "passed")
         .map(|(c, _)| c.as_str())
@@ -320,6 +320,19 @@ fn a_suite_s_command_runs_each_phase_and_its_record_is_judged_and_kept() {
         std::fs::read_to_string(report.join("records/cpu.replayed.jsonl")).unwrap(),
         example,
         "the report keeps the phases' records, in phase order"
+    );
+    let judged = dir.path().join("judged");
+    let out = harness(&[
+        "judge",
+        "--report",
+        judged.to_str().unwrap(),
+        suite.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        statuses(&summary(&judged)),
+        ran,
+        "judge runs the command as run does"
     );
 }
 
