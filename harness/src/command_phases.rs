@@ -81,12 +81,7 @@ pub fn run(
             text.push('\n');
         }
     }
-    let mut record = to_run::run_record(to_run::parse(
-        &text,
-        &format!("{} records", suite.file.name),
-    )?)?;
-    record.text = Some(text);
-    Ok(record)
+    to_run::from_text(text, &format!("{} records", suite.file.name))
 }
 
 /// Runs one phase's `words` in `cwd` with its output in `log`; an error when it fails, with

@@ -62,19 +62,8 @@ pub fn judge(opts: &JudgeOptions, out: &mut impl Write) -> Result<Summary> {
                 continue;
             }
             found = true;
-            let text = to_run::text(&file);
-            let run = text
-                .as_ref()
-                .map_err(|e| anyhow::anyhow!("{e:#}"))
-                .and_then(|t| {
-                    to_run::run_record(to_run::parse(t, &file.display().to_string())?)
-                        .with_context(|| file.display().to_string())
-                });
-            let result = match run {
-                Ok(mut run) => {
-                    run.text = text.ok();
-                    trial::judge(suite, device, run, &golden_dir)
-                }
+            let result = match to_run::read(&file) {
+                Ok(run) => trial::judge(suite, device, run, &golden_dir),
                 Err(e) => trial::failed(suite, device, format!("could not read its record: {e:#}")),
             };
             writeln!(
@@ -113,8 +102,13 @@ pub fn judge(opts: &JudgeOptions, out: &mut impl Write) -> Result<Summary> {
         }
     }
     let unmatched = unmatched(&opts.records, &judged)?;
-    let mut summary = Summary::new(trials, skipped);
-    write!(out, "\n{}", printable(&summary.table()))?;
+    let summary = run_cmd::conclude(
+        Summary::new(trials, skipped),
+        baseline,
+        &opts.report,
+        opts.junit.as_deref(),
+        out,
+    )?;
     if !unmatched.is_empty() {
         writeln!(
             out,
@@ -124,12 +118,6 @@ pub fn judge(opts: &JudgeOptions, out: &mut impl Write) -> Result<Summary> {
             printable(&unmatched.join(", "))
         )?;
     }
-    if let Some((file, old)) = &baseline {
-        let t = run_cmd::trends(file, old, &summary);
-        write!(out, "{}", printable(&t.text()))?;
-        summary.trends = Some(t);
-    }
-    run_cmd::write_reports(&summary, &opts.report, opts.junit.as_deref())?;
     Ok(summary)
 }
 

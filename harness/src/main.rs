@@ -75,31 +75,16 @@ enum Command {
         /// Tiers to run from directories (a suite file named runs whatever its tier).
         #[arg(long, value_enum, default_value_t = TierFilter::Ci)]
         tier: TierFilter,
-        /// Where to write summary.json, index.html and the memory traces.
-        #[arg(long, default_value = "report")]
-        report: PathBuf,
-        /// Also write JUnit XML to this file.
-        #[arg(long)]
-        junit: Option<PathBuf>,
+        #[command(flatten)]
+        reports: Reports,
         /// Write every phase's allocations and frees as PyTorch memory snapshots
         /// (REPORT/memory/<trial>/<phase>.pickle).
         #[arg(long)]
         memory_trace: bool,
-        /// The summary.json of an earlier run: say what changed against it.
-        #[arg(long)]
-        baseline: Option<PathBuf>,
-        /// Exit 1 when something regressed against --baseline, even if every trial passed.
-        #[arg(long, requires = "baseline")]
-        fail_on_regression: bool,
         /// The benchmarks' figures measured with this run (`scripts/bench.sh --json FILE`): put
         /// in summary.json and index.html, compared with --baseline's.
         #[arg(long)]
         bench: Option<PathBuf>,
-        /// The golden snapshot directory [default: the nearest golden/ in or above each suite
-        /// file's directory; without one, golden/ beside the directory of suites (where --bless
-        /// creates it), whatever the working directory].
-        #[arg(long)]
-        golden: Option<PathBuf>,
         /// Rewrite the golden snapshots from this run.
         #[arg(long)]
         bless: bool,
@@ -121,22 +106,8 @@ enum Command {
         /// The directory of records, `<trial>.jsonl` each (`cpu::tiny` is `cpu.tiny.jsonl`).
         #[arg(long)]
         records: Option<PathBuf>,
-        /// Where to write summary.json, index.html and the records judged.
-        #[arg(long, default_value = "report")]
-        report: PathBuf,
-        /// Also write JUnit XML to this file.
-        #[arg(long)]
-        junit: Option<PathBuf>,
-        /// The summary.json of an earlier run: say what changed against it.
-        #[arg(long)]
-        baseline: Option<PathBuf>,
-        /// Exit 1 when something regressed against --baseline, even if every trial passed.
-        #[arg(long, requires = "baseline")]
-        fail_on_regression: bool,
-        /// The golden snapshot directory [default: the nearest golden/ in or above each suite
-        /// file's directory].
-        #[arg(long)]
-        golden: Option<PathBuf>,
+        #[command(flatten)]
+        reports: Reports,
     },
     /// Lists the trials the suites hold, and which cannot run here.
     #[command(after_help = exit_codes::plain_help())]
@@ -204,6 +175,29 @@ enum Command {
     /// Reports built from recorded runs.
     #[command(subcommand)]
     Report(ReportCommand),
+}
+
+/// Where a run's (or a judging's) reports go, the baseline they are compared with, and the
+/// golden snapshots.
+#[derive(clap::Args)]
+struct Reports {
+    /// Where to write summary.json, index.html, each trial's record and the memory traces.
+    #[arg(long, default_value = "report")]
+    report: PathBuf,
+    /// Also write JUnit XML to this file.
+    #[arg(long)]
+    junit: Option<PathBuf>,
+    /// The summary.json of an earlier run: say what changed against it.
+    #[arg(long)]
+    baseline: Option<PathBuf>,
+    /// Exit 1 when something regressed against --baseline, even if every trial passed.
+    #[arg(long, requires = "baseline")]
+    fail_on_regression: bool,
+    /// The golden snapshot directory [default: the nearest golden/ in or above each suite
+    /// file's directory; without one, golden/ beside the directory of suites (where --bless
+    /// creates it), whatever the working directory].
+    #[arg(long)]
+    golden: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -407,13 +401,9 @@ fn dispatch(command: Command) -> Result<u8> {
             paths,
             device,
             tier,
-            report,
-            junit,
+            reports,
             memory_trace,
-            baseline,
-            fail_on_regression,
             bench,
-            golden,
             bless,
             repeat,
         } => {
@@ -423,63 +413,48 @@ fn dispatch(command: Command) -> Result<u8> {
                 paths: default_paths(paths),
                 device,
                 tier,
-                report,
-                junit,
-                golden,
+                report: reports.report,
+                junit: reports.junit,
+                golden: reports.golden,
                 bless,
                 progress,
                 memory_trace,
-                baseline: baseline.as_deref().map(summary_file),
+                baseline: reports.baseline.as_deref().map(summary_file),
                 bench,
                 repeat: repeat.into(),
             };
             let summary = run_cmd::run(&opts, &mut stdout.lock())?;
-            Ok(run_status(&summary, fail_on_regression))
+            Ok(run_status(&summary, reports.fail_on_regression))
         }
         Command::Judge {
             paths,
-            records,
-            report,
-            junit,
-            baseline,
-            fail_on_regression,
-            golden,
+            records: None,
+            reports,
+        } => dispatch(Command::Run {
+            paths,
+            device: DeviceChoice::Auto,
+            tier: TierFilter::Ci,
+            reports,
+            memory_trace: false,
+            bench: None,
+            bless: false,
+            repeat: 1,
+        }),
+        Command::Judge {
+            paths,
+            records: Some(records),
+            reports,
         } => {
-            let stdout = std::io::stdout();
-            let baseline = baseline.as_deref().map(summary_file);
-            let summary = match records {
-                Some(records) => {
-                    let opts = judge_cmd::JudgeOptions {
-                        paths: default_paths(paths),
-                        records,
-                        report,
-                        junit,
-                        golden,
-                        baseline,
-                    };
-                    judge_cmd::judge(&opts, &mut stdout.lock())?
-                }
-                None => {
-                    let progress =
-                        Style::detect(stdout.is_terminal(), std::env::var_os("CI").as_deref());
-                    let opts = run_cmd::RunOptions {
-                        paths: default_paths(paths),
-                        device: DeviceChoice::Auto,
-                        tier: TierFilter::Ci,
-                        report,
-                        junit,
-                        golden,
-                        bless: false,
-                        progress,
-                        memory_trace: false,
-                        baseline,
-                        bench: None,
-                        repeat: 1,
-                    };
-                    run_cmd::run(&opts, &mut stdout.lock())?
-                }
+            let opts = judge_cmd::JudgeOptions {
+                paths: default_paths(paths),
+                records,
+                report: reports.report,
+                junit: reports.junit,
+                golden: reports.golden,
+                baseline: reports.baseline.as_deref().map(summary_file),
             };
-            Ok(run_status(&summary, fail_on_regression))
+            let summary = judge_cmd::judge(&opts, &mut std::io::stdout().lock())?;
+            Ok(run_status(&summary, reports.fail_on_regression))
         }
         Command::Diff { old, new } => {
             let (old, new) = (summary_file(&old), summary_file(&new));

@@ -145,13 +145,26 @@ pub fn run(opts: &RunOptions, out: &mut impl Write) -> Result<Summary> {
     drop(reporter);
     let mut summary = Summary::new(trials, skipped);
     summary.bench = bench;
+    conclude(summary, baseline, &opts.report, opts.junit.as_deref(), out)
+}
+
+/// The end of a run (or a judging) of trials: `summary`'s table printed to `out`, what changed
+/// against `baseline` printed and kept in it, and its reports written into `report` (and JUnit
+/// XML to `junit`).
+pub fn conclude(
+    mut summary: Summary,
+    baseline: Option<(&PathBuf, Summary)>,
+    report: &Path,
+    junit: Option<&Path>,
+    out: &mut impl Write,
+) -> Result<Summary> {
     write!(out, "\n{}", printable(&summary.table()))?;
     if let Some((file, old)) = &baseline {
         let t = trends(file, old, &summary);
         write!(out, "{}", printable(&t.text()))?;
         summary.trends = Some(t);
     }
-    write_reports(&summary, &opts.report, opts.junit.as_deref())?;
+    write_reports(&summary, report, junit)?;
     Ok(summary)
 }
 

@@ -243,11 +243,7 @@ pub fn run(
     let (verdict, checks, record) = match observe(suite, device, golden_dir, mode, watch) {
         Ok(Observed { record, checks }) => (conclude(suite, &checks), checks, record),
         Err(e) => (
-            Err(format!(
-                "could not run: {}: {}",
-                suite.path.display(),
-                error_text::one_line(&e)
-            )),
+            Err(could_not("run", suite, &e)),
             Vec::new(),
             RunRecord::default(),
         ),
@@ -270,18 +266,19 @@ fn run_command(
     });
     let mut result = match recorded {
         Ok(record) => judge(suite, device, record, golden_dir),
-        Err(e) => failed(
-            suite,
-            device,
-            format!(
-                "could not run: {}: {}",
-                suite.path.display(),
-                error_text::one_line(&e)
-            ),
-        ),
+        Err(e) => failed(suite, device, could_not("run", suite, &e)),
     };
     result.seconds = started.elapsed().as_secs_f64();
     result
+}
+
+/// Why a trial of `suite` could not `what` (run, judge): the suite file and the error `e`.
+fn could_not(what: &str, suite: &Suite, e: &anyhow::Error) -> String {
+    format!(
+        "could not {what}: {}: {}",
+        suite.path.display(),
+        error_text::one_line(e)
+    )
 }
 
 /// The verdict on the checks' outcomes of a trial of `suite`: exactly the checks of its
@@ -364,14 +361,7 @@ pub fn judge(
     });
     let (verdict, checks) = match outcome {
         Ok(checks) => (conclude(suite, &checks), checks),
-        Err(e) => (
-            Err(format!(
-                "could not judge: {}: {}",
-                suite.path.display(),
-                error_text::one_line(&e)
-            )),
-            Vec::new(),
-        ),
+        Err(e) => (Err(could_not("judge", suite, &e)), Vec::new()),
     };
     result(suite, device, verdict, checks, record, started)
 }

@@ -27,11 +27,18 @@ pub fn text(file: &Path) -> Result<String> {
         .with_context(|| format!("{}: cannot read as UTF-8 text", file.display()))
 }
 
-/// Reads the record in `file`.
+/// Reads the record in `file`, keeping its text (see [`from_text`]).
 pub fn read(file: &Path) -> Result<RunRecord> {
-    let text = text(file)?;
-    let lines = parse(&text, &file.display().to_string())?;
-    run_record(lines).with_context(|| format!("{}", file.display()))
+    let origin = file.display().to_string();
+    from_text(text(file)?, &origin).with_context(|| origin)
+}
+
+/// The run a record's `text` holds, the text kept with it (the report keeps a record read from
+/// elsewhere as it was read); `origin` names it in errors.
+pub fn from_text(text: String, origin: &str) -> Result<RunRecord> {
+    let mut record = run_record(parse(&text, origin)?)?;
+    record.text = Some(text);
+    Ok(record)
 }
 
 /// The lines of a record's text; `origin` names it in errors.
@@ -141,8 +148,8 @@ struct Seen {
     step_peak: bool,
     step_by_category: bool,
     host_memory: bool,
-    phase_by_category: bool,
     phase_lines: usize,
+    phase_starts_by_category: usize,
     phase_ends_by_category: usize,
     recomputed_blocks: bool,
     predictions: bool,
@@ -155,10 +162,9 @@ impl Seen {
         match line {
             Line::Phase(p) => {
                 self.phase_lines += 1;
-                self.phase_by_category = (self.phase_lines == 1 || self.phase_by_category)
-                    && p.memory_before
-                        .as_ref()
-                        .is_some_and(|m| m.by_category.is_some());
+                let before = p.memory_before.as_ref();
+                self.phase_starts_by_category +=
+                    usize::from(before.is_some_and(|m| m.by_category.is_some()));
                 let own = p.extensions.as_ref().and_then(|e| e.get(extensions::KEY));
                 self.predictions |= own.is_some_and(|e| e.get("predicted").is_some());
             }
@@ -192,7 +198,8 @@ impl Seen {
             (RecordField::StepByCategory, !self.step_by_category),
             (
                 RecordField::MemoryByCategory,
-                !self.phase_by_category || self.phase_ends_by_category < self.phase_lines,
+                self.phase_starts_by_category < self.phase_lines
+                    || self.phase_ends_by_category < self.phase_lines,
             ),
             (
                 RecordField::RecomputedBlocks,
