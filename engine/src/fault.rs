@@ -65,6 +65,13 @@ pub enum Fault {
     /// weights for every use (FSDP's `reshard_after_forward` off, and the backward's copies
     /// never freed). The bits are untouched and the step ends with nothing held.
     GatheredWeightsKept,
+    /// A resume at another world size than the save's gives each rank the moments at the
+    /// saving world size's offsets (its rows' count, starting where the saving rank of its
+    /// index started), as a resharding loader that keeps the old plan would (ROCm/Megatron-LM
+    /// #63: at another GPU count a weight's chunks load in the wrong order). Needs a sharded
+    /// checkpoint, whose index records the saving world size; at the same world size it does
+    /// nothing.
+    MomentsAtSavedOffsets,
 }
 
 /// The set of faults a run injects.

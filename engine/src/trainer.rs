@@ -12,7 +12,7 @@
 //! step holds do not depend on how fast the disk is.
 
 use crate::checkpoint::state::{RngState, ScheduleState, TrainerState, FORMAT_VERSION};
-use crate::checkpoint::{self, Entry, LoadRequest, SaveRequest};
+use crate::checkpoint::{self, LoadRequest, SaveRequest, Tensors};
 use crate::config::{Init, Precision, TrainConfig};
 use crate::data::{DataLoader, LoaderState, SampleId};
 use crate::device::Device;
@@ -25,7 +25,6 @@ use crate::optim::Moments;
 use crate::parallel::ranks::Ranks;
 use crate::state::State;
 use serde::{Deserialize, Serialize};
-use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 
@@ -86,7 +85,7 @@ enum PendingSave {
     Writing {
         /// The thread running [`checkpoint::save`].
         writer: JoinHandle<Result<PathBuf>>,
-        /// The staging buffers' bytes on the host tracker, one lease per tensor: given back when
+        /// The staging buffers' bytes on the host tracker, one lease per tensor or chunk: given back when
         /// the writer is joined.
         staging: Vec<Lease>,
     },
@@ -211,12 +210,20 @@ impl<D: Device> Trainer<D> {
                 };
                 Ranks::single(State::new(&cfg, dev, master, moments)?)
             }
-            world => Ranks::new(
-                &cfg,
-                dev.ranks(world)?,
-                Some(&loaded.master),
-                loaded.moments.map(|m| (m, loaded.state.optimizer_step)),
-            )?,
+            world => {
+                let mut moments = loaded.moments;
+                if cfg.faults.has(Fault::MomentsAtSavedOffsets) {
+                    for m in moments.iter_mut().flatten() {
+                        misplace_rows(m, loaded.saved_world_size, world);
+                    }
+                }
+                Ranks::new(
+                    &cfg,
+                    dev.ranks(world)?,
+                    Some(&loaded.master),
+                    moments.map(|m| (m, loaded.state.optimizer_step)),
+                )?
+            }
         };
         let mut trainer = Self::assemble(cfg, ranks)?;
         trainer.env_changes = env_changes;
@@ -257,11 +264,9 @@ impl<D: Device> Trainer<D> {
     /// tensors, staging nothing; call [`Trainer::finish_saves`] first when an asynchronous save
     /// into the same run directory may still be in flight.
     pub fn save(&self, run_dir: &Path, keep_last: Option<usize>) -> Result<PathBuf> {
-        let (model, optimizer) = self.checkpoint_entries()?;
         let req = SaveRequest {
             config: &self.cfg.model,
-            model,
-            optimizer,
+            tensors: self.checkpoint_tensors()?,
             state: self.trainer_state(),
         };
         checkpoint::save(run_dir, req, keep_last)
@@ -287,25 +292,14 @@ impl<D: Device> Trainer<D> {
             });
             return Ok(());
         }
-        let (model, optimizer) = self.checkpoint_entries()?;
+        let tensors = self.checkpoint_tensors()?;
         let host = self.device().host();
-        let staging = model
-            .iter()
-            .chain(&optimizer)
-            .map(|e| host.allocate(e.data.len() as u64, Category::Io))
+        let staging = tensors
+            .sizes()
+            .into_iter()
+            .map(|bytes| host.allocate(bytes, Category::Io))
             .collect::<std::result::Result<Vec<Lease>, _>>()?;
-        let stage = |entries: Vec<Entry<'_>>| -> Vec<Entry<'static>> {
-            entries
-                .into_iter()
-                .map(|e| Entry {
-                    name: e.name,
-                    dtype: e.dtype,
-                    shape: e.shape,
-                    data: Cow::Owned(e.data.into_owned()),
-                })
-                .collect()
-        };
-        let (model, optimizer) = (stage(model), stage(optimizer));
+        let tensors = tensors.into_owned();
         let config = self.cfg.model.clone();
         let dir = run_dir.to_path_buf();
         let writer = std::thread::Builder::new()
@@ -313,8 +307,7 @@ impl<D: Device> Trainer<D> {
             .spawn(move || {
                 let req = SaveRequest {
                     config: &config,
-                    model,
-                    optimizer,
+                    tensors,
                     state,
                 };
                 checkpoint::save(&dir, req, keep_last)
@@ -344,11 +337,9 @@ impl<D: Device> Trainer<D> {
                 keep_last,
                 state,
             }) => {
-                let (model, optimizer) = self.checkpoint_entries()?;
                 let req = SaveRequest {
                     config: &self.cfg.model,
-                    model,
-                    optimizer,
+                    tensors: self.checkpoint_tensors()?,
                     state: *state,
                 };
                 checkpoint::save(&run_dir, req, keep_last).map(Some)
@@ -365,12 +356,12 @@ impl<D: Device> Trainer<D> {
     }
 
     /// The tensors a checkpoint of the current state holds.
-    fn checkpoint_entries(&self) -> Result<(Vec<Entry<'_>>, Vec<Entry<'_>>)> {
-        let (model, mut optimizer) = self.ranks.checkpoint_entries()?;
+    fn checkpoint_tensors(&self) -> Result<Tensors<'_>> {
+        let mut tensors = self.ranks.checkpoint_tensors()?;
         if self.cfg.faults.has(Fault::MomentsNotSaved) {
-            optimizer.retain(|e| !e.name.ends_with(".exp_avg") && !e.name.ends_with(".exp_avg_sq"));
+            tensors.without_moments();
         }
-        Ok((model, optimizer))
+        Ok(tensors)
     }
 
     /// The `trainer_state.json` of a checkpoint of the current state, without its files.
@@ -543,6 +534,31 @@ impl<D: Device> Drop for Trainer<D> {
     fn drop(&mut self) {
         if let Err(e) = self.finish_saves() {
             eprintln!("error: the asynchronous checkpoint save failed: {e}");
+        }
+    }
+}
+
+/// [`Fault::MomentsAtSavedOffsets`]: every tensor of `p` rearranged so that the rows rank `r`
+/// of `world` takes are the ones at rank `r` of `saved`'s offset (its own count of them, zeros
+/// past the end): what a loader keeping the saving plan's offsets hands each rank.
+fn misplace_rows(p: &mut Params<crate::tensor::Tensor<f32>>, saved: usize, world: usize) {
+    for t in p.tensors_mut() {
+        let shape = t.shape().to_vec();
+        let (_, row) = crate::parallel::plan::shard_of(&shape, world, 0);
+        let d0 = shape.first().copied().unwrap_or(1);
+        let old = t.as_mut_slice().to_vec();
+        let new = t.as_mut_slice();
+        for rank in 0..world {
+            let rows = crate::parallel::plan::rows(d0, world, rank);
+            let from = crate::parallel::plan::rows(d0, saved, rank).start;
+            for (i, dst) in rows.enumerate() {
+                let src = from + i;
+                let into = &mut new[dst * row..(dst + 1) * row];
+                match old.get(src * row..(src + 1) * row) {
+                    Some(bytes) => into.copy_from_slice(bytes),
+                    None => into.fill(0.0),
+                }
+            }
         }
     }
 }

@@ -10,7 +10,7 @@ use ckpt_engine::config::Precision;
 use ckpt_engine::estimate::{estimate, EstimateConfig, StepEstimate};
 use ckpt_engine::model::config::MoeConfig;
 use ckpt_engine::model::{Checkpointing, Family};
-use ckpt_engine::parallel::{Parallel, Shard};
+use ckpt_engine::parallel::{Checkpoints, Parallel, Shard};
 use ckpt_engine::{Category, CpuDevice, Fault, MemoryTracker, StateDigest, TrainConfig, Trainer};
 use proptest::prelude::*;
 
@@ -46,7 +46,11 @@ fn moe() -> TrainConfig {
 
 fn with(cfg: &TrainConfig, world_size: usize, shard: Shard, faults: &[Fault]) -> TrainConfig {
     TrainConfig {
-        parallel: Parallel { world_size, shard },
+        parallel: Parallel {
+            world_size,
+            shard,
+            ..Parallel::default()
+        },
         faults: faults.iter().copied().collect(),
         ..cfg.clone()
     }
@@ -96,7 +100,7 @@ fn every_world_size_and_stage_trains_the_bits_of_one_rank() {
 fn a_checkpoint_resumes_at_another_world_size_bit_for_bit() {
     let cfg = dense(Precision::Bf16Mixed);
     let whole = run(&cfg, 4);
-    for (saved_at, resumed_at) in [
+    let cases = [
         ((4, Shard::Optimizer), (3, Shard::Optimizer)),
         ((3, Shard::Optimizer), (2, Shard::None)),
         ((1, Shard::None), (4, Shard::Optimizer)),
@@ -106,10 +110,14 @@ fn a_checkpoint_resumes_at_another_world_size_bit_for_bit() {
         ((4, Shard::Full), (3, Shard::Full)),
         ((3, Shard::Full), (1, Shard::None)),
         ((1, Shard::None), (2, Shard::Full)),
-    ] {
+    ];
+    let layouts = [Checkpoints::Sharded, Checkpoints::Gathered];
+    for ((saved_at, resumed_at), layout) in cases.into_iter().flat_map(|c| layouts.map(|l| (c, l)))
+    {
         let dir = tempfile::tempdir().unwrap();
         let dev = || CpuDevice::new(4, u64::MAX).unwrap();
-        let first = with(&cfg, saved_at.0, saved_at.1, &[]);
+        let mut first = with(&cfg, saved_at.0, saved_at.1, &[]);
+        first.parallel.checkpoints = layout;
         let mut t = Trainer::new(first, dev()).unwrap();
         let mut steps = Vec::new();
         for _ in 0..2 {
@@ -130,7 +138,7 @@ fn a_checkpoint_resumes_at_another_world_size_bit_for_bit() {
         };
         assert_eq!(
             resumed, whole,
-            "saved at {saved_at:?}, resumed at {resumed_at:?}"
+            "saved at {saved_at:?} ({layout:?}), resumed at {resumed_at:?}"
         );
     }
 }
@@ -353,6 +361,7 @@ fn full_sharding_of_tied_embeddings_on_several_ranks_is_refused_saying_what_to_w
     cfg.parallel = Parallel {
         world_size: 1,
         shard: Shard::Full,
+        ..Parallel::default()
     };
     assert!(cfg.validate().is_ok());
 }

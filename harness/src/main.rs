@@ -162,6 +162,16 @@ enum Command {
         #[arg(required = true)]
         paths: Vec<PathBuf>,
     },
+    /// Writes a checkpoint's weights in the Hugging Face layout (model.safetensors and
+    /// config.json), assembling a sharded checkpoint's tensors whole from every rank's file.
+    #[command(after_help = exit_codes::plain_help())]
+    Export {
+        /// A checkpoint directory, or a run directory (its `latest` is exported).
+        checkpoint: PathBuf,
+        /// The directory to write; it must not exist or be empty.
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// What changed from one run to another: checks newly failing or skipped, step peaks up
     /// more than 2%, step time up more than 10%, loss trajectories that moved, benchmark
     /// figures down more than 10%.
@@ -533,6 +543,17 @@ fn dispatch(command: Command) -> Result<u8> {
             })
         }
         Command::Verify { paths } => verify(&paths),
+        Command::Export { checkpoint, out } => {
+            let dir = ckpt_engine::checkpoint::export(&checkpoint, &out)?;
+            println!(
+                "exported {} to {}: {} and {}",
+                dir.display(),
+                out.display(),
+                ckpt_engine::checkpoint::MODEL_FILE,
+                ckpt_engine::checkpoint::CONFIG_FILE
+            );
+            Ok(exit_codes::SUCCESS)
+        }
     }
 }
 

@@ -668,6 +668,7 @@ impl Suite {
                 .map_or_else(Default::default, |p| Parallel {
                     world_size: p.world_size,
                     shard: p.shard,
+                    checkpoints: p.checkpoints,
                 }),
         };
         Ok(Suite {

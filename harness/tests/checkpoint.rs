@@ -3,7 +3,7 @@
 //! loadable checkpoint.
 
 use ckpt_engine::checkpoint::state::TrainerState;
-use ckpt_engine::checkpoint::{self, SaveRequest, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE};
+use ckpt_engine::checkpoint::{self, SaveRequest, Tensors, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE};
 use ckpt_engine::{CpuDevice, Trainer};
 use ckpt_harness::suite::Suite;
 use std::path::{Path, PathBuf};
@@ -562,8 +562,7 @@ fn a_state_holding_a_non_finite_number_is_refused_at_save() {
         let (model, optimizer) = t.state().checkpoint_entries().unwrap();
         let req = SaveRequest {
             config: &suite.train.model,
-            model,
-            optimizer,
+            tensors: Tensors::Whole { model, optimizer },
             state,
         };
         let err = checkpoint::save(&run, req, None).unwrap_err().to_string();
@@ -744,6 +743,65 @@ fn a_kill_at_any_rename_of_a_resave_keeps_latest_complete() {
         train(&suite, &run, Some(&run), 9);
         assert_eq!(leftovers(&run), Vec::<String>::new(), "{ctx}");
         assert_eq!(verify_status(&run.join("step-00000008")), Some(0), "{ctx}");
+    }
+}
+
+/// A SIGKILL at every fsync, and at every rename, of a 4-rank sharded save (strace kills the
+/// process as it enters the call; every rank's file and the index are fsynced before the one
+/// rename), synchronous and asynchronous: every checkpoint left verifies, `latest` names step 7's
+/// or step 8's, the run resumes from it, and the next save leaves no copy behind.
+#[test]
+fn a_kill_at_any_stage_of_a_sharded_save_keeps_latest_complete() {
+    assert!(
+        Command::new("strace").arg("-V").output().is_ok(),
+        "this test needs strace (apt-get install strace)"
+    );
+    for training in [
+        "{max_steps: 8, save_every: 1, accumulation: 4}",
+        "{max_steps: 8, save_every: 1, accumulation: 4, async_save: true}",
+    ] {
+        let tmp = tempfile::tempdir().unwrap();
+        let text = suite_text("fp32", 32, training)
+            + "parallel: {world_size: 4, shard: full}\ndevices: [cpu]\n";
+        let suite = write_suite(tmp.path(), &text);
+        let mut kills = 0;
+        for calls in ["fsync,fdatasync", "rename,renameat,renameat2"] {
+            for when in 1..=40 {
+                let run = tmp.path().join(format!("run-{kills}"));
+                train(&suite, &run, None, 7);
+                assert!(run.join("step-00000007").join("shards.json").exists());
+                let inject = format!("inject={calls}:signal=SIGKILL:when={when}");
+                let status = Command::new("strace")
+                    .args(["-f", "-o", "/dev/null", "-e", &inject, BIN, "train"])
+                    .args([arg(&suite), "--out", arg(&run), "--resume", arg(&run)])
+                    .args(["--steps", "8"])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status()
+                    .unwrap();
+                let ctx = format!("{training}: kill at {calls} call {when} ({status})");
+                for dir in checkpoint::list(&run).unwrap() {
+                    assert_eq!(verify_status(&dir), Some(0), "{ctx}: {}", dir.display());
+                }
+                let latest = checkpoint::resolve(&run).unwrap();
+                let name = latest.file_name().unwrap().to_string_lossy().into_owned();
+                assert!(
+                    ["step-00000007", "step-00000008"].contains(&name.as_str()),
+                    "{ctx}: {name}"
+                );
+                train(&suite, &run, Some(&run), 9);
+                assert_eq!(leftovers(&run), Vec::<String>::new(), "{ctx}");
+                assert_eq!(verify_status(&run.join("step-00000009")), Some(0), "{ctx}");
+                if status.success() {
+                    break;
+                }
+                kills += 1;
+            }
+        }
+        assert!(
+            kills >= 8,
+            "{training}: only {kills} kills landed in the save"
+        );
     }
 }
 

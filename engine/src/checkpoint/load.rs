@@ -5,8 +5,8 @@
 use super::files::{self, MappedFile};
 use super::state::{comparable, first_difference, FileRecord, TrainerState};
 use super::{
-    fingerprint, resolve, state_file, step_of_dir_name, CONFIG_FILE, MODEL_FILE, OPTIMIZER_FILE,
-    STATE_FILE,
+    fingerprint, resolve, shards, state_file, step_of_dir_name, CONFIG_FILE, MODEL_FILE,
+    OPTIMIZER_FILE, SHARDS_FILE, STATE_FILE,
 };
 use crate::error::{EngineError, Result};
 use crate::memory::{Category, MemoryTracker};
@@ -25,6 +25,8 @@ pub struct Loaded {
     pub master: Params<Tensor<f32>>,
     /// AdamW's first and second moments, if the optimizer had taken a step.
     pub moments: Option<[Params<Tensor<f32>>; 2]>,
+    /// The ranks that saved it: a sharded checkpoint's index says; one device's layout is 1.
+    pub saved_world_size: usize,
 }
 
 /// What the loading run expects of a checkpoint.
@@ -49,8 +51,14 @@ pub fn load(host: &MemoryTracker, dir: &Path, req: &LoadRequest<'_>) -> Result<L
     let state = state_file::read(&dir)?.state;
     check_identity(&dir, &state, &req.identity)?;
     check_step(&dir, &state)?;
-    for name in [MODEL_FILE, OPTIMIZER_FILE, CONFIG_FILE] {
-        if !state.files.contains_key(name) {
+    let sharded = state.files.contains_key(SHARDS_FILE);
+    let needed: &[&str] = if sharded {
+        &[SHARDS_FILE, CONFIG_FILE]
+    } else {
+        &[MODEL_FILE, OPTIMIZER_FILE, CONFIG_FILE]
+    };
+    for name in needed {
+        if !state.files.contains_key(*name) {
             return Err(EngineError::bad_file(
                 dir.join(STATE_FILE),
                 format!("lists no record of {name}; the checkpoint is incomplete"),
@@ -92,29 +100,40 @@ pub fn load(host: &MemoryTracker, dir: &Path, req: &LoadRequest<'_>) -> Result<L
         let (path, file) = &mapped[name];
         Header::read(path, &state.files[name], file.bytes())
     };
-    let (model, opt) = (header(MODEL_FILE)?, header(OPTIMIZER_FILE)?);
-    let specs = param_specs(req.config);
-    let (master_file, master_suffix) = if req.master_in_optimizer {
-        (&opt, ".master")
+    let source = if sharded {
+        let listed = |f: &str| state.files.contains_key(f);
+        Source::Sharded {
+            path: dir.join(SHARDS_FILE),
+            index: shards::read_index(&dir, &state.files[SHARDS_FILE], &listed)?,
+        }
     } else {
-        (&model, "")
+        Source::Whole {
+            model: header(MODEL_FILE)?,
+            optimizer: header(OPTIMIZER_FILE)?,
+        }
     };
-    let master_at = master_file.offsets(&specs, master_suffix)?;
+    let specs = param_specs(req.config);
+    let master_suffix = if req.master_in_optimizer {
+        ".master"
+    } else {
+        ""
+    };
+    let master_at = source.places(&specs, req.master_in_optimizer, master_suffix)?;
     let has_moments = specs
         .first()
-        .is_some_and(|s| opt.meta.info(&format!("{}.exp_avg", s.name)).is_some());
+        .is_some_and(|s| source.holds_optimizer(&format!("{}.exp_avg", s.name)));
     let moments_at = if state.optimizer_step == 0 {
         None
     } else if has_moments {
         Some([
-            opt.offsets(&specs, ".exp_avg")?,
-            opt.offsets(&specs, ".exp_avg_sq")?,
+            source.places(&specs, true, ".exp_avg")?,
+            source.places(&specs, true, ".exp_avg_sq")?,
         ])
     } else if req.fresh_moments_if_missing {
         None
     } else {
         return Err(EngineError::bad_file(
-            opt.path,
+            source.optimizer_path(),
             format!(
                 "holds no AdamW moments although the optimizer took {} steps; the checkpoint is incomplete; resume from a checkpoint saved with its moments",
                 state.optimizer_step
@@ -134,20 +153,19 @@ pub fn load(host: &MemoryTracker, dir: &Path, req: &LoadRequest<'_>) -> Result<L
     } else {
         None
     };
-    let mut regions: BTreeMap<&str, Vec<(u64, &mut [u8])>> = BTreeMap::new();
-    let master_name = if req.master_in_optimizer {
-        OPTIMIZER_FILE
-    } else {
-        MODEL_FILE
-    };
-    regions
-        .entry(master_name)
-        .or_default()
-        .extend(master_at.into_iter().zip(byte_slices(&mut master)));
+    let mut places = master_at;
+    let mut regions: BTreeMap<String, Vec<(u64, &mut [u8])>> = BTreeMap::new();
+    for (place, bytes) in places.iter().zip(byte_slices(&mut master)) {
+        place.add_regions(bytes, &mut regions);
+    }
     if let (Some([avg, sq]), Some([avg_at, sq_at])) = (moments.as_mut(), moments_at) {
-        let opt_regions = regions.entry(OPTIMIZER_FILE).or_default();
-        opt_regions.extend(avg_at.into_iter().zip(byte_slices(avg)));
-        opt_regions.extend(sq_at.into_iter().zip(byte_slices(sq)));
+        for (place, bytes) in avg_at.iter().zip(byte_slices(avg)) {
+            place.add_regions(bytes, &mut regions);
+        }
+        for (place, bytes) in sq_at.iter().zip(byte_slices(sq)) {
+            place.add_regions(bytes, &mut regions);
+        }
+        places.extend(avg_at.into_iter().chain(sq_at));
     }
     let reads: Vec<(&PathBuf, Result<bool>)> = std::thread::scope(|scope| {
         let running: Vec<_> = mapped
@@ -172,6 +190,17 @@ pub fn load(host: &MemoryTracker, dir: &Path, req: &LoadRequest<'_>) -> Result<L
             return Err(checksum_mismatch(path));
         }
     }
+    if let Source::Sharded { path, .. } = &source {
+        let loaded = master
+            .tensors_mut()
+            .into_iter()
+            .chain(moments.iter_mut().flatten().flat_map(|m| m.tensors_mut()));
+        for (place, t) in places.iter().zip(loaded) {
+            if let Place::Chunks(tensor) = place {
+                shards::check_whole(path, tensor, bytemuck::cast_slice(t.as_mut_slice()))?;
+            }
+        }
+    }
     if cfg!(target_endian = "big") {
         let tensors = master
             .tensors_mut()
@@ -183,10 +212,15 @@ pub fn load(host: &MemoryTracker, dir: &Path, req: &LoadRequest<'_>) -> Result<L
                 .for_each(|x| *x = f32::from_bits(x.to_bits().swap_bytes()));
         }
     }
+    let saved_world_size = match &source {
+        Source::Sharded { index, .. } => index.world_size,
+        Source::Whole { .. } => 1,
+    };
     Ok(Loaded {
         state,
         master,
         moments,
+        saved_world_size,
     })
 }
 
@@ -203,14 +237,33 @@ pub(crate) fn check_identity(
     let diff = first_difference(&recorded, &current, "")
         .unwrap_or_else(|| "the recorded fingerprint does not match its configuration".into());
     let fix = if diff.starts_with("data.") {
-        "resume on the data it was trained on (a token file is recorded by its size and sha256, not its path)"
+        "resume on the data it was trained on (a token file is recorded by its size and sha256, not its path)".to_string()
+    } else if diff.starts_with("batch_size") || diff.starts_with("accumulation") {
+        batch_fix(&state.identity, identity)
     } else {
-        "resume with the configuration it was saved with"
+        "resume with the configuration it was saved with".to_string()
     };
     Err(EngineError::bad_file(
         dir.join(STATE_FILE),
         format!("checkpoint belongs to another run configuration ({diff}, checkpoint vs this run); {fix}"),
     ))
+}
+
+/// What to do about a resume whose micro-batch (`batch_size`) or number of micro-batches a step
+/// (`accumulation`) differs from the checkpoint's `saved` identity: both global batches named,
+/// and the keys to set.
+fn batch_fix(saved: &serde_json::Value, now: &serde_json::Value) -> String {
+    let batch = |identity: &serde_json::Value| {
+        let size = identity["batch_size"].as_u64().unwrap_or(0);
+        let accumulation = identity["accumulation"].as_u64().unwrap_or(1);
+        (size, accumulation)
+    };
+    let ((size, accumulation), (now_size, now_accumulation)) = (batch(saved), batch(now));
+    format!(
+        "the global batch would go from {} to {} samples a step (batch_size × accumulation: {size} × {accumulation} saved, {now_size} × {now_accumulation} now), so every later step would train on other samples than the run it continues; set batch_size: {size} and training.accumulation: {accumulation} (another world size needs neither: it divides the accumulation)",
+        size * accumulation,
+        now_size * now_accumulation
+    )
 }
 
 /// Fails when `dir` is named for another step (`step-N`) than its state's `global_step`: a
@@ -265,6 +318,130 @@ fn byte_slices(p: &mut Params<Tensor<f32>>) -> Vec<&mut [u8]> {
         .collect()
 }
 
+/// Where a checkpoint's tensors are: two files of whole tensors, or chunks listed by an index.
+enum Source<'a> {
+    /// `model.safetensors` and `optimizer.safetensors`.
+    Whole {
+        model: Header<'a>,
+        optimizer: Header<'a>,
+    },
+    /// A sharded checkpoint's index (see [`shards`]).
+    Sharded { path: PathBuf, index: shards::Index },
+}
+
+/// Where one tensor's bytes are.
+enum Place<'i> {
+    /// At this offset of this file, whole.
+    At(&'static str, u64),
+    /// In these chunks.
+    Chunks(&'i shards::TensorIndex),
+}
+
+impl Place<'_> {
+    /// Adds the reads that fill `bytes` from this place to `regions` (by file).
+    fn add_regions<'b>(
+        &self,
+        bytes: &'b mut [u8],
+        regions: &mut BTreeMap<String, Vec<(u64, &'b mut [u8])>>,
+    ) {
+        match self {
+            Place::At(file, offset) => regions
+                .entry(file.to_string())
+                .or_default()
+                .push((*offset, bytes)),
+            Place::Chunks(tensor) => {
+                for (file, offset, dst) in shards::regions(tensor, bytes) {
+                    regions.entry(file).or_default().push((offset, dst));
+                }
+            }
+        }
+    }
+}
+
+impl Source<'_> {
+    /// The place of each `spec.name + suffix`, from the optimizer's tensors or the model's,
+    /// checking that it is present, f32 and of the spec's shape.
+    fn places(
+        &self,
+        specs: &[ParamSpec],
+        in_optimizer: bool,
+        suffix: &str,
+    ) -> Result<Vec<Place<'_>>> {
+        match self {
+            Source::Whole { model, optimizer } => {
+                let (header, file) = if in_optimizer {
+                    (optimizer, OPTIMIZER_FILE)
+                } else {
+                    (model, MODEL_FILE)
+                };
+                Ok(header
+                    .offsets(specs, suffix)?
+                    .into_iter()
+                    .map(|at| Place::At(file, at))
+                    .collect())
+            }
+            Source::Sharded { path, index } => {
+                let list = if in_optimizer {
+                    &index.optimizer
+                } else {
+                    &index.model
+                };
+                specs
+                    .iter()
+                    .map(|spec| {
+                        let name = format!("{}{suffix}", spec.name);
+                        let tensor = list
+                            .iter()
+                            .find(|t| t.name == name)
+                            .ok_or_else(|| format!("tensor {name} is missing"));
+                        tensor
+                            .and_then(|t| {
+                                match_spec(&name, &t.shape, t.dtype, spec)
+                                    .map(|()| Place::Chunks(t))
+                            })
+                            .map_err(|m| EngineError::bad_file(path, m))
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    /// Whether the optimizer's tensors hold one named `name`.
+    fn holds_optimizer(&self, name: &str) -> bool {
+        match self {
+            Source::Whole { optimizer, .. } => optimizer.meta.info(name).is_some(),
+            Source::Sharded { index, .. } => index.optimizer.iter().any(|t| t.name == name),
+        }
+    }
+
+    /// The file that holds, or lists, the optimizer's tensors.
+    fn optimizer_path(&self) -> &Path {
+        match self {
+            Source::Whole { optimizer, .. } => optimizer.path,
+            Source::Sharded { path, .. } => path,
+        }
+    }
+}
+
+/// Fails unless a tensor `name` of `shape` and `dtype` is what `spec` needs: f32 of its shape.
+fn match_spec(
+    name: &str,
+    shape: &[usize],
+    dtype: Dtype,
+    spec: &ParamSpec,
+) -> std::result::Result<(), String> {
+    if shape != spec.shape {
+        return Err(format!(
+            "{name} has shape {shape:?}, the config needs {:?}",
+            spec.shape
+        ));
+    }
+    if dtype != Dtype::F32 {
+        return Err(format!("{name} has dtype {dtype}, expected F32"));
+    }
+    Ok(())
+}
+
 /// A safetensors file's header, parsed from its memory map (only the header's pages are read).
 struct Header<'a> {
     path: &'a Path,
@@ -310,15 +487,7 @@ impl<'a> Header<'a> {
             .meta
             .info(&name)
             .ok_or_else(|| format!("tensor {name} is missing"))?;
-        if info.shape != spec.shape {
-            return Err(format!(
-                "{name} has shape {:?}, the config needs {:?}",
-                info.shape, spec.shape
-            ));
-        }
-        if info.dtype != Dtype::F32 {
-            return Err(format!("{name} has dtype {}, expected F32", info.dtype));
-        }
+        match_spec(&name, &info.shape, info.dtype, spec)?;
         Ok(self.data_start + info.data_offsets.0 as u64)
     }
 }
@@ -370,6 +539,42 @@ mod tests {
                 "{e}"
             );
         }
+    }
+
+    #[test]
+    fn a_resume_changing_the_micro_batch_or_the_global_batch_names_both_and_the_keys() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = save_step(tmp.path(), 1);
+        let mut state = state_file::read(&dir).ok().unwrap().state;
+        state.identity = serde_json::json!({"batch_size": 4, "accumulation": 4});
+        state.fingerprint = fingerprint(&state.identity);
+        let refused =
+            |now: serde_json::Value| check_identity(&dir, &state, &now).unwrap_err().to_string();
+        let e = refused(serde_json::json!({"batch_size": 2, "accumulation": 4}));
+        assert!(
+            e.contains("(batch_size: 4 vs 2, checkpoint vs this run)"),
+            "{e}"
+        );
+        assert!(
+            e.contains("the global batch would go from 16 to 8 samples a step"),
+            "{e}"
+        );
+        assert!(
+            e.contains("set batch_size: 4 and training.accumulation: 4"),
+            "{e}"
+        );
+        let e = refused(serde_json::json!({"batch_size": 4}));
+        assert!(
+            e.contains(
+                "from 16 to 4 samples a step (batch_size × accumulation: 4 × 4 saved, 4 × 1 now)"
+            ),
+            "{e}"
+        );
+        let e = refused(serde_json::json!({"batch_size": 4, "accumulation": 4, "seq_len": 8}));
+        assert!(
+            e.ends_with("resume with the configuration it was saved with"),
+            "{e}"
+        );
     }
 
     #[test]

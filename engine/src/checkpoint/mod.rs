@@ -1,7 +1,9 @@
 //! Checkpoints: one directory per step holding `model.safetensors` + `config.json` (loadable by
 //! Hugging Face transformers), `optimizer.safetensors` (AdamW moments, fp32 master weights where
 //! the precision keeps them), `trainer_state.json` (see [`state`]) and its checksum
-//! `trainer_state.json.sha256` (see [`state_file`]).
+//! `trainer_state.json.sha256` (see [`state_file`]). Several ranks save, instead of the two
+//! tensor files, a file per rank and an index (see [`shards`]); [`export`] writes any
+//! checkpoint's weights in the Hugging Face layout.
 //!
 //! Saving holds the run's [`RunLock`], writes a temporary directory beside the final one, fsyncs
 //! every file and the directory, renames it into place (see [`files::replace_dir`] for a step
@@ -15,12 +17,14 @@
 //! staged in host memory, so an asynchronous checkpoint is byte for byte a synchronous one and a
 //! crash while it is written leaves the previous checkpoint as `latest`.
 
+mod export;
 mod fallback;
 pub mod files;
 mod foreign;
 mod load;
 mod lock;
 mod recover;
+pub mod shards;
 pub mod state;
 pub mod state_file;
 #[cfg(test)]
@@ -30,6 +34,7 @@ mod verify;
 use crate::error::{EngineError, Result};
 use crate::model::LlamaConfig;
 use crate::tensor::{Elem, Tensor};
+pub use export::export;
 pub use fallback::{load_newest, Fallback, Skipped};
 use files::{rename_synced, sync_dir, write_synced};
 pub use foreign::{foreign, remove_foreign, Foreign};
@@ -38,7 +43,8 @@ pub use lock::RunLock;
 pub use recover::recover;
 use recover::{OLD_PREFIX, PRUNED_PREFIX, TMP_PREFIX};
 use safetensors::Dtype;
-use state::{FileRecord, TrainerState};
+pub use shards::{Chunk, RankChunks, SHARDS_FILE};
+use state::{FileRecord, TrainerState, SHARDED_FORMAT_VERSION};
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 pub use verify::{verify, FileVerdict};
@@ -110,8 +116,12 @@ pub fn entries_digest(entries: &[Entry<'_>]) -> String {
 /// The digests of what the checkpoint in `dir` holds on disk: [`entries_digest`] over the
 /// tensors of `model.safetensors` and over those of `optimizer.safetensors`, each in the order
 /// they were written (as `Trainer::state_digest` computes them over the live tensors). Reads
-/// the files as they are, checking nothing else.
+/// the files as they are, checking nothing else. A sharded checkpoint's digests are over its
+/// whole tensors, assembled from their chunks (each chunk checked): the same as one device's.
 pub fn tensor_digests(dir: &Path) -> Result<[String; 2]> {
+    if dir.join(SHARDS_FILE).exists() {
+        return sharded_digests(dir);
+    }
     let digest = |file: &str| -> Result<String> {
         let path = dir.join(file);
         let bytes = crate::regular_file::read(&path, files::CHECKPOINT_FILE)?;
@@ -134,8 +144,32 @@ pub fn tensor_digests(dir: &Path) -> Result<[String; 2]> {
     Ok([digest(MODEL_FILE)?, digest(OPTIMIZER_FILE)?])
 }
 
-/// Writes a safetensors file straight from tensor buffers (no staging copy), fsynced.
-fn write_safetensors(path: &Path, entries: &[Entry<'_>]) -> Result<FileRecord> {
+/// [`tensor_digests`] of the sharded checkpoint in `dir`.
+fn sharded_digests(dir: &Path) -> Result<[String; 2]> {
+    use sha2::{Digest, Sha256};
+    let state = state_file::read(dir)?.state;
+    let record = state.files.get(SHARDS_FILE).ok_or_else(|| {
+        EngineError::bad_file(
+            dir.join(STATE_FILE),
+            format!("lists no record of {SHARDS_FILE}; the checkpoint is incomplete"),
+        )
+    })?;
+    let index = shards::read_index(dir, record, &|f| state.files.contains_key(f))?;
+    let digest = |list: &[shards::TensorIndex]| -> Result<String> {
+        let mut h = Sha256::new();
+        shards::each_whole(dir, list, |t, whole| {
+            h.update(format!("{}:{}:{:?}:", t.name, t.dtype, t.shape).as_bytes());
+            h.update(whole);
+            Ok(())
+        })?;
+        Ok(format!("{:x}", h.finalize()))
+    };
+    Ok([digest(&index.model)?, digest(&index.optimizer)?])
+}
+
+/// Writes a safetensors file straight from tensor buffers (no staging copy), fsynced; returns
+/// its record and each entry's byte range in the file.
+fn write_safetensors(path: &Path, entries: &[Entry<'_>]) -> Result<(FileRecord, Vec<[u64; 2]>)> {
     let mut header = serde_json::Map::new();
     header.insert("__metadata__".into(), serde_json::json!({"format": "pt"}));
     let mut offset = 0usize;
@@ -165,17 +199,91 @@ fn write_safetensors(path: &Path, entries: &[Entry<'_>]) -> Result<FileRecord> {
     let len = (header.len() as u64).to_le_bytes();
     let mut parts: Vec<&[u8]> = vec![&len, &header];
     parts.extend(entries.iter().map(|e| &*e.data));
-    write_synced(path, &parts)
+    let mut at = (8 + header.len()) as u64;
+    let ranges = entries
+        .iter()
+        .map(|e| {
+            at += e.data.len() as u64;
+            [at - e.data.len() as u64, at]
+        })
+        .collect();
+    Ok((write_synced(path, &parts)?, ranges))
+}
+
+/// What a checkpoint's tensors are written from.
+pub enum Tensors<'a> {
+    /// Whole tensors, into `model.safetensors` (the weights the passes use, in Hugging Face
+    /// names) and `optimizer.safetensors` (masters and moments): one device's layout.
+    Whole {
+        /// `model.safetensors` tensors.
+        model: Vec<Entry<'a>>,
+        /// `optimizer.safetensors` tensors.
+        optimizer: Vec<Entry<'a>>,
+    },
+    /// Every rank's chunks, into a file per rank and the index (see [`shards`]).
+    Sharded(Vec<RankChunks<'a>>),
+}
+
+impl Tensors<'_> {
+    /// The tensors with their data copied, owning it: what an asynchronous save stages.
+    pub fn into_owned(self) -> Tensors<'static> {
+        let owned = |e: Entry<'_>| Entry {
+            data: Cow::Owned(e.data.into_owned()),
+            name: e.name,
+            dtype: e.dtype,
+            shape: e.shape,
+        };
+        match self {
+            Tensors::Whole { model, optimizer } => Tensors::Whole {
+                model: model.into_iter().map(owned).collect(),
+                optimizer: optimizer.into_iter().map(owned).collect(),
+            },
+            Tensors::Sharded(ranks) => Tensors::Sharded(
+                ranks
+                    .into_iter()
+                    .map(|r| RankChunks {
+                        model: r.model.into_iter().map(Chunk::into_owned).collect(),
+                        optimizer: r.optimizer.into_iter().map(Chunk::into_owned).collect(),
+                    })
+                    .collect(),
+            ),
+        }
+    }
+
+    /// The bytes of each tensor, or each chunk.
+    pub fn sizes(&self) -> Vec<u64> {
+        match self {
+            Tensors::Whole { model, optimizer } => model
+                .iter()
+                .chain(optimizer)
+                .map(|e| e.data.len() as u64)
+                .collect(),
+            Tensors::Sharded(ranks) => ranks
+                .iter()
+                .flat_map(|r| r.model.iter().chain(&r.optimizer))
+                .map(|c| c.data.len() as u64)
+                .collect(),
+        }
+    }
+
+    /// Drops the AdamW moments (what [`crate::Fault::MomentsNotSaved`] saves).
+    pub fn without_moments(&mut self) {
+        let moment = |name: &str| name.ends_with(".exp_avg") || name.ends_with(".exp_avg_sq");
+        match self {
+            Tensors::Whole { optimizer, .. } => optimizer.retain(|e| !moment(&e.name)),
+            Tensors::Sharded(ranks) => ranks
+                .iter_mut()
+                .for_each(|r| r.optimizer.retain(|c| !moment(&c.name))),
+        }
+    }
 }
 
 /// What a checkpoint holds, borrowed from a trainer.
 pub struct SaveRequest<'a> {
     /// Model shape.
     pub config: &'a LlamaConfig,
-    /// `model.safetensors` tensors (the weights the passes use) in Hugging Face names.
-    pub model: Vec<Entry<'a>>,
-    /// `optimizer.safetensors` tensors.
-    pub optimizer: Vec<Entry<'a>>,
+    /// The tensors, whole or as the ranks' chunks.
+    pub tensors: Tensors<'a>,
     /// `trainer_state.json` without `files` (filled in here).
     pub state: TrainerState,
 }
@@ -264,14 +372,22 @@ fn write_and_publish(
     let tmp_path = tmp.path();
 
     let mut state = req.state;
-    // The two tensor files are written concurrently: hashing one need not wait for the other.
-    let (model, optimizer) = std::thread::scope(|scope| {
-        let model = scope.spawn(|| write_safetensors(&tmp_path.join(MODEL_FILE), &req.model));
-        let optimizer = write_safetensors(&tmp_path.join(OPTIMIZER_FILE), &req.optimizer);
-        (model.join().expect("writing does not panic"), optimizer)
-    });
-    state.files.insert(MODEL_FILE.into(), model?);
-    state.files.insert(OPTIMIZER_FILE.into(), optimizer?);
+    match &req.tensors {
+        Tensors::Whole { model, optimizer } => {
+            // The two files are written concurrently: hashing one need not wait for the other.
+            let (model, optimizer) = std::thread::scope(|scope| {
+                let model = scope.spawn(|| write_safetensors(&tmp_path.join(MODEL_FILE), model));
+                let optimizer = write_safetensors(&tmp_path.join(OPTIMIZER_FILE), optimizer);
+                (model.join().expect("writing does not panic"), optimizer)
+            });
+            state.files.insert(MODEL_FILE.into(), model?.0);
+            state.files.insert(OPTIMIZER_FILE.into(), optimizer?.0);
+        }
+        Tensors::Sharded(ranks) => {
+            state.format_version = state.format_version.max(SHARDED_FORMAT_VERSION);
+            state.files.extend(shards::write(tmp_path, ranks)?);
+        }
+    }
     let config = serde_json::to_vec_pretty(&req.config.to_hf_json()).expect("plain JSON");
     let record = write_synced(&tmp_path.join(CONFIG_FILE), &[&config])?;
     state.files.insert(CONFIG_FILE.into(), record);

@@ -7,9 +7,15 @@ use crate::optim::Schedule;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-/// The checkpoint layout this build writes; it reads this version and older. Version 2 added
+/// The layout of a checkpoint in one device's files; this build reads it, older versions, and
+/// [`SHARDED_FORMAT_VERSION`]. Version 2 added
 /// `trainer_state.json.sha256` (see [`super::state_file`]).
 pub const FORMAT_VERSION: u32 = 2;
+
+/// The version of a checkpoint saved by several ranks without gathering: its tensors are in a
+/// file per rank and [`super::shards::SHARDS_FILE`] (see [`super::shards`]). Builds before it
+/// refuse it as written by a newer build instead of finding no `model.safetensors`.
+pub const SHARDED_FORMAT_VERSION: u32 = 3;
 
 /// One file of a checkpoint, as written.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

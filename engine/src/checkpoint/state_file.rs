@@ -9,7 +9,7 @@
 //! is damage.
 
 use super::files::{sha256_hex, write_synced, CHECKPOINT_FILE};
-use super::state::{child_path, TrainerState, VersionProbe, FORMAT_VERSION};
+use super::state::{child_path, TrainerState, VersionProbe, SHARDED_FORMAT_VERSION};
 use super::{STATE_FILE, STATE_SUM_FILE};
 use crate::error::EngineError;
 use crate::regular_file;
@@ -77,11 +77,11 @@ pub fn read(dir: &Path) -> Result<StateFile, StateError> {
             format!("not a trainer state ({e}); the file is damaged"),
         )
     })?;
-    if probe.format_version > FORMAT_VERSION {
+    if probe.format_version > SHARDED_FORMAT_VERSION {
         return Err(StateError::Newer(EngineError::bad_file(
             &path,
             format!(
-                "format version {} was written by a newer ckpt-harness; this build reads up to version {FORMAT_VERSION}; upgrade to load it",
+                "format version {} was written by a newer ckpt-harness; this build reads up to version {SHARDED_FORMAT_VERSION}; upgrade to load it",
                 probe.format_version
             ),
         )));

@@ -52,8 +52,10 @@ pub(crate) fn save_step_with(run: &Path, step: u64, model: Vec<Entry<'_>>) -> Re
     };
     let req = SaveRequest {
         config: &config,
-        model,
-        optimizer: Vec::new(),
+        tensors: super::Tensors::Whole {
+            model,
+            optimizer: Vec::new(),
+        },
         state,
     };
     save(run, req, None)

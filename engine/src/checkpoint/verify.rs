@@ -1,10 +1,13 @@
 //! A full check of a checkpoint's files without a run configuration: what
 //! `ckpt-harness verify` reports. The state file is checked against its sidecar, every other
-//! file against the size, sha256 and XXH3-128 the state records (loading checks only the XXH3).
+//! file against the size, sha256 and XXH3-128 the state records (loading checks only the XXH3),
+//! and a sharded checkpoint's index against its chunks: each chunk's hash, and each tensor
+//! assembled whole against its own.
 
 use super::files::{self, MappedFile};
+use super::state::TrainerState;
 use super::state_file::{self, StateError};
-use super::{list, resolve, LATEST_FILE, STATE_FILE, STATE_SUM_FILE};
+use super::{list, resolve, shards, LATEST_FILE, SHARDS_FILE, STATE_FILE, STATE_SUM_FILE};
 use crate::error::{EngineError, Result};
 use safetensors::SafeTensors;
 use std::path::{Path, PathBuf};
@@ -69,6 +72,12 @@ pub fn verify(path: &Path) -> Result<(PathBuf, Vec<FileVerdict>)> {
     verdicts.extend(state.state.files.iter().map(|(name, record)| {
         FileVerdict::new(name, record.bytes, problem(&dir, name, record).err())
     }));
+    let intact_files = verdicts.iter().all(|v| v.problem.is_none());
+    if let Some(index) = verdicts.iter_mut().find(|v| v.name == SHARDS_FILE) {
+        if intact_files {
+            index.problem = shard_problem(&dir, &state.state).err();
+        }
+    }
     Ok((dir, verdicts))
 }
 
@@ -108,6 +117,19 @@ fn checkpoint_of(path: &Path) -> Result<std::result::Result<PathBuf, String>> {
         path,
         format!("is neither a checkpoint (no {STATE_FILE}) nor a run directory (no {LATEST_FILE}); nothing to verify"),
     ))
+}
+
+/// The first thing wrong with the index of the sharded checkpoint in `dir`, whose files are
+/// intact, as `Err`: chunks that do not tile their tensors, or a tensor assembled from its
+/// chunks that is not the tensor saved.
+fn shard_problem(dir: &Path, state: &TrainerState) -> std::result::Result<(), String> {
+    let listed = |f: &str| state.files.contains_key(f);
+    let index =
+        shards::read_index(dir, &state.files[SHARDS_FILE], &listed).map_err(|e| e.to_string())?;
+    for list in [&index.model, &index.optimizer] {
+        shards::each_whole(dir, list, |_, _| Ok(())).map_err(|e| e.to_string())?;
+    }
+    Ok(())
 }
 
 /// The size of the file at `path`, 0 if it cannot be read.

@@ -39,6 +39,20 @@ pub enum Shard {
     Full,
 }
 
+/// How several ranks save a checkpoint.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
+pub enum Checkpoints {
+    /// Each rank writes its rows of every tensor into a file of its own, listed by an index
+    /// (see [`crate::checkpoint::shards`]); nothing is gathered.
+    #[default]
+    Sharded,
+    /// Every tensor is gathered whole and written in one device's layout (`model.safetensors`,
+    /// `optimizer.safetensors`), as a single-device run writes it.
+    Gathered,
+}
+
 /// How a run is spread over ranks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -49,6 +63,9 @@ pub struct Parallel {
     /// What the ranks shard.
     #[serde(default)]
     pub shard: Shard,
+    /// How the ranks save checkpoints (a single rank always saves one device's layout).
+    #[serde(default)]
+    pub checkpoints: Checkpoints,
 }
 
 fn one_rank() -> usize {
@@ -60,6 +77,7 @@ impl Default for Parallel {
         Parallel {
             world_size: 1,
             shard: Shard::None,
+            checkpoints: Checkpoints::Sharded,
         }
     }
 }
@@ -67,6 +85,6 @@ impl Default for Parallel {
 impl Parallel {
     /// One rank holding everything: a run without data parallelism.
     pub fn is_single(&self) -> bool {
-        *self == Parallel::default()
+        self.world_size == 1 && self.shard == Shard::None
     }
 }

@@ -21,8 +21,8 @@
 
 use super::collective::{thread_group, Collective};
 use super::plan::{shard_of, shard_shape};
-use super::{Parallel, Shard};
-use crate::checkpoint::Entry;
+use super::{Checkpoints, Parallel, Shard};
+use crate::checkpoint::{Chunk, Entry, RankChunks, Tensors};
 use crate::config::{Precision, TrainConfig};
 use crate::device::{Device, DeviceTensor, StepPhase};
 use crate::error::{EngineError, Result};
@@ -231,6 +231,66 @@ impl<D: Device> Ranks<D> {
         self.states[0].checkpoint_bytes() + others
     }
 
+    /// What a checkpoint of the ranks holds: one rank's tensors; with several ranks that save
+    /// [`Checkpoints::Sharded`], each rank's chunk of every tensor (see
+    /// [`Ranks::checkpoint_chunks`]); else every tensor gathered whole (see
+    /// [`Ranks::checkpoint_entries`]).
+    pub fn checkpoint_tensors(&self) -> Result<Tensors<'_>> {
+        if self.states.len() > 1 && self.parallel.checkpoints == Checkpoints::Sharded {
+            return self.checkpoint_chunks().map(Tensors::Sharded);
+        }
+        let (model, optimizer) = self.checkpoint_entries()?;
+        Ok(Tensors::Whole { model, optimizer })
+    }
+
+    /// Each rank's chunk of every checkpoint tensor: its rows of what it holds sharded (as it
+    /// holds them), and its rows by the shard plan of what it holds whole, so that the ranks
+    /// write a tensor's rows between them once and nothing is gathered.
+    fn checkpoint_chunks(&self) -> Result<Vec<RankChunks<'_>>> {
+        let world = self.states.len();
+        let shard = self.parallel.shard;
+        let mut ranks = Vec::with_capacity(world);
+        for (rank, state) in self.states.iter().enumerate() {
+            let (model, optimizer) = state.checkpoint_entries()?;
+            ranks.push(RankChunks {
+                model: self.chunks(model, rank, shard == Shard::Full)?,
+                optimizer: self.chunks(optimizer, rank, shard != Shard::None)?,
+            });
+        }
+        Ok(ranks)
+    }
+
+    /// Rank `rank`'s chunks of its checkpoint `entries`: the whole shard where the rank holds
+    /// them `sharded`, else its rows by the shard plan.
+    fn chunks<'s>(
+        &self,
+        entries: Vec<Entry<'s>>,
+        rank: usize,
+        sharded: bool,
+    ) -> Result<Vec<Chunk<'s>>> {
+        let world = self.states.len();
+        entries
+            .into_iter()
+            .map(|entry| {
+                let spec = self.spec_of(&entry.name)?;
+                Ok(if sharded {
+                    let rows = shard_rows(&spec.shape, world, rank, &self.faults).0;
+                    Chunk::shard(entry, &spec.shape, rows)
+                } else {
+                    Chunk::rows_of(&entry, shard_of(&spec.shape, world, rank).0)
+                })
+            })
+            .collect()
+    }
+
+    /// The parameter whose weight, moment or master weight a checkpoint entry named `name` holds.
+    fn spec_of(&self, name: &str) -> Result<&ParamSpec> {
+        let param = parameter_of(name);
+        self.specs.iter().find(|s| s.name == param).ok_or_else(|| {
+            EngineError::Config(format!("checkpoint entry {name} names no parameter"))
+        })
+    }
+
     /// What a checkpoint of the ranks holds, as one device's checkpoint holds it: with sharded
     /// optimizer state each moment's (and bf16-mixed master weight's) rows gathered from the
     /// ranks that hold them, in rank order; under `shard: full` each weight's rows too; rank 0's
@@ -258,13 +318,7 @@ impl<D: Device> Ranks<D> {
     fn gather_entries(&self, entries: &mut [Entry<'_>], others: &[&[Entry<'_>]]) -> Result<()> {
         let world = self.states.len();
         for (i, entry) in entries.iter_mut().enumerate() {
-            let param = parameter_of(&entry.name);
-            let spec = self.specs.iter().find(|s| s.name == param).ok_or_else(|| {
-                EngineError::Config(format!(
-                    "checkpoint entry {} names no parameter",
-                    entry.name
-                ))
-            })?;
+            let spec = self.spec_of(&entry.name)?;
             let elem = entry.dtype.bitsize() / 8;
             let mut data = vec![0u8; spec.shape.iter().product::<usize>() * elem];
             let shards = std::iter::once(&entry.data).chain(others.iter().map(|o| &o[i].data));

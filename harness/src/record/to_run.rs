@@ -144,6 +144,8 @@ pub fn run_record(lines: Vec<Line>) -> Result<RunRecord> {
 /// Which optional parts of the record ([`RecordField`]) its lines carried.
 #[derive(Default)]
 struct Seen {
+    step_lines: usize,
+    save_lines: usize,
     samples: bool,
     step_peak: bool,
     step_by_category: bool,
@@ -169,6 +171,7 @@ impl Seen {
                 self.predictions |= own.is_some_and(|e| e.get("predicted").is_some());
             }
             Line::Step(s) => {
+                self.step_lines += 1;
                 self.samples |= s.samples.is_some();
                 self.recomputed_blocks |= s.recomputed_blocks.is_some();
                 if let Some(m) = &s.memory {
@@ -178,7 +181,10 @@ impl Seen {
                     self.host_memory |= !matches!(m.source.as_str(), "engine" | "cuda");
                 }
             }
-            Line::Save(s) => self.on_disk |= s.on_disk.is_some(),
+            Line::Save(s) => {
+                self.save_lines += 1;
+                self.on_disk |= s.on_disk.is_some();
+            }
             Line::PhaseEnd(e) => {
                 self.phase_ends_by_category += usize::from(e.memory_after.by_category.is_some());
             }
@@ -186,16 +192,20 @@ impl Seen {
         }
     }
 
-    /// The parts missing from the record `r` read.
+    /// The parts missing from the record `r` read. A part of step (or save) lines is missing
+    /// only where the record has such lines and none carries it: a run that ended before its
+    /// first step lacks nothing, and its checks have nothing to compare (not run), as when the
+    /// run itself is judged.
     fn lacks(&self, r: &RunRecord) -> BTreeSet<RecordField> {
+        let steps = self.step_lines > 0;
         let missing = [
-            (RecordField::Samples, !self.samples),
-            (RecordField::StepMemory, !self.step_peak),
+            (RecordField::Samples, steps && !self.samples),
+            (RecordField::StepMemory, steps && !self.step_peak),
             (
                 RecordField::DeviceMemory,
-                !self.step_peak || self.host_memory,
+                steps && (!self.step_peak || self.host_memory),
             ),
-            (RecordField::StepByCategory, !self.step_by_category),
+            (RecordField::StepByCategory, steps && !self.step_by_category),
             (
                 RecordField::MemoryByCategory,
                 self.phase_starts_by_category < self.phase_lines
@@ -203,11 +213,11 @@ impl Seen {
             ),
             (
                 RecordField::RecomputedBlocks,
-                !self.recomputed_blocks || r.layers == 0,
+                steps && (!self.recomputed_blocks || r.layers == 0),
             ),
             (RecordField::MemoryModel, !self.predictions),
-            (RecordField::OomCount, !self.oom_count),
-            (RecordField::OnDisk, !self.on_disk),
+            (RecordField::OomCount, steps && !self.oom_count),
+            (RecordField::OnDisk, self.save_lines > 0 && !self.on_disk),
         ];
         missing
             .into_iter()

@@ -3,7 +3,7 @@
 use super::places::{place, place_of, Places};
 use crate::devices::DeviceKind;
 use anyhow::{bail, Result};
-use ckpt_engine::parallel::Shard;
+use ckpt_engine::parallel::{Checkpoints, Shard};
 use serde::Deserialize;
 use serde_saphyr::Spanned;
 use std::path::Path;
@@ -20,6 +20,10 @@ pub struct ParallelSpec {
     /// What the ranks shard.
     #[serde(default)]
     pub shard: Shard,
+    /// How several ranks save checkpoints: `sharded` (a file per rank and an index, the
+    /// default) or `gathered` (one device's layout).
+    #[serde(default)]
+    pub checkpoints: Checkpoints,
     /// The ranks of each resumed phase in run order: `resume-mid`, each later resume of a chain,
     /// then `resume-end`. Absent: every phase on `world_size` ranks.
     #[serde(default)]

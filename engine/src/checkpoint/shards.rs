@@ -1,0 +1,465 @@
+//! Sharded checkpoints: what several ranks save without gathering. Each rank writes its rows of
+//! every tensor into a file of its own (`rank-RRRRR-of-NNNNN.safetensors`, one safetensors
+//! tensor per chunk, under the tensor's name); `shards.json` lists, for every tensor, its name,
+//! dtype and whole shape, the XXH3-128 of the whole logical tensor, and its chunks: their rows
+//! in the tensor's own coordinates (`offsets`, `sizes`), the file and byte range holding them and
+//! their own XXH3-128 (as PyTorch's distributed checkpoint keeps `.metadata` beside per-rank
+//! files). The tensors keep the single-device checkpoint's two lists, `model` (the weights the
+//! passes read, in Hugging Face names) and `optimizer` (masters and moments), in their order,
+//! so digests over whole tensors are the same at every world size.
+//!
+//! The chunks of a tensor must tile its rows in rank order; a save whose ranks leave a row
+//! unsaved or save one twice is refused before anything is written. A load assembles every
+//! tensor whole from its chunks and checks the whole tensor's hash, so a chunk put in the
+//! wrong place fails loudly, naming the tensor.
+
+use super::files::{self, write_synced};
+use super::state::FileRecord;
+use super::{write_safetensors, Entry};
+use crate::error::{EngineError, Result};
+use crate::parallel::plan::shard_shape;
+use safetensors::Dtype;
+use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
+use std::ops::Range;
+use std::path::Path;
+use xxhash_rust::xxh3::Xxh3Default;
+
+/// The index of a sharded checkpoint.
+pub const SHARDS_FILE: &str = "shards.json";
+/// The layout `shards.json` describes.
+pub const SHARDS_FORMAT: &str = "ckpt-shards/1";
+
+/// The name of rank `rank`'s file of a checkpoint saved by `world` ranks.
+pub fn rank_file_name(rank: usize, world: usize) -> String {
+    format!("rank-{rank:05}-of-{world:05}.safetensors")
+}
+
+/// One rank's rows of a tensor, to save.
+pub struct Chunk<'a> {
+    /// The tensor's name.
+    pub name: String,
+    /// Element type.
+    pub dtype: Dtype,
+    /// The whole tensor's dimensions.
+    pub shape: Vec<usize>,
+    /// The rows (first-dimension indices) this chunk holds.
+    pub rows: Range<usize>,
+    /// Their raw little-endian bytes.
+    pub data: Cow<'a, [u8]>,
+}
+
+impl<'a> Chunk<'a> {
+    /// Rows `rows` of the whole tensor `entry`.
+    pub fn rows_of(entry: &Entry<'a>, rows: Range<usize>) -> Self {
+        let row = row_bytes(&entry.shape, entry.dtype);
+        let range = rows.start * row..rows.end * row;
+        let data = match &entry.data {
+            Cow::Borrowed(b) => Cow::Borrowed(&b[range]),
+            Cow::Owned(v) => Cow::Owned(v[range].to_vec()),
+        };
+        Chunk {
+            name: entry.name.clone(),
+            dtype: entry.dtype,
+            shape: entry.shape.clone(),
+            rows,
+            data,
+        }
+    }
+
+    /// The shard `entry` (rows `rows` of a tensor of `shape`).
+    pub fn shard(entry: Entry<'a>, shape: &[usize], rows: Range<usize>) -> Self {
+        Chunk {
+            name: entry.name,
+            dtype: entry.dtype,
+            shape: shape.to_vec(),
+            rows,
+            data: entry.data,
+        }
+    }
+
+    /// The chunk with its data copied, owning it.
+    pub fn into_owned(self) -> Chunk<'static> {
+        Chunk {
+            data: Cow::Owned(self.data.into_owned()),
+            name: self.name,
+            dtype: self.dtype,
+            shape: self.shape,
+            rows: self.rows,
+        }
+    }
+}
+
+/// What one rank saves: its chunk of every tensor of the model list and of the optimizer list,
+/// in the lists' order.
+#[derive(Default)]
+pub struct RankChunks<'a> {
+    /// Chunks of the weights the passes read.
+    pub model: Vec<Chunk<'a>>,
+    /// Chunks of the master weights and moments.
+    pub optimizer: Vec<Chunk<'a>>,
+}
+
+/// `shards.json`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Index {
+    /// [`SHARDS_FORMAT`].
+    pub format: String,
+    /// Ranks that saved it.
+    pub world_size: usize,
+    /// The weights the passes read, in the order a single-device `model.safetensors` holds them.
+    pub model: Vec<TensorIndex>,
+    /// Master weights and moments, in the order a single-device `optimizer.safetensors` holds
+    /// them.
+    pub optimizer: Vec<TensorIndex>,
+}
+
+/// One tensor of a sharded checkpoint.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TensorIndex {
+    /// Its name.
+    pub name: String,
+    /// Its element type, as safetensors names it.
+    pub dtype: Dtype,
+    /// Its whole dimensions.
+    pub shape: Vec<usize>,
+    /// Hex XXH3-128 of the whole tensor's row-major bytes.
+    pub xxh3_128: String,
+    /// Its non-empty chunks, in row order.
+    pub chunks: Vec<ChunkIndex>,
+}
+
+/// Where one chunk of a tensor is.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChunkIndex {
+    /// The file holding it.
+    pub file: String,
+    /// Its first element's index in each dimension of the tensor.
+    pub offsets: Vec<usize>,
+    /// Its extent in each dimension.
+    pub sizes: Vec<usize>,
+    /// Its bytes' range in the file: `[begin, end)`.
+    pub byte_range: [u64; 2],
+    /// Hex XXH3-128 of its bytes.
+    pub xxh3_128: String,
+}
+
+impl TensorIndex {
+    /// Its bytes when whole.
+    pub fn bytes(&self) -> u64 {
+        (self.shape.iter().product::<usize>() * self.dtype.bitsize() / 8) as u64
+    }
+}
+
+fn row_bytes(shape: &[usize], dtype: Dtype) -> usize {
+    shape.iter().skip(1).product::<usize>() * dtype.bitsize() / 8
+}
+
+fn xxh3_hex(parts: &[&[u8]]) -> String {
+    let mut h = Xxh3Default::new();
+    parts.iter().for_each(|p| h.update(p));
+    format!("{:032x}", h.digest128())
+}
+
+/// Writes every rank's file and the index into the temporary directory `dir`, each fsynced,
+/// and returns the files' records by name. The ranks' files are written concurrently, as
+/// ranks of their own would. Nothing is written when the chunks do not tile their tensors.
+pub fn write(dir: &Path, ranks: &[RankChunks<'_>]) -> Result<Vec<(String, FileRecord)>> {
+    let world = ranks.len();
+    let index_path = dir.join(SHARDS_FILE);
+    let model = whole_tensors(&index_path, ranks, |r| &r.model)?;
+    let optimizer = whole_tensors(&index_path, ranks, |r| &r.optimizer)?;
+    let written: Vec<Result<(FileRecord, Vec<[u64; 2]>)>> = std::thread::scope(|scope| {
+        let running: Vec<_> = ranks
+            .iter()
+            .enumerate()
+            .map(|(rank, chunks)| {
+                let path = dir.join(rank_file_name(rank, world));
+                scope.spawn(move || {
+                    let entries: Vec<Entry<'_>> = chunks
+                        .model
+                        .iter()
+                        .chain(&chunks.optimizer)
+                        .filter(|c| !c.rows.is_empty())
+                        .map(|c| Entry {
+                            name: c.name.clone(),
+                            dtype: c.dtype,
+                            shape: shard_shape(&c.shape, c.rows.len()),
+                            data: Cow::Borrowed(&c.data),
+                        })
+                        .collect();
+                    write_safetensors(&path, &entries)
+                })
+            })
+            .collect();
+        running
+            .into_iter()
+            .map(|w| w.join().expect("writing does not panic"))
+            .collect()
+    });
+    let mut records = Vec::with_capacity(world + 1);
+    let mut ranges = Vec::with_capacity(world);
+    for (rank, w) in written.into_iter().enumerate() {
+        let (record, at) = w?;
+        records.push((rank_file_name(rank, world), record));
+        ranges.push(at.into_iter());
+    }
+    let mut index = Index {
+        format: SHARDS_FORMAT.into(),
+        world_size: world,
+        model,
+        optimizer,
+    };
+    // Each rank's file holds its non-empty chunks in list order: the byte ranges come back in it.
+    for (i, tensor) in index
+        .model
+        .iter_mut()
+        .chain(&mut index.optimizer)
+        .enumerate()
+    {
+        let n_model = ranks[0].model.len();
+        for (rank, chunks) in ranks.iter().enumerate() {
+            let chunk = if i < n_model {
+                &chunks.model[i]
+            } else {
+                &chunks.optimizer[i - n_model]
+            };
+            if chunk.rows.is_empty() {
+                continue;
+            }
+            let byte_range = ranges[rank].next().expect("one range per chunk written");
+            let mut offsets = vec![0; tensor.shape.len().max(1)];
+            offsets[0] = chunk.rows.start;
+            tensor.chunks.push(ChunkIndex {
+                file: rank_file_name(rank, world),
+                offsets,
+                sizes: shard_shape(&tensor.shape, chunk.rows.len()),
+                byte_range,
+                xxh3_128: xxh3_hex(&[&chunk.data]),
+            });
+        }
+    }
+    let text = serde_json::to_vec_pretty(&index).expect("plain JSON");
+    records.push((SHARDS_FILE.into(), write_synced(&index_path, &[&text])?));
+    Ok(records)
+}
+
+/// The index entries of one list of tensors (`list` picks it from each rank's chunks), with
+/// their whole hashes and no chunks yet; an error, naming the tensor and rows, when the ranks'
+/// chunks do not tile a tensor in rank order or do not fill their rows.
+fn whole_tensors<'c>(
+    index_path: &Path,
+    ranks: &'c [RankChunks<'c>],
+    list: impl Fn(&'c RankChunks<'c>) -> &'c Vec<Chunk<'c>>,
+) -> Result<Vec<TensorIndex>> {
+    let first = list(&ranks[0]);
+    let refuse = |message: String| {
+        Err(EngineError::bad_file(
+            index_path,
+            format!("{message}; nothing was written"),
+        ))
+    };
+    let mut tensors = Vec::with_capacity(first.len());
+    for (i, lead) in first.iter().enumerate() {
+        let mut hasher = Xxh3Default::new();
+        let mut next_row = 0;
+        for (rank, chunks) in ranks.iter().enumerate() {
+            let Some(chunk) = list(chunks).get(i).filter(|c| c.name == lead.name) else {
+                return refuse(format!(
+                    "rank {rank} holds no chunk of {} where rank 0 does",
+                    lead.name
+                ));
+            };
+            if chunk.shape != lead.shape || chunk.dtype != lead.dtype {
+                return refuse(format!(
+                    "rank {rank}'s chunk of {} is of a {:?} {} tensor, rank 0's of a {:?} {}",
+                    lead.name, chunk.shape, chunk.dtype, lead.shape, lead.dtype
+                ));
+            }
+            if chunk.rows.is_empty() {
+                continue;
+            }
+            if chunk.rows.start != next_row {
+                let what = if chunk.rows.start > next_row {
+                    format!("rows {next_row}..{} are saved by no rank", chunk.rows.start)
+                } else {
+                    format!("rows {}..{next_row} are saved twice", chunk.rows.start)
+                };
+                return refuse(format!(
+                    "the ranks' chunks of {} do not tile it: {what} (rank {rank} saves rows {}..{})",
+                    lead.name, chunk.rows.start, chunk.rows.end
+                ));
+            }
+            let want = chunk.rows.len() * row_bytes(&chunk.shape, chunk.dtype);
+            if chunk.data.len() != want {
+                return refuse(format!(
+                    "rank {rank}'s chunk of {} holds {} bytes, its rows {}..{} hold {want}",
+                    lead.name,
+                    chunk.data.len(),
+                    chunk.rows.start,
+                    chunk.rows.end
+                ));
+            }
+            hasher.update(&chunk.data);
+            next_row = chunk.rows.end;
+        }
+        let rows = lead.shape.first().copied().unwrap_or(1);
+        if next_row != rows {
+            return refuse(format!(
+                "the ranks' chunks of {} do not tile it: rows {next_row}..{rows} are saved by no rank",
+                lead.name
+            ));
+        }
+        tensors.push(TensorIndex {
+            name: lead.name.clone(),
+            dtype: lead.dtype,
+            shape: lead.shape.clone(),
+            xxh3_128: format!("{:032x}", hasher.digest128()),
+            chunks: Vec::new(),
+        });
+    }
+    Ok(tensors)
+}
+
+/// Reads and checks the index of the sharded checkpoint in `dir`, whose record is `record`:
+/// its checksum, its format, and that every tensor's chunks tile it and lie in files the
+/// checkpoint lists.
+pub fn read_index(dir: &Path, record: &FileRecord, listed: &dyn Fn(&str) -> bool) -> Result<Index> {
+    let path = dir.join(SHARDS_FILE);
+    let bytes = crate::regular_file::read(&path, files::CHECKPOINT_FILE)?;
+    if files::record(&bytes).sha256 != record.sha256 {
+        return Err(EngineError::bad_file(
+            &path,
+            "checksum mismatch: the file changed after it was written (corruption?); restore it or resume from an earlier checkpoint",
+        ));
+    }
+    let index: Index = serde_json::from_slice(&bytes)
+        .map_err(|e| EngineError::bad_file(&path, format!("not a shard index: {e}")))?;
+    if index.format != SHARDS_FORMAT {
+        return Err(EngineError::bad_file(
+            &path,
+            format!(
+                "is in the layout {:?}, this build reads {SHARDS_FORMAT:?}; load it with the build that saved it",
+                index.format
+            ),
+        ));
+    }
+    for tensor in index.model.iter().chain(&index.optimizer) {
+        check_tiling(tensor, listed).map_err(|m| EngineError::bad_file(&path, m))?;
+    }
+    Ok(index)
+}
+
+/// That `tensor`'s chunks tile its rows in order, each a whole-row block of the right byte
+/// length in a listed file.
+fn check_tiling(
+    tensor: &TensorIndex,
+    listed: &dyn Fn(&str) -> bool,
+) -> std::result::Result<(), String> {
+    let rows = tensor.shape.first().copied().unwrap_or(1);
+    let row = row_bytes(&tensor.shape, tensor.dtype) as u64;
+    let mut next_row = 0;
+    for chunk in &tensor.chunks {
+        let whole_rows = shard_shape(&tensor.shape, chunk.sizes.first().copied().unwrap_or(0));
+        let start = chunk.offsets.first().copied().unwrap_or(0);
+        let [begin, end] = chunk.byte_range;
+        let fits = chunk.offsets.iter().skip(1).all(|&o| o == 0)
+            && chunk.sizes == whole_rows
+            && start == next_row
+            && end.checked_sub(begin) == Some(chunk.sizes[0] as u64 * row);
+        if !fits {
+            return Err(format!(
+                "chunk of {} at offsets {:?}, sizes {:?}, bytes {begin}..{end} does not continue its rows at {next_row} (a {:?} {} tensor)",
+                tensor.name, chunk.offsets, chunk.sizes, tensor.shape, tensor.dtype
+            ));
+        }
+        if !listed(&chunk.file) {
+            return Err(format!(
+                "chunk of {} lies in {:?}, a file the checkpoint does not list",
+                tensor.name, chunk.file
+            ));
+        }
+        next_row += chunk.sizes[0];
+    }
+    if next_row != rows {
+        return Err(format!(
+            "the chunks of {} cover rows 0..{next_row} of its {rows}",
+            tensor.name
+        ));
+    }
+    Ok(())
+}
+
+/// Where each chunk of `tensor` goes in the tensor's bytes `whole`: `(file, file offset,
+/// destination)`.
+pub fn regions<'w>(tensor: &TensorIndex, whole: &'w mut [u8]) -> Vec<(String, u64, &'w mut [u8])> {
+    let row = row_bytes(&tensor.shape, tensor.dtype);
+    let mut rest = whole;
+    let mut out = Vec::with_capacity(tensor.chunks.len());
+    for chunk in &tensor.chunks {
+        let (mine, after) = std::mem::take(&mut rest).split_at_mut(chunk.sizes[0] * row);
+        out.push((chunk.file.clone(), chunk.byte_range[0], mine));
+        rest = after;
+    }
+    out
+}
+
+/// Fails unless `whole`, assembled from `tensor`'s chunks, has the whole tensor's hash: a chunk
+/// read into the wrong place, or the wrong chunk, is named here.
+pub fn check_whole(index_path: &Path, tensor: &TensorIndex, whole: &[u8]) -> Result<()> {
+    let found = xxh3_hex(&[whole]);
+    if found == tensor.xxh3_128 {
+        return Ok(());
+    }
+    Err(EngineError::bad_file(
+        index_path,
+        format!(
+            "{} assembled from its chunks has XXH3-128 {found}, the saved tensor {}: a chunk is out of place or another's; restore the checkpoint or resume from an earlier one",
+            tensor.name, tensor.xxh3_128
+        ),
+    ))
+}
+
+/// Every tensor of `list`, whole, read from the checkpoint in `dir` (chunk by chunk, each
+/// checked against its own hash, then the whole tensor against its hash), handed to `each` in
+/// order.
+pub fn each_whole(
+    dir: &Path,
+    list: &[TensorIndex],
+    mut each: impl FnMut(&TensorIndex, &[u8]) -> Result<()>,
+) -> Result<()> {
+    let mut maps = std::collections::BTreeMap::new();
+    for tensor in list {
+        let mut whole = vec![0u8; tensor.bytes() as usize];
+        for ((file, _, dst), chunk) in regions(tensor, &mut whole).into_iter().zip(&tensor.chunks) {
+            if !maps.contains_key(&file) {
+                maps.insert(file.clone(), files::MappedFile::open(&dir.join(&file))?);
+            }
+            let bytes = maps[&file].bytes();
+            let [begin, end] = chunk.byte_range;
+            let src = bytes.get(begin as usize..end as usize).ok_or_else(|| {
+                EngineError::bad_file(
+                    dir.join(&file),
+                    format!(
+                        "is {} bytes, shorter than the chunk of {} at {begin}..{end}",
+                        bytes.len(),
+                        tensor.name
+                    ),
+                )
+            })?;
+            if xxh3_hex(&[src]) != chunk.xxh3_128 {
+                return Err(EngineError::bad_file(
+                    dir.join(&file),
+                    format!("the chunk of {} at bytes {begin}..{end} does not match its hash: the file changed after it was written (corruption?)", tensor.name),
+                ));
+            }
+            dst.copy_from_slice(src);
+        }
+        check_whole(&dir.join(SHARDS_FILE), tensor, &whole)?;
+        each(tensor, &whole)?;
+    }
+    Ok(())
+}

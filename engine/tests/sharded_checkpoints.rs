@@ -1,0 +1,325 @@
+//! Sharded checkpoints: several ranks save a file each and an index, nothing gathered; the
+//! whole tensors read back are one device's; a chunk out of place, a damaged rank file or ranks
+//! that leave a row unsaved are refused, naming the tensor, and never replace `latest`.
+
+mod common;
+
+use ckpt_engine::checkpoint::shards::{rank_file_name, Index};
+use ckpt_engine::checkpoint::{
+    self, files, verify, MODEL_FILE, SHARDS_FILE, STATE_FILE, STATE_SUM_FILE,
+};
+use ckpt_engine::config::Precision;
+use ckpt_engine::parallel::{Checkpoints, Parallel, Shard};
+use ckpt_engine::{CpuDevice, Fault, TrainConfig, Trainer};
+use std::path::{Path, PathBuf};
+
+/// A Llama with a 37-token vocabulary (neither 3 nor 4 divides it) and 12 micro-batches a step.
+fn cfg(world_size: usize, shard: Shard) -> TrainConfig {
+    let mut cfg = common::train_config(common::llama(37, 16, 2), Precision::Bf16Mixed, 1, 8, 6);
+    cfg.accumulation = 12;
+    cfg.parallel = Parallel {
+        world_size,
+        shard,
+        ..Parallel::default()
+    };
+    cfg
+}
+
+fn dev() -> CpuDevice {
+    CpuDevice::new(4, u64::MAX).unwrap()
+}
+
+/// Trains `cfg` `steps` steps and saves into `run`; returns the trainer and the checkpoint.
+fn trained(cfg: &TrainConfig, steps: usize, run: &Path) -> (Trainer<CpuDevice>, PathBuf) {
+    let mut t = Trainer::new(cfg.clone(), dev()).unwrap();
+    for _ in 0..steps {
+        t.step().unwrap();
+    }
+    let dir = t.save(run, None).unwrap();
+    (t, dir)
+}
+
+fn index(dir: &Path) -> Index {
+    serde_json::from_slice(&std::fs::read(dir.join(SHARDS_FILE)).unwrap()).unwrap()
+}
+
+/// Writes `index` as the checkpoint's index, with its record and the state's checksum updated,
+/// as a consistent writer would: only the index's own checks can refuse it.
+fn rewrite_index(dir: &Path, index: &Index) {
+    let text = serde_json::to_vec_pretty(index).unwrap();
+    std::fs::write(dir.join(SHARDS_FILE), &text).unwrap();
+    let state_path = dir.join(STATE_FILE);
+    let mut state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&state_path).unwrap()).unwrap();
+    state["files"][SHARDS_FILE] = serde_json::to_value(files::record(&text)).unwrap();
+    let bytes = serde_json::to_vec(&state).unwrap();
+    std::fs::write(&state_path, &bytes).unwrap();
+    let sum = format!("{}  {STATE_FILE}\n", files::sha256_hex(&bytes));
+    std::fs::write(dir.join(STATE_SUM_FILE), sum).unwrap();
+}
+
+fn resume_error(cfg: &TrainConfig, run: &Path) -> String {
+    match Trainer::resume(cfg.clone(), dev(), run) {
+        Ok(_) => panic!("{} resumed", run.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn ranks_save_a_file_each_and_an_index_whose_whole_tensors_are_one_device_s() {
+    let tmp = tempfile::tempdir().unwrap();
+    for shard in [Shard::None, Shard::Optimizer, Shard::Full] {
+        let sharded = cfg(4, shard);
+        let (t, dir) = trained(&sharded, 2, &tmp.path().join(format!("{shard:?}")));
+        let names: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        for rank in 0..4 {
+            assert!(
+                names.contains(&rank_file_name(rank, 4)),
+                "{shard:?}: {names:?}"
+            );
+        }
+        assert!(names.contains(&SHARDS_FILE.to_string()), "{names:?}");
+        assert!(
+            !names.contains(&MODEL_FILE.to_string()),
+            "nothing gathered: {names:?}"
+        );
+
+        let index = index(&dir);
+        assert_eq!(index.world_size, 4);
+        let embed = index
+            .model
+            .iter()
+            .find(|t| t.name == "model.embed_tokens.weight")
+            .unwrap();
+        let rows: Vec<(usize, usize)> = embed
+            .chunks
+            .iter()
+            .map(|c| (c.offsets[0], c.sizes[0]))
+            .collect();
+        assert_eq!(rows, [(0, 10), (10, 10), (20, 10), (30, 7)], "{shard:?}");
+
+        // The whole tensors on disk are the live state's, and one device's save of it.
+        let digest = t.state_digest().unwrap();
+        let on_disk = checkpoint::tensor_digests(&dir).unwrap();
+        assert_eq!(
+            on_disk,
+            [digest.params.clone(), digest.optimizer.clone()],
+            "{shard:?}"
+        );
+        let mut gathered = sharded.clone();
+        gathered.parallel.checkpoints = Checkpoints::Gathered;
+        let (_, whole) = trained(
+            &gathered,
+            2,
+            &tmp.path().join(format!("{shard:?}-gathered")),
+        );
+        assert!(whole.join(MODEL_FILE).exists());
+        assert_eq!(
+            checkpoint::tensor_digests(&whole).unwrap(),
+            on_disk,
+            "{shard:?}"
+        );
+
+        // Exported, the sharded checkpoint's weights are one device's file, byte for byte.
+        let out = tmp.path().join(format!("{shard:?}-export"));
+        assert_eq!(checkpoint::export(&dir, &out).unwrap(), dir);
+        let exported = std::fs::read(out.join(MODEL_FILE)).unwrap();
+        assert_eq!(
+            exported,
+            std::fs::read(whole.join(MODEL_FILE)).unwrap(),
+            "{shard:?}"
+        );
+        let again = checkpoint::export(&dir, &out).unwrap_err().to_string();
+        assert!(
+            again.contains("is not empty; export into a new directory"),
+            "{again}"
+        );
+        let (_, verdicts) = verify(&dir).unwrap();
+        assert_eq!(
+            verdicts.len(),
+            7,
+            "state, config, index and 4 rank files: {verdicts:?}"
+        );
+        assert!(verdicts.iter().all(|v| v.problem.is_none()), "{verdicts:?}");
+    }
+}
+
+#[test]
+fn more_ranks_than_rows_leave_empty_chunks_out_and_still_resume() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let mut wide = cfg(12, Shard::Full);
+    wide.model.hidden_size = 8;
+    let (_, dir) = trained(&wide, 1, &run);
+    let index = index(&dir);
+    let norm = index
+        .model
+        .iter()
+        .find(|t| t.name == "model.norm.weight")
+        .unwrap();
+    assert_eq!(norm.shape, [8]);
+    assert_eq!(norm.chunks.len(), 8, "ranks 8 to 11 hold no row of it");
+    let mut narrow = wide.clone();
+    narrow.parallel = Parallel {
+        world_size: 3,
+        shard: Shard::Optimizer,
+        ..Parallel::default()
+    };
+    let mut single = wide.clone();
+    single.parallel = Parallel::default();
+    let mut whole = Trainer::new(single, dev()).unwrap();
+    let mut resumed = Trainer::resume(narrow, dev(), &run).unwrap();
+    whole.step().unwrap();
+    let want = whole.step().unwrap();
+    let got = resumed.step().unwrap();
+    assert_eq!(got.loss.to_bits(), want.loss.to_bits());
+    assert_eq!(
+        resumed.state_digest().unwrap(),
+        whole.state_digest().unwrap()
+    );
+}
+
+#[test]
+fn a_chunk_out_of_place_is_refused_naming_its_tensor() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let sharded = cfg(4, Shard::Optimizer);
+    let (_, dir) = trained(&sharded, 2, &run);
+    let mut swapped = index(&dir);
+    let tensor = swapped
+        .optimizer
+        .iter_mut()
+        .find(|t| t.name == "model.embed_tokens.weight.exp_avg")
+        .unwrap();
+    // Two chunks of equal size trade places: each is intact, the tensor is not.
+    let (a, b) = (tensor.chunks[0].clone(), tensor.chunks[1].clone());
+    tensor.chunks[0] = ckpt_engine::checkpoint::shards::ChunkIndex {
+        offsets: a.offsets.clone(),
+        ..b.clone()
+    };
+    tensor.chunks[1] = ckpt_engine::checkpoint::shards::ChunkIndex {
+        offsets: b.offsets,
+        ..a
+    };
+    rewrite_index(&dir, &swapped);
+    let e = resume_error(&sharded, &run);
+    assert!(
+        e.contains("model.embed_tokens.weight.exp_avg assembled from its chunks has XXH3-128"),
+        "{e}"
+    );
+    assert!(e.contains("a chunk is out of place"), "{e}");
+    let e = checkpoint::tensor_digests(&dir).unwrap_err().to_string();
+    assert!(
+        e.contains("model.embed_tokens.weight.exp_avg assembled"),
+        "{e}"
+    );
+    let (_, verdicts) = verify(&dir).unwrap();
+    let bad: Vec<_> = verdicts
+        .iter()
+        .filter_map(|v| Some((&v.name, v.problem.as_ref()?)))
+        .collect();
+    assert_eq!(bad.len(), 1, "{verdicts:?}");
+    assert_eq!(bad[0].0, SHARDS_FILE);
+    assert!(bad[0].1.contains("a chunk is out of place"), "{}", bad[0].1);
+
+    // A chunk moved off its rows leaves a gap the index's own check names.
+    let mut gap = index(&dir);
+    gap.model[0].chunks[1].offsets[0] += 1;
+    rewrite_index(&dir, &gap);
+    let e = resume_error(&sharded, &run);
+    assert!(e.contains("does not continue its rows at 10"), "{e}");
+}
+
+#[test]
+fn a_damaged_rank_file_is_refused_naming_it_and_verify_finds_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let sharded = cfg(3, Shard::Full);
+    let (_, dir) = trained(&sharded, 1, &run);
+    let rank2 = dir.join(rank_file_name(2, 3));
+    let mut bytes = std::fs::read(&rank2).unwrap();
+    let last = bytes.len() - 3;
+    bytes[last] ^= 0x10;
+    std::fs::write(&rank2, &bytes).unwrap();
+    let e = resume_error(&sharded, &run);
+    assert!(e.contains(&rank_file_name(2, 3)), "{e}");
+    assert!(e.contains("checksum mismatch"), "{e}");
+    let (_, verdicts) = verify(&dir).unwrap();
+    let bad: Vec<_> = verdicts.iter().filter(|v| v.problem.is_some()).collect();
+    assert_eq!(bad.len(), 1, "{verdicts:?}");
+    assert_eq!(bad[0].name, rank_file_name(2, 3));
+}
+
+/// Ranks whose optimizer shards start a row late ([`Fault::ShardBoundaryOffByOne`]) leave a
+/// row of every moment unsaved: the save is refused before anything is written, and `latest`
+/// still names the checkpoint before.
+#[test]
+fn ranks_that_leave_a_row_unsaved_are_refused_and_latest_stays() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let mut faulty = cfg(4, Shard::Optimizer);
+    faulty.precision = Precision::Fp32;
+    faulty.faults = [Fault::ShardBoundaryOffByOne].into_iter().collect();
+    let mut t = Trainer::new(faulty.clone(), dev()).unwrap();
+    let before = t.save(&run, None).unwrap();
+    t.step().unwrap();
+    let e = t.save(&run, None).unwrap_err().to_string();
+    assert!(e.contains("saving step 1"), "{e}");
+    assert!(
+        e.contains("do not tile it: rows 10..11 are saved by no rank"),
+        "{e}"
+    );
+    assert!(e.contains("still names step-00000000"), "{e}");
+    assert_eq!(checkpoint::resolve(&run).unwrap(), before);
+    assert!(!run.join("step-00000001").exists());
+    faulty.parallel.checkpoints = Checkpoints::Gathered;
+    let mut t = Trainer::resume(faulty, dev(), &run).unwrap();
+    t.step().unwrap();
+    assert!(
+        t.save(&run, None).is_ok(),
+        "gathered, the row saves as zeros"
+    );
+}
+
+/// [`Fault::MomentsAtSavedOffsets`] resumes at the saving world size untouched, and at another
+/// one hands ranks other rows' moments: the optimizer state differs at once, the weights after
+/// the first update.
+#[test]
+fn moments_at_the_saved_offsets_change_the_state_only_at_another_world_size() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let saved = cfg(4, Shard::Optimizer);
+    let (t, _) = trained(&saved, 2, &run);
+    let want = t.state_digest().unwrap();
+    let faulty = |world_size: usize| {
+        let mut c = saved.clone();
+        c.parallel.world_size = world_size;
+        c.faults = [Fault::MomentsAtSavedOffsets].into_iter().collect();
+        Trainer::resume(c, dev(), &run).unwrap()
+    };
+    assert_eq!(
+        faulty(4).state_digest().unwrap(),
+        want,
+        "the same world size"
+    );
+    let mut other = faulty(3);
+    let got = other.state_digest().unwrap();
+    assert_eq!(
+        got.params, want.params,
+        "the weights load where they belong"
+    );
+    assert_ne!(got.optimizer, want.optimizer, "the moments do not");
+    let mut clean = saved.clone();
+    clean.parallel.world_size = 3;
+    let mut resumed = Trainer::resume(clean, dev(), &run).unwrap();
+    assert_eq!(resumed.state_digest().unwrap(), want, "without the fault");
+    resumed.step().unwrap();
+    other.step().unwrap();
+    assert_ne!(
+        other.state_digest().unwrap().params,
+        resumed.state_digest().unwrap().params
+    );
+}
