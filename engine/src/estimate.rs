@@ -221,8 +221,27 @@ impl Estimate {
     }
 }
 
-/// The memory model of `cfg`.
+/// The memory model of `cfg`. Its cost does not grow with the run's `accumulation`: the
+/// micro-batches of a step repeat, and a few of them give the figures of all ([`steps`]).
 pub fn estimate(cfg: &EstimateConfig) -> Result<Estimate> {
+    assemble(cfg, steps)
+}
+
+/// The memory model of `cfg` from a dry run of every micro-batch of its steps, however many:
+/// what [`estimate`] equals, at a cost that grows with the run's `accumulation`.
+pub fn estimate_every_micro_batch(cfg: &EstimateConfig) -> Result<Estimate> {
+    assemble(cfg, |cfg, seq| dry_run(cfg, seq, cfg.run.accumulation))
+}
+
+/// The parts at rows of some length, each rank's step without and with AdamW's moments, and
+/// the bytes of a checkpoint's tensors after them.
+type Steps = (Anatomy, Vec<[StepEstimate; 2]>, u64);
+
+/// The memory model of `cfg`, its steps at each row length from `steps`.
+fn assemble(
+    cfg: &EstimateConfig,
+    steps: impl Fn(&EstimateConfig, usize) -> Result<Steps>,
+) -> Result<Estimate> {
     cfg.validate()?;
     let (anatomy, mut ranks, save_staging) = steps(cfg, cfg.run.seq_len)?;
     let [first_step, later_step] = ranks[0].clone();
@@ -270,8 +289,68 @@ pub fn routed_steps(cfg: &EstimateConfig, seq: usize) -> Result<[StepEstimate; 2
 /// The parts, each rank's step without and with AdamW's moments at rows of `seq` tokens, and
 /// the bytes of a checkpoint's tensors after them: two steps of a fresh state on the counting
 /// device (one per rank, for data parallelism), each over the run's `accumulation`
-/// micro-batches.
-fn steps(cfg: &EstimateConfig, seq: usize) -> Result<(Anatomy, Vec<[StepEstimate; 2]>, u64)> {
+/// micro-batches, or as [`repeating_steps`] finds them from a few.
+fn steps(cfg: &EstimateConfig, seq: usize) -> Result<Steps> {
+    match repeating_steps(cfg, seq)? {
+        Some(steps) => Ok(steps),
+        None => dry_run(cfg, seq, cfg.run.accumulation),
+    }
+}
+
+/// Micro-batches per rank of the shorter of [`repeating_steps`]' two dry runs: one that starts
+/// the step, one in the middle and one that ends it.
+const SHORT_RUN: usize = 3;
+
+/// [`steps`] from two dry runs of a few micro-batches per rank, whatever the run's
+/// `accumulation`: `None` when that is no cheaper, when the micro-batches can differ (recorded
+/// MoE routes, a world size that does not divide them), or when the two runs do not show them
+/// repeating.
+///
+/// A step zeroes the gradients, runs its micro-batches one after the other and then the
+/// optimizer. A micro-batch that neither starts nor ends a rank's run (nor, for gradients
+/// sharded over a ring, the step's) starts with the bytes the one before it started with and
+/// leaves them as it found them, so it adds nothing to a step's figures but its allocations.
+/// A run of `SHORT_RUN + 1` micro-batches per rank whose figures are those of a run of
+/// `SHORT_RUN` but for its allocations shows that: the step of `accumulation` has the same
+/// figures and their difference in allocations once per micro-batch more.
+fn repeating_steps(cfg: &EstimateConfig, seq: usize) -> Result<Option<Steps>> {
+    let (accumulation, world) = (cfg.run.accumulation, cfg.run.parallel.world_size);
+    if !cfg.routes.same_in_every_micro_batch()
+        || world == 0
+        || accumulation % world != 0
+        || accumulation / world <= SHORT_RUN + 1
+    {
+        return Ok(None);
+    }
+    let more = (accumulation / world - (SHORT_RUN + 1)) as u64;
+    let (anatomy, short, checkpoint_bytes) = dry_run(cfg, seq, SHORT_RUN * world)?;
+    let (_, longer, _) = dry_run(cfg, seq, (SHORT_RUN + 1) * world)?;
+    let mut steps = Vec::with_capacity(longer.len());
+    for (short, mut pair) in short.iter().zip(longer) {
+        for (a, b) in short.iter().zip(pair.iter_mut()) {
+            let Some(per_micro_batch) = b.allocations.checked_sub(a.allocations) else {
+                return Ok(None);
+            };
+            let repeats = StepEstimate {
+                allocations: a.allocations,
+                ..b.clone()
+            } == *a;
+            if !repeats {
+                return Ok(None);
+            }
+            b.allocations = b
+                .allocations
+                .saturating_add(per_micro_batch.saturating_mul(more));
+        }
+        steps.push(pair);
+    }
+    Ok(Some((anatomy, steps, checkpoint_bytes)))
+}
+
+/// The parts, each rank's step without and with AdamW's moments at rows of `seq` tokens, and
+/// the bytes of a checkpoint's tensors after them: two steps of a fresh state on the counting
+/// device (one per rank, for data parallelism), each over `micro_batches` micro-batches.
+fn dry_run(cfg: &EstimateConfig, seq: usize, micro_batches: usize) -> Result<Steps> {
     let run = &cfg.run;
     let dev = CountingDevice::new(cfg.like).with_routes(cfg.routes.clone());
     let devices = dev.ranks(run.parallel.world_size)?;
@@ -281,7 +360,7 @@ fn steps(cfg: &EstimateConfig, seq: usize) -> Result<(Anatomy, Vec<[StepEstimate
     };
     let rows = run.batch_size.saturating_mul(seq);
     check_host(
-        (rows as u64 * 12).saturating_mul(run.accumulation as u64),
+        (rows as u64 * 12).saturating_mul(micro_batches as u64),
         "the dry run's micro-batches (token ids and labels)",
     )?;
     let batch = Batch {
@@ -290,7 +369,7 @@ fn steps(cfg: &EstimateConfig, seq: usize) -> Result<(Anatomy, Vec<[StepEstimate
         input_ids: try_vec(rows, 0, "the dry run's token ids")?,
         labels: try_vec(rows, 0, "the dry run's labels")?,
     };
-    let batches = vec![batch; run.accumulation];
+    let batches = vec![batch; micro_batches];
     let dropout = (run.dropout > 0.0).then_some(Dropout {
         p: run.dropout,
         seed: 0,
@@ -381,7 +460,7 @@ fn anatomy(cfg: &EstimateConfig, seq: usize) -> Anatomy {
                 // rows are kept, whichever experts they are.
                 let slots = rows * moe.num_experts_per_tok as u64;
                 let f = moe.moe_intermediate_size as u64;
-                let busiest = (0..r.accumulation)
+                let busiest = (0..cfg.routes.distinct_micro_batches(r.accumulation))
                     .map(|micro_batch| {
                         cfg.routes
                             .counts(rows as usize, moe.route_spec(l), micro_batch)

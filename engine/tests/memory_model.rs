@@ -1,17 +1,22 @@
 //! Activation checkpointing and the chunked loss change memory, not results; and the analytic
 //! memory model predicts the CPU device's measured step memory to the byte.
 
+mod common;
+
 use ckpt_engine::backend::count::{Like, Routes};
 use ckpt_engine::config::{Init, Precision};
 use ckpt_engine::data::{DataConfig, LongBatch};
-use ckpt_engine::estimate::{estimate, routed_steps, EstimateConfig};
+use ckpt_engine::estimate::{
+    estimate, estimate_every_micro_batch, routed_steps, EstimateConfig, StepEstimate,
+};
 use ckpt_engine::model::config::MoeConfig;
 use ckpt_engine::model::loss::{LossKind, IGNORE_INDEX};
 use ckpt_engine::model::{weights, Family};
 use ckpt_engine::optim::{AdamWConfig, Schedule};
+use ckpt_engine::parallel::{Parallel, Shard};
 use ckpt_engine::state::rounded;
 use ckpt_engine::{
-    Batch, Category, Checkpointing, CpuDevice, Elem, LlamaConfig, Model, Params, Tensor,
+    Batch, Category, Checkpointing, CpuDevice, Elem, Fault, LlamaConfig, Model, Params, Tensor,
     TrainConfig, Trainer,
 };
 use proptest::prelude::*;
@@ -257,7 +262,7 @@ fn case() -> impl Strategy<Value = Case> {
     let step = (
         prop_oneof![Just(0.0f32), Just(0.2)],     // dropout
         prop::option::of((0u64..=2, 0usize..=4)), // long rows: first step, extra tokens
-        1usize..=3,                               // micro-batches per step
+        1usize..=6, // micro-batches per step (from 5 the estimate runs a few of them)
     );
     // Experts, top-k (reduced below the experts), expert width, renormalised, a dense first layer.
     let moe = (
@@ -387,6 +392,27 @@ proptest! {
         }
     }
 
+    /// Many micro-batches a step, on one rank or several at every sharding stage: the estimate,
+    /// which runs a few micro-batches per rank, equals the dry run of every one of them, figure
+    /// by figure (each rank's and the long rows' steps included).
+    #[test]
+    fn a_few_micro_batches_give_the_estimate_of_all(
+        c in case(),
+        per_rank in 5usize..=12,
+        world in prop::sample::select(vec![1usize, 2, 3]),
+        shard in prop::sample::select(vec![Shard::None, Shard::Optimizer, Shard::Gradients, Shard::Full]),
+    ) {
+        let mut train = c.train;
+        train.accumulation = per_rank * world;
+        train.parallel = Parallel { world_size: world, shard };
+        if world > 1 && shard == Shard::Full {
+            train.model.tie_word_embeddings = false;
+        }
+        let cfg = EstimateConfig::from_train(&train, Like::Cpu { threads: c.threads });
+        let full = estimate_every_micro_batch(&cfg).unwrap();
+        prop_assert_eq!(estimate(&cfg).unwrap(), full);
+    }
+
     /// Random shapes: every policy is bitwise the same as keeping everything.
     #[test]
     fn checkpointing_is_bitwise_on_random_shapes(c in case()) {
@@ -401,5 +427,66 @@ proptest! {
                 assert_policies_bitwise(&dev, &t.model, &mut compute, &b, t.loss);
             }
         }
+    }
+}
+
+/// Micro-batches that do not repeat (each keeps its recomputed inputs, a fault the memory
+/// model is never given by `from_train`) are run one by one: the estimate is still the dry run
+/// of every one of them, and the step's peak grows with them.
+#[test]
+fn micro_batches_that_do_not_repeat_are_each_run() {
+    let mut train = common::train_config(common::llama(37, 16, 2), Precision::Fp32, 2, 8, 4);
+    train.checkpointing = Checkpointing::Full;
+    let mut cfg = EstimateConfig::from_train(&train, Like::Cpu { threads: 1 });
+    cfg.run.faults = [Fault::RecomputeInputsKept].into_iter().collect();
+    let peak = |accumulation: usize| {
+        let cfg = EstimateConfig {
+            run: TrainConfig {
+                accumulation,
+                ..cfg.run.clone()
+            },
+            ..cfg.clone()
+        };
+        let e = estimate(&cfg).unwrap();
+        assert_eq!(
+            e,
+            estimate_every_micro_batch(&cfg).unwrap(),
+            "{accumulation}"
+        );
+        e.later_step.peak
+    };
+    assert!(peak(6) < peak(8));
+}
+
+/// A step of 2^40 micro-batches, whose token ids alone would not fit in any host, is estimated
+/// from a few of them: the figures of a step of 8, and as many allocations more as its extra
+/// micro-batches make.
+#[test]
+fn the_estimate_of_any_accumulation_costs_a_few_micro_batches() {
+    let train = common::train_config(common::llama(37, 16, 2), Precision::Bf16Mixed, 2, 8, 4);
+    let at = |accumulation: usize| {
+        let run = TrainConfig {
+            accumulation,
+            ..train.clone()
+        };
+        estimate(&EstimateConfig::from_train(&run, Like::Cpu { threads: 2 })).unwrap()
+    };
+    let huge = 1usize << 40;
+    let (big, eight, nine) = (at(huge), at(8), at(9));
+    for (got, want, next) in [
+        (&big.first_step, &eight.first_step, &nine.first_step),
+        (&big.later_step, &eight.later_step, &nine.later_step),
+    ] {
+        let per_micro_batch = next.allocations - want.allocations;
+        assert!(per_micro_batch > 0);
+        assert_eq!(
+            got.allocations,
+            want.allocations + (huge as u64 - 8) * per_micro_batch
+        );
+        let same = StepEstimate {
+            allocations: want.allocations,
+            ..got.clone()
+        };
+        assert_eq!(&same, want);
     }
 }

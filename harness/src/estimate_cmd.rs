@@ -18,6 +18,8 @@ use ckpt_harness::suite::{Budget, Suite};
 use clap::{Args, ValueEnum};
 use std::path::PathBuf;
 
+mod limits;
+
 /// The `estimate` subcommand's flags. The run comes from a suite, `--config`, `--llama-1b` or the
 /// model flags; any flag given also overrides the run's value. The first column is the run as
 /// configured; the others replace its checkpointing and loss.
@@ -573,6 +575,7 @@ pub fn table(a: &EstimateArgs) -> Result<Report> {
     }
     let like = Like::new(a.device, threads);
     let run = run_config(a, suite.as_ref())?;
+    limits::check(a, &run)?;
     let (cols, configured) = columns(a, &run);
     let estimates = cols
         .iter()

@@ -1039,3 +1039,50 @@ fn the_host_s_capacity_honours_the_address_space_limit() {
         "{capacity} under a {limit_kib} KiB limit"
     );
 }
+
+/// `estimate` refuses sizes the memory model cannot build or count with exit status 2, naming
+/// the flag and its limit (a table of 10^8 blocks used to abort the process when its
+/// allocation failed), and takes sizes at the limits.
+#[test]
+fn estimate_refuses_sizes_beyond_its_limits_naming_the_flag() {
+    let est = |flags: &[&str]| {
+        let mut args = vec!["estimate"];
+        args.extend(flags);
+        harness(&args, &[])
+    };
+    for (flags, want) in [
+        (
+            &["--llama-1b", "--layers", "100000000"][..],
+            "--layers is 100000000, more than 100000, the most decoder blocks",
+        ),
+        (
+            &["--llama-1b", "--hidden", "4000000000"][..],
+            "--hidden is 4000000000, more than 16777216, the widest",
+        ),
+        (
+            &["--llama-1b", "--vocab", "4000000000000"][..],
+            "--vocab is 4000000000000, more than 16777216",
+        ),
+        (
+            &["--llama-1b", "--heads", "16777216"][..],
+            "model.num_attention_heads × model.head_dim is 1073741824, more than 16777216",
+        ),
+    ] {
+        let out = est(flags);
+        let all = text(&out);
+        assert_eq!(out.status.code(), Some(exit_codes::INVALID.into()), "{all}");
+        assert!(all.contains(want), "{flags:?}: {all}");
+        assert!(all.contains("write at most"), "{flags:?}: {all}");
+    }
+    let at_limits = [
+        "--vocab", "16777216", "--hidden", "16777216", "--ffn", "16777216", "--heads", "1",
+        "--layers", "2", "--batch", "1", "--seq", "2", "--bytes",
+    ];
+    let out = est(&at_limits);
+    assert_eq!(
+        out.status.code(),
+        Some(exit_codes::SUCCESS.into()),
+        "{}",
+        text(&out)
+    );
+}

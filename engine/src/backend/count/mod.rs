@@ -94,6 +94,20 @@ impl Routes {
         *self == Routes::Balanced
     }
 
+    /// Whether every micro-batch of a step routes alike (all but [`Routes::Recorded`]).
+    pub fn same_in_every_micro_batch(&self) -> bool {
+        !matches!(self, Routes::Recorded(_))
+    }
+
+    /// How many of a step's `micro_batches` may route differently: each of them for recorded
+    /// routes, else one, whose routing stands for all.
+    pub fn distinct_micro_batches(&self, micro_batches: usize) -> usize {
+        match self.same_in_every_micro_batch() {
+            true => micro_batches.min(1),
+            false => micro_batches,
+        }
+    }
+
     /// How many rows each expert of the layer `spec` gets out of `rows` in micro-batch
     /// `micro_batch` of a step (the same in each unless recorded otherwise).
     pub fn counts(&self, rows: usize, spec: RouteSpec, micro_batch: usize) -> Result<Vec<u32>> {
