@@ -103,9 +103,12 @@ class Recorder:
         world_size: int = 1,
         planned: Mapping[str, int] | None = None,
         trial: str | None = None,
+        run: Mapping[str, Any] | None = None,
     ) -> Recorder:
         """Appends to the record at `path` and writes the `phase` line: which phase, the engine,
-        the device, the world size, the seeds, and the step (and checkpoint) resumed from."""
+        the device, the world size, the seeds, the step (and checkpoint) resumed from, and the
+        facts of the run the checks need (`run`: `samples_per_epoch`, `layers`, ...; the
+        reference's)."""
         out = open(path, "a", encoding="utf-8")
         rec = cls(out, phase, device)
         resumed: dict[str, Any] | None = None
@@ -135,6 +138,8 @@ class Recorder:
             line["trial"] = trial
         if planned is not None:
             line["planned"] = dict(planned)
+        if run is not None:
+            line["run"] = dict(run)
         if memory.uses_cuda(device):
             line["device_name"] = torch.cuda.get_device_name(device)
         rec.write(line)
