@@ -41,6 +41,7 @@ FAULTS = (
     "rng_file_removed",
     "save_only_model",
     "accumulation_changed",
+    "model_kept_alive",
 )
 
 
@@ -90,6 +91,20 @@ class SaveAt(TrainerCallback):
         """Sets `should_save` after a step in `steps`."""
         if state.global_step in self.steps:
             control.should_save = True
+
+
+class KeepsModel(TrainerCallback):
+    """Keeps the model it was handed at the end of training (for a later evaluation, say): while
+    the script holds the callback, the model outlives the trainer."""
+
+    def __init__(self) -> None:
+        self.model: torch.nn.Module | None = None
+
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        """Takes the model."""
+        self.model = kwargs["model"]
 
 
 class HorizonTrainer(Trainer):
@@ -148,7 +163,8 @@ def train(
     fault: str = "none",
 ) -> None:
     """Trains from step `start` (a fresh start at 0, else `resume_dir/checkpoint-<start>`) to
-    `end`, saving into `run_dir` after each step in `save_steps`, and records the phase."""
+    `end`, saving into `run_dir` after each step in `save_steps`, and records the phase. The
+    recorder's callback is made first, so that it counts what was held before the model."""
     checkpoint: Path | None = None
     if start:
         if resume_dir is None:
@@ -163,12 +179,17 @@ def train(
         checkpoint=str(checkpoint) if checkpoint else None,
         horizon=horizon,
     )
+    # The script holds its callbacks until the phase is recorded: one that keeps the model keeps
+    # it past the trainer.
+    callbacks: list[TrainerCallback] = [SaveAt(save_steps)]
+    if fault == "model_kept_alive":
+        callbacks.append(KeepsModel())
     net = model()
     trainer = HorizonTrainer(
         model=net,
         args=arguments(run_dir, end, checkpoint is not None, fault),
         train_dataset=Tokens(),
-        callbacks=[SaveAt(save_steps)],
+        callbacks=list(callbacks),
         horizon=horizon,
     )
     callback.attach(trainer)

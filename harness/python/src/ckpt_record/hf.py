@@ -33,6 +33,7 @@ import torch
 import transformers
 from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
+from . import live, memory
 from .recorder import Recorder
 
 IGNORE_INDEX = -100
@@ -67,7 +68,9 @@ def batches_per_epoch(loader: Any) -> int:
 class CkptRecordCallback(TrainerCallback):
     """Writes one phase of a Trainer's run to the record at `path`: `phase` names it, `seeds`
     the seeds set, `checkpoint` the checkpoint it resumes from (the Trainer's step when it
-    begins tells the step), `horizon` the schedule's horizon where it is not `max_steps`."""
+    begins tells the step), `horizon` the schedule's horizon where it is not `max_steps`.
+    Create it before the model and the trainer: it counts the live training state then, as the
+    memory held before the trainer was built, and again at `finish`."""
 
     def __init__(
         self,
@@ -85,6 +88,7 @@ class CkptRecordCallback(TrainerCallback):
         self.checkpoint = checkpoint
         self.trial = trial
         self.horizon = horizon
+        self._live_before = live.by_category()
         self.recorder: Recorder | None = None
         self._resume_pending = False
         self._loss: torch.Tensor | None = None
@@ -176,6 +180,7 @@ class CkptRecordCallback(TrainerCallback):
             },
             trial=self.trial,
             run=run,
+            memory_before={"source": memory.source(args.device), "by_category": self._live_before},
         )
 
     def _data(self) -> dict[str, int]:
