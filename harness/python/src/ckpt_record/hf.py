@@ -12,9 +12,11 @@ A dataset whose items carry their index under `SAMPLE_KEY` (`ckpt_sample`; with
 recorded, `(epoch, index)` per row; the callback takes the column out of the batch before the
 model sees it. The data position (`epoch`, `position`: samples of the epoch handed out) is counted
 from the micro-batches trained; a resumed phase starts from the position the Trainer skips to
-(the start of the epoch under `ignore_data_skip`).
+(the start of the epoch under `ignore_data_skip`). The live training state (`live`) is counted
+when the callback is made, before the model, and again at `finish`.
 
     callback = CkptRecordCallback("run.jsonl", "resume-mid", checkpoint="out/checkpoint-3")
+    model = build_model()
     trainer = Trainer(model=model, args=args, train_dataset=data)
     callback.attach(trainer)
     trainer.train(resume_from_checkpoint="out/checkpoint-3")
