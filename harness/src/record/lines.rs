@@ -155,13 +155,25 @@ pub struct Memory {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allocated_at_start: Option<u64>,
     /// Bytes per category at the end.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "super::by_category::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub by_category: Option<Breakdown>,
     /// Bytes per category at the peak.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "super::by_category::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub by_category_at_peak: Option<Breakdown>,
     /// Bytes per category when the step began.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "super::by_category::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub by_category_at_start: Option<Breakdown>,
     /// Allocations refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -269,7 +281,11 @@ pub struct Oom {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allocated: Option<u64>,
     /// Bytes held per category then.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "super::by_category::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub by_category: Option<Breakdown>,
 }
 

@@ -1,7 +1,9 @@
 //! The run record as a published contract, `ckpt-record/1` (docs/RECORD.md, schema in
-//! `harness/record/`): the lines of the format ([`lines`]), and the built-in engine's recorded
-//! run written in it ([`from_run`]), one JSON-lines file per trial beside `summary.json`.
+//! `harness/record/`): the lines of the format ([`lines`], their memory categories
+//! [`by_category`]), and the built-in engine's recorded run written in it ([`from_run`]), one
+//! JSON-lines file per trial beside `summary.json`.
 
+pub mod by_category;
 pub mod extensions;
 pub mod from_run;
 pub mod lines;

@@ -599,6 +599,64 @@ training: {max_steps: 4, resume_from: [1, 2], async_save: true}
         );
     }
 
+    /// A writer that counts only the live training state (`params`, `grads`, `optimizer`) at
+    /// each phase's start and end is judged by `memory_reclaimed`; the parameters one phase
+    /// left behind are named.
+    #[test]
+    fn live_state_by_some_categories_is_judged_by_memory_reclaimed() {
+        use crate::checks::{memory_reclaimed, Status};
+        let text = include_str!("../../record/examples/pytorch-loop.jsonl");
+        let counted = |params: u64| {
+            format!(r#""by_category": {{"params": {params}, "grads": 0, "optimizer": 0}}"#)
+        };
+        let with = |left: u64| -> String {
+            text.lines()
+                .map(|l| {
+                    let l = l.replacen(
+                        r#""kind": "phase","#,
+                        &format!(
+                            r#""kind": "phase", "memory_before": {{"source": "host_rss", {}}},"#,
+                            counted(0)
+                        ),
+                        1,
+                    );
+                    let left = if l.contains(r#""phase": "resume-mid""#) {
+                        left
+                    } else {
+                        0
+                    };
+                    l.replacen(
+                        r#""memory_after": {"#,
+                        &format!(r#""memory_after": {{{}, "#, counted(left)),
+                        1,
+                    ) + "\n"
+                })
+                .collect()
+        };
+        let clean = run_record(parse(&with(0), "r.jsonl").unwrap()).unwrap();
+        assert!(!clean.lacks.contains(&RecordField::MemoryByCategory));
+        let o = memory_reclaimed::check(&clean);
+        assert_eq!(
+            (o.status, o.compared),
+            (Status::Passed, 3),
+            "{:?}",
+            o.failures
+        );
+        let kept = run_record(parse(&with(9216), "r.jsonl").unwrap()).unwrap();
+        let failures: Vec<String> = memory_reclaimed::check(&kept)
+            .failures
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(failures.len(), 1, "{failures:?}");
+        assert!(failures[0].contains("resume-mid"), "{}", failures[0]);
+        assert!(
+            failures[0].contains("params outlives the trainer"),
+            "{}",
+            failures[0]
+        );
+    }
+
     #[test]
     fn an_engine_state_without_its_loader_position_is_refused() {
         let r = fixtures::run();

@@ -1,6 +1,7 @@
 """Memory figures for the record: torch.cuda's allocator statistics where CUDA is present,
 else the process's resident host memory (`VmRSS`, and its peak `VmHWM`, from
-`/proc/self/status`), each stated as such in the figure's `source`."""
+`/proc/self/status`), each stated as such in the figure's `source`; and the training state
+still alive, by category (`live`), where asked for."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import sys
 from typing import Any
 
 import torch
+
+from . import live
 
 Memory = dict[str, Any]
 
@@ -78,4 +81,17 @@ def snapshot(device: torch.device | str, peak_reset: bool) -> Memory:
     peak = _host_peak()
     if peak is not None:
         out["allocated_peak"] = peak
+    return out
+
+
+def source(device: torch.device | str) -> str:
+    """The `source` of the figures for `device`: `cuda` or `host_rss`."""
+    return "cuda" if uses_cuda(device) else "host_rss"
+
+
+def held(device: torch.device | str) -> Memory:
+    """What is held now, before a trainer is built: the figures (peaks over the process so far)
+    and the live training state by category (`live.by_category`)."""
+    out = snapshot(device, False)
+    out["by_category"] = live.by_category()
     return out

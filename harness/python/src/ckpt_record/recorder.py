@@ -14,7 +14,7 @@ from typing import IO, Any
 import numpy as np
 import torch
 
-from . import digests, memory
+from . import digests, live, memory
 
 RECORD_VERSION = "ckpt-record/1"
 
@@ -87,6 +87,7 @@ class Recorder:
         self.phase = phase
         self.device = device
         self._peak_reset = memory.reset_peak(device)
+        self._count_live = False
 
     @classmethod
     def open(
@@ -103,9 +104,15 @@ class Recorder:
         world_size: int = 1,
         planned: Mapping[str, int] | None = None,
         trial: str | None = None,
+        run: Mapping[str, Any] | None = None,
+        memory_before: memory.Memory | None = None,
     ) -> Recorder:
         """Appends to the record at `path` and writes the `phase` line: which phase, the engine,
-        the device, the world size, the seeds, and the step (and checkpoint) resumed from."""
+        the device, the world size, the seeds, the step (and checkpoint) resumed from, and the
+        facts of the run the checks need (`run`: `samples_per_epoch`, `layers`, ...; the
+        reference's) and the memory held before the trainer was built (`memory_before`,
+        `memory.held`): where it counts the live training state by category, so does the phase's
+        end."""
         out = open(path, "a", encoding="utf-8")
         rec = cls(out, phase, device)
         resumed: dict[str, Any] | None = None
@@ -135,6 +142,11 @@ class Recorder:
             line["trial"] = trial
         if planned is not None:
             line["planned"] = dict(planned)
+        if run is not None:
+            line["run"] = dict(run)
+        if memory_before is not None:
+            line["memory_before"] = dict(memory_before)
+            rec._count_live = "by_category" in memory_before
         if memory.uses_cuda(device):
             line["device_name"] = torch.cuda.get_device_name(device)
         rec.write(line)
@@ -208,16 +220,15 @@ class Recorder:
 
     def phase_end(self, seconds: float | None = None) -> None:
         """Records the memory held once the trainer is released (call it after dropping every
-        reference to the model, optimizer and data), after a garbage collection, and closes the
-        record."""
+        reference to the model, optimizer and data), after a garbage collection, with the live
+        training state by category where the phase's start counted it, and closes the record."""
         gc.collect()
         if memory.uses_cuda(self.device):
             torch.cuda.empty_cache()
-        line: Line = {
-            "kind": "phase_end",
-            "phase": self.phase,
-            "memory_after": memory.snapshot(self.device, self._peak_reset),
-        }
+        after = memory.snapshot(self.device, self._peak_reset)
+        if self._count_live:
+            after["by_category"] = live.by_category()
+        line: Line = {"kind": "phase_end", "phase": self.phase, "memory_after": after}
         if seconds is not None:
             line["seconds"] = seconds
         self.write(line)
