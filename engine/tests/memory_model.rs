@@ -404,7 +404,11 @@ proptest! {
     ) {
         let mut train = c.train;
         train.accumulation = per_rank * world;
-        train.parallel = Parallel { world_size: world, shard };
+        train.parallel = Parallel {
+            world_size: world,
+            shard,
+            ..Parallel::default()
+        };
         if world > 1 && shard == Shard::Full {
             train.model.tie_word_embeddings = false;
         }
