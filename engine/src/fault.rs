@@ -72,6 +72,10 @@ pub enum Fault {
     /// checkpoint, whose index records the saving world size; at the same world size it does
     /// nothing.
     MomentsAtSavedOffsets,
+    /// A resume restores the dropout generator's position on rank 0 only: every other rank
+    /// draws its masks as a generator started at the resume would (trainers that save only rank
+    /// 0's random state). Needs dropout and several ranks; the saved state is untouched.
+    RngRestoredOnRankZeroOnly,
 }
 
 /// The set of faults a run injects.

@@ -227,6 +227,11 @@ impl<D: Device> Trainer<D> {
         };
         let mut trainer = Self::assemble(cfg, ranks)?;
         trainer.env_changes = env_changes;
+        if trainer.cfg.faults.has(Fault::RngRestoredOnRankZeroOnly) {
+            trainer
+                .ranks
+                .lose_rng_but_on_rank_zero(loaded.state.rng.offset);
+        }
         let faults = &trainer.cfg.faults;
         if !faults.has(Fault::LoaderPositionNotRestored) {
             let mut loader = loaded.state.loader;

@@ -323,3 +323,45 @@ fn moments_at_the_saved_offsets_change_the_state_only_at_another_world_size() {
         resumed.state_digest().unwrap().params
     );
 }
+
+/// [`Fault::RngRestoredOnRankZeroOnly`] leaves one rank's resume alone; on several ranks the
+/// others draw other dropout masks from the first resumed step on, while the saved state and the
+/// resumed one are the run's.
+#[test]
+fn a_generator_restored_on_rank_zero_only_changes_the_other_ranks_masks() {
+    let tmp = tempfile::tempdir().unwrap();
+    for world in [1, 4] {
+        let mut saved = cfg(world, Shard::Optimizer);
+        saved.dropout = 0.1;
+        let run = tmp.path().join(format!("run-{world}"));
+        let (mut t, _) = trained(&saved, 2, &run);
+        let before = t.state_digest().unwrap();
+        let want = t.step().unwrap();
+        let mut faulty = saved.clone();
+        faulty.faults = [Fault::RngRestoredOnRankZeroOnly].into_iter().collect();
+        let mut resumed = Trainer::resume(faulty, dev(), &run).unwrap();
+        assert_eq!(
+            resumed.state_digest().unwrap(),
+            before,
+            "world {world}: the saved state"
+        );
+        let got = resumed.step().unwrap();
+        assert_eq!(
+            got.batch_digest, want.batch_digest,
+            "world {world}: the same data"
+        );
+        if world == 1 {
+            assert_eq!(
+                got.loss.to_bits(),
+                want.loss.to_bits(),
+                "one rank: untouched"
+            );
+        } else {
+            assert_ne!(
+                got.loss.to_bits(),
+                want.loss.to_bits(),
+                "{world} ranks: other masks"
+            );
+        }
+    }
+}

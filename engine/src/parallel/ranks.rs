@@ -50,6 +50,9 @@ pub struct Ranks<D: Device> {
     specs: Vec<ParamSpec>,
     parallel: Parallel,
     faults: Faults,
+    /// [`Fault::RngRestoredOnRankZeroOnly`]: the generator offset the resume restored, which
+    /// every rank but the first draws its masks without.
+    rng_lost_at: Option<u64>,
 }
 
 impl<D: Device> Ranks<D> {
@@ -130,6 +133,7 @@ impl<D: Device> Ranks<D> {
             specs,
             parallel: cfg.parallel,
             faults: cfg.faults.clone(),
+            rng_lost_at: None,
         })
     }
 
@@ -140,7 +144,15 @@ impl<D: Device> Ranks<D> {
             specs: Vec::new(),
             parallel: Parallel::default(),
             faults: Faults::default(),
+            rng_lost_at: None,
         }
+    }
+
+    /// [`Fault::RngRestoredOnRankZeroOnly`] after a resume that restored the generator at
+    /// `offset`: every rank but the first draws its dropout masks as a generator started at the
+    /// resume would.
+    pub fn lose_rng_but_on_rank_zero(&mut self, offset: u64) {
+        self.rng_lost_at = Some(offset);
     }
 
     /// Every rank's state, in rank order.
@@ -172,7 +184,7 @@ impl<D: Device> Ranks<D> {
                 batches.len()
             )));
         }
-        let (shard, faults) = (self.parallel.shard, &self.faults);
+        let (shard, faults, lost_at) = (self.parallel.shard, &self.faults, self.rng_lost_at);
         let per_rank = batches.len() / world;
         let results: Vec<Result<(Vec<PassOutput>, f64)>> = std::thread::scope(|s| {
             let handles: Vec<_> = self
@@ -184,6 +196,13 @@ impl<D: Device> Ranks<D> {
                     let (mine, first) = match shard {
                         Shard::Gradients | Shard::Full => (strided(batches, world, rank), rank),
                         _ => (micro_batches(batches, world, rank, faults), rank * per_rank),
+                    };
+                    let dropout = match (dropout, lost_at) {
+                        (Some(d), Some(at)) if rank > 0 => Some(Dropout {
+                            offset: d.offset - at,
+                            ..d
+                        }),
+                        _ => dropout,
                     };
                     let step = RankStep {
                         first: first as u64,
