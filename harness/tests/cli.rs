@@ -1086,3 +1086,63 @@ fn estimate_refuses_sizes_beyond_its_limits_naming_the_flag() {
         text(&out)
     );
 }
+
+/// `train` on 4 ranks saves sharded checkpoints; `verify` finds them intact, `export` writes the
+/// Hugging Face layout (refusing a directory that is not empty), and an index whose chunk is
+/// moved off its rows is damage to `verify` (exit 1) and refused by `export` (exit 2).
+#[test]
+fn a_sharded_checkpoint_verifies_and_exports_and_a_moved_chunk_is_caught() {
+    let tmp = tempfile::tempdir().unwrap();
+    let suite = root().join("suites/parallel-resharded.yaml");
+    let run = tmp.path().join("run");
+    let out = harness(&["train", suite.to_str().unwrap(), "--out"], &[&run]);
+    assert!(out.status.success(), "{}", text(&out));
+    let ckpt = run.join("step-00000006");
+    assert!(ckpt.join("rank-00003-of-00004.safetensors").exists());
+
+    let out = harness(&["verify"], &[&run]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains("shards.json"), "{}", text(&out));
+    let hf = tmp.path().join("hf");
+    let out = harness(&["export", ckpt.to_str().unwrap(), "--out"], &[&hf]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(hf.join("model.safetensors").exists() && hf.join("config.json").exists());
+    let out = harness(&["export", ckpt.to_str().unwrap(), "--out"], &[&hf]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("is not empty"), "{}", text(&out));
+
+    // Move a chunk one row on, with the index's checksums made to match: only the index's own
+    // checks can see it.
+    let index_path = ckpt.join("shards.json");
+    let mut index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&index_path).unwrap()).unwrap();
+    let offset = &mut index["model"][0]["chunks"][1]["offsets"][0];
+    *offset = (offset.as_u64().unwrap() + 1).into();
+    let bytes = serde_json::to_vec(&index).unwrap();
+    std::fs::write(&index_path, &bytes).unwrap();
+    let state_path = ckpt.join("trainer_state.json");
+    let mut state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&state_path).unwrap()).unwrap();
+    state["files"]["shards.json"] =
+        serde_json::to_value(ckpt_engine::checkpoint::files::record(&bytes)).unwrap();
+    let state_bytes = serde_json::to_vec(&state).unwrap();
+    std::fs::write(&state_path, &state_bytes).unwrap();
+    let sum = ckpt_engine::checkpoint::files::sha256_hex(&state_bytes);
+    std::fs::write(
+        ckpt.join("trainer_state.json.sha256"),
+        format!("{sum}  trainer_state.json\n"),
+    )
+    .unwrap();
+    let out = harness(&["verify"], &[&ckpt]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains("does not continue its rows"),
+        "{}",
+        text(&out)
+    );
+    let out = harness(
+        &["export", ckpt.to_str().unwrap(), "--out"],
+        &[&tmp.path().join("hf2")],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+}
