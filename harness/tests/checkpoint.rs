@@ -798,6 +798,9 @@ fn a_kill_at_any_stage_of_a_sharded_save_keeps_latest_complete() {
                 kills += 1;
             }
         }
+        println!(
+            "{training}: {kills} kills at a sharded save's fsyncs and renames, 0 checkpoints lost"
+        );
         assert!(
             kills >= 8,
             "{training}: only {kills} kills landed in the save"
