@@ -221,6 +221,9 @@ impl<E: Elem> PassHooks<CpuDevice, E> for HeadLast {
     }
 }
 
+/// Each pass's loss bits and every gradient's bits.
+type PassBits = (Vec<u32>, Vec<Vec<u32>>);
+
 /// Two passes of one accumulating step into the same gradients (so the second adds to sums
 /// already there), on `hooks`: each pass's loss bits and every gradient after both.
 fn two_passes<E: Elem>(
@@ -230,7 +233,7 @@ fn two_passes<E: Elem>(
     b: &Batch,
     loss: LossKind,
     hooks: &mut dyn PassHooks<CpuDevice, E>,
-) -> (Vec<u32>, Vec<Vec<u32>>) {
+) -> PassBits {
     let model = Model::new(dev, cfg.clone()).unwrap();
     let mut grads = Params::try_new(cfg, |s| dev.zeros::<f32>(&s.shape, Category::Grads)).unwrap();
     let faults = Default::default();
@@ -257,7 +260,7 @@ fn two_passes<E: Elem>(
 }
 
 /// Two passes' losses and gradients (as [`two_passes`] gives them) bit for bit the same.
-fn assert_same_bits(got: &(Vec<u32>, Vec<Vec<u32>>), want: &(Vec<u32>, Vec<Vec<u32>>), at: &str) {
+fn assert_same_bits(got: &PassBits, want: &PassBits, at: &str) {
     assert_eq!(got.0, want.0, "{at}: the losses");
     for (i, (g, w)) in got.1.iter().zip(&want.1).enumerate() {
         assert!(g == w, "{at}: gradient {i} differs");

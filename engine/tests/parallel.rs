@@ -137,9 +137,12 @@ fn tied_embeddings_fully_sharded_resume_at_another_world_size_bit_for_bit() {
     }
 }
 
+/// A world size and the sharding stage of its ranks.
+type World = (usize, Shard);
+
 /// `cfg` trained two steps at each case's first world size and stage, saved in each layout and
 /// resumed for two more at the second: the bits of four steps on one rank.
-fn resumes_bit_for_bit(cfg: &TrainConfig, cases: &[((usize, Shard), (usize, Shard))]) {
+fn resumes_bit_for_bit(cfg: &TrainConfig, cases: &[(World, World)]) {
     let whole = run(cfg, 4);
     let layouts = [Checkpoints::Sharded, Checkpoints::Gathered];
     for ((saved_at, resumed_at), layout) in cases.iter().flat_map(|&c| layouts.map(|l| (c, l))) {
