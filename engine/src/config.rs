@@ -9,7 +9,7 @@ use crate::memory::Category;
 use crate::model::loss::LossKind;
 use crate::model::{Checkpointing, LlamaConfig};
 use crate::optim::{AdamWConfig, Schedule};
-use crate::parallel::{Parallel, Shard};
+use crate::parallel::Parallel;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
@@ -196,12 +196,6 @@ impl TrainConfig {
                 self.accumulation, self.accumulation
             )
         })?;
-        require(
-            !(world > 1 && self.parallel.shard == Shard::Full && self.model.tie_word_embeddings),
-            || {
-                "parallel.shard is full on several ranks, but the model ties its embeddings: the tied gradient is added to at the start and at the end of each backward pass, so it passes between ranks only once a pass ends, while full sharding gathers every block's weights with all ranks in step; write shard: gradients, or untie the embeddings".into()
-            },
-        )?;
         for (name, seq) in std::iter::once(("seq_len", self.seq_len))
             .chain(self.long_batch.map(|l| ("long_batch.seq_len", l.seq_len)))
         {

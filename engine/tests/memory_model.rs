@@ -10,8 +10,8 @@ use ckpt_engine::estimate::{
     estimate, estimate_every_micro_batch, routed_steps, EstimateConfig, StepEstimate,
 };
 use ckpt_engine::model::config::MoeConfig;
-use ckpt_engine::model::loss::{LossKind, IGNORE_INDEX};
-use ckpt_engine::model::{weights, Family};
+use ckpt_engine::model::loss::{counted, LossKind, IGNORE_INDEX};
+use ckpt_engine::model::{weights, Family, Group, PassConfig, PassHooks, StepShare};
 use ckpt_engine::optim::{AdamWConfig, Schedule};
 use ckpt_engine::parallel::{Parallel, Shard};
 use ckpt_engine::state::rounded;
@@ -193,6 +193,126 @@ fn chunked_loss_matches_the_standard_loss() {
     let b = batch(&cfg, 3, 7);
     assert_chunked_matches(&dev, &cfg, &mut master, &b, 1e-6);
     assert_chunked_matches(&dev, &cfg, &mut compute, &b, 1e-5);
+}
+
+/// Hooks that only ask for a tied head's gradient at the end of the backward pass, and note
+/// the groups whose gradients the pass adds to, in order.
+#[derive(Default)]
+struct HeadLast {
+    added: Vec<Group>,
+}
+
+impl<E: Elem> PassHooks<CpuDevice, E> for HeadLast {
+    fn weights_in(&mut self, _: &mut Params<Tensor<E>>, _: Group) -> ckpt_engine::Result<()> {
+        Ok(())
+    }
+    fn weights_out(&mut self, _: &mut Params<Tensor<E>>, _: Group) -> ckpt_engine::Result<()> {
+        Ok(())
+    }
+    fn grads_in(&mut self, _: &mut Params<Tensor<f32>>, group: Group) -> ckpt_engine::Result<()> {
+        self.added.push(group);
+        Ok(())
+    }
+    fn grads_out(&mut self, _: &mut Params<Tensor<f32>>, _: Group) -> ckpt_engine::Result<()> {
+        Ok(())
+    }
+    fn tied_head_last(&self) -> bool {
+        true
+    }
+}
+
+/// Each pass's loss bits and every gradient's bits.
+type PassBits = (Vec<u32>, Vec<Vec<u32>>);
+
+/// Two passes of one accumulating step into the same gradients (so the second adds to sums
+/// already there), on `hooks`: each pass's loss bits and every gradient after both.
+fn two_passes<E: Elem>(
+    dev: &CpuDevice,
+    cfg: &LlamaConfig,
+    w: &mut Params<Tensor<E>>,
+    b: &Batch,
+    loss: LossKind,
+    hooks: &mut dyn PassHooks<CpuDevice, E>,
+) -> PassBits {
+    let model = Model::new(dev, cfg.clone()).unwrap();
+    let mut grads = Params::try_new(cfg, |s| dev.zeros::<f32>(&s.shape, Category::Grads)).unwrap();
+    let faults = Default::default();
+    let pass = PassConfig {
+        checkpointing: Checkpointing::Full,
+        loss,
+        dropout: None,
+        faults: &faults,
+        share: Some(StepShare {
+            tokens: 2 * counted(&b.labels),
+            micro_batches: 2,
+        }),
+    };
+    let losses = (0..2)
+        .map(|_| {
+            let (out, _) = model
+                .forward_backward_hooked(dev, w, &mut grads, b, &pass, hooks)
+                .unwrap();
+            out.loss.to_bits()
+        })
+        .collect();
+    let bits = |t: &Tensor<f32>| t.to_f32_vec().iter().map(|x| x.to_bits()).collect();
+    (losses, grads.tensors().into_iter().map(bits).collect())
+}
+
+/// Two passes' losses and gradients (as [`two_passes`] gives them) bit for bit the same.
+fn assert_same_bits(got: &PassBits, want: &PassBits, at: &str) {
+    assert_eq!(got.0, want.0, "{at}: the losses");
+    for (i, (g, w)) in got.1.iter().zip(&want.1).enumerate() {
+        assert!(g == w, "{at}: gradient {i} differs");
+    }
+}
+
+/// A tied head's gradient added at the end of the backward pass, from logits computed again,
+/// has the bits of the one the fused loss adds, in both precisions and with the loss whole or
+/// in chunks (one that does not divide the rows included); the pass adds to the head just
+/// before the embedding. An untied head is added with the loss whatever the hooks ask.
+#[test]
+fn a_tied_head_added_last_has_the_bits_of_the_fused_loss() {
+    let dev = CpuDevice::new(2, u64::MAX).unwrap();
+    for tied in [true, false] {
+        let cfg = LlamaConfig {
+            tie_word_embeddings: tied,
+            ..tiny()
+        };
+        let mut master =
+            weights::init_params(dev.tracker(), &cfg, 5, 0.1, Category::Params).unwrap();
+        let mut compute = rounded::<_, half::bf16>(&dev, &cfg, &master).unwrap();
+        let b = batch(&cfg, 3, 7);
+        let losses = [
+            LossKind::Standard,
+            LossKind::Chunked { chunk_tokens: 4 },
+            LossKind::Chunked { chunk_tokens: 7 },
+        ];
+        for loss in losses {
+            let at = format!("tied {tied}, {loss:?}");
+            let mut last = HeadLast::default();
+            let want = two_passes(&dev, &cfg, &mut master, &b, loss, &mut ());
+            let got = two_passes(&dev, &cfg, &mut master, &b, loss, &mut last);
+            assert_same_bits(&got, &want, &format!("{at}, fp32"));
+            let want = two_passes(&dev, &cfg, &mut compute, &b, loss, &mut ());
+            let got = two_passes(&dev, &cfg, &mut compute, &b, loss, &mut HeadLast::default());
+            assert_same_bits(&got, &want, &format!("{at}, bf16"));
+            let layers = (0..cfg.num_hidden_layers).rev().map(Group::Layer);
+            let pass: Vec<Group> = match tied {
+                true => [Group::FinalNorm]
+                    .into_iter()
+                    .chain(layers)
+                    .chain([Group::Head, Group::Embed])
+                    .collect(),
+                false => [Group::Head, Group::FinalNorm]
+                    .into_iter()
+                    .chain(layers)
+                    .chain([Group::Embed])
+                    .collect(),
+            };
+            assert_eq!(last.added, [pass.clone(), pass].concat(), "{at}");
+        }
+    }
 }
 
 /// Peak bytes of one pass above what was held before it.
@@ -409,9 +529,6 @@ proptest! {
             shard,
             ..Parallel::default()
         };
-        if world > 1 && shard == Shard::Full {
-            train.model.tie_word_embeddings = false;
-        }
         let cfg = EstimateConfig::from_train(&train, Like::Cpu { threads: c.threads });
         let full = estimate_every_micro_batch(&cfg).unwrap();
         prop_assert_eq!(estimate(&cfg).unwrap(), full);

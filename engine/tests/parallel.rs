@@ -9,6 +9,7 @@ use ckpt_engine::backend::count::Like;
 use ckpt_engine::config::Precision;
 use ckpt_engine::estimate::{estimate, EstimateConfig, StepEstimate};
 use ckpt_engine::model::config::MoeConfig;
+use ckpt_engine::model::loss::LossKind;
 use ckpt_engine::model::{Checkpointing, Family};
 use ckpt_engine::parallel::{Checkpoints, Parallel, Shard};
 use ckpt_engine::{Category, CpuDevice, Fault, MemoryTracker, StateDigest, TrainConfig, Trainer};
@@ -41,6 +42,13 @@ fn moe() -> TrainConfig {
         mlp_only_layers: vec![],
     });
     cfg.checkpointing = Checkpointing::Full;
+    cfg
+}
+
+/// [`dense`] with the LM head tied to the embedding.
+fn tied(precision: Precision) -> TrainConfig {
+    let mut cfg = dense(precision);
+    cfg.model.tie_word_embeddings = true;
     cfg
 }
 
@@ -83,6 +91,8 @@ fn every_world_size_and_stage_trains_the_bits_of_one_rank() {
     let cases = [
         ("dense fp32", dense(Precision::Fp32)),
         ("dense bf16-mixed", dense(Precision::Bf16Mixed)),
+        ("tied fp32", tied(Precision::Fp32)),
+        ("tied bf16-mixed", tied(Precision::Bf16Mixed)),
         ("qwen3-moe", moe()),
     ];
     for (name, cfg) in cases {
@@ -98,8 +108,6 @@ fn every_world_size_and_stage_trains_the_bits_of_one_rank() {
 
 #[test]
 fn a_checkpoint_resumes_at_another_world_size_bit_for_bit() {
-    let cfg = dense(Precision::Bf16Mixed);
-    let whole = run(&cfg, 4);
     let cases = [
         ((4, Shard::Optimizer), (3, Shard::Optimizer)),
         ((3, Shard::Optimizer), (2, Shard::None)),
@@ -111,12 +119,36 @@ fn a_checkpoint_resumes_at_another_world_size_bit_for_bit() {
         ((3, Shard::Full), (1, Shard::None)),
         ((1, Shard::None), (2, Shard::Full)),
     ];
+    resumes_bit_for_bit(&dense(Precision::Bf16Mixed), &cases);
+}
+
+/// Tied embeddings under full sharding save and resume across world sizes and stages with the
+/// bits of one rank, in both precisions.
+#[test]
+fn tied_embeddings_fully_sharded_resume_at_another_world_size_bit_for_bit() {
+    let cases = [
+        ((4, Shard::Full), (3, Shard::Full)),
+        ((2, Shard::Full), (1, Shard::None)),
+        ((1, Shard::None), (3, Shard::Full)),
+        ((3, Shard::Full), (4, Shard::Gradients)),
+    ];
+    for precision in [Precision::Fp32, Precision::Bf16Mixed] {
+        resumes_bit_for_bit(&tied(precision), &cases);
+    }
+}
+
+/// A world size and the sharding stage of its ranks.
+type World = (usize, Shard);
+
+/// `cfg` trained two steps at each case's first world size and stage, saved in each layout and
+/// resumed for two more at the second: the bits of four steps on one rank.
+fn resumes_bit_for_bit(cfg: &TrainConfig, cases: &[(World, World)]) {
+    let whole = run(cfg, 4);
     let layouts = [Checkpoints::Sharded, Checkpoints::Gathered];
-    for ((saved_at, resumed_at), layout) in cases.into_iter().flat_map(|c| layouts.map(|l| (c, l)))
-    {
+    for ((saved_at, resumed_at), layout) in cases.iter().flat_map(|&c| layouts.map(|l| (c, l))) {
         let dir = tempfile::tempdir().unwrap();
         let dev = || CpuDevice::new(4, u64::MAX).unwrap();
-        let mut first = with(&cfg, saved_at.0, saved_at.1, &[]);
+        let mut first = with(cfg, saved_at.0, saved_at.1, &[]);
         first.parallel.checkpoints = layout;
         let mut t = Trainer::new(first, dev()).unwrap();
         let mut steps = Vec::new();
@@ -126,7 +158,7 @@ fn a_checkpoint_resumes_at_another_world_size_bit_for_bit() {
         }
         t.save(dir.path(), None).unwrap();
         drop(t);
-        let second = with(&cfg, resumed_at.0, resumed_at.1, &[]);
+        let second = with(cfg, resumed_at.0, resumed_at.1, &[]);
         let mut t = Trainer::resume(second, dev(), dir.path()).unwrap();
         for _ in 0..2 {
             let s = t.step().unwrap();
@@ -138,7 +170,8 @@ fn a_checkpoint_resumes_at_another_world_size_bit_for_bit() {
         };
         assert_eq!(
             resumed, whole,
-            "saved at {saved_at:?} ({layout:?}), resumed at {resumed_at:?}"
+            "{:?}, tied {}: saved at {saved_at:?} ({layout:?}), resumed at {resumed_at:?}",
+            cfg.precision, cfg.model.tie_word_embeddings
         );
     }
 }
@@ -221,10 +254,12 @@ proptest! {
         full_checkpointing in any::<bool>(),
         vocab in 17usize..41,
         threads in 1usize..5,
+        tied_head in any::<bool>(),
     ) {
         let precision = if bf16 { Precision::Bf16Mixed } else { Precision::Fp32 };
         let mut cfg = with(&dense(precision), world, shard, &[]);
         cfg.model.vocab_size = vocab;
+        cfg.model.tie_word_embeddings = tied_head;
         cfg.dropout = 0.0;
         if full_checkpointing {
             cfg.checkpointing = Checkpointing::Full;
@@ -248,7 +283,7 @@ proptest! {
             };
             for (rank, (got, want)) in got.iter().zip(&want).enumerate() {
                 let want = &want[step];
-                let at = format!("{precision:?}, world {world}, {shard:?}, step {step}, rank {rank}");
+                let at = format!("{precision:?}, tied {tied_head}, world {world}, {shard:?}, step {step}, rank {rank}");
                 prop_assert_eq!(start[rank], want.start, "{}: start", at);
                 prop_assert_eq!(got.allocated.peak, want.peak, "{}: peak", at);
                 prop_assert_eq!(got.at_peak, want.at_peak, "{}: at the peak", at);
@@ -349,21 +384,20 @@ fn fully_sharded_weights_hold_each_rank_s_rows_between_steps() {
     }
 }
 
+/// Full sharding takes tied embeddings on several ranks: the head's gradient, added after the
+/// blocks' from logits computed again chunk by chunk, has the bits of one rank's, with the
+/// chunked loss and full checkpointing at every world size.
 #[test]
-fn full_sharding_of_tied_embeddings_on_several_ranks_is_refused_saying_what_to_write() {
-    let mut cfg = with(&dense(Precision::Fp32), 2, Shard::Full, &[]);
-    cfg.model.tie_word_embeddings = true;
-    let e = cfg.validate().unwrap_err().to_string();
-    assert!(e.contains("parallel.shard is full on several ranks"), "{e}");
-    assert!(e.contains("write shard: gradients"), "{e}");
-    cfg.parallel.shard = Shard::Gradients;
-    assert!(cfg.validate().is_ok());
-    cfg.parallel = Parallel {
-        world_size: 1,
-        shard: Shard::Full,
-        ..Parallel::default()
-    };
-    assert!(cfg.validate().is_ok());
+fn full_sharding_trains_tied_embeddings_with_the_chunked_loss_to_the_bits_of_one_rank() {
+    let mut cfg = tied(Precision::Bf16Mixed);
+    cfg.loss = LossKind::Chunked { chunk_tokens: 3 };
+    cfg.checkpointing = Checkpointing::Full;
+    let one = run(&cfg, 2);
+    for world in 2..=4 {
+        let full = with(&cfg, world, Shard::Full, &[]);
+        full.validate().unwrap();
+        assert_eq!(run(&full, 2), one, "world size {world}");
+    }
 }
 
 /// Each rank's bytes of `category` after the first step of `cfg` (one device's, for one rank).

@@ -61,9 +61,10 @@ pub struct LossOutput {
 }
 
 /// Computes the loss of `hn` (`[rows, hidden]`, the final-norm output) through the head `w`
-/// (`[vocab, hidden]`); writes `dhn` and adds the head's gradient to `dw`. The loss and its
-/// gradients are averaged over `mean_over` labels: these rows' own counted labels when `None`,
-/// else the count given (an accumulating step's labels over all its micro-batches).
+/// (`[vocab, hidden]`); writes `dhn` and, given `dw`, adds the head's gradient to it (without,
+/// [`head_gradient`] adds it later, to the same bits). The loss and its gradients are averaged
+/// over `mean_over` labels: these rows' own counted labels when `None`, else the count given
+/// (an accumulating step's labels over all its micro-batches).
 #[allow(clippy::too_many_arguments)]
 pub fn linear_cross_entropy<D: Device, E: Elem>(
     dev: &D,
@@ -73,15 +74,68 @@ pub fn linear_cross_entropy<D: Device, E: Elem>(
     kind: LossKind,
     mean_over: Option<usize>,
     dhn: &mut D::Tensor<E>,
-    dw: &mut D::Tensor<f32>,
+    mut dw: Option<&mut D::Tensor<f32>>,
 ) -> Result<LossOutput> {
     let (vocab, hidden) = (w.shape()[0], w.shape()[1]);
-    let rows = labels.len();
     let tokens = counted(labels);
+    let scale = mean_scale(mean_over.unwrap_or(tokens));
+    let row_loss = logit_grads(dev, (hn, w), labels, kind, scale, |start, len, logits| {
+        let dx = Out {
+            tensor: &mut *dhn,
+            offset: start * hidden,
+        };
+        dev.matmul((len, hidden, vocab), n(logits), n(w), dx, false)?;
+        if let Some(dw) = dw.as_deref_mut() {
+            let x = n(hn).at(start * hidden);
+            dev.matmul((vocab, hidden, len), t(logits), x, out(dw), true)?;
+        }
+        Ok(())
+    })?;
+    let total: f64 = dev.to_host(&row_loss)?.iter().map(|&l| l as f64).sum();
+    Ok(LossOutput {
+        loss: (total * scale as f64) as f32,
+        sum: total,
+        tokens,
+    })
+}
+
+/// Adds the head's gradient to `dw` as [`linear_cross_entropy`] adds it (the same arguments,
+/// the same chunks in the same order, so the same bits), computing the logits and their
+/// gradient again: for a pass that adds a tied head's gradient after the blocks' instead of
+/// with the loss.
+pub fn head_gradient<D: Device, E: Elem>(
+    dev: &D,
+    (hn, w): (&D::Tensor<E>, &D::Tensor<E>),
+    labels: &[i64],
+    kind: LossKind,
+    mean_over: Option<usize>,
+    dw: &mut D::Tensor<f32>,
+) -> Result<()> {
+    let (vocab, hidden) = (w.shape()[0], w.shape()[1]);
+    let scale = mean_scale(mean_over.unwrap_or(counted(labels)));
+    logit_grads(dev, (hn, w), labels, kind, scale, |start, len, logits| {
+        let x = n(hn).at(start * hidden);
+        dev.matmul((vocab, hidden, len), t(logits), x, out(&mut *dw), true)
+    })?;
+    Ok(())
+}
+
+/// The logits of `hn` through the head `w`, a chunk of rows at a time, each turned in place into
+/// its gradient (token losses scaled by `scale`) and handed to `each` with the chunk's first row
+/// and length; returns every row's loss.
+fn logit_grads<D: Device, E: Elem>(
+    dev: &D,
+    (hn, w): (&D::Tensor<E>, &D::Tensor<E>),
+    labels: &[i64],
+    kind: LossKind,
+    scale: f32,
+    mut each: impl FnMut(usize, usize, &D::Tensor<E>) -> Result<()>,
+) -> Result<D::Tensor<f32>> {
+    let (vocab, hidden) = (w.shape()[0], w.shape()[1]);
+    let rows = labels.len();
     let (chunk, category) = kind.chunk(rows);
     let mut row_loss = dev.zeros::<f32>(&[rows], Category::Workspace)?;
     let label_buf = dev.labels(labels)?;
-    let scale = mean_scale(mean_over.unwrap_or(tokens));
     let mut logits = dev.zeros::<E>(&[chunk, vocab], category)?;
     for start in (0..rows).step_by(chunk) {
         let len = chunk.min(rows - start);
@@ -89,17 +143,7 @@ pub fn linear_cross_entropy<D: Device, E: Elem>(
         dev.matmul((len, vocab, hidden), x, t(w), out(&mut logits), false)?;
         let span = (start, len, vocab);
         dev.cross_entropy_rows(&mut logits, &label_buf, &mut row_loss, span, scale)?;
-        let dx = Out {
-            tensor: &mut *dhn,
-            offset: start * hidden,
-        };
-        dev.matmul((len, hidden, vocab), n(&logits), n(w), dx, false)?;
-        dev.matmul((vocab, hidden, len), t(&logits), x, out(&mut *dw), true)?;
+        each(start, len, &logits)?;
     }
-    let total: f64 = dev.to_host(&row_loss)?.iter().map(|&l| l as f64).sum();
-    Ok(LossOutput {
-        loss: (total * scale as f64) as f32,
-        sum: total,
-        tokens,
-    })
+    Ok(row_loss)
 }

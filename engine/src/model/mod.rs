@@ -21,7 +21,7 @@ use block::BlockActivations;
 pub use config::{Family, LlamaConfig};
 use ctx::{BlockCtx, BlockDims};
 pub use dropout::Dropout;
-use loss::{linear_cross_entropy, mean_scale, LossKind, IGNORE_INDEX};
+use loss::{head_gradient, linear_cross_entropy, mean_scale, LossKind, IGNORE_INDEX};
 pub use params::{param_specs, Layout, ParamSpec, Params};
 use rope::RopeSpec;
 use router::LoadBalance;
@@ -203,6 +203,14 @@ pub trait PassHooks<D: Device, E: Elem> {
     fn grads_in(&mut self, grads: &mut Params<D::Tensor<f32>>, group: Group) -> Result<()>;
     /// The pass has added its share to `group`'s gradients in `grads`.
     fn grads_out(&mut self, grads: &mut Params<D::Tensor<f32>>, group: Group) -> Result<()>;
+    /// Whether the pass adds a tied head's gradient at the end of the backward pass, just
+    /// before the embedding's, instead of with the loss (from logits computed again: the same
+    /// additions in the same order, so the same bits). The tied gradient is then written in one
+    /// stretch, as a rank that receives each gradient from the rank before, in the order that
+    /// rank finishes them, needs.
+    fn tied_head_last(&self) -> bool {
+        false
+    }
 }
 
 /// Every tensor always whole in place: nothing to do.
@@ -407,19 +415,25 @@ impl<D: Device> Model<D> {
 
         dev.enter(StepPhase::Loss);
         let mut dhn = dev.zeros::<E>(&[rows, h], Category::Activations)?;
+        let head_last = p.head == p.embed && hooks.tied_head_last();
+        let mean_over = pass.share.map(|s| s.tokens);
         hooks.weights_in(w, Group::Head)?;
-        hooks.grads_in(grads, Group::Head)?;
+        if !head_last {
+            hooks.grads_in(grads, Group::Head)?;
+        }
         let loss = linear_cross_entropy(
             dev,
             &final_norm.out,
             w.get(p.head),
             &batch.labels,
             pass.loss,
-            pass.share.map(|s| s.tokens),
+            mean_over,
             &mut dhn,
-            grads.get_mut(p.head),
+            (!head_last).then(|| grads.get_mut(p.head)),
         )?;
-        hooks.grads_out(grads, Group::Head)?;
+        if !head_last {
+            hooks.grads_out(grads, Group::Head)?;
+        }
         hooks.weights_out(w, Group::Head)?;
 
         let coef = self
@@ -437,7 +451,7 @@ impl<D: Device> Model<D> {
             ..ctx
         };
         let block::Norm { rinv, out: hn } = final_norm;
-        drop(hn);
+        let hn = head_last.then_some(hn);
         let mut dh = dev.zeros::<E>(&[rows, h], Category::Activations)?;
         hooks.weights_in(w, Group::FinalNorm)?;
         hooks.grads_in(grads, Group::FinalNorm)?;
@@ -472,6 +486,14 @@ impl<D: Device> Model<D> {
             if recomputes && keep_inputs {
                 kept.push(input);
             }
+        }
+        if let Some(hn) = hn {
+            hooks.weights_in(w, Group::Head)?;
+            hooks.grads_in(grads, Group::Head)?;
+            let (head, dw) = (w.get(p.head), grads.get_mut(p.head));
+            head_gradient(dev, (&hn, head), &batch.labels, pass.loss, mean_over, dw)?;
+            hooks.grads_out(grads, Group::Head)?;
+            hooks.weights_out(w, Group::Head)?;
         }
         hooks.grads_in(grads, Group::Embed)?;
         dev.embedding_backward(&dh, &ids, grads.get_mut(p.embed))?;

@@ -617,7 +617,8 @@ struct GradRing<'a, D: Device> {
     pass: u64,
     /// Micro-batches in the step.
     micro_batches: u64,
-    /// How many groups of one backward pass write each tensor (2 for tied embeddings).
+    /// How many groups of one backward pass write each tensor (2 for tied embeddings: the
+    /// head, added last, then the embedding).
     writes: Vec<usize>,
     /// The writes of the running pass still to come, per tensor.
     remaining: Vec<usize>,
@@ -987,7 +988,9 @@ impl<'a, D: Device, E: Elem> WeightGather<'a, D, E> {
 }
 
 /// What a rank's passes are told under `shard: gradients` (the ring) and `full` (the ring and
-/// the weight gathers of the run's precision).
+/// the weight gathers of the run's precision). A tied head's gradient is added at the end of
+/// each backward pass, so every gradient is handed on in the order the next rank first adds to
+/// it, and a rank waiting for the tied one has already taken part in every gather of its pass.
 struct RankHooks<'a, D: Device> {
     ring: GradRing<'a, D>,
     f32s: Option<WeightGather<'a, D, f32>>,
@@ -1011,6 +1014,9 @@ impl<D: Device> PassHooks<D, f32> for RankHooks<'_, D> {
     fn grads_out(&mut self, grads: &mut Params<D::Tensor<f32>>, group: Group) -> Result<()> {
         self.ring.grads_out(grads, group)
     }
+    fn tied_head_last(&self) -> bool {
+        true
+    }
 }
 
 impl<D: Device> PassHooks<D, bf16> for RankHooks<'_, D> {
@@ -1029,5 +1035,8 @@ impl<D: Device> PassHooks<D, bf16> for RankHooks<'_, D> {
     }
     fn grads_out(&mut self, grads: &mut Params<D::Tensor<f32>>, group: Group) -> Result<()> {
         self.ring.grads_out(grads, group)
+    }
+    fn tied_head_last(&self) -> bool {
+        true
     }
 }
