@@ -271,6 +271,7 @@ mod tests {
     fn a_resume_that_breaks_the_budget_the_reference_kept_fails() {
         let mut r = fixtures::run();
         r.device = "cuda".into();
+        r.name = "cuda::s".into();
         r.lacks.insert(RecordField::MemoryModel);
         let peak = fixtures::AT_PEAK.total();
         r.budget = Some(peak);

@@ -720,6 +720,7 @@ mod tests {
                 (StateDigest, 2, 2),
                 (DataLedger, 12, 12),
                 (MemoryReclaimed, 3, 3),
+                (MemoryParity, 6, 6),
                 (PeakBudget, 0, 0),
                 (NoLeak, 9, 9),
                 (AcCoverage, 12, 12),
@@ -748,6 +749,7 @@ mod tests {
                 (StateDigest, Passed, 3, 3),
                 (DataLedger, Passed, 15, 15),
                 (MemoryReclaimed, Passed, 4, 4),
+                (MemoryParity, Passed, 9, 9),
                 (PeakBudget, Passed, 0, 0),
                 (NoLeak, Passed, 11, 11),
                 (AcCoverage, Passed, 15, 15),
@@ -772,6 +774,7 @@ mod tests {
                 StateDigest,
                 DataLedger,
                 MemoryReclaimed,
+                MemoryParity,
                 NoLeak,
                 AcCoverage,
                 MemoryModel,
@@ -871,6 +874,7 @@ mod tests {
                 (StateDigest, NotRun),
                 (DataLedger, NotRun),
                 (MemoryReclaimed, NotRun),
+                (MemoryParity, NotRun),
                 (PeakBudget, Passed),
                 (NoLeak, NotRun),
                 (AcCoverage, NotRun),
@@ -934,7 +938,7 @@ mod tests {
             ..GoldenInput::default()
         };
         let out = run_all(&fixtures::run(), &spec, &golden);
-        assert_eq!(out[9].status, Status::Off);
+        assert_eq!((out[10].check, out[10].status), (Check::Golden, Status::Off));
     }
 
     #[test]
