@@ -513,7 +513,11 @@ fn resumed_excess(t: &Trial) -> Vec<u64> {
 #[test]
 fn optimizer_state_allocated_at_load_holds_a_second_copy_through_the_first_resumed_step() {
     let clean = trial(&config(&[]));
-    assert_eq!(resumed_excess(&clean), [0, 0, 0], "a resume holds what the run held");
+    assert_eq!(
+        resumed_excess(&clean),
+        [0, 0, 0],
+        "a resume holds what the run held"
+    );
     let cfg = config(&[Fault::OptimizerStateAllocatedAtLoad]);
     let t = trial(&cfg);
     assert_faithful(&t, "optimizer_state_allocated_at_load");
@@ -522,7 +526,10 @@ fn optimizer_state_allocated_at_load_holds_a_second_copy_through_the_first_resum
     println!("optimizer_state_allocated_at_load: resumed step peaks above the reference's {excess:?} (moments {moments})");
     assert_eq!(excess, [moments, 0, 0]);
     let first = &t.resumed[0].memory;
-    assert_eq!(first.allocated.current, t.resumed[1].memory.allocated.current, "freed by the first step's end");
+    assert_eq!(
+        first.allocated.current, t.resumed[1].memory.allocated.current,
+        "freed by the first step's end"
+    );
 }
 
 #[test]

@@ -156,7 +156,12 @@ impl<D: Device> Ranks<D> {
             let Some(m) = s.optimizer().moments() else {
                 continue;
             };
-            for t in m.exp_avg.tensors().into_iter().chain(m.exp_avg_sq.tensors()) {
+            for t in m
+                .exp_avg
+                .tensors()
+                .into_iter()
+                .chain(m.exp_avg_sq.tensors())
+            {
                 copy.push(s.device().zeros::<f32>(t.shape(), Category::Optimizer)?);
             }
         }

@@ -284,7 +284,10 @@ mod tests {
             "{}", m[0]
         );
         r.phases[0].steps[4].memory.allocated.peak = peak + 10;
-        assert!(!check(&r).failed(), "the reference's own excess is peak_budget's");
+        assert!(
+            !check(&r).failed(),
+            "the reference's own excess is peak_budget's"
+        );
     }
 
     #[test]
@@ -313,7 +316,11 @@ mod tests {
         r.phases[1].steps[1].ranks[1].memory.allocated.peak += 1;
         let o = check_every_rank(&r);
         assert_eq!((o.compared, o.implied), (12, 12));
-        let at: Vec<_> = o.failures.iter().map(|f| (f.rank, f.phase, f.step)).collect();
+        let at: Vec<_> = o
+            .failures
+            .iter()
+            .map(|f| (f.rank, f.phase, f.step))
+            .collect();
         assert_eq!(at, [(Some(1), Some(Phase::ResumeMid), Some(3))]);
     }
 

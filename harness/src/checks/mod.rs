@@ -938,7 +938,10 @@ mod tests {
             ..GoldenInput::default()
         };
         let out = run_all(&fixtures::run(), &spec, &golden);
-        assert_eq!((out[10].check, out[10].status), (Check::Golden, Status::Off));
+        assert_eq!(
+            (out[10].check, out[10].status),
+            (Check::Golden, Status::Off)
+        );
     }
 
     #[test]
