@@ -19,6 +19,12 @@ pub enum Fault {
     MoeDispatchKept,
     /// The optimizer state outlives the trainer that owned it.
     OptimizerStateRetained,
+    /// A resumed trainer allocates the optimizer state at load a second time, a zeroed copy of
+    /// every moment beside the loaded ones, and frees the copy only at the end of the first
+    /// resumed step, instead of allocating nothing more than the loaded state before the first
+    /// step (Megatron-LM #3558 and #4638: more memory reserved on resume than in the fresh run).
+    /// The bits are untouched and the steps after the first hold what the fresh run's hold.
+    OptimizerStateAllocatedAtLoad,
     /// The dropout generator restarts from its seed on resume instead of its saved offset.
     RngNotRestored,
     /// The data loader restarts from the beginning on resume.

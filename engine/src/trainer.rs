@@ -116,6 +116,9 @@ pub struct Trainer<D: Device> {
     env_changes: Vec<EnvChange>,
     /// The run's identity, read once when the trainer is built (a token file's content).
     identity: serde_json::Value,
+    /// [`Fault::OptimizerStateAllocatedAtLoad`]: the zeroed copy of every rank's moments made
+    /// at load, freed at the end of the first resumed step.
+    allocated_at_load: Vec<D::Tensor<f32>>,
 }
 
 impl<D: Device> Trainer<D> {
@@ -167,6 +170,7 @@ impl<D: Device> Trainer<D> {
             resumed_loader: None,
             env_changes: Vec::new(),
             identity,
+            allocated_at_load: Vec::new(),
         })
     }
 
@@ -231,6 +235,9 @@ impl<D: Device> Trainer<D> {
             trainer
                 .ranks
                 .lose_rng_but_on_rank_zero(loaded.state.rng.offset);
+        }
+        if trainer.cfg.faults.has(Fault::OptimizerStateAllocatedAtLoad) {
+            trainer.allocated_at_load = trainer.ranks.zeroed_moments_copy()?;
         }
         let faults = &trainer.cfg.faults;
         if !faults.has(Fault::LoaderPositionNotRestored) {
@@ -509,6 +516,7 @@ impl<D: Device> Trainer<D> {
         });
         let lr = self.next_lr();
         let (pass, grad_norm) = self.ranks.train_step(&batches, dropout, lr)?;
+        self.allocated_at_load.clear();
         self.finish_saves()?;
         let stats = StepStats {
             step: self.step,

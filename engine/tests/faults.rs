@@ -498,6 +498,40 @@ fn optimizer_state_retained_outlives_the_trainer() {
     assert_eq!(after_drop, moments);
 }
 
+/// Each resumed step's peak above the reference's same step, and the bytes held when the
+/// resumed trainer was loaded above those when the reference saved.
+fn resumed_excess(t: &Trial) -> Vec<u64> {
+    t.resumed
+        .iter()
+        .map(|s| {
+            let want = t.reference[s.step as usize].memory.allocated.peak;
+            s.memory.allocated.peak - want.min(s.memory.allocated.peak)
+        })
+        .collect()
+}
+
+#[test]
+fn optimizer_state_allocated_at_load_holds_a_second_copy_through_the_first_resumed_step() {
+    let clean = trial(&config(&[]));
+    assert_eq!(
+        resumed_excess(&clean),
+        [0, 0, 0],
+        "a resume holds what the run held"
+    );
+    let cfg = config(&[Fault::OptimizerStateAllocatedAtLoad]);
+    let t = trial(&cfg);
+    assert_faithful(&t, "optimizer_state_allocated_at_load");
+    let moments = 2 * 4 * cfg.model.num_params() as u64;
+    let excess = resumed_excess(&t);
+    println!("optimizer_state_allocated_at_load: resumed step peaks above the reference's {excess:?} (moments {moments})");
+    assert_eq!(excess, [moments, 0, 0]);
+    let first = &t.resumed[0].memory;
+    assert_eq!(
+        first.allocated.current, t.resumed[1].memory.allocated.current,
+        "freed by the first step's end"
+    );
+}
+
 #[test]
 fn long_rows_spike_the_peak_exactly_as_the_estimate_predicts() {
     let mut cfg = config(&[]);

@@ -417,6 +417,9 @@ pub struct ChecksSpec {
     /// Bytes returned when a trainer is dropped.
     #[serde(default = "on")]
     pub memory_reclaimed: bool,
+    /// Resumed step peaks at most the reference's same step's.
+    #[serde(default = "on")]
+    pub memory_parity: bool,
     /// Peaks under `memory.budget` and `memory.rss_budget`.
     #[serde(default = "on")]
     pub peak_budget: bool,
@@ -451,6 +454,7 @@ impl Default for ChecksSpec {
             state_digest: true,
             data_ledger: true,
             memory_reclaimed: true,
+            memory_parity: true,
             peak_budget: true,
             no_leak: true,
             ac_coverage: true,
@@ -471,6 +475,7 @@ impl ChecksSpec {
             Check::StateDigest => self.state_digest,
             Check::DataLedger => self.data_ledger,
             Check::MemoryReclaimed => self.memory_reclaimed,
+            Check::MemoryParity => self.memory_parity,
             Check::PeakBudget => self.peak_budget,
             Check::NoLeak => self.no_leak,
             Check::AcCoverage => self.ac_coverage,
@@ -1432,11 +1437,11 @@ expect_fail: [state_digest, loss_continuity]
 
     #[test]
     fn a_suite_that_would_compare_nothing_is_refused_at_its_place() {
-        let off = "checks: {loss_continuity: false, state_digest: false, data_ledger: false, memory_reclaimed: false, peak_budget: false, no_leak: false, ac_coverage: false, memory_model: false, oom_free: false, golden: false, finite: false, checkpoint_equivalence: false}\n";
+        let off = "checks: {loss_continuity: false, state_digest: false, data_ledger: false, memory_reclaimed: false, memory_parity: false, peak_budget: false, no_leak: false, ac_coverage: false, memory_model: false, oom_free: false, golden: false, finite: false, checkpoint_equivalence: false}\n";
         let e = error(off);
         assert!(e.starts_with("s.yaml:9:9:"), "{e}");
         assert!(e.contains("every check is off"), "{e}");
-        let every = "memory: {capacity: 1}\nexpect_fail: [oom_free]\nexpect_not_run: [loss_continuity, state_digest, data_ledger, memory_reclaimed, peak_budget, no_leak, ac_coverage, memory_model, golden, finite, checkpoint_equivalence]\n";
+        let every = "memory: {capacity: 1}\nexpect_fail: [oom_free]\nexpect_not_run: [loss_continuity, state_digest, data_ledger, memory_reclaimed, memory_parity, peak_budget, no_leak, ac_coverage, memory_model, golden, finite, checkpoint_equivalence]\n";
         let e = error(every);
         assert!(e.starts_with("s.yaml:11:17:"), "{e}");
         assert!(e.contains("nothing would be compared"), "{e}");

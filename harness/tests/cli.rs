@@ -304,7 +304,7 @@ fn checks_an_out_of_memory_left_without_steps_did_not_run() {
     let dir = tempfile::tempdir().unwrap();
     let oom = "devices: [cpu]\nmemory: {capacity: 1000000}\nchecks: {golden: false}\nexpect_fail: [oom_free]";
     tiny_suite(dir.path(), "a-unexpected", oom, &[]);
-    let expected = format!("{oom}\nexpect_not_run: [loss_continuity, state_digest, data_ledger, memory_reclaimed, no_leak, memory_model, finite, checkpoint_equivalence]");
+    let expected = format!("{oom}\nexpect_not_run: [loss_continuity, state_digest, data_ledger, memory_reclaimed, memory_parity, no_leak, memory_model, finite, checkpoint_equivalence]");
     tiny_suite(dir.path(), "b-expected", &expected, &[]);
     let out = harness(
         &["run", "--report", dir.path().to_str().unwrap()],
@@ -314,7 +314,7 @@ fn checks_an_out_of_memory_left_without_steps_did_not_run() {
     assert_eq!(out.status.code(), Some(exit_codes::FAILED.into()), "{all}");
     assert!(all.contains("1 passed, 1 failed"), "{all}");
     assert!(
-        all.contains("not run: loss_continuity, state_digest, data_ledger, memory_reclaimed, no_leak, memory_model, finite, checkpoint_equivalence"),
+        all.contains("not run: loss_continuity, state_digest, data_ledger, memory_reclaimed, memory_parity, no_leak, memory_model, finite, checkpoint_equivalence"),
         "{all}"
     );
     let summary = summary_json(dir.path());
@@ -329,7 +329,7 @@ fn checks_an_out_of_memory_left_without_steps_did_not_run() {
 #[test]
 fn the_step_an_allocation_was_refused_in_counts_against_the_budget() {
     let dir = tempfile::tempdir().unwrap();
-    let out = run_tiny(dir.path(), "refused", "devices: [cpu]\nmemory: {capacity: 1000000, budget: 950000}\nchecks: {golden: false}\nexpect_fail: [peak_budget, oom_free]\nexpect_not_run: [loss_continuity, state_digest, data_ledger, memory_reclaimed, no_leak, memory_model, finite, checkpoint_equivalence]", &[]);
+    let out = run_tiny(dir.path(), "refused", "devices: [cpu]\nmemory: {capacity: 1000000, budget: 950000}\nchecks: {golden: false}\nexpect_fail: [peak_budget, oom_free]\nexpect_not_run: [loss_continuity, state_digest, data_ledger, memory_reclaimed, memory_parity, no_leak, memory_model, finite, checkpoint_equivalence]", &[]);
     assert!(out.status.success(), "{}", text(&out));
     let summary = summary_json(dir.path());
     let budget = check_of(&summary["trials"][0], "peak_budget");

@@ -106,3 +106,55 @@ fn the_lost_resume_offset_needs_a_chain_to_show() {
     assert!(failed.is_empty(), "{failed:?}");
     assert!(!t.passed, "the control expects failures: {}", t.verdict);
 }
+
+/// `optimizer_state_allocated_at_load` fails `memory_parity` at each resumed phase's first step
+/// only, by the moments' bytes, and its twin without the fault passes every check.
+#[test]
+fn the_moments_allocated_at_load_fail_parity_at_each_first_resumed_step() {
+    let path = root().join("suites/faults/optimizer_state_allocated_at_load.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let run = |text: &str| {
+        let s = Suite::parse(&path, text).unwrap();
+        trial::run(
+            &s,
+            DeviceKind::Cpu,
+            &root().join("golden"),
+            GoldenMode::Check,
+            &mut (),
+        )
+    };
+    let faulty = run(&text);
+    assert!(faulty.passed, "{}", faulty.verdict);
+    let parity = faulty
+        .checks
+        .iter()
+        .find(|o| o.check == Check::MemoryParity)
+        .unwrap();
+    assert_eq!(parity.status, Status::Failed);
+    let first_steps: BTreeSet<u64> = faulty
+        .record
+        .phases
+        .iter()
+        .skip(1)
+        .map(|p| p.steps[0].step)
+        .collect();
+    let at: BTreeSet<u64> = parity.failures.iter().filter_map(|f| f.step).collect();
+    assert_eq!(at, first_steps);
+    let what: BTreeSet<&str> = parity.failures.iter().map(|f| f.what.as_str()).collect();
+    assert_eq!(
+        what,
+        ["optimizer bytes at the step's peak", "step peak"].into()
+    );
+    let clean = text
+        .replace("faults: [optimizer_state_allocated_at_load]\n", "")
+        .replace("expect_fail: [memory_parity, memory_model]\n", "");
+    let clean = run(&clean);
+    let failed: Vec<(Check, Status)> = clean
+        .checks
+        .iter()
+        .filter(|o| ![Status::Passed, Status::Off].contains(&o.status))
+        .map(|o| (o.check, o.status))
+        .collect();
+    assert!(failed.is_empty(), "{failed:?}: {}", clean.verdict);
+    assert!(clean.passed, "{}", clean.verdict);
+}

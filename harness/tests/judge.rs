@@ -175,6 +175,7 @@ fn another_trainer_s_record_passes_what_it_records_and_the_rest_is_not_applicabl
         ("state_digest", "passed"),
         ("data_ledger", "passed"),
         ("memory_reclaimed", "not_applicable"),
+        ("memory_parity", "not_applicable"),
         ("peak_budget", "passed"),
         ("no_leak", "not_applicable"),
         ("ac_coverage", "not_applicable"),
@@ -189,16 +190,19 @@ fn another_trainer_s_record_passes_what_it_records_and_the_rest_is_not_applicabl
         .map(|(c, s)| (c.to_string(), s.to_string()))
         .collect();
     assert_eq!(got, want);
-    let no_leak = &s["trials"][0]["checks"][5];
+    for (i, check) in [(4, "memory_parity"), (6, "no_leak")] {
+        let o = &s["trials"][0]["checks"][i];
+        assert_eq!(o["check"], check);
+        assert!(
+            o["reason"]
+                .as_str()
+                .unwrap()
+                .contains("`memory.source` is not `engine` or `cuda`"),
+            "{o}"
+        );
+    }
     assert!(
-        no_leak["reason"]
-            .as_str()
-            .unwrap()
-            .contains("`memory.source` is not `engine` or `cuda`"),
-        "{no_leak}"
-    );
-    assert!(
-        text(&out).contains("not applicable: memory_reclaimed, no_leak"),
+        text(&out).contains("not applicable: memory_reclaimed, memory_parity, no_leak"),
         "{}",
         text(&out)
     );

@@ -160,6 +160,26 @@ impl<D: Device> Ranks<D> {
         &self.states
     }
 
+    /// A zeroed copy of every moment every rank holds, on the rank's device under
+    /// [`Category::Optimizer`] ([`Fault::OptimizerStateAllocatedAtLoad`]).
+    pub fn zeroed_moments_copy(&self) -> Result<Vec<D::Tensor<f32>>> {
+        let mut copy = Vec::new();
+        for s in &self.states {
+            let Some(m) = s.optimizer().moments() else {
+                continue;
+            };
+            for t in m
+                .exp_avg
+                .tensors()
+                .into_iter()
+                .chain(m.exp_avg_sq.tensors())
+            {
+                copy.push(s.device().zeros::<f32>(t.shape(), Category::Optimizer)?);
+            }
+        }
+        Ok(copy)
+    }
+
     /// Rank 0's state.
     pub fn first(&self) -> &State<D> {
         &self.states[0]

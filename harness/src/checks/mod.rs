@@ -17,6 +17,7 @@ pub mod finite;
 pub mod golden;
 pub mod loss_continuity;
 pub mod memory_model;
+pub mod memory_parity;
 pub mod memory_reclaimed;
 pub mod no_leak;
 pub mod oom_free;
@@ -37,6 +38,8 @@ pub enum Check {
     DataLedger,
     /// Every byte comes back when a trainer is dropped.
     MemoryReclaimed,
+    /// Every resumed step's peak at most the reference's same step's.
+    MemoryParity,
     /// Every step's peak, and checkpoint loading's, under the budget.
     PeakBudget,
     /// Allocated bytes flat at step boundaries.
@@ -58,11 +61,12 @@ pub enum Check {
 
 impl Check {
     /// Every check, in report order.
-    pub const ALL: [Check; 12] = [
+    pub const ALL: [Check; 13] = [
         Check::LossContinuity,
         Check::StateDigest,
         Check::DataLedger,
         Check::MemoryReclaimed,
+        Check::MemoryParity,
         Check::PeakBudget,
         Check::NoLeak,
         Check::AcCoverage,
@@ -80,6 +84,7 @@ impl Check {
             Check::StateDigest => "state_digest",
             Check::DataLedger => "data_ledger",
             Check::MemoryReclaimed => "memory_reclaimed",
+            Check::MemoryParity => "memory_parity",
             Check::PeakBudget => "peak_budget",
             Check::NoLeak => "no_leak",
             Check::AcCoverage => "ac_coverage",
@@ -354,6 +359,7 @@ pub fn run_all(r: &RunRecord, spec: &ChecksSpec, golden: &GoldenInput) -> Vec<Ou
                 Check::StateDigest => state_digest::check(r),
                 Check::DataLedger => data_ledger::check(r),
                 Check::MemoryReclaimed => per_rank::check(r, memory_reclaimed::check),
+                Check::MemoryParity => memory_parity::check_every_rank(r),
                 Check::PeakBudget => per_rank::check(r, peak_budget::check),
                 Check::NoLeak => per_rank::check(r, no_leak::check),
                 Check::AcCoverage => ac_coverage::check(r),
@@ -375,6 +381,7 @@ pub fn needs(check: Check) -> &'static [RecordField] {
         Check::DataLedger => &[RecordField::Samples],
         Check::MemoryReclaimed => &[RecordField::MemoryByCategory],
         Check::PeakBudget => &[RecordField::StepMemory],
+        Check::MemoryParity => &[RecordField::StepMemory, RecordField::DeviceMemory],
         Check::NoLeak => &[RecordField::DeviceMemory, RecordField::StepByCategory],
         Check::AcCoverage => &[RecordField::RecomputedBlocks],
         Check::MemoryModel => &[RecordField::MemoryModel],
@@ -713,6 +720,7 @@ mod tests {
                 (StateDigest, 2, 2),
                 (DataLedger, 12, 12),
                 (MemoryReclaimed, 3, 3),
+                (MemoryParity, 6, 6),
                 (PeakBudget, 0, 0),
                 (NoLeak, 9, 9),
                 (AcCoverage, 12, 12),
@@ -741,6 +749,7 @@ mod tests {
                 (StateDigest, Passed, 3, 3),
                 (DataLedger, Passed, 15, 15),
                 (MemoryReclaimed, Passed, 4, 4),
+                (MemoryParity, Passed, 9, 9),
                 (PeakBudget, Passed, 0, 0),
                 (NoLeak, Passed, 11, 11),
                 (AcCoverage, Passed, 15, 15),
@@ -765,6 +774,7 @@ mod tests {
                 StateDigest,
                 DataLedger,
                 MemoryReclaimed,
+                MemoryParity,
                 NoLeak,
                 AcCoverage,
                 MemoryModel,
@@ -864,6 +874,7 @@ mod tests {
                 (StateDigest, NotRun),
                 (DataLedger, NotRun),
                 (MemoryReclaimed, NotRun),
+                (MemoryParity, NotRun),
                 (PeakBudget, Passed),
                 (NoLeak, NotRun),
                 (AcCoverage, NotRun),
@@ -927,7 +938,10 @@ mod tests {
             ..GoldenInput::default()
         };
         let out = run_all(&fixtures::run(), &spec, &golden);
-        assert_eq!(out[9].status, Status::Off);
+        assert_eq!(
+            (out[10].check, out[10].status),
+            (Check::Golden, Status::Off)
+        );
     }
 
     #[test]

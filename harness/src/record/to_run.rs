@@ -564,6 +564,7 @@ training: {max_steps: 4, resume_from: [1, 2], async_save: true}
             not_applicable,
             [
                 "memory_reclaimed",
+                "memory_parity",
                 "no_leak",
                 "ac_coverage",
                 "memory_model",
