@@ -177,8 +177,10 @@ struct Tolerances {
     param: f64,
 }
 
-/// fp32 as the CPU's oracle test; bf16-mixed as docs/PRECISION.md, and the AdamW-step losses as
-/// measured in docs/CUDA.md (9.8e-3 at worst).
+/// fp32 as the CPU's oracle test; bf16-mixed as docs/PRECISION.md, and the AdamW-step losses
+/// from their measurements (docs/CUDA.md): the third, after two steps at lr 1e-2 that take the
+/// loss from 5.5 to 1.2, magnifies the parameters' 1.7e-2 of bf16 rounding to 2.6e-2 on the
+/// CPU, 2.3e-2 on an H200 with the tiled attention kernels and 1.4e-3 with the tensor-core ones.
 fn tolerances(precision: Precision) -> Tolerances {
     match precision {
         Precision::Fp32 => Tolerances {
@@ -190,7 +192,7 @@ fn tolerances(precision: Precision) -> Tolerances {
         Precision::Bf16Mixed => Tolerances {
             loss: 2e-3,
             grad: 1e-1,
-            adamw_loss: 2e-2,
+            adamw_loss: 5e-2,
             param: 5e-2,
         },
     }
@@ -675,8 +677,11 @@ fn model_level_faults() -> Outcome {
         cfg.faults = [fault].into_iter().collect();
         cfg
     };
+    // Step 0's peak on the GPU is where AdamW's moments are first allocated, after the passes
+    // have freed their activations (the CPU's workspace puts it in the passes); from step 1 the
+    // moments are resident and the peak is in the passes, where the kept activations sit.
     let (rows, _) = fault_run(&with(Fault::CheckpointingSkippedNested), 3)?;
-    if rows.iter().any(|r| r.recomputed != 1 || !r.over_model) {
+    if rows.iter().any(|r| r.recomputed != 1) || rows[1..].iter().any(|r| !r.over_model) {
         return Err(format!("checkpointing_skipped_nested: {rows:?}").into());
     }
     let (rows, after_drop) = fault_run(&with(Fault::RecomputeInputsKept), 3)?;

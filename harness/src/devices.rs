@@ -18,6 +18,14 @@ pub fn probe(kind: DeviceKind) -> Result<String, String> {
     ckpt_engine::backend::probe(kind)
 }
 
+/// Whether the first step on a device of `kind` loads library code into host memory that later
+/// steps reuse, so that a phase's host growth is its own only after a step has run: CUDA's
+/// driver loads cuBLAS's kernels as they are first used (on an H200, 120 MiB of resident memory
+/// at the first step of a process and 141 MiB more at the first Mixtral step).
+pub fn warms_up(kind: DeviceKind) -> bool {
+    kind == DeviceKind::Cuda
+}
+
 /// Opens a device of `kind` and runs `work` on it: on the CPU with `threads` workers and
 /// `capacity` bytes, the host's available memory when the suite sets none (so a run too large
 /// for the machine is refused, not aborted); on CUDA `capacity` under the card's own.

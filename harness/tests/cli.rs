@@ -1146,3 +1146,41 @@ fn a_sharded_checkpoint_verifies_and_exports_and_a_moved_chunk_is_caught() {
     );
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
 }
+
+#[test]
+fn bless_leaves_the_snapshot_of_a_control_of_golden_as_it_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let faults = dir.path().join("suites/faults");
+    std::fs::create_dir_all(&faults).unwrap();
+    let control = faults.join("golden_snapshot_differs.yaml");
+    std::fs::copy(
+        root().join("suites/faults/golden_snapshot_differs.yaml"),
+        &control,
+    )
+    .unwrap();
+    let golden = dir.path().join("golden");
+    std::fs::create_dir_all(golden.join("cpu")).unwrap();
+    let snap = golden.join("cpu/golden_snapshot_differs.snap");
+    let made = root().join("golden/cpu/golden_snapshot_differs.snap");
+    std::fs::copy(&made, &snap).unwrap();
+    let report = dir.path().join("report");
+    let out = harness(
+        &[
+            "run",
+            "--device",
+            "cpu",
+            "--bless",
+            "--golden",
+            golden.to_str().unwrap(),
+            "--report",
+            report.to_str().unwrap(),
+        ],
+        &[&control],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(
+        std::fs::read(&snap).unwrap(),
+        std::fs::read(&made).unwrap(),
+        "--bless rewrote the control's snapshot"
+    );
+}

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 from pathlib import Path
 from typing import Any
 
@@ -122,8 +123,9 @@ class HorizonTrainer(Trainer):
 
 
 def arguments(run_dir: Path, end: int, resumed: bool, fault: str) -> TrainingArguments:
-    """The Trainer's arguments: CPU, no reporting, no workers, saves only where `SaveAt` asks,
-    and the fault's change (in the resumed phases, or from the start for `save_only_model`)."""
+    """The Trainer's arguments: the CPU unless `CKPT_EXAMPLE_DEVICE=cuda`, no reporting, no
+    workers, saves only where `SaveAt` asks, and the fault's change (in the resumed phases, or
+    from the start for `save_only_model`)."""
     batch, accumulation = BATCH, 1
     if fault == "accumulation_changed" and resumed:
         batch, accumulation = BATCH // 2, 2
@@ -140,7 +142,7 @@ def arguments(run_dir: Path, end: int, resumed: bool, fault: str) -> TrainingArg
         save_strategy="no",
         logging_steps=1,
         report_to=[],
-        use_cpu=True,
+        use_cpu=os.environ.get("CKPT_EXAMPLE_DEVICE", "cpu") != "cuda",
         seed=SEED,
         disable_tqdm=True,
         dataloader_num_workers=0,

@@ -5,11 +5,12 @@
 //! [`crate::snapshot`]). Checking never writes them; `ckpt-harness run --bless` rewrites them.
 //!
 //! A snapshot's losses are bits of the execution environment they were made in. One whose header
-//! names that environment (`environment: x86_64 fma`, the CPU's matrix kernels) is compared in
+//! names that environment (`environment: x86_64 fma`, the CPU's matrix kernels; `environment:
+//! NVIDIA H200`, the GPU) is compared in
 //! full only there; elsewhere everything but the losses is compared (learning rates, memory,
 //! tokens per expert; after the first step a MoE router sent tokens elsewhere, which the losses'
 //! last bits can do, the learning rates only), and the outcome says what was not and how to
-//! bless a snapshot of this environment: `<suite>.<environment>.snap` beside it (spaces as `-`), which
+//! bless a snapshot of this environment: `<suite>.<environment>.snap` beside it (`NVIDIA-H200`), which
 //! then takes its place here. A snapshot without `environment:` holds everywhere.
 
 use super::{Check, Failure, GoldenInput, Outcome};
@@ -114,10 +115,15 @@ pub fn dir_for(suite: &Path) -> PathBuf {
 
 /// The execution environment the numbers of a run on `device` depend on, as snapshots record
 /// it: on the CPU its matrix kernels (`x86_64 fma`; their blocking is fixed whatever the caches,
-/// so the instruction set is all that moves the bits); `None` elsewhere, where snapshots are
-/// compared wherever they run.
+/// so the instruction set is all that moves the bits); on CUDA the GPU's name (cuBLAS picks its
+/// kernels by GPU: an H200 rounds `tiny-fp32`'s fourth loss otherwise than an H100); `None`
+/// elsewhere, and on CUDA where no GPU answers.
 pub fn environment(device: &str) -> Option<String> {
-    (device == "cpu").then(ckpt_engine::backend::cpu::matmul::kernels)
+    match device {
+        "cpu" => Some(ckpt_engine::backend::cpu::matmul::kernels()),
+        "cuda" => ckpt_engine::backend::probe(ckpt_engine::DeviceKind::Cuda).ok(),
+        _ => None,
+    }
 }
 
 /// Where the snapshot of `device`/`suite` lives under `dir`.
@@ -126,9 +132,16 @@ pub fn path(dir: &Path, device: &str, suite: &str) -> PathBuf {
 }
 
 /// Where the snapshot of `device`/`suite` made in `environment` lives under `dir` when
-/// `<suite>.snap` was made in another: `<suite>.<environment>.snap`, spaces as `-`.
+/// `<suite>.snap` was made in another: `<suite>.<environment>.snap`, each character but ASCII
+/// letters, digits, `.` and `_` as `-`.
 pub fn path_in(dir: &Path, device: &str, suite: &str, environment: &str) -> PathBuf {
-    let env = environment.replace(' ', "-");
+    let env: String = environment
+        .chars()
+        .map(|c| match c {
+            'a'..='z' | 'A'..='Z' | '0'..='9' | '.' | '_' => c,
+            _ => '-',
+        })
+        .collect();
     dir.join(device).join(format!("{suite}.{env}.snap"))
 }
 
