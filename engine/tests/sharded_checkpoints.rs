@@ -365,3 +365,53 @@ fn a_generator_restored_on_rank_zero_only_changes_the_other_ranks_masks() {
         }
     }
 }
+
+/// An index rewritten to claim more than its files hold (a tensor of 2^40 more rows whose last
+/// chunk runs past its file's end) or chunks that overlap is refused by every reader, naming the
+/// index, before anything of the claimed size is allocated.
+#[test]
+fn an_index_claiming_more_than_its_files_hold_is_refused_before_allocating() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let sharded = cfg(2, Shard::Full);
+    let (_, dir) = trained(&sharded, 1, &run);
+    let honest = index(&dir);
+
+    let mut huge = honest.clone();
+    let tensor = &mut huge.model[0];
+    let row = (tensor.chunks[0].byte_range[1] - tensor.chunks[0].byte_range[0])
+        / tensor.chunks[0].sizes[0] as u64;
+    let more = 1usize << 40;
+    tensor.shape[0] += more;
+    let last = tensor.chunks.last_mut().unwrap();
+    last.sizes[0] += more;
+    last.byte_range[1] += more as u64 * row;
+    rewrite_index(&dir, &huge);
+    let past = "lies past the end of";
+    let e = resume_error(&sharded, &run);
+    assert!(e.contains(SHARDS_FILE) && e.contains(past), "{e}");
+    let e = checkpoint::tensor_digests(&dir).unwrap_err().to_string();
+    assert!(e.contains(past), "{e}");
+    let e = checkpoint::export(&dir, &tmp.path().join("out"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains(past), "{e}");
+    let (_, verdicts) = verify(&dir).unwrap();
+    let bad: Vec<_> = verdicts
+        .iter()
+        .filter_map(|v| Some((&v.name, v.problem.as_ref()?)))
+        .collect();
+    assert_eq!(bad.len(), 1, "{verdicts:?}");
+    assert!(bad[0].1.contains(past), "{}", bad[0].1);
+
+    let mut overlapping = honest.clone();
+    let second = &mut overlapping.model[1].chunks[0];
+    assert_eq!(second.file, honest.model[0].chunks[0].file);
+    second.byte_range = second.byte_range.map(|b| b - 1);
+    rewrite_index(&dir, &overlapping);
+    let e = resume_error(&sharded, &run);
+    assert!(e.contains("which overlap"), "{e}");
+
+    rewrite_index(&dir, &honest);
+    Trainer::resume(sharded, dev(), &run).unwrap();
+}

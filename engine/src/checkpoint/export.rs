@@ -4,7 +4,6 @@
 //! hash; one device's `model.safetensors` is copied after its checksum is verified.
 
 use super::files::{self, sync_dir, write_synced};
-use super::state::FileRecord;
 use super::{
     resolve, shards, state_file, write_safetensors, Entry, CONFIG_FILE, MODEL_FILE, SHARDS_FILE,
     STATE_FILE,
@@ -12,6 +11,9 @@ use super::{
 use crate::error::{EngineError, Result};
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
+
+/// What a damaged file's error tells to do instead.
+const EARLIER: &str = "export an earlier checkpoint";
 
 /// Writes the weights of the checkpoint at `from` (a checkpoint, or a run directory whose
 /// `latest` names one) into the new directory `out` in the Hugging Face layout, each file
@@ -28,11 +30,10 @@ pub fn export(from: &Path, out: &Path) -> Result<PathBuf> {
             )
         })
     };
-    let config = verified(&dir.join(CONFIG_FILE), record(CONFIG_FILE)?)?;
+    let config = files::read_checked(&dir.join(CONFIG_FILE), record(CONFIG_FILE)?, EARLIER)?;
     let mut tensors = Vec::new();
     if state.files.contains_key(SHARDS_FILE) {
-        let listed = |f: &str| state.files.contains_key(f);
-        let index = shards::read_index(&dir, record(SHARDS_FILE)?, &listed)?;
+        let index = shards::read_index(&dir, &state.files, EARLIER)?;
         shards::each_whole(&dir, &index.model, |t, whole| {
             tensors.push(Entry {
                 name: t.name.clone(),
@@ -45,7 +46,7 @@ pub fn export(from: &Path, out: &Path) -> Result<PathBuf> {
     }
     create_empty(out)?;
     if tensors.is_empty() {
-        let bytes = verified(&dir.join(MODEL_FILE), record(MODEL_FILE)?)?;
+        let bytes = files::read_checked(&dir.join(MODEL_FILE), record(MODEL_FILE)?, EARLIER)?;
         write_synced(&out.join(MODEL_FILE), &[&bytes])?;
     } else {
         write_safetensors(&out.join(MODEL_FILE), &tensors)?;
@@ -53,18 +54,6 @@ pub fn export(from: &Path, out: &Path) -> Result<PathBuf> {
     write_synced(&out.join(CONFIG_FILE), &[&config])?;
     sync_dir(out)?;
     Ok(dir)
-}
-
-/// The bytes of the checkpoint file at `path`, once they match their `record`'s sha256.
-fn verified(path: &Path, record: &FileRecord) -> Result<Vec<u8>> {
-    let bytes = crate::regular_file::read(path, files::CHECKPOINT_FILE)?;
-    if files::record(&bytes).sha256 != record.sha256 {
-        return Err(EngineError::bad_file(
-            path,
-            "checksum mismatch: the file changed after it was written (corruption?); restore it or export an earlier checkpoint",
-        ));
-    }
-    Ok(bytes)
 }
 
 /// Creates `out`, or accepts it when it is an empty directory.

@@ -196,6 +196,24 @@ pub fn read_verified(
     stream.pass_to(record.bytes)?;
     Ok(stream.verifier.matches(record))
 }
+/// The bytes of the small checkpoint file at `path` (its config or shard index), once they
+/// match `record` (its XXH3-128, or its sha256 in checkpoints written before that was kept);
+/// `fix` ends the error of a mismatch, saying what to use instead.
+pub fn read_checked(path: &Path, record: &FileRecord, fix: &str) -> Result<Vec<u8>> {
+    let bytes = regular_file::read(path, CHECKPOINT_FILE)?;
+    let mut verifier = Verifier::for_record(record);
+    verifier.update(&bytes);
+    if bytes.len() as u64 != record.bytes || !verifier.matches(record) {
+        return Err(EngineError::bad_file(
+            path,
+            format!(
+                "checksum mismatch: the file changed after it was written (corruption?); restore it or {fix}"
+            ),
+        ));
+    }
+    Ok(bytes)
+}
+
 /// Makes a directory's entries (creations, renames) durable.
 pub fn sync_dir(dir: &Path) -> Result<()> {
     File::open(dir)

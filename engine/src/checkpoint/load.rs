@@ -85,7 +85,7 @@ pub fn load(host: &MemoryTracker, dir: &Path, req: &LoadRequest<'_>) -> Result<L
         mapped.insert(name.clone(), (path, file));
     }
     let (config_path, config_file) = &mapped[CONFIG_FILE];
-    verify_checksum(config_path, &state.files[CONFIG_FILE])?;
+    files::read_checked(config_path, &state.files[CONFIG_FILE], EARLIER)?;
     let saved_cfg = std::str::from_utf8(config_file.bytes())
         .map_err(|e| e.to_string())
         .and_then(LlamaConfig::from_hf_json)
@@ -101,10 +101,9 @@ pub fn load(host: &MemoryTracker, dir: &Path, req: &LoadRequest<'_>) -> Result<L
         Header::read(path, &state.files[name], file.bytes())
     };
     let source = if sharded {
-        let listed = |f: &str| state.files.contains_key(f);
         Source::Sharded {
             path: dir.join(SHARDS_FILE),
-            index: shards::read_index(&dir, &state.files[SHARDS_FILE], &listed)?,
+            index: shards::read_index(&dir, &state.files, EARLIER)?,
         }
     } else {
         Source::Whole {
@@ -170,7 +169,7 @@ pub fn load(host: &MemoryTracker, dir: &Path, req: &LoadRequest<'_>) -> Result<L
     let reads: Vec<(&PathBuf, Result<bool>)> = std::thread::scope(|scope| {
         let running: Vec<_> = mapped
             .iter()
-            .filter(|(name, _)| name.as_str() != CONFIG_FILE)
+            .filter(|(name, _)| ![CONFIG_FILE, SHARDS_FILE].contains(&name.as_str()))
             .map(|(name, (path, _))| {
                 let record = &state.files[name];
                 let regions = regions.remove(name.as_str()).unwrap_or_default();
@@ -285,10 +284,13 @@ fn check_step(dir: &Path, state: &TrainerState) -> Result<()> {
     }
 }
 
+/// What a damaged file's error tells to do instead.
+const EARLIER: &str = "resume from an earlier checkpoint";
+
 fn checksum_mismatch(path: &Path) -> EngineError {
     EngineError::bad_file(
         path,
-        "checksum mismatch: the file changed after it was written (corruption?); restore it or resume from an earlier checkpoint",
+        format!("checksum mismatch: the file changed after it was written (corruption?); restore it or {EARLIER}"),
     )
 }
 

@@ -148,13 +148,7 @@ pub fn tensor_digests(dir: &Path) -> Result<[String; 2]> {
 fn sharded_digests(dir: &Path) -> Result<[String; 2]> {
     use sha2::{Digest, Sha256};
     let state = state_file::read(dir)?.state;
-    let record = state.files.get(SHARDS_FILE).ok_or_else(|| {
-        EngineError::bad_file(
-            dir.join(STATE_FILE),
-            format!("lists no record of {SHARDS_FILE}; the checkpoint is incomplete"),
-        )
-    })?;
-    let index = shards::read_index(dir, record, &|f| state.files.contains_key(f))?;
+    let index = shards::read_index(dir, &state.files, "use an earlier checkpoint")?;
     let digest = |list: &[shards::TensorIndex]| -> Result<String> {
         let mut h = Sha256::new();
         shards::each_whole(dir, list, |t, whole| {

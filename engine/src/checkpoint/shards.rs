@@ -21,6 +21,7 @@ use crate::parallel::plan::shard_shape;
 use safetensors::Dtype;
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
+use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::Path;
 use xxhash_rust::xxh3::Xxh3Default;
@@ -324,18 +325,19 @@ fn whole_tensors<'c>(
     Ok(tensors)
 }
 
-/// Reads and checks the index of the sharded checkpoint in `dir`, whose record is `record`:
-/// its checksum, its format, and that every tensor's chunks tile it and lie in files the
-/// checkpoint lists.
-pub fn read_index(dir: &Path, record: &FileRecord, listed: &dyn Fn(&str) -> bool) -> Result<Index> {
+/// Reads and checks the index of the sharded checkpoint in `dir`, whose files (the index among
+/// them) are recorded in `files`: its checksum (a mismatch's error ends with `fix`), its format,
+/// and that every tensor's chunks tile it and lie inside files the checkpoint lists, no two
+/// overlapping. So a tensor's whole bytes, which loading allocates, are at most the files'.
+pub fn read_index(dir: &Path, files: &BTreeMap<String, FileRecord>, fix: &str) -> Result<Index> {
     let path = dir.join(SHARDS_FILE);
-    let bytes = crate::regular_file::read(&path, files::CHECKPOINT_FILE)?;
-    if files::record(&bytes).sha256 != record.sha256 {
-        return Err(EngineError::bad_file(
-            &path,
-            "checksum mismatch: the file changed after it was written (corruption?); restore it or resume from an earlier checkpoint",
-        ));
-    }
+    let record = files.get(SHARDS_FILE).ok_or_else(|| {
+        EngineError::bad_file(
+            dir.join(super::STATE_FILE),
+            format!("lists no record of {SHARDS_FILE}; the checkpoint is incomplete"),
+        )
+    })?;
+    let bytes = files::read_checked(&path, record, fix)?;
     let index: Index = serde_json::from_slice(&bytes)
         .map_err(|e| EngineError::bad_file(&path, format!("not a shard index: {e}")))?;
     if index.format != SHARDS_FORMAT {
@@ -347,21 +349,60 @@ pub fn read_index(dir: &Path, record: &FileRecord, listed: &dyn Fn(&str) -> bool
             ),
         ));
     }
+    let mut ranges: BTreeMap<&str, Vec<[u64; 2]>> = BTreeMap::new();
     for tensor in index.model.iter().chain(&index.optimizer) {
-        check_tiling(tensor, listed).map_err(|m| EngineError::bad_file(&path, m))?;
+        check_tiling(tensor, files).map_err(|m| EngineError::bad_file(&path, m))?;
+        for chunk in &tensor.chunks {
+            ranges
+                .entry(&chunk.file)
+                .or_default()
+                .push(chunk.byte_range);
+        }
+    }
+    for (file, mut ranges) in ranges {
+        let on_disk = dir.join(file);
+        let len = std::fs::metadata(&on_disk)
+            .map_err(|e| EngineError::io(&on_disk, e))?
+            .len();
+        if len != files[file].bytes {
+            return Err(EngineError::bad_file(
+                &on_disk,
+                format!(
+                    "is {len} bytes, {} were written (truncated or replaced); restore it or {fix}",
+                    files[file].bytes
+                ),
+            ));
+        }
+        ranges.sort_unstable();
+        if let Some(w) = ranges.windows(2).find(|w| w[1][0] < w[0][1]) {
+            return Err(EngineError::bad_file(
+                &path,
+                format!(
+                    "lists chunks at bytes {}..{} and {}..{} of {file:?}, which overlap; restore the checkpoint or {fix}",
+                    w[0][0], w[0][1], w[1][0], w[1][1]
+                ),
+            ));
+        }
     }
     Ok(index)
 }
 
 /// That `tensor`'s chunks tile its rows in order, each a whole-row block of the right byte
-/// length in a listed file.
+/// length inside a file of `files`, and that its size is a number this machine can hold.
 fn check_tiling(
     tensor: &TensorIndex,
-    listed: &dyn Fn(&str) -> bool,
+    files: &BTreeMap<String, FileRecord>,
 ) -> std::result::Result<(), String> {
+    let too_large = || {
+        format!(
+            "{} is a {:?} {} tensor, more bytes than this machine can address",
+            tensor.name, tensor.shape, tensor.dtype
+        )
+    };
     let rows = tensor.shape.first().copied().unwrap_or(1);
-    let row = row_bytes(&tensor.shape, tensor.dtype) as u64;
-    let mut next_row = 0;
+    let row = checked_bytes(tensor.shape.iter().skip(1), tensor.dtype).ok_or_else(too_large)?;
+    checked_bytes(tensor.shape.iter(), tensor.dtype).ok_or_else(too_large)?;
+    let mut next_row = 0usize;
     for chunk in &tensor.chunks {
         let whole_rows = shard_shape(&tensor.shape, chunk.sizes.first().copied().unwrap_or(0));
         let start = chunk.offsets.first().copied().unwrap_or(0);
@@ -369,20 +410,26 @@ fn check_tiling(
         let fits = chunk.offsets.iter().skip(1).all(|&o| o == 0)
             && chunk.sizes == whole_rows
             && start == next_row
-            && end.checked_sub(begin) == Some(chunk.sizes[0] as u64 * row);
+            && end.checked_sub(begin) == (chunk.sizes[0] as u64).checked_mul(row);
         if !fits {
             return Err(format!(
                 "chunk of {} at offsets {:?}, sizes {:?}, bytes {begin}..{end} does not continue its rows at {next_row} (a {:?} {} tensor)",
                 tensor.name, chunk.offsets, chunk.sizes, tensor.shape, tensor.dtype
             ));
         }
-        if !listed(&chunk.file) {
+        let Some(file) = files.get(&chunk.file) else {
             return Err(format!(
                 "chunk of {} lies in {:?}, a file the checkpoint does not list",
                 tensor.name, chunk.file
             ));
+        };
+        if end > file.bytes {
+            return Err(format!(
+                "chunk of {} at bytes {begin}..{end} lies past the end of {:?}, which is {} bytes",
+                tensor.name, chunk.file, file.bytes
+            ));
         }
-        next_row += chunk.sizes[0];
+        next_row = next_row.saturating_add(chunk.sizes[0]);
     }
     if next_row != rows {
         return Err(format!(
@@ -391,6 +438,14 @@ fn check_tiling(
         ));
     }
     Ok(())
+}
+
+/// The bytes of `dims` elements of `dtype`, unless they overflow a `u64` or this machine's
+/// address space.
+fn checked_bytes<'d>(mut dims: impl Iterator<Item = &'d usize>, dtype: Dtype) -> Option<u64> {
+    let elements = dims.try_fold(1usize, |n, &d| n.checked_mul(d))?;
+    let bytes = elements.checked_mul(dtype.bitsize() / 8)?;
+    u64::try_from(bytes).ok()
 }
 
 /// Where each chunk of `tensor` goes in the tensor's bytes `whole`: `(file, file offset,
