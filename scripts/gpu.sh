@@ -1,27 +1,37 @@
 #!/usr/bin/env bash
 # Runs the GPU half of the project on a machine with an NVIDIA GPU but no Rust toolchain.
 #
-#   scripts/gpu.sh pack DIR        on the build machine: release-builds the CLI, the test
-#                                  binaries and the training benchmark and copies them, with
-#                                  suites/, golden/ and scripts/, into DIR (copy DIR to the GPU
-#                                  machine)
-#   DIR/scripts/gpu.sh run [OUT]   on the GPU machine: the CUDA tests (those of the engine again
-#                                  with the tiled attention kernels), every suite on cuda, and
-#                                  the Hugging Face load check; report, JUnit and logs in OUT
-#                                  (default DIR/report-gpu)
-#   DIR/scripts/gpu.sh bench [OUT] on the GPU machine: the engine's training step at
-#                                  Llama-3.2-1B's shape (bf16-mixed, chunked loss) and PyTorch's
-#                                  reference on the same card, one after the other, with full
-#                                  checkpointing, without, and at sequence 8192; tokens/s, peak
-#                                  memory and MFU of both, and their ratios; then the engine with
-#                                  the tiled attention kernels
+#   scripts/gpu.sh pack DIR          on the build machine: release-builds the CLI, the CUDA test
+#                                    binary and the training benchmark and copies them, with
+#                                    suites/, golden/, scripts/ and the Python recorder with its
+#                                    suites, into DIR (copy DIR to the GPU machine)
+#   DIR/scripts/gpu.sh run [OUT]     on the GPU machine: the CUDA tests (again with the tiled
+#                                    attention kernels), the CI tier's suites and negative
+#                                    controls on cuda, and the Hugging Face load check; report,
+#                                    JUnit and logs in OUT (default DIR/report-gpu)
+#   DIR/scripts/gpu.sh nightly [OUT] the nightly tier on cuda (the 1B suites save and digest
+#                                    13 GB states: minutes each), then the PyTorch trainers'
+#                                    suites with their models on the GPU
+#   DIR/scripts/gpu.sh bench [OUT]   the engine's training step at Llama-3.2-1B's shape
+#                                    (bf16-mixed, chunked loss) and PyTorch's reference on the
+#                                    same card, one after the other, with full checkpointing,
+#                                    without, and at sequence 8192; tokens/s, peak memory and MFU
+#                                    of both, and their ratios; then the engine with the tiled
+#                                    attention kernels
+#   DIR/scripts/gpu.sh profile [OUT] one step of that shape cut to 2 layers under Nsight Compute:
+#                                    each kernel's time, summed by kernel, in OUT/profile.txt
 #
-# `run` finds CUDA's libraries through the loader's path; when the toolkit sits in
-# /usr/local/cuda (or $CUDA_HOME) its lib64 is added. Exit status: 0 when everything passed.
+# On an H200 (2026-11-26) `run` took about 45 s (the first NVRTC compile 25 s of it, cached in
+# $CKPT_HARNESS_CACHE after) besides the Hugging Face check, `bench` with BENCH_STEPS=3
+# BENCH_WARMUP=1 170 s and `profile` 10 s.
+#
+# The scripts find CUDA's libraries through the loader's path; when the toolkit sits in
+# /usr/local/cuda (or $CUDA_HOME) its lib64 and bin are added. Exit status: 0 when everything
+# passed.
 set -euo pipefail
 
 usage() {
-    sed -n '2,20p' "$0" >&2
+    sed -n '2,30p' "$0" >&2
     exit 2
 }
 
@@ -32,8 +42,7 @@ pack() {
     mkdir -p "$dir/bin"
     cp target/release/ckpt-harness "$dir/bin/"
     # The test binaries with GPU trials, named after their targets.
-    cargo test --release --locked -p ckpt-engine --test cuda -p ckpt-harness --test suites \
-        --no-run --message-format=json 2>/dev/null |
+    cargo test --release --locked -p ckpt-engine --test cuda --no-run --message-format=json 2>/dev/null |
         python3 -c '
 import json, sys
 for line in sys.stdin:
@@ -53,18 +62,23 @@ for line in sys.stdin:
 ' | while read -r exe; do
         cp "$exe" "$dir/bin/bench-train_step"
     done
-    rm -rf "$dir/suites" "$dir/golden" "$dir/scripts"
+    rm -rf "$dir/suites" "$dir/golden" "$dir/scripts" "$dir/python"
     cp -r suites golden scripts "$dir/"
+    mkdir -p "$dir/python"
+    cp -r harness/python/src harness/python/examples harness/python/suites "$dir/python/"
     strip "$dir"/bin/* 2>/dev/null || true
     echo "packed into $dir: $(ls "$dir/bin" | tr '\n' ' ')"
 }
 
-# Puts the CUDA toolkit's lib64 ($CUDA_HOME, default /usr/local/cuda) on the loader's path.
+# Puts the CUDA toolkit's lib64 ($CUDA_HOME, default /usr/local/cuda) on the loader's path and
+# its bin (ncu) on the path.
 cuda_libraries() {
     local cuda="${CUDA_HOME:-/usr/local/cuda}"
     if [[ -d "$cuda/lib64" ]]; then
         export LD_LIBRARY_PATH="$cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     fi
+    [[ -d "$cuda/bin" ]] && export PATH="$PATH:$cuda/bin"
+    return 0
 }
 
 run() {
@@ -77,10 +91,8 @@ run() {
     cd "$root"
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 
-    for t in bin/test-*; do
-        echo "== $t"
-        "$t" --test-threads 1 2>&1 | tee "$out/$(basename "$t").log" || status=1
-    done
+    echo "== bin/test-cuda"
+    bin/test-cuda --test-threads 1 2>&1 | tee "$out/test-cuda.log" || status=1
     echo "== bin/test-cuda with the tiled attention kernels in place of the tensor-core ones"
     CKPT_CUDA_ATTENTION=tiled bin/test-cuda --test-threads 1 2>&1 | tee "$out/test-cuda-tiled.log" || status=1
 
@@ -96,6 +108,50 @@ run() {
     fi
     echo "gpu.sh: $([[ $status == 0 ]] && echo passed || echo FAILED); report in $out"
     return "$status"
+}
+
+nightly() {
+    local root out status=0
+    root="$(cd "$(dirname "$0")/.." && pwd)"
+    out="${1:-$root/report-gpu}"
+    mkdir -p "$out"
+    cuda_libraries
+    cd "$root"
+    echo "== the nightly tier on cuda"
+    bin/ckpt-harness run suites --device cuda --tier nightly --report "$out/nightly" \
+        --junit "$out/nightly-junit.xml" 2>&1 | tee "$out/nightly.log" || status=1
+    echo "== the PyTorch trainers' suites, their models on the GPU"
+    CKPT_EXAMPLE_DEVICE=cuda PYTHONPATH="$root/python/src${PYTHONPATH:+:$PYTHONPATH}" \
+        bin/ckpt-harness run python/suites --report "$out/python" --junit "$out/python-junit.xml" 2>&1 |
+        tee "$out/python.log" || status=1
+    echo "gpu.sh nightly: $([[ $status == 0 ]] && echo passed || echo FAILED); report in $out"
+    return "$status"
+}
+
+profile() {
+    local root out
+    root="$(cd "$(dirname "$0")/.." && pwd)"
+    out="${1:-$root/report-gpu}"
+    mkdir -p "$out"
+    cuda_libraries
+    cd "$root"
+    ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+        bin/bench-train_step --device cuda --model llama-1b --layers 2 --precision bf16-mixed \
+        --checkpointing full --loss chunked:1024 --steps 1 --warmup 0 >"$out/profile.csv"
+    python3 - "$out/profile.csv" <<'PY' | tee "$out/profile.txt"
+import csv, sys
+from collections import defaultdict
+total, calls = defaultdict(float), defaultdict(int)
+for row in csv.reader(open(sys.argv[1])):
+    if len(row) >= 15 and row[0].isdigit():
+        name = row[4].split("(")[0]
+        total[name] += float(row[14].replace(",", ""))
+        calls[name] += 1
+whole = sum(total.values())
+print(f"{len(total)} kernels, {sum(calls.values())} launches, {whole / 1e6:.2f} ms")
+for name, ns in sorted(total.items(), key=lambda kv: -kv[1]):
+    print(f"{ns / 1e6:9.3f} ms {100 * ns / whole:5.1f}% {calls[name]:5d}  {name}")
+PY
 }
 
 # The first number after "key": in a line of JSON.
@@ -166,6 +222,8 @@ bench() {
 case "${1:-}" in
 pack) [[ $# == 2 ]] || usage; pack "$2" ;;
 run) shift; run "$@" ;;
+nightly) shift; nightly "$@" ;;
 bench) shift; bench "$@" ;;
+profile) shift; profile "$@" ;;
 *) usage ;;
 esac
