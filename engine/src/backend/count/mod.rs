@@ -437,7 +437,11 @@ impl Device for CountingDevice {
         Ok(())
     }
 
-    fn sum_squares(&self, _: &T<f32>) -> Result<f64> {
+    fn sum_squares(&self, t: &T<f32>) -> Result<f64> {
+        if self.like == Like::Cuda {
+            let numel = std::iter::once(t.numel());
+            self.lease(cuda::norm_partials_bytes(numel), Category::Workspace)?;
+        }
         Ok(0.0)
     }
 

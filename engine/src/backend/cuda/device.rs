@@ -65,6 +65,25 @@ impl Drop for Blas {
     }
 }
 
+/// A new stream on `ctx` and a cuBLAS handle bound to it, with no workspace of its own (so
+/// cuBLAS allocates nothing outside the tracker) and the default math mode.
+fn stream_and_blas(ctx: &Arc<CudaContext>) -> Result<(Arc<CudaStream>, Blas)> {
+    let stream = ctx.new_stream().map_err(cuda_err("cuStreamCreate"))?;
+    let handle = Blas(blas::create_handle().map_err(blas_err("cublasCreate"))?);
+    // SAFETY: the handle and the stream are live; a null workspace of 0 bytes makes cuBLAS
+    // allocate nothing outside the tracker.
+    unsafe {
+        blas::set_stream(handle.0, stream.cu_stream() as _).map_err(blas_err("cublasSetStream"))?;
+        blas_sys::cublasSetWorkspace_v2(handle.0, std::ptr::null_mut(), 0)
+            .result()
+            .map_err(blas_err("cublasSetWorkspace"))?;
+        blas_sys::cublasSetMathMode(handle.0, blas_sys::cublasMath_t::CUBLAS_DEFAULT_MATH)
+            .result()
+            .map_err(blas_err("cublasSetMathMode"))?;
+    }
+    Ok((stream, handle))
+}
+
 struct Inner {
     blas: Mutex<Blas>,
     functions: Mutex<HashMap<String, CudaFunction>>,
@@ -134,7 +153,6 @@ impl CudaDevice {
         let total = ctx.total_mem().map_err(cuda_err("cuDeviceTotalMem"))? as u64;
         let tensor_core_attention =
             major >= 8 && super::attention::tensor_core_attention_allowed()?;
-        let stream = ctx.new_stream().map_err(cuda_err("cuStreamCreate"))?;
         // SAFETY: the device handle comes from a live context.
         let pool = unsafe { drv::device::get_default_mem_pool(ctx.cu_device()) }
             .map_err(cuda_err("cuDeviceGetDefaultMemPool"))?;
@@ -152,21 +170,14 @@ impl CudaDevice {
         let module = ctx
             .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
             .map_err(cuda_err("loading the kernels"))?;
-        let handle = blas::create_handle().map_err(blas_err("cublasCreate"))?;
-        let blas_handle = Blas(handle);
-        // SAFETY: the handle and the stream are live; a null workspace of 0 bytes makes cuBLAS
-        // allocate nothing outside the tracker.
-        unsafe {
-            blas::set_stream(handle, stream.cu_stream() as _)
-                .map_err(blas_err("cublasSetStream"))?;
-            blas_sys::cublasSetWorkspace_v2(handle, std::ptr::null_mut(), 0)
-                .result()
-                .map_err(blas_err("cublasSetWorkspace"))?;
-            blas_sys::cublasSetMathMode(handle, blas_sys::cublasMath_t::CUBLAS_DEFAULT_MATH)
-                .result()
-                .map_err(blas_err("cublasSetMathMode"))?;
-        }
-        let env = env::record(&ctx, &name, (major, minor), handle, tensor_core_attention)?;
+        let (stream, blas_handle) = stream_and_blas(&ctx)?;
+        let env = env::record(
+            &ctx,
+            &name,
+            (major, minor),
+            blas_handle.0,
+            tensor_core_attention,
+        )?;
         Ok(CudaDevice {
             inner: Arc::new(Inner {
                 blas: Mutex::new(blas_handle),
@@ -182,6 +193,36 @@ impl CudaDevice {
                 env,
             }),
         })
+    }
+
+    /// The devices of `world` data-parallel ranks sharing this GPU, as ranks on a machine with
+    /// one card run: each with its own stream, cuBLAS handle and tracker of an equal share of
+    /// this device's capacity; the context, the kernels and the memory pool shared. Their
+    /// exchanges pass through the host, so the bits and each rank's memory are those of ranks on
+    /// cards of their own.
+    pub(crate) fn share(&self, world: usize) -> Result<Vec<Self>> {
+        self.bind()?;
+        let capacity = self.inner.tracker.stats().capacity / world.max(1) as u64;
+        (0..world)
+            .map(|_| {
+                let (stream, blas) = stream_and_blas(&self.inner.ctx)?;
+                Ok(CudaDevice {
+                    inner: Arc::new(Inner {
+                        blas: Mutex::new(blas),
+                        functions: Mutex::new(HashMap::new()),
+                        module: self.inner.module.clone(),
+                        pool: self.inner.pool,
+                        stream,
+                        ctx: self.inner.ctx.clone(),
+                        tracker: MemoryTracker::new(capacity),
+                        staging: MemoryTracker::new(self.inner.staging.stats().capacity),
+                        name: self.inner.name.clone(),
+                        tensor_core_attention: self.inner.tensor_core_attention,
+                        env: self.inner.env.clone(),
+                    }),
+                })
+            })
+            .collect()
     }
 
     /// The tracker counting this device's bytes.
@@ -339,6 +380,19 @@ impl CudaDevice {
                 .map_err(cuda_err("cuMemcpyHtoDAsync"))?;
         }
         Ok(buf)
+    }
+
+    /// Copies `bytes` to device memory at `ptr`, which holds at least as many (checked by
+    /// callers).
+    pub(crate) fn upload_into(&self, ptr: drv_sys::CUdeviceptr, bytes: &[u8]) -> Result<()> {
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: the destination holds `bytes.len()` bytes; a copy from pageable memory has
+        // taken them before it returns.
+        unsafe { drv::memcpy_htod_async(ptr, bytes, self.stream()) }
+            .map_err(cuda_err("cuMemcpyHtoDAsync"))
     }
 
     /// The bytes of a device buffer, after every queued operation.

@@ -169,14 +169,29 @@ impl Device for CudaDevice {
             })
     }
 
-    fn write_bytes<E: Elem>(&self, _: &mut CudaTensor<E>, _: usize, _: &[u8]) -> Result<()> {
-        Err(ranks_on_cuda())
+    fn write_bytes<E: Elem>(
+        &self,
+        t: &mut CudaTensor<E>,
+        offset: usize,
+        bytes: &[u8],
+    ) -> Result<()> {
+        let total = t.buffer().bytes();
+        if offset
+            .checked_add(bytes.len())
+            .is_none_or(|end| end > total)
+        {
+            return Err(EngineError::Config(format!(
+                "a copy of {} bytes to {offset} runs past the {total} a tensor holds",
+                bytes.len()
+            )));
+        }
+        self.upload_into(t.ptr() + offset as u64, bytes)
     }
 
     fn ranks(&self, world: usize) -> Result<Vec<Self>> {
         match world {
             1 => Ok(vec![self.clone()]),
-            _ => Err(ranks_on_cuda()),
+            _ => self.share(world),
         }
     }
 
@@ -586,8 +601,17 @@ impl Device for CudaDevice {
         )
     }
 
-    fn sum_squares(&self, _: &CudaTensor<f32>) -> Result<f64> {
-        Err(ranks_on_cuda())
+    fn sum_squares(&self, t: &CudaTensor<f32>) -> Result<f64> {
+        let bytes = norm_partials_bytes(std::iter::once(t.numel()));
+        let partial = self.alloc(bytes as usize, Category::Workspace)?;
+        let (x, out, n, c) = (t.ptr(), partial.ptr(), t.numel() as u64, CHUNK as u64);
+        self.each(
+            "sumsq_chunks",
+            t.numel().div_ceil(CHUNK),
+            args![x, out, n, c],
+        )?;
+        let partial: Vec<f64> = from_bytes(&self.download_bytes(&partial)?);
+        Ok(partial.iter().sum::<f64>())
     }
 
     fn norm(&self, tensors: &[&CudaTensor<f32>]) -> Result<f64> {
@@ -621,13 +645,27 @@ impl Device for CudaDevice {
 
     fn adamw_range(
         &self,
-        _: &mut CudaTensor<f32>,
-        _: &CudaTensor<f32>,
-        _: (&mut CudaTensor<f32>, &mut CudaTensor<f32>),
-        _: AdamWArgs,
-        _: (usize, usize),
+        p: &mut CudaTensor<f32>,
+        g: &CudaTensor<f32>,
+        (m, v): (&mut CudaTensor<f32>, &mut CudaTensor<f32>),
+        a: AdamWArgs,
+        (p_offset, g_offset): (usize, usize),
     ) -> Result<()> {
-        Err(ranks_on_cuda())
+        let n = m.numel();
+        let inside =
+            |total: usize, offset: usize| offset.checked_add(n).is_some_and(|e| e <= total);
+        if !inside(p.numel(), p_offset) || !inside(g.numel(), g_offset) || v.numel() != n {
+            return Err(EngineError::Config(format!(
+                "an AdamW range of {n} elements from {p_offset} (parameters of {}) and {g_offset} (gradients of {}) runs past them",
+                p.numel(),
+                g.numel()
+            )));
+        }
+        let f32_bytes = std::mem::size_of::<f32>() as u64;
+        let pp = p.ptr() + p_offset as u64 * f32_bytes;
+        let gp = g.ptr() + g_offset as u64 * f32_bytes;
+        let (mp, vp, count) = (m.ptr(), v.ptr(), n as u64);
+        self.each("adamw", n, args![pp, gp, mp, vp, count, a])
     }
 
     fn adamw(
@@ -641,11 +679,4 @@ impl Device for CudaDevice {
         let (pp, gp, mp, vp) = (p.ptr(), g.ptr(), m.ptr(), v.ptr());
         self.each("adamw", p.numel(), args![pp, gp, mp, vp, n, a])
     }
-}
-
-/// Why a data-parallel run cannot use CUDA ranks yet.
-fn ranks_on_cuda() -> EngineError {
-    EngineError::Config(
-        "data-parallel ranks run on the CPU only for now (CUDA ranks through NCCL are not built yet); write `parallel: {world_size: 1}` or train on the CPU".into(),
-    )
 }
