@@ -6,7 +6,10 @@
 //! capacity is an [`OutOfMemory`] value, never an abort. An [`AllocationObserver`], off by
 //! default, sees every allocation, free and refusal in the order the tracker counts them.
 
+mod spares;
+
 use serde::{Deserialize, Serialize};
+pub(crate) use spares::{Mapping, Spares, HUGE_PAGE};
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -291,6 +294,7 @@ impl State {
 #[derive(Clone, Debug)]
 pub struct MemoryTracker {
     state: Arc<Mutex<State>>,
+    spares: Arc<Spares>,
 }
 
 impl MemoryTracker {
@@ -306,6 +310,7 @@ impl MemoryTracker {
                 oom_count: 0,
                 observer: None,
             })),
+            spares: Arc::default(),
         }
     }
 
@@ -405,6 +410,17 @@ impl MemoryTracker {
         s.at_peak.copy_from_slice(&now);
     }
 
+    /// The host buffers of freed tensors kept for the next tensors of the same size.
+    pub(crate) fn spares(&self) -> &Spares {
+        &self.spares
+    }
+
+    /// Bytes held now and the peak of the current window.
+    pub(crate) fn current_and_peak(&self) -> (u64, u64) {
+        let s = self.lock();
+        (s.allocated.current, s.allocated.peak)
+    }
+
     /// The capacity allocations are checked against.
     pub fn capacity(&self) -> u64 {
         self.lock().capacity
@@ -421,6 +437,11 @@ pub struct Lease {
 }
 
 impl Lease {
+    /// The tracker the bytes are counted by.
+    pub(crate) fn tracker(&self) -> &MemoryTracker {
+        &self.tracker
+    }
+
     /// The bytes this lease holds.
     pub fn bytes(&self) -> u64 {
         self.bytes

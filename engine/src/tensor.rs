@@ -1,6 +1,9 @@
 //! Tensors: a flat, row-major buffer of one element type, leased from a device's tracker.
 
+mod buffer;
+
 use crate::memory::{Category, Lease, MemoryTracker, OutOfMemory};
+use buffer::Buffer;
 use half::bf16;
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -77,7 +80,7 @@ pub fn bytes_of<E: Elem>(shape: &[usize]) -> Option<usize> {
 
 /// A row-major tensor whose bytes are counted by the tracker that leased them.
 pub struct Tensor<E: Elem = f32> {
-    data: Vec<E>,
+    data: Buffer<E>,
     shape: Vec<usize>,
     lease: Lease,
 }
@@ -96,12 +99,10 @@ impl<E: Elem> Tensor<E> {
         };
         let numel = bytes / E::DTYPE.size();
         let lease = tracker.allocate(bytes as u64, category)?;
-        let mut data = Vec::new();
-        if data.try_reserve_exact(numel).is_err() {
+        let Some(data) = Buffer::zeroed(numel, tracker) else {
             drop(lease);
             return Err(tracker.refuse(bytes as u64, category));
-        }
-        data.resize(numel, E::default());
+        };
         Ok(Tensor {
             data,
             shape: shape.to_vec(),
@@ -118,7 +119,7 @@ impl<E: Elem> Tensor<E> {
     ) -> Result<Self, OutOfMemory> {
         let mut t = Self::zeros(tracker, shape, category)?;
         debug_assert_eq!(values.len(), t.numel());
-        for (d, &v) in t.data.iter_mut().zip(values) {
+        for (d, &v) in t.data.as_mut_slice().iter_mut().zip(values) {
             *d = E::from_f32(v);
         }
         Ok(t)
@@ -131,7 +132,7 @@ impl<E: Elem> Tensor<E> {
 
     /// Number of elements.
     pub fn numel(&self) -> usize {
-        self.data.len()
+        self.data.as_slice().len()
     }
 
     /// Bytes the tensor holds.
@@ -146,28 +147,34 @@ impl<E: Elem> Tensor<E> {
 
     /// The elements, row-major.
     pub fn as_slice(&self) -> &[E] {
-        &self.data
+        self.data.as_slice()
     }
 
     /// The elements, row-major, for writing.
     pub fn as_mut_slice(&mut self) -> &mut [E] {
-        &mut self.data
+        self.data.as_mut_slice()
     }
 
     /// The elements widened to f32 (a host copy, for tests, digests and file output).
     pub fn to_f32_vec(&self) -> Vec<f32> {
-        self.data.iter().map(|x| x.to_f32()).collect()
+        self.data.as_slice().iter().map(|x| x.to_f32()).collect()
     }
 
     /// Overwrites every element with `value`.
     pub fn fill(&mut self, value: f32) {
         let v = E::from_f32(value);
-        self.data.iter_mut().for_each(|x| *x = v);
+        self.data.as_mut_slice().fill(v);
     }
 
     /// The raw bytes, little-endian as stored.
     pub fn as_bytes(&self) -> &[u8] {
-        bytemuck::cast_slice(&self.data)
+        bytemuck::cast_slice(self.data.as_slice())
+    }
+}
+
+impl<E: Elem> Drop for Tensor<E> {
+    fn drop(&mut self) {
+        std::mem::replace(&mut self.data, Buffer::Heap(Vec::new())).recycle(self.lease.tracker());
     }
 }
 

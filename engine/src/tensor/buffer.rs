@@ -1,0 +1,142 @@
+//! A tensor's zero-filled host storage: large buffers are the tracker's mappings
+//! ([`crate::memory`]'s spares, reused from freed tensors where one of the size is kept, zeroed
+//! again), small ones come from the allocator.
+
+use crate::memory::{Mapping, MemoryTracker, HUGE_PAGE};
+use crate::tensor::Elem;
+
+/// The smallest buffer that is mapped rather than allocated: one huge page.
+const MAP_FROM: usize = HUGE_PAGE;
+
+/// Zero-filled storage for `len` elements of `E`.
+pub(crate) enum Buffer<E: Elem> {
+    /// From the global allocator.
+    Heap(Vec<E>),
+    /// An anonymous mapping: `len` elements from a huge-page boundary.
+    Mapped {
+        map: Mapping,
+        len: usize,
+        _elem: std::marker::PhantomData<E>,
+    },
+}
+
+impl<E: Elem> Buffer<E> {
+    /// `len` zeroed elements, reusing one of `tracker`'s spare mappings where one fits; `None`
+    /// when the host cannot provide them.
+    pub(crate) fn zeroed(len: usize, tracker: &MemoryTracker) -> Option<Self> {
+        let bytes = len.checked_mul(size_of::<E>())?;
+        if bytes < MAP_FROM {
+            return bytemuck::allocation::try_zeroed_vec(len)
+                .ok()
+                .map(Buffer::Heap);
+        }
+        let span = bytes.checked_next_multiple_of(HUGE_PAGE)?;
+        let map = match tracker.spares().take(span) {
+            Some(mut map) => {
+                map.bytes_mut(bytes).fill(0);
+                map
+            }
+            None => Mapping::new(span)?,
+        };
+        Some(Buffer::Mapped {
+            map,
+            len,
+            _elem: std::marker::PhantomData,
+        })
+    }
+
+    /// Gives a mapped buffer's memory to `tracker`'s spares.
+    pub(crate) fn recycle(self, tracker: &MemoryTracker) {
+        if let Buffer::Mapped { map, .. } = self {
+            tracker.spares().keep(map, tracker);
+        }
+    }
+
+    /// The elements.
+    pub(crate) fn as_slice(&self) -> &[E] {
+        match self {
+            Buffer::Heap(v) => v,
+            Buffer::Mapped { map, len, .. } => {
+                bytemuck::cast_slice(map.bytes(len * size_of::<E>()))
+            }
+        }
+    }
+
+    /// The elements, for writing.
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [E] {
+        match self {
+            Buffer::Heap(v) => v,
+            Buffer::Mapped { map, len, .. } => {
+                bytemuck::cast_slice_mut(map.bytes_mut(*len * size_of::<E>()))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::Category;
+    use half::bf16;
+
+    #[test]
+    fn small_and_large_buffers_start_zeroed_and_hold_what_is_written() {
+        let tracker = MemoryTracker::unlimited();
+        for len in [
+            0,
+            1,
+            1000,
+            MAP_FROM / 4 - 1,
+            MAP_FROM / 4,
+            3 * MAP_FROM / 4 + 5,
+        ] {
+            let mut b = Buffer::<f32>::zeroed(len, &tracker).unwrap();
+            assert_eq!(b.as_slice().len(), len);
+            assert!(b.as_slice().iter().all(|&x| x == 0.0));
+            assert_eq!(
+                matches!(b, Buffer::Mapped { .. }),
+                len * 4 >= MAP_FROM,
+                "{len}"
+            );
+            for (i, x) in b.as_mut_slice().iter_mut().enumerate() {
+                *x = i as f32;
+            }
+            assert!(b.as_slice().iter().enumerate().all(|(i, &x)| x == i as f32));
+        }
+        let b = Buffer::<bf16>::zeroed(MAP_FROM, &tracker).unwrap();
+        assert_eq!(b.as_slice().as_ptr() as usize % HUGE_PAGE, 0);
+        assert!(b.as_slice().iter().all(|x| x.to_f32() == 0.0));
+    }
+
+    #[test]
+    fn a_size_past_the_address_space_is_refused() {
+        let tracker = MemoryTracker::unlimited();
+        assert!(Buffer::<f32>::zeroed(usize::MAX / 2, &tracker).is_none());
+        assert!(Buffer::<f32>::zeroed(usize::MAX / 8, &tracker).is_none());
+    }
+
+    #[test]
+    fn a_freed_buffer_is_reused_zeroed_and_spares_stay_within_the_peak() {
+        let tracker = MemoryTracker::unlimited();
+        let len = MAP_FROM / 4 + 3;
+        let span = 2 * HUGE_PAGE as u64;
+        let lease = tracker
+            .allocate(len as u64 * 4, Category::Activations)
+            .unwrap();
+        let mut b = Buffer::<f32>::zeroed(len, &tracker).unwrap();
+        b.as_mut_slice().fill(7.0);
+        let ptr = b.as_slice().as_ptr();
+        b.recycle(&tracker);
+        drop(lease);
+        assert_eq!(tracker.spares().held(), span);
+        let again = Buffer::<f32>::zeroed(len, &tracker).unwrap();
+        assert_eq!(again.as_slice().as_ptr(), ptr, "the spare mapping, reused");
+        assert!(again.as_slice().iter().all(|&x| x == 0.0));
+        assert_eq!(tracker.spares().held(), 0);
+        // With nothing counted now, one spare brings the host to the peak: a second is unmapped.
+        let other = Buffer::<f32>::zeroed(len, &tracker).unwrap();
+        again.recycle(&tracker);
+        other.recycle(&tracker);
+        assert_eq!(tracker.spares().held(), span);
+    }
+}
