@@ -20,7 +20,7 @@
 //!   last micro-batch each rank gets its rows, and the update runs as under `optimizer`.
 
 use super::collective::{thread_group, Collective};
-use super::plan::{shard_of, shard_shape};
+use super::plan::{self, shard_of, shard_shape};
 use super::{Checkpoints, Parallel, Shard};
 use crate::checkpoint::{Chunk, Entry, RankChunks, Tensors};
 use crate::config::{Precision, TrainConfig};
@@ -205,7 +205,7 @@ impl<D: Device> Ranks<D> {
             )));
         }
         let (shard, faults, lost_at) = (self.parallel.shard, &self.faults, self.rng_lost_at);
-        let per_rank = batches.len() / world;
+        let (m, per_rank) = (batches.len(), batches.len() / world);
         let results: Vec<Result<(Vec<PassOutput>, f64)>> = std::thread::scope(|s| {
             let handles: Vec<_> = self
                 .states
@@ -214,9 +214,15 @@ impl<D: Device> Ranks<D> {
                 .map(|(state, (comm, gather))| {
                     let rank = comm.rank();
                     let (mine, first) = match shard {
-                        Shard::Gradients | Shard::Full => (strided(batches, world, rank), rank),
-                        _ => (micro_batches(batches, world, rank, faults), rank * per_rank),
+                        Shard::Gradients | Shard::Full => {
+                            (plan::micro_batches(shard, world, rank, m), rank)
+                        }
+                        _ if faults.has(Fault::MicroBatchesStrided) => {
+                            (plan::strided(world, rank, m), rank * per_rank)
+                        }
+                        _ => (plan::micro_batches(shard, world, rank, m), rank * per_rank),
                     };
+                    let mine: Vec<Batch> = mine.into_iter().map(|i| batches[i].clone()).collect();
                     let dropout = match (dropout, lost_at) {
                         (Some(d), Some(at)) if rank > 0 => Some(Dropout {
                             offset: d.offset - at,
@@ -386,22 +392,6 @@ fn parameter_of(name: &str) -> &str {
         .iter()
         .find_map(|suffix| name.strip_suffix(suffix))
         .unwrap_or(name)
-}
-
-/// Rank `rank`'s micro-batches of a step: the contiguous run in global order, or with
-/// [`Fault::MicroBatchesStrided`] every `world`-th one.
-fn micro_batches(batches: &[Batch], world: usize, rank: usize, faults: &Faults) -> Vec<Batch> {
-    let per_rank = batches.len() / world;
-    if faults.has(Fault::MicroBatchesStrided) {
-        return strided(batches, world, rank);
-    }
-    batches[rank * per_rank..(rank + 1) * per_rank].to_vec()
-}
-
-/// Micro-batches `rank`, `rank + world`, ... of a step: each rank's under `shard: gradients`,
-/// whose ring passes each gradient on after every micro-batch.
-fn strided(batches: &[Batch], world: usize, rank: usize) -> Vec<Batch> {
-    batches.iter().skip(rank).step_by(world).cloned().collect()
 }
 
 /// The ranks' passes (`by_rank[r]` in the order rank `r` ran them) in global micro-batch
