@@ -244,6 +244,44 @@ fn each_data_parallel_fault_changes_the_bits_where_it_acts() {
     }
 }
 
+/// `only_rank_zero_experts_saved`: a Qwen3-MoE saved sharded on 4 ranks holds rank 0's expert
+/// (4 experts, one a rank) in every expert's place, weights and moments, so a resume on 2 ranks
+/// starts elsewhere than the saved trainer stood; one rank's save and a gathered save are
+/// untouched, and the saving trainer's own state is too.
+#[test]
+fn only_rank_zero_s_experts_saved_replaces_the_other_ranks_experts() {
+    let mut cfg = moe_in(Precision::Fp32);
+    cfg.dropout = 0.0;
+    let dev = || CpuDevice::new(4, u64::MAX).unwrap();
+    for (world, layout, harmed) in [
+        (1, Checkpoints::Sharded, false),
+        (4, Checkpoints::Gathered, false),
+        (4, Checkpoints::Sharded, true),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut saving = with(&cfg, world, Shard::Full, &[Fault::OnlyRankZeroExpertsSaved]);
+        saving.parallel.checkpoints = layout;
+        let mut t = Trainer::new(saving, dev()).unwrap();
+        t.step().unwrap();
+        let saved = t.state_digest().unwrap();
+        t.save(dir.path(), None).unwrap();
+        assert_eq!(t.state_digest().unwrap(), saved, "the trainer's own state");
+        drop(t);
+        let resumed = Trainer::resume(with(&cfg, 2, Shard::Full, &[]), dev(), dir.path())
+            .unwrap()
+            .state_digest()
+            .unwrap();
+        let at = format!("world {world}, {layout:?}");
+        assert_eq!(resumed.params != saved.params, harmed, "{at}: weights");
+        assert_eq!(
+            resumed.optimizer != saved.optimizer,
+            harmed,
+            "{at}: moments"
+        );
+        assert_eq!(resumed.loader, saved.loader, "{at}: the data");
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(16))]
 

@@ -20,6 +20,7 @@
 //!   last micro-batch each rank gets its rows, and the update runs as under `optimizer`.
 
 use super::collective::{thread_group, Collective};
+use super::experts;
 use super::plan::{self, shard_of, shard_shape};
 use super::{Checkpoints, Parallel, Shard};
 use crate::checkpoint::{Chunk, Entry, RankChunks, Tensors};
@@ -290,13 +291,18 @@ impl<D: Device> Ranks<D> {
 
     /// Each rank's chunk of every checkpoint tensor: its rows of what it holds sharded (as it
     /// holds them), and its rows by the shard plan of what it holds whole, so that the ranks
-    /// write a tensor's rows between them once and nothing is gathered.
+    /// write a tensor's rows between them once and nothing is gathered
+    /// ([`Fault::OnlyRankZeroExpertsSaved`] writes rank 0's experts in the others' place).
     fn checkpoint_chunks(&self) -> Result<Vec<RankChunks<'_>>> {
         let world = self.states.len();
         let shard = self.parallel.shard;
         let mut ranks = Vec::with_capacity(world);
         for (rank, state) in self.states.iter().enumerate() {
-            let (model, optimizer) = state.checkpoint_entries()?;
+            let (mut model, mut optimizer) = state.checkpoint_entries()?;
+            if self.faults.has(Fault::OnlyRankZeroExpertsSaved) {
+                model = experts::as_rank_zero_s(model, world);
+                optimizer = experts::as_rank_zero_s(optimizer, world);
+            }
             ranks.push(RankChunks {
                 model: self.chunks(model, rank, shard == Shard::Full)?,
                 optimizer: self.chunks(optimizer, rank, shard != Shard::None)?,
