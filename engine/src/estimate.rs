@@ -18,6 +18,7 @@ use crate::device::{AttnShape, Device, StepPhase};
 use crate::error::{check_host, try_vec, EngineError, Result};
 use crate::memory::{Breakdown, MemoryStats};
 use crate::model::{Batch, Checkpointing, Dropout};
+use crate::parallel::plan;
 use crate::parallel::ranks::Ranks;
 use crate::state::State;
 use serde::{Deserialize, Serialize};
@@ -279,11 +280,19 @@ fn assemble(
 }
 
 /// A step without and with AdamW's moments at rows of `seq` tokens whose MoE layers route as
-/// `cfg.routes` says: what a step that recorded its tokens per expert should have held.
+/// `cfg.routes` says: what a step that recorded its tokens per expert should have held (rank
+/// 0's, on several ranks; [`routed_rank_steps`] gives every rank's).
 pub fn routed_steps(cfg: &EstimateConfig, seq: usize) -> Result<[StepEstimate; 2]> {
+    Ok(routed_rank_steps(cfg, seq)?.swap_remove(0))
+}
+
+/// [`routed_steps`] for every rank, in rank order (one on one device). Recorded routes are a
+/// step's in global micro-batch order; each rank routes the micro-batches it trains, by the
+/// rule the ranks train by ([`plan::micro_batches`]).
+pub fn routed_rank_steps(cfg: &EstimateConfig, seq: usize) -> Result<Vec<[StepEstimate; 2]>> {
     cfg.validate()?;
     let (_, ranks, _) = steps(cfg, seq)?;
-    Ok(ranks[0].clone())
+    Ok(ranks)
 }
 
 /// The parts, each rank's step without and with AdamW's moments at rows of `seq` tokens, and
@@ -353,7 +362,15 @@ fn repeating_steps(cfg: &EstimateConfig, seq: usize) -> Result<Option<Steps>> {
 fn dry_run(cfg: &EstimateConfig, seq: usize, micro_batches: usize) -> Result<Steps> {
     let run = &cfg.run;
     let dev = CountingDevice::new(cfg.like).with_routes(cfg.routes.clone());
-    let devices = dev.ranks(run.parallel.world_size)?;
+    let (world, shard) = (run.parallel.world_size, run.parallel.shard);
+    let devices: Vec<_> = match world {
+        1 => vec![dev.clone()],
+        _ => (dev.ranks(world)?.into_iter().enumerate())
+            .map(|(rank, d)| {
+                d.with_micro_batches(plan::micro_batches(shard, world, rank, micro_batches))
+            })
+            .collect(),
+    };
     let mut ranks = match devices.len() {
         1 => Ranks::single(State::zeros(run, dev.clone())?),
         _ => Ranks::new(run, devices.clone(), None, None)?,
@@ -521,6 +538,7 @@ mod tests {
     use crate::model::loss::LossKind;
     use crate::model::{Family, LlamaConfig};
     use crate::optim::{AdamWConfig, Schedule};
+    use crate::parallel::Shard;
 
     fn config(checkpointing: Checkpointing, precision: Precision) -> EstimateConfig {
         let run = TrainConfig {
@@ -619,6 +637,36 @@ mod tests {
                 balanced < skewed && skewed <= bound,
                 "{policy:?}: {balanced} {skewed} {bound}"
             );
+        }
+    }
+
+    /// Four micro-batches on two ranks, one of them routing every row to experts 0 and 1: the
+    /// rank that trains it (rank 1 of the chain, rank 0 of the ring) peaks above the other.
+    #[test]
+    fn each_rank_routes_the_micro_batches_it_trains() {
+        let mut cfg = config(Checkpointing::None, Precision::Fp32);
+        set_family(&mut cfg, Family::Qwen3Moe);
+        if let Some(moe) = &mut cfg.run.model.moe {
+            moe.moe_intermediate_size = 400;
+        }
+        cfg.run.accumulation = 4;
+        cfg.run.parallel.world_size = 2;
+        let even = [5, 5, 5, 5];
+        let skewed = [10, 10, 0, 0];
+        let layer: Vec<u32> = [even, even, skewed, even].concat();
+        let cfg = cfg.with_routes(Routes::Recorded(vec![vec![], layer.clone(), layer]));
+        for (shard, busy) in [
+            (Shard::None, 1),
+            (Shard::Optimizer, 1),
+            (Shard::Gradients, 0),
+            (Shard::Full, 0),
+        ] {
+            let mut cfg = cfg.clone();
+            cfg.run.parallel.shard = shard;
+            let peaks: Vec<u64> = (routed_rank_steps(&cfg, 5).unwrap().iter())
+                .map(|r| r[1].peak)
+                .collect();
+            assert!(peaks[busy] > peaks[1 - busy], "{shard:?}: {peaks:?}");
         }
     }
 

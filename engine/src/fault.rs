@@ -82,6 +82,12 @@ pub enum Fault {
     /// draws its masks as a generator started at the resume would (trainers that save only rank
     /// 0's random state). Needs dropout and several ranks; the saved state is untouched.
     RngRestoredOnRankZeroOnly,
+    /// A sharded save on several ranks writes each expert's tensors (weights, moments and
+    /// master weights) as rank 0's expert of the same index among the experts its rank would
+    /// own in an expert-parallel layout (`ceil(E / N)` a rank): an expert-parallel checkpoint
+    /// that kept one rank's expert files for every rank. The trainer's state is untouched;
+    /// one rank and gathered saves are unharmed.
+    OnlyRankZeroExpertsSaved,
 }
 
 /// The set of faults a run injects.

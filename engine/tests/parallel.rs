@@ -5,9 +5,9 @@
 
 mod common;
 
-use ckpt_engine::backend::count::Like;
+use ckpt_engine::backend::count::{Like, Routes};
 use ckpt_engine::config::Precision;
-use ckpt_engine::estimate::{estimate, EstimateConfig, StepEstimate};
+use ckpt_engine::estimate::{estimate, routed_rank_steps, EstimateConfig, StepEstimate};
 use ckpt_engine::model::config::MoeConfig;
 use ckpt_engine::model::loss::LossKind;
 use ckpt_engine::model::{Checkpointing, Family};
@@ -43,6 +43,11 @@ fn moe() -> TrainConfig {
     });
     cfg.checkpointing = Checkpointing::Full;
     cfg
+}
+
+/// [`moe`] in `precision`.
+fn moe_in(precision: Precision) -> TrainConfig {
+    TrainConfig { precision, ..moe() }
 }
 
 /// [`dense`] with the LM head tied to the embedding.
@@ -239,6 +244,44 @@ fn each_data_parallel_fault_changes_the_bits_where_it_acts() {
     }
 }
 
+/// `only_rank_zero_experts_saved`: a Qwen3-MoE saved sharded on 4 ranks holds rank 0's expert
+/// (4 experts, one a rank) in every expert's place, weights and moments, so a resume on 2 ranks
+/// starts elsewhere than the saved trainer stood; one rank's save and a gathered save are
+/// untouched, and the saving trainer's own state is too.
+#[test]
+fn only_rank_zero_s_experts_saved_replaces_the_other_ranks_experts() {
+    let mut cfg = moe_in(Precision::Fp32);
+    cfg.dropout = 0.0;
+    let dev = || CpuDevice::new(4, u64::MAX).unwrap();
+    for (world, layout, harmed) in [
+        (1, Checkpoints::Sharded, false),
+        (4, Checkpoints::Gathered, false),
+        (4, Checkpoints::Sharded, true),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut saving = with(&cfg, world, Shard::Full, &[Fault::OnlyRankZeroExpertsSaved]);
+        saving.parallel.checkpoints = layout;
+        let mut t = Trainer::new(saving, dev()).unwrap();
+        t.step().unwrap();
+        let saved = t.state_digest().unwrap();
+        t.save(dir.path(), None).unwrap();
+        assert_eq!(t.state_digest().unwrap(), saved, "the trainer's own state");
+        drop(t);
+        let resumed = Trainer::resume(with(&cfg, 2, Shard::Full, &[]), dev(), dir.path())
+            .unwrap()
+            .state_digest()
+            .unwrap();
+        let at = format!("world {world}, {layout:?}");
+        assert_eq!(resumed.params != saved.params, harmed, "{at}: weights");
+        assert_eq!(
+            resumed.optimizer != saved.optimizer,
+            harmed,
+            "{at}: moments"
+        );
+        assert_eq!(resumed.loader, saved.loader, "{at}: the data");
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(16))]
 
@@ -255,35 +298,48 @@ proptest! {
         vocab in 17usize..41,
         threads in 1usize..5,
         tied_head in any::<bool>(),
+        experts in any::<bool>(),
     ) {
         let precision = if bf16 { Precision::Bf16Mixed } else { Precision::Fp32 };
-        let mut cfg = with(&dense(precision), world, shard, &[]);
+        let base = if experts { moe_in(precision) } else { dense(precision) };
+        let mut cfg = with(&base, world, shard, &[]);
         cfg.model.vocab_size = vocab;
         cfg.model.tie_word_embeddings = tied_head;
         cfg.dropout = 0.0;
-        if full_checkpointing {
-            cfg.checkpointing = Checkpointing::Full;
-        }
+        cfg.checkpointing = match full_checkpointing {
+            true => Checkpointing::Full,
+            false => Checkpointing::None,
+        };
         let cpu = CpuDevice::new(threads, u64::MAX).unwrap();
-        let est = estimate(&EstimateConfig::from_train(&cfg, Like::Cpu { threads: cpu.threads() })).unwrap();
-        let want: Vec<[StepEstimate; 2]> = match est.ranks.is_empty() {
+        let model = EstimateConfig::from_train(&cfg, Like::Cpu { threads: cpu.threads() });
+        let est = estimate(&model).unwrap();
+        let run_wide: Vec<[StepEstimate; 2]> = match est.ranks.is_empty() {
             true => vec![[est.first_step.clone(), est.later_step.clone()]],
             false => est.ranks.clone(),
         };
-        prop_assert_eq!(want.len(), world);
+        prop_assert_eq!(run_wide.len(), world);
         let mut t = Trainer::new(cfg.clone(), cpu).unwrap();
         let trackers: Vec<MemoryTracker> =
             t.ranks().iter().map(|s| s.device().tracker().clone()).collect();
         for step in 0..2 {
             let start: Vec<_> = trackers.iter().map(|t| t.stats().current).collect();
             let stats = t.step().unwrap();
+            // A MoE step is held to each rank's estimate at the routing it recorded.
+            let want = match stats.tokens_per_expert.is_empty() {
+                true => run_wide.clone(),
+                false => {
+                    let routes = Routes::Recorded(stats.tokens_per_expert.clone());
+                    routed_rank_steps(&model.clone().with_routes(routes), cfg.seq_len).unwrap()
+                }
+            };
+            prop_assert_eq!(want.len(), world);
             let got = match stats.rank_memory.is_empty() {
                 true => vec![stats.memory],
                 false => stats.rank_memory,
             };
             for (rank, (got, want)) in got.iter().zip(&want).enumerate() {
                 let want = &want[step];
-                let at = format!("{precision:?}, tied {tied_head}, world {world}, {shard:?}, step {step}, rank {rank}");
+                let at = format!("{precision:?}, experts {experts}, tied {tied_head}, world {world}, {shard:?}, step {step}, rank {rank}");
                 prop_assert_eq!(start[rank], want.start, "{}: start", at);
                 prop_assert_eq!(got.allocated.peak, want.peak, "{}: peak", at);
                 prop_assert_eq!(got.at_peak, want.at_peak, "{}: at the peak", at);
@@ -295,6 +351,64 @@ proptest! {
         t.save_async(dir.path(), None).unwrap();
         prop_assert_eq!(t.staging_bytes(), est.save_staging);
         t.finish_saves().unwrap();
+    }
+}
+
+/// A Qwen3-MoE on 2, 3 and 4 ranks at every stage, in both precisions: each rank's memory in
+/// each step is its estimate at the routing of the micro-batches it trained (which micro-batches
+/// those are depends on the stage), to the byte. Its experts are wide enough that the ranks'
+/// backward passes peak unlike each other, so one rank's estimate would not do for all.
+#[test]
+fn each_rank_of_a_moe_step_holds_its_own_routing_s_estimate() {
+    for precision in [Precision::Fp32, Precision::Bf16Mixed] {
+        for world in [2, 3, 4] {
+            for shard in [Shard::None, Shard::Optimizer, Shard::Gradients, Shard::Full] {
+                let mut cfg = with(&moe_in(precision), world, shard, &[]);
+                cfg.dropout = 0.0;
+                // Rows enough that the busiest expert's differ from rank to rank, and experts
+                // wide enough that its recomputed buffers make a backward pass's peak.
+                (cfg.batch_size, cfg.seq_len) = (2, 16);
+                if let Some(moe) = &mut cfg.model.moe {
+                    moe.moe_intermediate_size = 256;
+                }
+                let cpu = CpuDevice::new(2, u64::MAX).unwrap();
+                let model = EstimateConfig::from_train(
+                    &cfg,
+                    Like::Cpu {
+                        threads: cpu.threads(),
+                    },
+                );
+                let mut t = Trainer::new(cfg.clone(), cpu).unwrap();
+                let trackers: Vec<MemoryTracker> = t
+                    .ranks()
+                    .iter()
+                    .map(|s| s.device().tracker().clone())
+                    .collect();
+                let mut distinct = false;
+                for step in 0..2 {
+                    let start: Vec<_> = trackers.iter().map(|t| t.stats().current).collect();
+                    let stats = t.step().unwrap();
+                    let routes = Routes::Recorded(stats.tokens_per_expert.clone());
+                    let want =
+                        routed_rank_steps(&model.clone().with_routes(routes), cfg.seq_len).unwrap();
+                    assert_eq!(want.len(), world);
+                    let backward = |w: &[StepEstimate; 2]| w[step].phases.backward;
+                    distinct |= want.iter().any(|w| backward(w) != backward(&want[0]));
+                    for (rank, got) in stats.rank_memory.iter().enumerate() {
+                        let want = &want[rank][step];
+                        let at = format!(
+                            "{precision:?}, world {world}, {shard:?}, step {step}, rank {rank}"
+                        );
+                        assert_eq!(start[rank], want.start, "{at}: start");
+                        assert_eq!(got.allocated.peak, want.peak, "{at}: peak");
+                        assert_eq!(got.at_peak, want.at_peak, "{at}: at the peak");
+                        assert_eq!(got.peak_by_category, want.peak_by_category, "{at}");
+                        assert_eq!(got.current, want.end, "{at}: at the end");
+                    }
+                }
+                assert!(distinct, "{precision:?}, world {world}, {shard:?}: the ranks' backward passes peak alike");
+            }
+        }
     }
 }
 

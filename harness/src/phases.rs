@@ -19,7 +19,7 @@ use anyhow::Result;
 use ckpt_engine::backend::count::{Like, Routes};
 use ckpt_engine::checkpoint::step_dir_name;
 use ckpt_engine::data::SampleId;
-use ckpt_engine::estimate::{estimate, routed_steps, EstimateConfig, StepEstimate};
+use ckpt_engine::estimate::{estimate, routed_rank_steps, EstimateConfig, StepEstimate};
 use ckpt_engine::memory::{Breakdown, MemoryTracker, OutOfMemory};
 use ckpt_engine::{Device, EngineError, EnvChange, MemoryStats, StateDigest, StepStats, Trainer};
 use serde::{Deserialize, Deserializer, Serialize};
@@ -694,15 +694,18 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
         };
         let predicted = [false, true].map(|moments| predict(model.step(moments)));
         // A MoE step's expert buffers depend on its routing: its prediction is the model's
-        // step at the tokens per expert it recorded.
-        let routed = |s: &StepStats| -> Result<Option<[PredictedStep; 2]>> {
+        // step at the tokens per expert it recorded, each rank's at its own micro-batches'.
+        let routed = |world: usize, s: &StepStats| -> Result<Vec<[PredictedStep; 2]>> {
             if s.tokens_per_expert.is_empty() {
-                return Ok(None);
+                return Ok(Vec::new());
             }
-            let cfg = EstimateConfig::from_train(&suite.train, like)
+            let cfg = EstimateConfig::from_train(&suite.train_at(world), like)
                 .with_routes(Routes::Recorded(s.tokens_per_expert.clone()));
-            let steps = routed_steps(&cfg, suite.train.seq_len_at(s.step))?;
-            Ok(Some([predict(&steps[0]), predict(&steps[1])]))
+            let ranks = routed_rank_steps(&cfg, suite.train.seq_len_at(s.step))?;
+            Ok(ranks
+                .iter()
+                .map(|[a, b]| [predict(a), predict(b)])
+                .collect())
         };
         let predicted_long = model.long_batch.as_ref().map(|long| {
             (
@@ -790,6 +793,8 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
                         let step_start = Instant::now();
                         match trainer.step() {
                             Ok(s) => {
+                                let mut own = routed(world, &s)?.into_iter();
+                                let predicted = own.next();
                                 let ranks = rank_starts
                                     .iter()
                                     .zip(&s.rank_memory)
@@ -798,11 +803,15 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
                                         start: *start,
                                         staging: if r == 0 { staging } else { 0 },
                                         memory: memory.clone(),
+                                        predicted: match r {
+                                            0 => predicted.clone(),
+                                            _ => own.next(),
+                                        },
                                     })
                                     .collect();
                                 let step = StepRecord {
                                     ranks,
-                                    predicted: routed(&s)?,
+                                    predicted,
                                     tokens_per_expert: s.tokens_per_expert,
                                     step: s.step,
                                     loss: s.loss,

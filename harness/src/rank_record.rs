@@ -4,7 +4,8 @@
 //! of its own); its phase and step figures at the top level are rank 0's. The memory checks
 //! read one rank at a time through [`RunRecord::views`]: the phases at one world size, with
 //! that rank's figures and that rank's memory model in place of rank 0's, so the same check
-//! judges every rank of every world size a trial ran at.
+//! judges every rank of every world size a trial ran at. A MoE step carries each rank's own
+//! prediction, at the routing of the micro-batches that rank trained.
 
 use crate::phases::{PhaseRecord, PredictedStep, RunRecord, Window};
 use ckpt_engine::memory::Breakdown;
@@ -33,6 +34,10 @@ pub struct RankStep {
     pub staging: u64,
     /// The step's memory figures on this rank.
     pub memory: MemoryStats,
+    /// A MoE step's memory model on this rank, at the routing of the micro-batches the rank
+    /// trained (the rank's share of the step's recorded tokens per expert).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub predicted: Option<[PredictedStep; 2]>,
 }
 
 /// The memory model of one rank: what [`RunRecord`]'s run-wide predictions say for one device.
@@ -142,6 +147,7 @@ fn rank_phase(p: &PhaseRecord, rank: usize) -> PhaseRecord {
             s.start = mine.start;
             s.staging = mine.staging;
             s.memory = mine.memory;
+            s.predicted = mine.predicted;
         }
     }
     p.ranks.clear();

@@ -820,9 +820,8 @@ impl Suite {
                 },
                 None => 1,
             } + 1;
-            let moe = model.family.moe();
             let accumulation = t.accumulation.unwrap_or(1);
-            p.validate(path, places, accumulation, resumes, &devices.value, moe)?;
+            p.validate(path, places, accumulation, resumes, &devices.value)?;
         }
         expectations::check(path, places, file)
     }

@@ -3,6 +3,8 @@
 //!
 //! - [`collective`]: how ranks move bytes (never add them): the trait and the in-process group
 //!   CPU ranks use.
+//! - [`experts`]: experts as an expert-parallel layout owns them, for the fault that saves
+//!   rank 0's experts in every rank's place.
 //! - [`plan`]: which rows of each tensor a rank holds (`ceil(d0 / N)` rows, the last shards
 //!   short or empty).
 //! - [`ranks`]: one step over the ranks: the micro-batches of the step split in global order,
@@ -12,6 +14,7 @@
 //! design and why the reduction order does not depend on the world size.
 
 pub mod collective;
+pub mod experts;
 pub mod plan;
 pub mod ranks;
 

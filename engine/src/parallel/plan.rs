@@ -3,7 +3,11 @@
 //! vocabulary that no world size divides is the common case). A rank's rows are a contiguous
 //! range of the tensor's row-major elements, so a shard is a byte range, and element-wise
 //! arithmetic on it (AdamW) gives the bits it gives on the whole tensor.
+//!
+//! It also says which micro-batches of a step each rank trains ([`micro_batches`]): the rule
+//! the ranks train by and the memory model routes each rank's recorded micro-batches by.
 
+use super::Shard;
 use std::ops::Range;
 
 /// The rows of a `d0`-row tensor that `rank` of `world` holds.
@@ -11,6 +15,28 @@ pub fn rows(d0: usize, world: usize, rank: usize) -> Range<usize> {
     let per_rank = d0.div_ceil(world.max(1));
     let start = (rank * per_rank).min(d0);
     start..(start + per_rank).min(d0)
+}
+
+/// The global indices of the micro-batches `rank` of `world` trains out of a step's `total`,
+/// in the order it runs them: a contiguous run under `shard: none` and `optimizer` (the chain
+/// adds whole runs), every `world`-th one from `rank` under `gradients` and `full` (the ring
+/// hands each gradient on after every micro-batch).
+pub fn micro_batches(shard: Shard, world: usize, rank: usize, total: usize) -> Vec<usize> {
+    match shard {
+        Shard::None | Shard::Optimizer => contiguous(world, rank, total),
+        Shard::Gradients | Shard::Full => strided(world, rank, total),
+    }
+}
+
+/// Micro-batches `rank · total / world .. (rank + 1) · total / world` of a step of `total`.
+pub fn contiguous(world: usize, rank: usize, total: usize) -> Vec<usize> {
+    let per_rank = total / world.max(1);
+    (rank * per_rank..(rank + 1) * per_rank).collect()
+}
+
+/// Micro-batches `rank`, `rank + world`, ... of a step of `total`.
+pub fn strided(world: usize, rank: usize, total: usize) -> Vec<usize> {
+    (rank..total).step_by(world.max(1)).collect()
 }
 
 /// The rows `rank` holds of a tensor of `shape` (a 1-D tensor's rows are its elements), and the
@@ -48,6 +74,20 @@ mod tests {
         );
         assert_eq!(rows(2, 4, 3), 2..2);
         assert_eq!(shard_shape(&[10, 3], 2), [2, 3]);
+    }
+
+    #[test]
+    fn the_chain_takes_runs_and_the_ring_takes_every_nth_micro_batch() {
+        let of = |shard| {
+            (0..3)
+                .map(|r| micro_batches(shard, 3, r, 6))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(of(Shard::None), [[0, 1], [2, 3], [4, 5]]);
+        assert_eq!(of(Shard::Optimizer), of(Shard::None));
+        assert_eq!(of(Shard::Gradients), [[0, 3], [1, 4], [2, 5]]);
+        assert_eq!(of(Shard::Full), of(Shard::Gradients));
+        assert_eq!(micro_batches(Shard::Full, 1, 0, 4), [0, 1, 2, 3]);
     }
 
     proptest! {

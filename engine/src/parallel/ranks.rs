@@ -20,7 +20,8 @@
 //!   last micro-batch each rank gets its rows, and the update runs as under `optimizer`.
 
 use super::collective::{thread_group, Collective};
-use super::plan::{shard_of, shard_shape};
+use super::experts;
+use super::plan::{self, shard_of, shard_shape};
 use super::{Checkpoints, Parallel, Shard};
 use crate::checkpoint::{Chunk, Entry, RankChunks, Tensors};
 use crate::config::{Precision, TrainConfig};
@@ -205,7 +206,7 @@ impl<D: Device> Ranks<D> {
             )));
         }
         let (shard, faults, lost_at) = (self.parallel.shard, &self.faults, self.rng_lost_at);
-        let per_rank = batches.len() / world;
+        let (m, per_rank) = (batches.len(), batches.len() / world);
         let results: Vec<Result<(Vec<PassOutput>, f64)>> = std::thread::scope(|s| {
             let handles: Vec<_> = self
                 .states
@@ -214,9 +215,15 @@ impl<D: Device> Ranks<D> {
                 .map(|(state, (comm, gather))| {
                     let rank = comm.rank();
                     let (mine, first) = match shard {
-                        Shard::Gradients | Shard::Full => (strided(batches, world, rank), rank),
-                        _ => (micro_batches(batches, world, rank, faults), rank * per_rank),
+                        Shard::Gradients | Shard::Full => {
+                            (plan::micro_batches(shard, world, rank, m), rank)
+                        }
+                        _ if faults.has(Fault::MicroBatchesStrided) => {
+                            (plan::strided(world, rank, m), rank * per_rank)
+                        }
+                        _ => (plan::micro_batches(shard, world, rank, m), rank * per_rank),
                     };
+                    let mine: Vec<Batch> = mine.into_iter().map(|i| batches[i].clone()).collect();
                     let dropout = match (dropout, lost_at) {
                         (Some(d), Some(at)) if rank > 0 => Some(Dropout {
                             offset: d.offset - at,
@@ -284,13 +291,18 @@ impl<D: Device> Ranks<D> {
 
     /// Each rank's chunk of every checkpoint tensor: its rows of what it holds sharded (as it
     /// holds them), and its rows by the shard plan of what it holds whole, so that the ranks
-    /// write a tensor's rows between them once and nothing is gathered.
+    /// write a tensor's rows between them once and nothing is gathered
+    /// ([`Fault::OnlyRankZeroExpertsSaved`] writes rank 0's experts in the others' place).
     fn checkpoint_chunks(&self) -> Result<Vec<RankChunks<'_>>> {
         let world = self.states.len();
         let shard = self.parallel.shard;
         let mut ranks = Vec::with_capacity(world);
         for (rank, state) in self.states.iter().enumerate() {
-            let (model, optimizer) = state.checkpoint_entries()?;
+            let (mut model, mut optimizer) = state.checkpoint_entries()?;
+            if self.faults.has(Fault::OnlyRankZeroExpertsSaved) {
+                model = experts::as_rank_zero_s(model, world);
+                optimizer = experts::as_rank_zero_s(optimizer, world);
+            }
             ranks.push(RankChunks {
                 model: self.chunks(model, rank, shard == Shard::Full)?,
                 optimizer: self.chunks(optimizer, rank, shard != Shard::None)?,
@@ -386,22 +398,6 @@ fn parameter_of(name: &str) -> &str {
         .iter()
         .find_map(|suffix| name.strip_suffix(suffix))
         .unwrap_or(name)
-}
-
-/// Rank `rank`'s micro-batches of a step: the contiguous run in global order, or with
-/// [`Fault::MicroBatchesStrided`] every `world`-th one.
-fn micro_batches(batches: &[Batch], world: usize, rank: usize, faults: &Faults) -> Vec<Batch> {
-    let per_rank = batches.len() / world;
-    if faults.has(Fault::MicroBatchesStrided) {
-        return strided(batches, world, rank);
-    }
-    batches[rank * per_rank..(rank + 1) * per_rank].to_vec()
-}
-
-/// Micro-batches `rank`, `rank + world`, ... of a step: each rank's under `shard: gradients`,
-/// whose ring passes each gradient on after every micro-batch.
-fn strided(batches: &[Batch], world: usize, rank: usize) -> Vec<Batch> {
-    batches.iter().skip(rank).step_by(world).cloned().collect()
 }
 
 /// The ranks' passes (`by_rank[r]` in the order rank `r` ran them) in global micro-batch

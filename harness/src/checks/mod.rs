@@ -664,6 +664,7 @@ pub(crate) mod fixtures {
                     start: s.start,
                     staging: s.staging,
                     memory: s.memory.clone(),
+                    predicted: s.predicted.clone(),
                 };
                 s.ranks = vec![mine; world];
             }

@@ -92,6 +92,29 @@ mod tests {
         assert_eq!(at, [(Some(1), Some(3))]);
     }
 
+    /// A MoE step on two ranks whose rank 1 routed its micro-batches to busier experts: each
+    /// rank is held to the prediction at its own routing, not rank 0's.
+    #[test]
+    fn a_moe_rank_is_held_to_the_prediction_at_its_own_routing() {
+        let mut r = fixtures::ranked(2);
+        let mut busier = r.predicted.clone();
+        for p in &mut busier {
+            p.peak += 4096;
+        }
+        let s = &mut r.phases[0].steps[3];
+        s.predicted = Some(r.predicted.clone());
+        s.ranks[0].predicted = Some(r.predicted.clone());
+        s.ranks[1].predicted = Some(busier);
+        s.ranks[1].memory.allocated.peak += 4096;
+        let o = check(&r, memory_model::check);
+        assert_eq!(o.status, Status::Passed, "{:?}", o.failures);
+        let s = &mut r.phases[0].steps[3];
+        s.ranks[1].memory.allocated.peak -= 4096;
+        let o = check(&r, memory_model::check);
+        let at: Vec<_> = o.failures.iter().map(|f| (f.rank, f.step)).collect();
+        assert_eq!(at, [(Some(1), Some(3))], "{:?}", o.failures);
+    }
+
     #[test]
     fn each_rank_is_held_to_its_own_budget_and_the_host_once() {
         let mut r = fixtures::ranked(2);

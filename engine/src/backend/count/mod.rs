@@ -140,6 +140,9 @@ pub struct CountingDevice {
     like: Like,
     log: Arc<Mutex<PhaseLog>>,
     routes: Arc<Routes>,
+    /// The global index in the step of the micro-batch each pass trains, in the order the
+    /// passes run (a rank's share of the step); empty: pass `i` trains micro-batch `i`.
+    micro_batches: Arc<[usize]>,
 }
 
 /// A tensor of the counting device: its shape and the lease of its bytes.
@@ -176,12 +179,21 @@ impl CountingDevice {
             like,
             log: Arc::default(),
             routes: Arc::default(),
+            micro_batches: Arc::new([]),
         }
     }
 
     /// The same device routing MoE layers as `routes` says.
     pub fn with_routes(mut self, routes: Routes) -> Self {
         self.routes = Arc::new(routes);
+        self
+    }
+
+    /// The same device training micro-batches `global` of each step (their indices in the
+    /// step, in the order its passes run them): a rank's share, so that each pass routes as
+    /// the micro-batch it stands for recorded.
+    pub fn with_micro_batches(mut self, global: Vec<usize>) -> Self {
+        self.micro_batches = global.into();
         self
     }
 
@@ -308,7 +320,16 @@ impl Device for CountingDevice {
 
     fn route<E: Elem>(&self, logits: &T<E>, spec: RouteSpec) -> Result<Routing> {
         let rows = logits.numel() / spec.experts;
-        let micro_batch = self.log().passes.saturating_sub(1);
+        let pass = self.log().passes.saturating_sub(1);
+        let micro_batch = match self.micro_batches.is_empty() {
+            true => pass,
+            false => self.micro_batches.get(pass).copied().ok_or_else(|| {
+                EngineError::Config(format!(
+                    "pass {pass} of a step on a device that trains {} micro-batches",
+                    self.micro_batches.len()
+                ))
+            })?,
+        };
         Routing::from_counts(rows, &self.routes.counts(rows, spec, micro_batch)?, spec)
     }
 
