@@ -166,7 +166,8 @@ impl fmt::Display for Breakdown {
 pub struct MemoryStats {
     /// Bytes held by live allocations.
     pub allocated: Usage,
-    /// Bytes the device has set aside (equal to `allocated` on the CPU, which caches nothing).
+    /// Bytes the device has set aside (on the CPU equal to `allocated`: the freed large buffers
+    /// its tracker keeps for reuse, never more than its peak less what is live, are not counted).
     pub reserved: Usage,
     /// Bytes held per category now.
     pub current: Breakdown,

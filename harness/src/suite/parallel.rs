@@ -88,7 +88,7 @@ impl ParallelSpec {
         };
         if devices.contains(&DeviceKind::Cuda) {
             bail!(
-                "{at}: parallel asks for {widest} ranks, but ranks run on the CPU only (CUDA ranks are not built yet); write devices: [cpu]"
+                "{at}: parallel asks for {widest} ranks, but ranks run on the CPU only (CUDA ranks have not run on a card yet); write devices: [cpu]"
             );
         }
         Ok(())
