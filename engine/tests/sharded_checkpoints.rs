@@ -58,6 +58,15 @@ fn rewrite_index(dir: &Path, index: &Index) {
     std::fs::write(dir.join(STATE_SUM_FILE), sum).unwrap();
 }
 
+/// `verify`'s verdicts on `dir` that name a problem: `(file, problem)`.
+fn problems(dir: &Path) -> Vec<(String, String)> {
+    let (_, verdicts) = verify(dir).unwrap();
+    verdicts
+        .into_iter()
+        .filter_map(|v| Some((v.name, v.problem?)))
+        .collect()
+}
+
 fn resume_error(cfg: &TrainConfig, run: &Path) -> String {
     match Trainer::resume(cfg.clone(), dev(), run) {
         Ok(_) => panic!("{} resumed", run.display()),
@@ -216,12 +225,8 @@ fn a_chunk_out_of_place_is_refused_naming_its_tensor() {
         e.contains("model.embed_tokens.weight.exp_avg assembled"),
         "{e}"
     );
-    let (_, verdicts) = verify(&dir).unwrap();
-    let bad: Vec<_> = verdicts
-        .iter()
-        .filter_map(|v| Some((&v.name, v.problem.as_ref()?)))
-        .collect();
-    assert_eq!(bad.len(), 1, "{verdicts:?}");
+    let bad = problems(&dir);
+    assert_eq!(bad.len(), 1, "{bad:?}");
     assert_eq!(bad[0].0, SHARDS_FILE);
     assert!(bad[0].1.contains("a chunk is out of place"), "{}", bad[0].1);
 
@@ -247,10 +252,9 @@ fn a_damaged_rank_file_is_refused_naming_it_and_verify_finds_it() {
     let e = resume_error(&sharded, &run);
     assert!(e.contains(&rank_file_name(2, 3)), "{e}");
     assert!(e.contains("checksum mismatch"), "{e}");
-    let (_, verdicts) = verify(&dir).unwrap();
-    let bad: Vec<_> = verdicts.iter().filter(|v| v.problem.is_some()).collect();
-    assert_eq!(bad.len(), 1, "{verdicts:?}");
-    assert_eq!(bad[0].name, rank_file_name(2, 3));
+    let bad = problems(&dir);
+    assert_eq!(bad.len(), 1, "{bad:?}");
+    assert_eq!(bad[0].0, rank_file_name(2, 3));
 }
 
 /// Ranks whose optimizer shards start a row late ([`Fault::ShardBoundaryOffByOne`]) leave a
@@ -396,12 +400,8 @@ fn an_index_claiming_more_than_its_files_hold_is_refused_before_allocating() {
         .unwrap_err()
         .to_string();
     assert!(e.contains(past), "{e}");
-    let (_, verdicts) = verify(&dir).unwrap();
-    let bad: Vec<_> = verdicts
-        .iter()
-        .filter_map(|v| Some((&v.name, v.problem.as_ref()?)))
-        .collect();
-    assert_eq!(bad.len(), 1, "{verdicts:?}");
+    let bad = problems(&dir);
+    assert_eq!(bad.len(), 1, "{bad:?}");
     assert!(bad[0].1.contains(past), "{}", bad[0].1);
 
     let mut overlapping = honest.clone();

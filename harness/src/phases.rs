@@ -630,9 +630,10 @@ fn world_models(
 fn warm_up_steps(suite: &Suite, end: u64) -> u64 {
     let model = &suite.train.model;
     let moe = model.moe.as_ref();
-    match moe.is_some_and(|m| (0..model.num_hidden_layers).any(|l| m.is_moe_layer(l))) {
-        true => end,
-        false => 1,
+    if moe.is_some_and(|m| (0..model.num_hidden_layers).any(|l| m.is_moe_layer(l))) {
+        end
+    } else {
+        1
     }
 }
 

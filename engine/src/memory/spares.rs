@@ -81,7 +81,8 @@ impl Spares {
     pub(crate) fn keep(&self, map: Mapping, tracker: &MemoryTracker) {
         let (current, peak) = tracker.current_and_peak();
         let mut s = self.lock();
-        if s.held + current + map.span as u64 <= peak.saturating_add(map.span as u64) {
+        // `current` still counts the freed tensor's bytes, which the kept mapping takes over.
+        if s.held + current <= peak {
             s.held += map.span as u64;
             s.by_span.entry(map.span).or_default().push(map);
         }
