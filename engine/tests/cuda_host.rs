@@ -118,6 +118,10 @@ fn main() {
             xent::<bf16>(1e-2)
         }),
         trial("optimizer_kernels_match_the_cpu", optimizer),
+        trial(
+            "sum_of_squares_partials_are_the_cpu_s_bit_for_bit",
+            sum_of_squares_partials,
+        ),
     ];
     libtest_mimic::run(&args, trials).exit();
 }
@@ -989,6 +993,49 @@ fn optimizer() -> Outcome {
         let want = grad_norm(&dev, &grads)?;
         if ((norm - want) / want).abs() > 1e-12 {
             return Err(format!("gradient norm {norm} against the CPU's {want}").into());
+        }
+    }
+    Ok(())
+}
+
+/// The gradient norm's partial sums of lists of tensors in one launch each (empty tensors, short
+/// last chunks, a chunk and one element, a list as long as a launch takes), whose values span
+/// forty orders of magnitude so that any other order of addition shows: each chunk's partial is
+/// the CPU's sum of squares of that chunk, bit for bit.
+fn sum_of_squares_partials() -> Outcome {
+    let dev = CpuDevice::new(1, u64::MAX)?;
+    let mut rng = ChaCha8Rng::seed_from_u64(47);
+    let lists: [Vec<usize>; 2] = [
+        vec![0, 1, 4095, 4096, 4097, 3 * 4096 + 5, 0, 37, 70_001],
+        (1..=64).map(|i| i * 97).collect(),
+    ];
+    for lengths in lists {
+        let tensors: Vec<Vec<f32>> = lengths
+            .iter()
+            .map(|&n| {
+                (0..n)
+                    .map(|_| rng.random_range(-2.0f32..2.0) * 10f32.powi(rng.random_range(-20..20)))
+                    .collect()
+            })
+            .collect();
+        let listed = lengths.iter().map(usize::to_string).collect::<Vec<_>>();
+        let args = ["4096".to_string(), listed.join(",")];
+        let inputs: Vec<&[u8]> = tensors.iter().map(|t| bytemuck::cast_slice(t)).collect();
+        let bytes = run_driver(
+            &driver()?,
+            "sumsq",
+            &command::<f32>("sumsq", &args),
+            &inputs,
+        )?;
+        let chunks: Vec<&[f32]> = tensors.iter().flat_map(|t| t.chunks(4096)).collect();
+        let partial: Vec<f64> = split(&mut bytes.as_slice(), chunks.len());
+        for (i, (chunk, got)) in chunks.iter().zip(&partial).enumerate() {
+            let want = dev.sum_squares(&on_cpu(&dev, chunk))?;
+            if got.to_bits() != want.to_bits() {
+                return Err(
+                    format!("lengths {lengths:?}: chunk {i}: {got:e}, the CPU's {want:e}").into(),
+                );
+            }
         }
     }
     Ok(())

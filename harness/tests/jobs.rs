@@ -150,3 +150,35 @@ fn the_nightly_job_puts_its_benchmarks_figures_in_its_summary() {
     let run_command = nightly[run.unwrap()..=run.unwrap() + continued].join(" ");
     assert!(run_command.contains("\"${run_args[@]}\""), "{run_command}");
 }
+
+/// CI compiles the CUDA kernels with the NVRTC its Python environment brings, and runs that
+/// trial even where it would be ignored, so a missing NVRTC fails CI instead of skipping it.
+#[test]
+fn ci_compiles_the_cuda_kernels_with_nvrtc() {
+    let ci = commands(".ci/run");
+    let compile = ci
+        .iter()
+        .position(|l| l.contains("cargo test -p ckpt-engine --test cuda"))
+        .unwrap_or_else(|| panic!("CI does not run the CUDA test binary: {ci:?}"));
+    let call = ci[compile..=compile + 1].join(" ");
+    for part in [
+        "LD_LIBRARY_PATH=",
+        "nvrtc_compiles_the_kernels",
+        "--include-ignored",
+    ] {
+        assert!(call.contains(part), "{part} missing from {call}");
+    }
+    let venv = ci
+        .iter()
+        .position(|l| l.contains("scripts/requirements-ci.txt"))
+        .unwrap();
+    assert!(
+        venv < compile,
+        "NVRTC is compiled with before it is installed"
+    );
+    let requirements = std::fs::read_to_string(root().join("scripts/requirements-ci.txt")).unwrap();
+    assert!(
+        requirements.contains("nvidia-cuda-nvrtc=="),
+        "NVRTC is not pinned"
+    );
+}

@@ -19,6 +19,8 @@
 //     IN: table, ids (u32), dout; OUT: the rows of table, dtable (f32, from zeros)
 //   driver xent ELEM ROWS VOCAB SCALE IN OUT
 //     IN: logits, labels (i64); OUT: the logits' gradient, row losses (f32)
+//   driver sumsq f32 CHUNK LENGTHS IN OUT
+//     IN: tensors of the comma-separated LENGTHS; OUT: their sum-of-squares partials (f64)
 //   driver optimizer f32 N CHUNK DECAY ONE_MINUS_B1 B2 ONE_MINUS_B2 EPS STEP_SIZE BC2_SQRT IN OUT
 //     IN: p, g, m, v; OUT: p, m, v after AdamW, sum-of-squares partials of g (f64), bf16 of p,
 //     g scaled by 0.375 (clipping)
@@ -280,7 +282,12 @@ void optimizer(char** a) {
     std::vector<double> partial(chunks);
     std::vector<bf16> half(n);
     launch({blocks_of(n), 1, 1}, THREADS, 0, [&] { adamw(p.data(), g.data(), m.data(), v.data(), n, args); });
-    launch({blocks_of(chunks), 1, 1}, THREADS, 0, [&] { sumsq_chunks(g.data(), partial.data(), n, chunk); });
+    SumsqList one{};
+    one.x[0] = g.data();
+    one.n[0] = n;
+    one.first[1] = chunks;
+    one.count = 1;
+    launch({blocks_of(chunks), 1, 1}, THREADS, 0, [&] { sumsq_chunks(one, partial.data(), chunk); });
     launch({blocks_of(n), 1, 1}, THREADS, 0, [&] { f32_to_bf16(p.data(), half.data(), n); });
     launch({blocks_of(n), 1, 1}, THREADS, 0, [&] { scale_f32(g.data(), n, 0.375f); });
     Writer w{std::ofstream(a[10], std::ios::binary)};
@@ -290,6 +297,32 @@ void optimizer(char** a) {
     w.write(partial);
     w.write(half);
     w.write(g);
+}
+
+// The sum-of-squares partials of tensors of the comma-separated LENGTHS, in one list.
+void sumsq(char** a) {
+    size_t chunk = std::stoull(a[0]);
+    std::vector<size_t> lengths;
+    for (std::string rest = a[1]; !rest.empty();) {
+        size_t comma = rest.find(',');
+        lengths.push_back(std::stoull(rest.substr(0, comma)));
+        rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
+    }
+    if (lengths.size() > SUMSQ_TENSORS) throw std::runtime_error("more tensors than one list holds");
+    Reader r{std::ifstream(a[2], std::ios::binary)};
+    std::vector<std::vector<float>> xs;
+    SumsqList list{};
+    for (size_t t = 0; t < lengths.size(); ++t) {
+        xs.push_back(r.read<float>(lengths[t]));
+        list.n[t] = lengths[t];
+        list.first[t + 1] = list.first[t] + (lengths[t] + chunk - 1) / chunk;
+    }
+    for (size_t t = 0; t < lengths.size(); ++t) list.x[t] = xs[t].data();
+    list.count = (unsigned)lengths.size();
+    std::vector<double> partial(list.first[list.count]);
+    launch({blocks_of(partial.size()), 1, 1}, THREADS, 0, [&] { sumsq_chunks(list, partial.data(), chunk); });
+    Writer w{std::ofstream(a[3], std::ios::binary)};
+    w.write(partial);
 }
 
 int main(int argc, char** argv) {
@@ -315,6 +348,8 @@ int main(int argc, char** argv) {
             elem == "bf16" ? embedding<bf16>(argv + 3) : embedding<float>(argv + 3);
         } else if (cmd == "xent" && argc == 8) {
             elem == "bf16" ? xent_rows<bf16>(argv + 3) : xent_rows<float>(argv + 3);
+        } else if (cmd == "sumsq" && elem == "f32" && argc == 7) {
+            sumsq(argv + 3);
         } else if (cmd == "optimizer" && elem == "f32" && argc == 14) {
             optimizer(argv + 3);
         } else {

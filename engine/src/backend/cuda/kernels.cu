@@ -913,8 +913,14 @@ __device__ void attn_tc_dkv(const bf16* q, const bf16* k, const bf16* v, const b
 }
 #endif
 
+// Elements of a row each thread of `xent` reads before it uses them: loads in flight, so that
+// a block's reads of its row keep the memory busy.
+#define XENT_UNROLL 8
+
 // One row of logits per block, replaced by scale * (softmax - onehot(label)); row_loss gets
-// logsumexp - logit[label]. An ignored row (label -100) becomes zeros and loss 0.
+// logsumexp - logit[label]. An ignored row (label -100) becomes zeros and loss 0. Thread t
+// reads elements t, t + BLOCK, ... of the row, XENT_UNROLL of them at a time; it adds their
+// exponentials in that order, the order of the plain loop.
 template <typename T>
 __device__ void xent(T* logits, const long long* labels, float* row_loss, u32 vocab, float scale) {
     __shared__ float sh[BLOCK];
@@ -926,15 +932,34 @@ __device__ void xent(T* logits, const long long* labels, float* row_loss, u32 vo
         if (threadIdx.x == 0) row_loss[row] = 0.0f;
         return;
     }
+    const u32 step = BLOCK * XENT_UNROLL;
     float logit = widen(x[label]);
     float mx = -__int_as_float(0x7f800000);
-    for (u32 j = threadIdx.x; j < vocab; j += BLOCK) mx = fmaxf(mx, widen(x[j]));
+    float v[XENT_UNROLL];
+    for (u32 j0 = threadIdx.x; j0 < vocab; j0 += step) {
+#pragma unroll
+        for (u32 u = 0; u < XENT_UNROLL; ++u) v[u] = j0 + u * BLOCK < vocab ? widen(x[j0 + u * BLOCK]) : mx;
+#pragma unroll
+        for (u32 u = 0; u < XENT_UNROLL; ++u) mx = fmaxf(mx, v[u]);
+    }
     mx = block_max(mx, sh);
     float sum = 0.0f;
-    for (u32 j = threadIdx.x; j < vocab; j += BLOCK) sum += cpu_exp(widen(x[j]) - mx);
+    for (u32 j0 = threadIdx.x; j0 < vocab; j0 += step) {
+#pragma unroll
+        for (u32 u = 0; u < XENT_UNROLL; ++u) v[u] = j0 + u * BLOCK < vocab ? widen(x[j0 + u * BLOCK]) : 0.0f;
+#pragma unroll
+        for (u32 u = 0; u < XENT_UNROLL; ++u)
+            if (j0 + u * BLOCK < vocab) sum += cpu_exp(v[u] - mx);
+    }
     sum = block_sum(sum, sh);
     float lse = mx + logf(sum);
-    for (u32 j = threadIdx.x; j < vocab; j += BLOCK) x[j] = narrow<T>(scale * cpu_exp(widen(x[j]) - lse));
+    for (u32 j0 = threadIdx.x; j0 < vocab; j0 += step) {
+#pragma unroll
+        for (u32 u = 0; u < XENT_UNROLL; ++u) v[u] = j0 + u * BLOCK < vocab ? widen(x[j0 + u * BLOCK]) : 0.0f;
+#pragma unroll
+        for (u32 u = 0; u < XENT_UNROLL; ++u)
+            if (j0 + u * BLOCK < vocab) x[j0 + u * BLOCK] = narrow<T>(scale * cpu_exp(v[u] - lse));
+    }
     __syncthreads();
     if (threadIdx.x == 0) {
         x[label] = narrow<T>(scale * (cpu_exp(logit - lse) - 1.0f));
@@ -1073,15 +1098,54 @@ extern "C" __global__ void adamw(float* p, const float* g, float* m, float* v, u
     v[i] = vi;
 }
 
-// partial[c] = sum of x^2 (in f64, in order) over chunk c of `chunk` elements: the CPU's partials.
-extern "C" __global__ void sumsq_chunks(const float* x, double* partial, u64 n, u64 chunk) {
+// The gradient norm's partial sums of up to SUMSQ_TENSORS tensors in one launch. The list's
+// chunks are numbered across its tensors (tensor t's are first[t] .. first[t + 1]); partial[c] =
+// the sum of x^2 (in f64, in order) over chunk c's `chunk` elements: the CPU's partials. The
+// threads of a block take consecutive chunks and stage SUMSQ_TILE elements of each at a time
+// in shared memory, a warp loading one chunk's tile per instruction (coalesced), then each adds
+// its own chunk's in order. Elements past a tensor's end load as +0: their squares add nothing
+// to a sum of squares, which starts at +0, so the bits are those of the plain loop.
+#define SUMSQ_TENSORS 64
+#define SUMSQ_TILE 32
+struct SumsqList {
+    const float* x[SUMSQ_TENSORS];
+    u64 n[SUMSQ_TENSORS];
+    u64 first[SUMSQ_TENSORS + 1];
+    u32 count;
+};
+
+extern "C" __global__ void sumsq_chunks(SumsqList l, double* partial, u64 chunk) {
+    __shared__ float tile[BLOCK][SUMSQ_TILE + 1];
+    __shared__ const float* base[BLOCK];
+    __shared__ u64 len[BLOCK];
     u64 c = global_index();
-    u64 start = c * chunk;
-    if (start >= n) return;
-    u64 end = start + chunk < n ? start + chunk : n;
+    const float* mine = nullptr;
+    u64 m = 0;
+    if (c < l.first[l.count]) {
+        u32 t = 0;
+        while (c >= l.first[t + 1]) ++t;
+        u64 start = (c - l.first[t]) * chunk;
+        mine = l.x[t] + start;
+        m = l.n[t] - start < chunk ? l.n[t] - start : chunk;
+    }
+    base[threadIdx.x] = mine;
+    len[threadIdx.x] = m;
+    __syncthreads();
+    u32 lane = threadIdx.x % 32;
     double s = 0.0;
-    for (u64 i = start; i < end; ++i) s += (double)x[i] * (double)x[i];
-    partial[c] = s;
+    for (u64 at = 0; at < chunk; at += SUMSQ_TILE) {
+        for (u32 r = threadIdx.x / 32; r < BLOCK; r += BLOCK / 32) {
+            u64 i = at + lane;
+            tile[r][lane] = i < len[r] ? base[r][i] : 0.0f;
+        }
+        __syncthreads();
+        for (u32 k = 0; k < SUMSQ_TILE; ++k) {
+            double v = tile[threadIdx.x][k];
+            s += v * v;
+        }
+        __syncthreads();
+    }
+    if (m > 0) partial[c] = s;
 }
 
 extern "C" __global__ void scale_f32(float* x, u64 n, float coef) {

@@ -68,6 +68,40 @@ pub(crate) fn norm_partials_bytes(numels: impl Iterator<Item = usize>) -> u64 {
     numels.map(|n| n.div_ceil(CHUNK) as u64 * 8).sum()
 }
 
+/// Tensors in one launch of `sumsq_chunks` (`SUMSQ_TENSORS` in kernels.cu).
+const SUMSQ_TENSORS: usize = 64;
+
+/// The tensors of one launch of `sumsq_chunks`, laid out as its `SumsqList`: their addresses
+/// and lengths, and where each one's chunks start in the launch's numbering of them.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct SumsqList {
+    x: [u64; SUMSQ_TENSORS],
+    n: [u64; SUMSQ_TENSORS],
+    first: [u64; SUMSQ_TENSORS + 1],
+    count: u32,
+}
+
+impl SumsqList {
+    /// The list of `tensors` (at most [`SUMSQ_TENSORS`]) and how many chunks they have in all.
+    fn of(tensors: &[&CudaTensor<f32>]) -> (Self, usize) {
+        let mut list = SumsqList {
+            x: [0; SUMSQ_TENSORS],
+            n: [0; SUMSQ_TENSORS],
+            first: [0; SUMSQ_TENSORS + 1],
+            count: tensors.len() as u32,
+        };
+        let mut chunks = 0;
+        for (i, t) in tensors.iter().enumerate() {
+            list.x[i] = t.ptr();
+            list.n[i] = t.numel() as u64;
+            chunks += t.numel().div_ceil(CHUNK);
+            list.first[i + 1] = chunks as u64;
+        }
+        (list, chunks)
+    }
+}
+
 /// The rotary tables on the device (counted as params).
 pub struct RopeTables {
     cos: Buffer,
@@ -106,6 +140,22 @@ impl CudaDevice {
     /// Launches an element-wise kernel over `n` elements.
     fn each(&self, name: &str, n: usize, args: &mut [*mut c_void]) -> Result<()> {
         self.launch(name, blocks(n)?, BLOCK, 0, args)
+    }
+
+    /// Every chunk's f64 sum of squares of `tensors`, in order: one partial per [`CHUNK`]
+    /// elements of each tensor, in a workspace of [`norm_partials_bytes`] (as the counting
+    /// device leases it), summed by `sumsq_chunks` in launches of [`SUMSQ_TENSORS`] tensors.
+    fn sum_squares_partials(&self, tensors: &[&CudaTensor<f32>]) -> Result<Vec<f64>> {
+        let numels = tensors.iter().map(|t| t.numel());
+        let partial = self.alloc(norm_partials_bytes(numels) as usize, Category::Workspace)?;
+        let mut at = partial.ptr();
+        for group in tensors.chunks(SUMSQ_TENSORS) {
+            let (list, chunks) = SumsqList::of(group);
+            let c = CHUNK as u64;
+            self.each("sumsq_chunks", chunks, args![list, at, c])?;
+            at += chunks as u64 * 8;
+        }
+        Ok(from_bytes(&self.download_bytes(&partial)?))
     }
 
     /// The rows the tensor-core attention kernels stream at a time for `s`, where they run:
@@ -602,36 +652,16 @@ impl Device for CudaDevice {
     }
 
     fn sum_squares(&self, t: &CudaTensor<f32>) -> Result<f64> {
-        let bytes = norm_partials_bytes(std::iter::once(t.numel()));
-        let partial = self.alloc(bytes as usize, Category::Workspace)?;
-        let (x, out, n, c) = (t.ptr(), partial.ptr(), t.numel() as u64, CHUNK as u64);
-        self.each(
-            "sumsq_chunks",
-            t.numel().div_ceil(CHUNK),
-            args![x, out, n, c],
-        )?;
-        let partial: Vec<f64> = from_bytes(&self.download_bytes(&partial)?);
+        let partial = self.sum_squares_partials(&[t])?;
         Ok(partial.iter().sum::<f64>())
     }
 
     fn norm(&self, tensors: &[&CudaTensor<f32>]) -> Result<f64> {
-        let numels = || tensors.iter().map(|t| t.numel());
-        let partial = self.alloc(norm_partials_bytes(numels()) as usize, Category::Workspace)?;
-        let mut at = partial.ptr();
-        for g in tensors {
-            let (x, out, n, c) = (g.ptr(), at, g.numel() as u64, CHUNK as u64);
-            self.each(
-                "sumsq_chunks",
-                g.numel().div_ceil(CHUNK),
-                args![x, out, n, c],
-            )?;
-            at += norm_partials_bytes(std::iter::once(g.numel()));
-        }
-        let partial: Vec<f64> = from_bytes(&self.download_bytes(&partial)?);
+        let partial = self.sum_squares_partials(tensors)?;
         let mut total = 0.0f64;
         let mut rest = partial.as_slice();
-        for n in numels() {
-            let (mine, tail) = rest.split_at(n.div_ceil(CHUNK));
+        for g in tensors {
+            let (mine, tail) = rest.split_at(g.numel().div_ceil(CHUNK));
             total += mine.iter().sum::<f64>();
             rest = tail;
         }
