@@ -26,13 +26,18 @@ pub trait Collective: Send {
     /// The next message rank `from` sent to this rank.
     fn recv(&self, from: usize) -> Result<Vec<u8>>;
 
-    /// Rank `root`'s `bytes`, on every rank (the other ranks' `bytes` are not read).
+    /// Rank `root`'s `bytes`, on every rank (the other ranks' `bytes` are not read). They travel
+    /// a relay, `root` to `root + 1` and on around the ranks, each rank handing on what it got:
+    /// every rank sends the message at most once, where the root sending it to each rank would
+    /// send it `N − 1` times.
     fn broadcast(&self, root: usize, bytes: Vec<u8>) -> Result<Vec<u8>> {
-        if self.rank() != root {
-            return self.recv(root);
-        }
-        for to in (0..self.world_size()).filter(|&r| r != root) {
-            self.send(to, bytes.clone())?;
+        let (rank, world) = (self.rank(), self.world_size());
+        let bytes = match rank == root {
+            true => bytes,
+            false => self.recv((rank + world - 1) % world)?,
+        };
+        if (rank + 1) % world != root {
+            self.send((rank + 1) % world, bytes.clone())?;
         }
         Ok(bytes)
     }
@@ -151,6 +156,50 @@ mod tests {
                 assert_eq!(gathered, want);
                 assert_eq!(root, vec![world as u8 - 1, 7]);
                 assert_eq!(sum, (0..world as u64).map(|r| 10 + r).sum::<u64>());
+            }
+        }
+    }
+
+    /// A rank that counts the messages it sends.
+    struct Counted {
+        inner: ThreadRank,
+        sent: std::cell::Cell<usize>,
+    }
+
+    impl Collective for Counted {
+        fn rank(&self) -> usize {
+            self.inner.rank()
+        }
+        fn world_size(&self) -> usize {
+            self.inner.world_size()
+        }
+        fn send(&self, to: usize, bytes: Vec<u8>) -> Result<()> {
+            self.sent.set(self.sent.get() + 1);
+            self.inner.send(to, bytes)
+        }
+        fn recv(&self, from: usize) -> Result<Vec<u8>> {
+            self.inner.recv(from)
+        }
+    }
+
+    #[test]
+    fn a_broadcast_reaches_every_rank_and_no_rank_sends_it_twice() {
+        for world in 1..=5 {
+            for root in 0..world {
+                let out = run(world, |inner| {
+                    let c = Counted {
+                        inner,
+                        sent: 0.into(),
+                    };
+                    let got = c.broadcast(root, vec![c.rank() as u8; 3]).unwrap();
+                    (got, c.sent.get())
+                });
+                for (got, sent) in &out {
+                    assert_eq!(got, &vec![root as u8; 3], "world {world}, root {root}");
+                    assert!(*sent <= 1, "world {world}, root {root}: a rank sent {sent}");
+                }
+                let sent: usize = out.iter().map(|(_, n)| n).sum();
+                assert_eq!(sent, world - 1, "world {world}, root {root}");
             }
         }
     }
