@@ -182,3 +182,22 @@ fn ci_compiles_the_cuda_kernels_with_nvrtc() {
         "NVRTC is not pinned"
     );
 }
+
+/// The nightly workflow fails on a regression, against the last night that passed: a
+/// regression neither turns green by itself the next night nor passes as a drift of nights each
+/// under the threshold after a red one.
+#[test]
+fn the_nightly_workflow_fails_on_a_regression_against_the_last_green_night() {
+    let workflow = commands(".github/workflows/nightly.yml");
+    let line = |part: &str| workflow.iter().position(|l| l.contains(part));
+    let listed = line("gh run list").unwrap_or_else(|| panic!("{workflow:?}"));
+    let listing = workflow[listed..(listed + 3).min(workflow.len())].join(" ");
+    assert!(listing.contains("--status success"), "{listing}");
+    let args = line("args=(").map(|i| &workflow[i]);
+    assert!(
+        args.is_some_and(|l| l.contains("--fail-on-regression")),
+        "{args:?}"
+    );
+    let nightly = line("scripts/nightly.sh \"${args[@]}\"");
+    assert!(nightly > line("args=("), "{workflow:?}");
+}
