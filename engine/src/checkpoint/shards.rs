@@ -465,7 +465,12 @@ pub fn regions<'w>(tensor: &TensorIndex, whole: &'w mut [u8]) -> Vec<(String, u6
 /// Fails unless `whole`, assembled from `tensor`'s chunks, has the whole tensor's hash: a chunk
 /// read into the wrong place, or the wrong chunk, is named here.
 pub fn check_whole(index_path: &Path, tensor: &TensorIndex, whole: &[u8]) -> Result<()> {
-    let found = xxh3_hex(&[whole]);
+    check_found(index_path, tensor, &xxh3_hex(&[whole]))
+}
+
+/// Fails unless `found`, the hex XXH3-128 of `tensor` assembled from its chunks, is the whole
+/// tensor's hash.
+pub fn check_found(index_path: &Path, tensor: &TensorIndex, found: &str) -> Result<()> {
     if found == tensor.xxh3_128 {
         return Ok(());
     }

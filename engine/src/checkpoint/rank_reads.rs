@@ -1,0 +1,314 @@
+//! Loading a sharded checkpoint onto several ranks, each rank reading only its rows. A rank
+//! reads, of every chunk that overlaps the rows it holds of a tensor, the overlapping byte
+//! range, straight into its own tensor; a chunk that lies whole inside those rows is checked
+//! against its hash as it arrives. Once every rank holds its rows, each tensor is streamed
+//! through its whole hash in row order, taking each row from the first rank that holds it
+//! (rows no rank holds are read from the files for it), and the chunks that straddle two ranks'
+//! rows through theirs: a damaged chunk names its file and bytes, and a chunk read into the
+//! wrong place fails the whole hash although every chunk is intact. No rank ever holds a whole
+//! tensor it does not keep.
+
+use super::load::{match_spec, open, LoadRequest, EARLIER};
+use super::shards::{self, read_index, TensorIndex};
+use super::state::TrainerState;
+use crate::error::{EngineError, Result};
+use crate::model::param_specs;
+use crate::parallel::source::{Placed, RowSource, Which};
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use xxhash_rust::xxh3::Xxh3Default;
+
+/// Bytes read, and hashed, at a time.
+const PIECE: usize = 1 << 20;
+
+/// A sharded checkpoint opened for the ranks to read their rows from (see the module's header).
+pub struct RankReads {
+    /// The trainer state.
+    pub state: TrainerState,
+    /// The ranks that saved it.
+    pub saved_world_size: usize,
+    /// Whether the ranks resume with AdamW moments: the optimizer took a step, and the
+    /// checkpoint holds them or a fresh start without them was asked for.
+    pub moments: bool,
+    dir: PathBuf,
+    index_path: PathBuf,
+    files: BTreeMap<String, File>,
+    /// The tensors the ranks read, by `(which, param)`.
+    tensors: BTreeMap<(Which, usize), Read>,
+}
+
+/// One whole tensor the ranks read, and which of its chunks a rank has checked whole.
+struct Read {
+    tensor: TensorIndex,
+    checked: Vec<AtomicBool>,
+}
+
+impl RankReads {
+    /// Opens the checkpoint at `dir` (a checkpoint or a run directory) as `load` checks it up to
+    /// its tensors, and its index (checksum, tiling, files); `None` when it is not sharded.
+    pub fn open(dir: &Path, req: &LoadRequest<'_>) -> Result<Option<Self>> {
+        let opened = open(dir, req)?;
+        if !opened.sharded {
+            return Ok(None);
+        }
+        let (dir, state) = (opened.dir, opened.state);
+        let index = read_index(&dir, &state.files, EARLIER)?;
+        let index_path = dir.join(super::SHARDS_FILE);
+        let specs = param_specs(req.config);
+        let (master_list, suffix) = if req.master_in_optimizer {
+            (&index.optimizer, ".master")
+        } else {
+            (&index.model, "")
+        };
+        let find = |list: &[TensorIndex], name: String, spec| {
+            let found = list
+                .iter()
+                .find(|t| t.name == name)
+                .ok_or_else(|| format!("tensor {name} is missing"))
+                .and_then(|t| match_spec(&name, &t.shape, t.dtype, spec).map(|()| t.clone()));
+            found.map_err(|m| EngineError::bad_file(&index_path, m))
+        };
+        let has_moments = specs.first().is_some_and(|s| {
+            let name = format!("{}.exp_avg", s.name);
+            index.optimizer.iter().any(|t| t.name == name)
+        });
+        let moments = state.optimizer_step > 0;
+        if moments && !has_moments && !req.fresh_moments_if_missing {
+            return Err(EngineError::bad_file(
+                &index_path,
+                format!(
+                    "holds no AdamW moments although the optimizer took {} steps; the checkpoint is incomplete; resume from a checkpoint saved with its moments",
+                    state.optimizer_step
+                ),
+            ));
+        }
+        let mut tensors = BTreeMap::new();
+        for (i, spec) in specs.iter().enumerate() {
+            let mut wanted = vec![(
+                Which::Master,
+                find(master_list, format!("{}{suffix}", spec.name), spec)?,
+            )];
+            if moments && has_moments {
+                for (which, name) in [(Which::ExpAvg, "exp_avg"), (Which::ExpAvgSq, "exp_avg_sq")] {
+                    let name = format!("{}.{name}", spec.name);
+                    wanted.push((which, find(&index.optimizer, name, spec)?));
+                }
+            }
+            for (which, tensor) in wanted {
+                let checked = tensor
+                    .chunks
+                    .iter()
+                    .map(|_| AtomicBool::new(false))
+                    .collect();
+                tensors.insert((which, i), Read { tensor, checked });
+            }
+        }
+        let mut files = BTreeMap::new();
+        for read in tensors.values() {
+            for chunk in &read.tensor.chunks {
+                if !files.contains_key(&chunk.file) {
+                    let path = dir.join(&chunk.file);
+                    let (file, _) =
+                        crate::regular_file::open(&path, super::files::CHECKPOINT_FILE)?;
+                    files.insert(chunk.file.clone(), file);
+                }
+            }
+        }
+        Ok(Some(RankReads {
+            saved_world_size: index.world_size,
+            state,
+            moments,
+            dir,
+            index_path,
+            files,
+            tensors,
+        }))
+    }
+
+    /// Checks every tensor the ranks read against its whole hash, and the chunks no rank read
+    /// whole against theirs, from the rows the ranks hold: `placed(which, param)` gives each
+    /// rank's rows of that tensor and their bytes, in rank order.
+    pub fn check_placed<'p>(
+        &self,
+        mut placed: impl FnMut(Which, usize) -> Result<Placed<'p>>,
+    ) -> Result<()> {
+        for (&(which, param), read) in &self.tensors {
+            let pieces = placed(which, param)?;
+            self.check_whole(read, &pieces)?;
+        }
+        Ok(())
+    }
+
+    /// Streams `read`'s tensor in row order through its whole hash and the hashes of its chunks
+    /// no rank checked, each row from the first of `pieces` that holds it, or from the files.
+    fn check_whole(&self, read: &Read, pieces: &Placed<'_>) -> Result<()> {
+        let tensor = &read.tensor;
+        let row = row_bytes(tensor);
+        let rows = tensor.shape.first().copied().unwrap_or(1);
+        let mut stream = Stream {
+            whole: Xxh3Default::new(),
+            chunks: tensor
+                .chunks
+                .iter()
+                .zip(&read.checked)
+                .map(|(c, done)| {
+                    let start = c.offsets.first().copied().unwrap_or(0);
+                    let hasher = (!done.load(Ordering::Relaxed)).then(Xxh3Default::new);
+                    (start..start + c.sizes.first().copied().unwrap_or(0), hasher)
+                })
+                .collect(),
+            row,
+        };
+        let mut next = 0;
+        let mut gap = Vec::new();
+        for (held, bytes) in pieces {
+            if held.end <= next {
+                continue;
+            }
+            if held.start > next {
+                gap.resize((held.start - next) * row, 0);
+                self.read_into(read, next..held.start, &mut gap)?;
+                stream.feed(next, &gap);
+                next = held.start;
+            }
+            stream.feed(next, &bytes[(next - held.start) * row..]);
+            next = held.end;
+        }
+        if next < rows {
+            gap.resize((rows - next) * row, 0);
+            self.read_into(read, next..rows, &mut gap)?;
+            stream.feed(next, &gap);
+        }
+        for ((_, hasher), chunk) in stream.chunks.iter().zip(&tensor.chunks) {
+            if let Some(h) = hasher {
+                if format!("{:032x}", h.digest128()) != chunk.xxh3_128 {
+                    return Err(self.damaged(tensor, chunk));
+                }
+            }
+        }
+        let found = format!("{:032x}", stream.whole.digest128());
+        shards::check_found(&self.index_path, tensor, &found)
+    }
+
+    /// Reads rows `rows` of `read`'s tensor into `dst` (exactly those rows), checking each chunk
+    /// that lies whole inside them against its hash.
+    fn read_into(&self, read: &Read, rows: Range<usize>, dst: &mut [u8]) -> Result<()> {
+        let tensor = &read.tensor;
+        let row = row_bytes(tensor);
+        for (chunk, checked) in tensor.chunks.iter().zip(&read.checked) {
+            let start = chunk.offsets.first().copied().unwrap_or(0);
+            let held = start..start + chunk.sizes.first().copied().unwrap_or(0);
+            let (from, to) = (held.start.max(rows.start), held.end.min(rows.end));
+            if from >= to {
+                continue;
+            }
+            let whole = from == held.start && to == held.end;
+            let mut hasher = whole.then(Xxh3Default::new);
+            let at = chunk.byte_range[0] + ((from - held.start) * row) as u64;
+            let into = &mut dst[(from - rows.start) * row..(to - rows.start) * row];
+            let path = self.dir.join(&chunk.file);
+            let file = &self.files[&chunk.file];
+            let mut offset = at;
+            for piece in into.chunks_mut(PIECE) {
+                read_at(file, &path, offset, piece)?;
+                if let Some(h) = &mut hasher {
+                    h.update(piece);
+                }
+                offset += piece.len() as u64;
+            }
+            if let Some(h) = hasher {
+                if format!("{:032x}", h.digest128()) != chunk.xxh3_128 {
+                    return Err(self.damaged(tensor, chunk));
+                }
+                checked.store(true, Ordering::Relaxed);
+            }
+        }
+        Ok(())
+    }
+
+    /// The error for `chunk` of `tensor`, whose bytes do not match its hash.
+    fn damaged(&self, tensor: &TensorIndex, chunk: &shards::ChunkIndex) -> EngineError {
+        let [begin, end] = chunk.byte_range;
+        let start = chunk.offsets.first().copied().unwrap_or(0);
+        EngineError::bad_file(
+            self.dir.join(&chunk.file),
+            format!(
+                "checksum mismatch: the chunk of {} (rows {start}..{}) at bytes {begin}..{end} does not match its hash: the file changed after it was written (corruption?); restore it or {EARLIER}",
+                tensor.name,
+                start + chunk.sizes.first().copied().unwrap_or(0)
+            ),
+        )
+    }
+}
+
+impl RowSource for RankReads {
+    fn read_rows(
+        &self,
+        which: Which,
+        param: usize,
+        rows: Range<usize>,
+        dst: &mut [u8],
+    ) -> Result<()> {
+        let Some(read) = self.tensors.get(&(which, param)) else {
+            // Moments a fresh start goes without: the rank's zeros stay.
+            return Ok(());
+        };
+        self.read_into(read, rows, dst)?;
+        if cfg!(target_endian = "big") {
+            for x in dst.chunks_exact_mut(4) {
+                x.reverse();
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A tensor's bytes streamed in row order through its whole hash and its unchecked chunks'.
+struct Stream {
+    whole: Xxh3Default,
+    /// Each chunk's rows, and its hasher where no rank checked it.
+    chunks: Vec<(Range<usize>, Option<Xxh3Default>)>,
+    row: usize,
+}
+
+impl Stream {
+    /// Hashes `bytes`, the rows from `first` on.
+    fn feed(&mut self, first: usize, bytes: &[u8]) {
+        self.whole.update(bytes);
+        let last = first + bytes.len() / self.row.max(1);
+        for (held, hasher) in &mut self.chunks {
+            let Some(h) = hasher else { continue };
+            let (from, to) = (held.start.max(first), held.end.min(last));
+            if from < to {
+                h.update(&bytes[(from - first) * self.row..(to - first) * self.row]);
+            }
+        }
+    }
+}
+
+/// Bytes of one row (first-dimension index) of `tensor`.
+fn row_bytes(tensor: &TensorIndex) -> usize {
+    tensor.shape.iter().skip(1).product::<usize>() * tensor.dtype.bitsize() / 8
+}
+
+/// Fills `dst` from `file` (at `path`) at byte `offset`.
+fn read_at(file: &File, path: &Path, offset: u64, dst: &mut [u8]) -> Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileExt;
+        file.read_exact_at(dst, offset)
+            .map_err(|e| EngineError::io(path, e))
+    }
+    #[cfg(not(unix))]
+    {
+        use std::io::{Read, Seek, SeekFrom};
+        let _ = file;
+        let mut f = File::open(path).map_err(|e| EngineError::io(path, e))?;
+        f.seek(SeekFrom::Start(offset))
+            .and_then(|_| f.read_exact(dst))
+            .map_err(|e| EngineError::io(path, e))
+    }
+}
