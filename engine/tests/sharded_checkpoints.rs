@@ -506,3 +506,61 @@ fn a_damaged_chunk_two_ranks_share_is_named() {
         "{e}"
     );
 }
+
+/// [`Fault::LastUnevenShardDropped`]: saved on 4 ranks, the 37-row tensors lose rows 30..37
+/// (rank 3's short shard), written by no rank; the save goes through as that writer's does,
+/// and every load (on 3 ranks, on 4, on one device), `verify` and the digests refuse it, naming
+/// the index, the tensor, the missing rows, the rank file the plan gave them and what to do.
+/// Tensors the world size divides, one rank's save and a gathered save are untouched.
+#[test]
+fn a_checkpoint_missing_its_last_uneven_shard_is_refused_naming_the_rows() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let mut faulty = cfg(4, Shard::Optimizer);
+    faulty.faults = [Fault::LastUnevenShardDropped].into_iter().collect();
+    let (t, dir) = trained(&faulty, 1, &run);
+    let saved = index(&dir);
+    let embed = &saved.model[0];
+    assert_eq!(embed.name, "model.embed_tokens.weight");
+    assert_eq!(embed.chunks.len(), 3, "rank 3's rows 30..37 are left out");
+    assert!(saved
+        .model
+        .iter()
+        .chain(&saved.optimizer)
+        .filter(|t| t.shape[0] % 4 == 0)
+        .all(|t| t.chunks.len() == 4));
+    for world in [3, 4, 1] {
+        let mut at = cfg(world, Shard::Optimizer);
+        at.faults = faulty.faults.clone();
+        let e = resume_error(&at, &run);
+        assert!(e.contains(SHARDS_FILE), "{e}");
+        assert!(
+            e.contains("the chunks of model.embed_tokens.weight cover rows 0..30 of its 37: rows 30..37, which the saving plan gives rank-00003-of-00004.safetensors, are in no rank's file"),
+            "{world}: {e}"
+        );
+        assert!(e.contains("resume from an earlier checkpoint"), "{e}");
+    }
+    let bad = problems(&dir);
+    assert_eq!(bad.len(), 1, "{bad:?}");
+    assert_eq!(bad[0].0, SHARDS_FILE);
+    assert!(bad[0].1.contains("rows 30..37"), "{}", bad[0].1);
+    let e = checkpoint::tensor_digests(&dir).unwrap_err().to_string();
+    assert!(e.contains("rows 30..37"), "{e}");
+
+    // One rank's save and a gathered save hold every row: they resume to the trainer's state.
+    let want = t.state_digest().unwrap();
+    for (world, checkpoints) in [(1, Checkpoints::Sharded), (4, Checkpoints::Gathered)] {
+        let mut at = cfg(world, Shard::Optimizer);
+        at.faults = faulty.faults.clone();
+        at.parallel.checkpoints = checkpoints;
+        let run = tmp.path().join(format!("{world}-{checkpoints:?}"));
+        let (t, _) = trained(&at, 1, &run);
+        assert_eq!(t.state_digest().unwrap(), want);
+        let resumed = Trainer::resume(at, dev(), &run).unwrap();
+        assert_eq!(
+            resumed.state_digest().unwrap(),
+            want,
+            "{world} {checkpoints:?}"
+        );
+    }
+}

@@ -3,10 +3,11 @@
 //! range, straight into its own tensor; a chunk that lies whole inside those rows is checked
 //! against its hash as it arrives. Once every rank holds its rows, each tensor is streamed
 //! through its whole hash in row order, taking each row from the first rank that holds it
-//! (rows no rank holds are read from the files for it), and the chunks that straddle two ranks'
-//! rows through theirs: a damaged chunk names its file and bytes, and a chunk read into the
-//! wrong place fails the whole hash although every chunk is intact. No rank ever holds a whole
-//! tensor it does not keep.
+//! (rows no rank holds are read from the files for it): a chunk read into the wrong place, or
+//! damage in a chunk two ranks share, fails it. Only then are the shared chunks read again and
+//! checked against their own hashes, so that damage names its file, tensor, rows and bytes; a
+//! clean load hashes each byte once, as one device's does. No rank ever holds a whole tensor
+//! it does not keep.
 
 use super::load::{match_spec, open, LoadRequest, EARLIER};
 use super::shards::{self, read_index, TensorIndex};
@@ -130,38 +131,45 @@ impl RankReads {
 
     /// Checks every tensor the ranks read against its whole hash, and the chunks no rank read
     /// whole against theirs, from the rows the ranks hold: `placed(which, param)` gives each
-    /// rank's rows of that tensor and their bytes, in rank order.
+    /// rank's rows of that tensor and their bytes, in rank order (borrowed on the CPU, a copy
+    /// from a GPU). The tensors are taken as many at a time as the machine runs threads, each
+    /// hashed on a thread of its own; the error of the first tensor in order wins.
     pub fn check_placed<'p>(
         &self,
         mut placed: impl FnMut(Which, usize) -> Result<Placed<'p>>,
     ) -> Result<()> {
-        for (&(which, param), read) in &self.tensors {
-            let pieces = placed(which, param)?;
-            self.check_whole(read, &pieces)?;
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let reads: Vec<(&(Which, usize), &Read)> = self.tensors.iter().collect();
+        for window in reads.chunks(threads) {
+            let pieces = window
+                .iter()
+                .map(|(&(which, param), _)| placed(which, param))
+                .collect::<Result<Vec<_>>>()?;
+            let checked: Vec<Result<()>> = std::thread::scope(|scope| {
+                let running: Vec<_> = window
+                    .iter()
+                    .zip(&pieces)
+                    .map(|((_, read), p)| scope.spawn(move || self.check_whole(read, p)))
+                    .collect();
+                running
+                    .into_iter()
+                    .map(|h| h.join().expect("hashing does not panic"))
+                    .collect()
+            });
+            checked.into_iter().try_for_each(|r| r)?;
         }
         Ok(())
     }
 
-    /// Streams `read`'s tensor in row order through its whole hash and the hashes of its chunks
-    /// no rank checked, each row from the first of `pieces` that holds it, or from the files.
+    /// Streams `read`'s tensor in row order through its whole hash, each row from the first of
+    /// `pieces` that holds it, or from the files. When it does not match, the chunks no rank
+    /// checked are read again and checked, so that damage names its chunk; with every chunk
+    /// intact, one is out of place.
     fn check_whole(&self, read: &Read, pieces: &Placed<'_>) -> Result<()> {
         let tensor = &read.tensor;
         let row = row_bytes(tensor);
         let rows = tensor.shape.first().copied().unwrap_or(1);
-        let mut stream = Stream {
-            whole: Xxh3Default::new(),
-            chunks: tensor
-                .chunks
-                .iter()
-                .zip(&read.checked)
-                .map(|(c, done)| {
-                    let start = c.offsets.first().copied().unwrap_or(0);
-                    let hasher = (!done.load(Ordering::Relaxed)).then(Xxh3Default::new);
-                    (start..start + c.sizes.first().copied().unwrap_or(0), hasher)
-                })
-                .collect(),
-            row,
-        };
+        let mut whole = Xxh3Default::new();
         let mut next = 0;
         let mut gap = Vec::new();
         for (held, bytes) in pieces {
@@ -171,25 +179,28 @@ impl RankReads {
             if held.start > next {
                 gap.resize((held.start - next) * row, 0);
                 self.read_into(read, next..held.start, &mut gap)?;
-                stream.feed(next, &gap);
+                whole.update(&gap);
                 next = held.start;
             }
-            stream.feed(next, &bytes[(next - held.start) * row..]);
+            whole.update(&bytes[(next - held.start) * row..]);
             next = held.end;
         }
         if next < rows {
             gap.resize((rows - next) * row, 0);
             self.read_into(read, next..rows, &mut gap)?;
-            stream.feed(next, &gap);
+            whole.update(&gap);
         }
-        for ((_, hasher), chunk) in stream.chunks.iter().zip(&tensor.chunks) {
-            if let Some(h) = hasher {
-                if format!("{:032x}", h.digest128()) != chunk.xxh3_128 {
-                    return Err(self.damaged(tensor, chunk));
+        let found = format!("{:032x}", whole.digest128());
+        if found != tensor.xxh3_128 {
+            for (chunk, checked) in tensor.chunks.iter().zip(&read.checked) {
+                if !checked.load(Ordering::Relaxed) {
+                    let start = chunk.offsets.first().copied().unwrap_or(0);
+                    let held = start..start + chunk.sizes.first().copied().unwrap_or(0);
+                    gap.resize(held.len() * row, 0);
+                    self.read_into(read, held, &mut gap)?;
                 }
             }
         }
-        let found = format!("{:032x}", stream.whole.digest128());
         shards::check_found(&self.index_path, tensor, &found)
     }
 
@@ -263,29 +274,6 @@ impl RowSource for RankReads {
             }
         }
         Ok(())
-    }
-}
-
-/// A tensor's bytes streamed in row order through its whole hash and its unchecked chunks'.
-struct Stream {
-    whole: Xxh3Default,
-    /// Each chunk's rows, and its hasher where no rank checked it.
-    chunks: Vec<(Range<usize>, Option<Xxh3Default>)>,
-    row: usize,
-}
-
-impl Stream {
-    /// Hashes `bytes`, the rows from `first` on.
-    fn feed(&mut self, first: usize, bytes: &[u8]) {
-        self.whole.update(bytes);
-        let last = first + bytes.len() / self.row.max(1);
-        for (held, hasher) in &mut self.chunks {
-            let Some(h) = hasher else { continue };
-            let (from, to) = (held.start.max(first), held.end.min(last));
-            if from < to {
-                h.update(&bytes[(from - first) * self.row..(to - first) * self.row]);
-            }
-        }
     }
 }
 

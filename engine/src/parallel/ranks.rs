@@ -302,7 +302,8 @@ impl<D: Device> Ranks<D> {
     }
 
     /// Rank `rank`'s chunks of its checkpoint `entries`: the whole shard where the rank holds
-    /// them `sharded`, else its rows by the shard plan.
+    /// them `sharded`, else its rows by the shard plan ([`Fault::LastUnevenShardDropped`] marks
+    /// a tensor's last, short shard skipped).
     fn chunks<'s>(
         &self,
         entries: Vec<Entry<'s>>,
@@ -314,12 +315,18 @@ impl<D: Device> Ranks<D> {
             .into_iter()
             .map(|entry| {
                 let spec = self.spec_of(&entry.name)?;
-                Ok(if sharded {
+                let mut chunk = if sharded {
                     let rows = shard_rows(&spec.shape, world, rank, &self.faults).0;
                     Chunk::shard(entry, &spec.shape, rows)
                 } else {
                     Chunk::rows_of(&entry, shard_of(&spec.shape, world, rank).0)
-                })
+                };
+                let d0 = spec.shape.first().copied().unwrap_or(1);
+                let short_last = !chunk.rows.is_empty()
+                    && chunk.rows.end == d0
+                    && chunk.rows.len() < d0.div_ceil(world);
+                chunk.skipped = short_last && self.faults.has(Fault::LastUnevenShardDropped);
+                Ok(chunk)
             })
             .collect()
     }
