@@ -1,9 +1,11 @@
 //! Loading a sharded checkpoint onto several ranks, each rank reading only its rows. A rank
 //! reads, of every chunk that overlaps the rows it holds of a tensor, the overlapping byte
 //! range, straight into its own tensor; a chunk that lies whole inside those rows is checked
-//! against its hash as it arrives. Once every rank holds its rows, each tensor is streamed
-//! through its whole hash in row order, taking each row from the first rank that holds it
-//! (rows no rank holds are read from the files for it): a chunk read into the wrong place, or
+//! against its hash as it arrives, and rows that continue a tensor's whole hash (a rank's rows
+//! starting where the rows hashed so far end, as rank 0's always do) are fed to it while they
+//! are in cache. Once every rank holds its rows, each tensor's whole hash is finished in row
+//! order, each row taken from the first rank that holds it (rows no rank holds are read from
+//! the files for it): a chunk read into the wrong place, or
 //! damage in a chunk two ranks share, fails it. Only then are the shared chunks read again and
 //! checked against their own hashes, so that damage names its file, tensor, rows and bytes; a
 //! clean load hashes each byte once, as one device's does. No rank ever holds a whole tensor
@@ -19,7 +21,8 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Mutex;
 use xxhash_rust::xxh3::Xxh3Default;
 
 /// Bytes read, and hashed, at a time.
@@ -41,10 +44,12 @@ pub struct RankReads {
     tensors: BTreeMap<(Which, usize), Read>,
 }
 
-/// One whole tensor the ranks read, and which of its chunks a rank has checked whole.
+/// One whole tensor the ranks read, which of its chunks a rank has checked whole, and its
+/// whole hash over the rows fed so far (the row it has reached).
 struct Read {
     tensor: TensorIndex,
     checked: Vec<AtomicBool>,
+    stream: Mutex<(usize, Xxh3Default)>,
 }
 
 impl RankReads {
@@ -104,7 +109,15 @@ impl RankReads {
                     .iter()
                     .map(|_| AtomicBool::new(false))
                     .collect();
-                tensors.insert((which, i), Read { tensor, checked });
+                let stream = Mutex::new((0, Xxh3Default::new()));
+                tensors.insert(
+                    (which, i),
+                    Read {
+                        tensor,
+                        checked,
+                        stream,
+                    },
+                );
             }
         }
         let mut files = BTreeMap::new();
@@ -129,36 +142,43 @@ impl RankReads {
         }))
     }
 
-    /// Checks every tensor the ranks read against its whole hash, and the chunks no rank read
-    /// whole against theirs, from the rows the ranks hold: `placed(which, param)` gives each
-    /// rank's rows of that tensor and their bytes, in rank order (borrowed on the CPU, a copy
-    /// from a GPU). The tensors are taken as many at a time as the machine runs threads, each
-    /// hashed on a thread of its own; the error of the first tensor in order wins.
+    /// Checks every tensor the ranks read against its whole hash, from the rows the ranks hold:
+    /// `placed(which, param)` gives each rank's rows of that tensor and their bytes, in rank
+    /// order (borrowed on the CPU; from a GPU, a host copy of each rank's tensors). The tensors
+    /// are hashed on as many threads as the machine runs, largest first; the error of the first
+    /// tensor in order wins.
     pub fn check_placed<'p>(
         &self,
         mut placed: impl FnMut(Which, usize) -> Result<Placed<'p>>,
     ) -> Result<()> {
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let reads: Vec<(&(Which, usize), &Read)> = self.tensors.iter().collect();
-        for window in reads.chunks(threads) {
-            let pieces = window
-                .iter()
-                .map(|(&(which, param), _)| placed(which, param))
-                .collect::<Result<Vec<_>>>()?;
-            let checked: Vec<Result<()>> = std::thread::scope(|scope| {
-                let running: Vec<_> = window
-                    .iter()
-                    .zip(&pieces)
-                    .map(|((_, read), p)| scope.spawn(move || self.check_whole(read, p)))
-                    .collect();
-                running
-                    .into_iter()
-                    .map(|h| h.join().expect("hashing does not panic"))
-                    .collect()
-            });
-            checked.into_iter().try_for_each(|r| r)?;
+        let mut work = Vec::with_capacity(self.tensors.len());
+        for (at, (&(which, param), read)) in self.tensors.iter().enumerate() {
+            work.push((at, read, placed(which, param)?));
         }
-        Ok(())
+        work.sort_by_key(|(_, read, _)| std::cmp::Reverse(read.tensor.bytes()));
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let next = AtomicUsize::new(0);
+        let mut checked: Vec<(usize, Result<()>)> = std::thread::scope(|scope| {
+            let running: Vec<_> = (0..threads.min(work.len()))
+                .map(|_| {
+                    scope.spawn(|| {
+                        let mut done = Vec::new();
+                        while let Some((at, read, pieces)) =
+                            work.get(next.fetch_add(1, Ordering::Relaxed))
+                        {
+                            done.push((*at, self.check_whole(read, pieces)));
+                        }
+                        done
+                    })
+                })
+                .collect();
+            running
+                .into_iter()
+                .flat_map(|h| h.join().expect("hashing does not panic"))
+                .collect()
+        });
+        checked.sort_by_key(|(at, _)| *at);
+        checked.into_iter().try_for_each(|(_, r)| r)
     }
 
     /// Streams `read`'s tensor in row order through its whole hash, each row from the first of
@@ -169,8 +189,11 @@ impl RankReads {
         let tensor = &read.tensor;
         let row = row_bytes(tensor);
         let rows = tensor.shape.first().copied().unwrap_or(1);
-        let mut whole = Xxh3Default::new();
-        let mut next = 0;
+        let (mut next, mut whole) = read
+            .stream
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
         let mut gap = Vec::new();
         for (held, bytes) in pieces {
             if held.end <= next {
@@ -261,13 +284,22 @@ impl RowSource for RankReads {
         which: Which,
         param: usize,
         rows: Range<usize>,
+        kept: bool,
         dst: &mut [u8],
     ) -> Result<()> {
         let Some(read) = self.tensors.get(&(which, param)) else {
             // Moments a fresh start goes without: the rank's zeros stay.
             return Ok(());
         };
-        self.read_into(read, rows, dst)?;
+        self.read_into(read, rows.clone(), dst)?;
+        // Rows that continue the whole hash are fed to it while they are in cache, if no other
+        // rank is feeding it; the rest wait for `check_placed`.
+        if let (true, Ok(mut stream)) = (kept && !rows.is_empty(), read.stream.try_lock()) {
+            if stream.0 == rows.start {
+                stream.1.update(dst);
+                stream.0 = rows.end;
+            }
+        }
         if cfg!(target_endian = "big") {
             for x in dst.chunks_exact_mut(4) {
                 x.reverse();

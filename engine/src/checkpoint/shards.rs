@@ -9,9 +9,10 @@
 //! so digests over whole tensors are the same at every world size.
 //!
 //! The chunks of a tensor must tile its rows in rank order; a save whose ranks leave a row
-//! unsaved or save one twice is refused before anything is written. A load assembles every
-//! tensor whole from its chunks and checks the whole tensor's hash, so a chunk put in the
-//! wrong place fails loudly, naming the tensor.
+//! unsaved or save one twice is refused before anything is written. A load on one device
+//! assembles every tensor whole from its chunks, and a load on several ranks streams the rows
+//! each rank read (`RankReads`), through the whole tensor's hash, so a chunk put in the wrong
+//! place fails loudly, naming the tensor.
 
 use super::files::{self, write_synced};
 use super::state::FileRecord;

@@ -491,19 +491,26 @@ fn build_rank<D: Device>(
     let master = |i: usize| from(Which::Master, i);
     let weights = match cfg.precision {
         Precision::Fp32 => Weights::Fp32(each_param(model, |i, s| {
-            place(&dev, master(i), &s.shape, weight_rows(&s.shape), category)
+            place(
+                &dev,
+                master(i),
+                &s.shape,
+                weight_rows(&s.shape),
+                category,
+                true,
+            )
         })?),
         Precision::Bf16Mixed => Weights::Bf16Mixed {
             compute: each_param(model, |i, s| {
                 let rows = weight_rows(&s.shape);
                 let shape = shard_shape(&s.shape, rows.len());
-                let whole = place(&dev, master(i), &s.shape, rows, category)?;
+                let whole = place(&dev, master(i), &s.shape, rows, category, false)?;
                 let mut compute = dev.zeros::<bf16>(&shape, Category::Params)?;
                 dev.round(&whole, &mut compute)?;
                 Ok(compute)
             })?,
             master: each_param(model, |i, s| {
-                place(&dev, master(i), &s.shape, shard(&s.shape), category)
+                place(&dev, master(i), &s.shape, shard(&s.shape), category, true)
             })?,
         },
     };
@@ -512,7 +519,14 @@ fn build_rank<D: Device>(
             let moment = |which: Which| {
                 each_param(model, |i, s| {
                     let rows = shard(&s.shape);
-                    place(&dev, from(which, i), &s.shape, rows, Category::Optimizer)
+                    place(
+                        &dev,
+                        from(which, i),
+                        &s.shape,
+                        rows,
+                        Category::Optimizer,
+                        true,
+                    )
                 })
             };
             Some((
@@ -534,25 +548,23 @@ fn build_rank<D: Device>(
 
 /// Rows `rows` of a tensor of `shape` on `dev`, counted under `category`: read from the
 /// source's `(which, param)` tensor into a host tensor of the rows (the tensor itself on the
-/// CPU) and uploaded, or zeros where there is no source.
+/// CPU) and uploaded, or zeros where there is no source; `kept` unless the rank frees it once
+/// used.
 fn place<D: Device>(
     dev: &D,
     from: Option<(&dyn RowSource, Which, usize)>,
     shape: &[usize],
     rows: Range<usize>,
     category: Category,
+    kept: bool,
 ) -> Result<D::Tensor<f32>> {
     let placed = shard_shape(shape, rows.len());
     let Some((source, which, param)) = from else {
         return dev.zeros::<f32>(&placed, category);
     };
     let mut host = Tensor::<f32>::zeros(&dev.host(), &placed, category)?;
-    source.read_rows(
-        which,
-        param,
-        rows,
-        bytemuck::cast_slice_mut(host.as_mut_slice()),
-    )?;
+    let bytes = bytemuck::cast_slice_mut(host.as_mut_slice());
+    source.read_rows(which, param, rows, kept, bytes)?;
     dev.upload(host)
 }
 
