@@ -88,6 +88,13 @@ pub enum Fault {
     /// that kept one rank's expert files for every rank. The trainer's state is untouched;
     /// one rank and gathered saves are unharmed.
     OnlyRankZeroExpertsSaved,
+    /// A sharded save on several ranks leaves out every tensor's last shard where it is short
+    /// (fewer rows than the others', a first dimension the world size does not divide): not in
+    /// the last rank's file nor in the index, as a writer that skips the uneven last shard does
+    /// (PyTorch #102821). It acts past the writer's own check that the chunks tile each
+    /// tensor, as another writer would have produced it. The trainer's state is untouched; one
+    /// rank's and gathered saves, and tensors the world size divides, are unharmed.
+    LastUnevenShardDropped,
 }
 
 /// The set of faults a run injects.

@@ -12,7 +12,7 @@
 //! step holds do not depend on how fast the disk is.
 
 use crate::checkpoint::state::{RngState, ScheduleState, TrainerState, FORMAT_VERSION};
-use crate::checkpoint::{self, LoadRequest, SaveRequest, Tensors};
+use crate::checkpoint::{self, LoadRequest, RankReads, SaveRequest, Tensors};
 use crate::config::{Init, Precision, TrainConfig};
 use crate::data::{DataLoader, LoaderState, SampleId};
 use crate::device::Device;
@@ -23,6 +23,7 @@ use crate::memory::{Category, Lease, MemoryStats, MemoryTracker};
 use crate::model::{weights, Batch, Dropout, Params};
 use crate::optim::Moments;
 use crate::parallel::ranks::Ranks;
+use crate::parallel::source::HostTensors;
 use crate::state::State;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -141,7 +142,13 @@ impl<D: Device> Trainer<D> {
                 master.try_map(|t| dev.upload(t))?,
                 None,
             )?),
-            world => Ranks::new(&cfg, dev.ranks(world)?, Some(&master), None)?,
+            world => {
+                let host = HostTensors {
+                    master: &master,
+                    moments: None,
+                };
+                Ranks::new(&cfg, dev.ranks(world)?, Some(&host), None)?
+            }
         };
         Self::assemble(cfg, ranks)
     }
@@ -181,67 +188,45 @@ impl<D: Device> Trainer<D> {
     /// the trainer lists how ([`Trainer::env_changes`]).
     pub fn resume(cfg: TrainConfig, dev: D, checkpoint_dir: &Path) -> Result<Self> {
         cfg.validate()?;
-        let loaded = checkpoint::load(
-            &dev.host(),
-            checkpoint_dir,
-            &LoadRequest {
-                config: &cfg.model,
-                identity: cfg.identity()?,
-                master_in_optimizer: cfg.precision == Precision::Bf16Mixed,
-                master_category: cfg.master_category(),
-                fresh_moments_if_missing: cfg.faults.has(Fault::MomentsNotSaved),
-            },
-        )?;
-        let env_changes = loaded
-            .state
+        let req = LoadRequest {
+            config: &cfg.model,
+            identity: cfg.identity()?,
+            master_in_optimizer: cfg.precision == Precision::Bf16Mixed,
+            master_category: cfg.master_category(),
+            fresh_moments_if_missing: cfg.faults.has(Fault::MomentsNotSaved),
+        };
+        let world = cfg.parallel.world_size;
+        // Several ranks read their own rows of a sharded checkpoint; a loader that keeps the
+        // saving plan's offsets (the fault) reads whole tensors, as that loader did.
+        let reads = match world > 1 && !cfg.faults.has(Fault::MomentsAtSavedOffsets) {
+            true => RankReads::open(checkpoint_dir, &req)?,
+            false => None,
+        };
+        let (ranks, state) = match reads {
+            Some(reads) => {
+                let moments = reads.moments.then_some(reads.state.optimizer_step);
+                let ranks = Ranks::new(&cfg, dev.ranks(world)?, Some(&reads), moments)?;
+                reads.check_placed(|which, param| ranks.placed(which, param))?;
+                (ranks, reads.state)
+            }
+            None => Self::load_whole(&cfg, &dev, checkpoint_dir, &req)?,
+        };
+        let env_changes = state
             .environment
             .as_ref()
             .map(|saved| saved.changes(&dev.execution_env()))
             .unwrap_or_default();
-        let ranks = match cfg.parallel.world_size {
-            1 => {
-                let master = loaded.master.try_map(|t| dev.upload(t))?;
-                let upload = |p: Params<_>| p.try_map(|t| dev.upload(t));
-                let moments = match loaded.moments {
-                    Some([exp_avg, exp_avg_sq]) => Some((
-                        Moments {
-                            exp_avg: upload(exp_avg)?,
-                            exp_avg_sq: upload(exp_avg_sq)?,
-                        },
-                        loaded.state.optimizer_step,
-                    )),
-                    None => None,
-                };
-                Ranks::single(State::new(&cfg, dev, master, moments)?)
-            }
-            world => {
-                let mut moments = loaded.moments;
-                if cfg.faults.has(Fault::MomentsAtSavedOffsets) {
-                    for m in moments.iter_mut().flatten() {
-                        misplace_rows(m, loaded.saved_world_size, world);
-                    }
-                }
-                Ranks::new(
-                    &cfg,
-                    dev.ranks(world)?,
-                    Some(&loaded.master),
-                    moments.map(|m| (m, loaded.state.optimizer_step)),
-                )?
-            }
-        };
         let mut trainer = Self::assemble(cfg, ranks)?;
         trainer.env_changes = env_changes;
         if trainer.cfg.faults.has(Fault::RngRestoredOnRankZeroOnly) {
-            trainer
-                .ranks
-                .lose_rng_but_on_rank_zero(loaded.state.rng.offset);
+            trainer.ranks.lose_rng_but_on_rank_zero(state.rng.offset);
         }
         if trainer.cfg.faults.has(Fault::OptimizerStateAllocatedAtLoad) {
             trainer.allocated_at_load = trainer.ranks.zeroed_moments_copy()?;
         }
         let faults = &trainer.cfg.faults;
         if !faults.has(Fault::LoaderPositionNotRestored) {
-            let mut loader = loaded.state.loader;
+            let mut loader = state.loader;
             if faults.has(Fault::LoaderPositionPerRank) {
                 let samples = trainer.loader.samples();
                 let read = (loader.epoch * samples + loader.position)
@@ -262,13 +247,56 @@ impl<D: Device> Trainer<D> {
             offset: if faults.has(Fault::RngNotRestored) {
                 0
             } else {
-                loaded.state.rng.offset
+                state.rng.offset
             },
-            ..loaded.state.rng
+            ..state.rng
         };
-        trainer.step = loaded.state.global_step;
-        trainer.resumed_at = loaded.state.global_step;
+        trainer.step = state.global_step;
+        trainer.resumed_at = state.global_step;
         Ok(trainer)
+    }
+
+    /// The ranks of `cfg` on `dev` from the checkpoint at `dir` read whole into host tensors
+    /// (one device's checkpoint, or one rank), and the checkpoint's trainer state.
+    fn load_whole(
+        cfg: &TrainConfig,
+        dev: &D,
+        dir: &Path,
+        req: &LoadRequest<'_>,
+    ) -> Result<(Ranks<D>, TrainerState)> {
+        let loaded = checkpoint::load(&dev.host(), dir, req)?;
+        let ranks = match cfg.parallel.world_size {
+            1 => {
+                let master = loaded.master.try_map(|t| dev.upload(t))?;
+                let upload = |p: Params<_>| p.try_map(|t| dev.upload(t));
+                let moments = match loaded.moments {
+                    Some([exp_avg, exp_avg_sq]) => Some((
+                        Moments {
+                            exp_avg: upload(exp_avg)?,
+                            exp_avg_sq: upload(exp_avg_sq)?,
+                        },
+                        loaded.state.optimizer_step,
+                    )),
+                    None => None,
+                };
+                Ranks::single(State::new(cfg, dev.clone(), master, moments)?)
+            }
+            world => {
+                let mut moments = loaded.moments;
+                if cfg.faults.has(Fault::MomentsAtSavedOffsets) {
+                    for m in moments.iter_mut().flatten() {
+                        misplace_rows(m, loaded.saved_world_size, world);
+                    }
+                }
+                let host = HostTensors {
+                    master: &loaded.master,
+                    moments: moments.as_ref(),
+                };
+                let step = moments.as_ref().map(|_| loaded.state.optimizer_step);
+                Ranks::new(cfg, dev.ranks(world)?, Some(&host), step)?
+            }
+        };
+        Ok((ranks, loaded.state))
     }
 
     /// Saves a checkpoint of the current state under `run_dir` (see [`checkpoint::save`]),

@@ -252,6 +252,11 @@ fn a_damaged_rank_file_is_refused_naming_it_and_verify_finds_it() {
     let e = resume_error(&sharded, &run);
     assert!(e.contains(&rank_file_name(2, 3)), "{e}");
     assert!(e.contains("checksum mismatch"), "{e}");
+    // Read rank by rank, the damaged chunk is named with its tensor, rows and bytes.
+    assert!(
+        e.contains("the chunk of lm_head.weight.exp_avg_sq (rows 26..37) at bytes"),
+        "{e}"
+    );
     let bad = problems(&dir);
     assert_eq!(bad.len(), 1, "{bad:?}");
     assert_eq!(bad[0].0, rank_file_name(2, 3));
@@ -414,4 +419,148 @@ fn an_index_claiming_more_than_its_files_hold_is_refused_before_allocating() {
 
     rewrite_index(&dir, &honest);
     Trainer::resume(sharded, dev(), &run).unwrap();
+}
+
+/// A resume at another world size reads each rank's rows straight into its own tensors: the
+/// host the ranks are cut from holds nothing while the checkpoint loads (it once held every
+/// tensor whole), and each rank's load peaks at the bytes it keeps, its optimizer state being
+/// exactly its rows of the moments (and master weights), not a whole tensor.
+#[test]
+fn each_rank_reads_only_its_rows_and_no_whole_tensor_is_held() {
+    let tmp = tempfile::tempdir().unwrap();
+    for precision in [Precision::Fp32, Precision::Bf16Mixed] {
+        let run = tmp.path().join(format!("{precision:?}"));
+        let mut saved = cfg(4, Shard::Full);
+        saved.precision = precision;
+        trained(&saved, 2, &run);
+        let mut resumed = cfg(3, Shard::Full);
+        resumed.precision = precision;
+        let dev = dev();
+        let host = dev.tracker().clone();
+        let t = Trainer::resume(resumed.clone(), dev, &run).unwrap();
+        assert_eq!(
+            host.stats().allocated.peak,
+            0,
+            "{precision:?}: the host held tensors while the ranks loaded"
+        );
+        // Moments, and in bf16-mixed the f32 master weights: f32 elements of optimizer state.
+        let per_element = match precision {
+            Precision::Fp32 => 2 * 4,
+            Precision::Bf16Mixed => 3 * 4,
+        };
+        let specs = ckpt_engine::model::param_specs(&resumed.model);
+        let whole: u64 = specs
+            .iter()
+            .map(|s| s.shape.iter().product::<usize>() as u64)
+            .sum();
+        for (rank, state) in t.ranks().iter().enumerate() {
+            let stats = state.device().tracker().stats();
+            assert_eq!(
+                stats.allocated.peak, stats.allocated.current,
+                "{precision:?} rank {rank}: the load held more than the rank keeps"
+            );
+            let rows: u64 = specs
+                .iter()
+                .map(|s| {
+                    let row = s.shape.iter().skip(1).product::<usize>();
+                    (ckpt_engine::parallel::plan::rows(s.shape[0], 3, rank).len() * row) as u64
+                })
+                .sum();
+            assert!(rows < whole);
+            assert_eq!(
+                stats.current.get(ckpt_engine::Category::Optimizer),
+                per_element * rows,
+                "{precision:?} rank {rank}"
+            );
+        }
+    }
+}
+
+/// Resumed at another world size, a chunk that two new ranks share (rows 10..20 of 37, saved by
+/// rank 1 of 4, read by ranks 0 and 1 of 3) is checked once both hold their rows: damage in it
+/// names its file, tensor, rows and bytes.
+#[test]
+fn a_damaged_chunk_two_ranks_share_is_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let (_, dir) = trained(&cfg(4, Shard::Optimizer), 2, &run);
+    let chunk = index(&dir)
+        .optimizer
+        .into_iter()
+        .find(|t| t.name == "model.embed_tokens.weight.exp_avg")
+        .unwrap()
+        .chunks
+        .remove(1);
+    assert_eq!((chunk.offsets[0], chunk.sizes[0]), (10, 10));
+    let file = dir.join(&chunk.file);
+    let mut bytes = std::fs::read(&file).unwrap();
+    bytes[(chunk.byte_range[0] + chunk.byte_range[1]) as usize / 2] ^= 0x08;
+    std::fs::write(&file, &bytes).unwrap();
+    let e = resume_error(&cfg(3, Shard::Optimizer), &run);
+    assert!(e.contains(&rank_file_name(1, 4)), "{e}");
+    let [begin, end] = chunk.byte_range;
+    assert!(
+        e.contains(&format!(
+            "checksum mismatch: the chunk of model.embed_tokens.weight.exp_avg (rows 10..20) at bytes {begin}..{end} does not match its hash"
+        )),
+        "{e}"
+    );
+}
+
+/// [`Fault::LastUnevenShardDropped`]: saved on 4 ranks, the 37-row tensors lose rows 30..37
+/// (rank 3's short shard), written by no rank; the save goes through as that writer's does,
+/// and every load (on 3 ranks, on 4, on one device), `verify` and the digests refuse it, naming
+/// the index, the tensor, the missing rows, the rank file the plan gave them and what to do.
+/// Tensors the world size divides, one rank's save and a gathered save are untouched.
+#[test]
+fn a_checkpoint_missing_its_last_uneven_shard_is_refused_naming_the_rows() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let mut faulty = cfg(4, Shard::Optimizer);
+    faulty.faults = [Fault::LastUnevenShardDropped].into_iter().collect();
+    let (t, dir) = trained(&faulty, 1, &run);
+    let saved = index(&dir);
+    let embed = &saved.model[0];
+    assert_eq!(embed.name, "model.embed_tokens.weight");
+    assert_eq!(embed.chunks.len(), 3, "rank 3's rows 30..37 are left out");
+    assert!(saved
+        .model
+        .iter()
+        .chain(&saved.optimizer)
+        .filter(|t| t.shape[0] % 4 == 0)
+        .all(|t| t.chunks.len() == 4));
+    for world in [3, 4, 1] {
+        let mut at = cfg(world, Shard::Optimizer);
+        at.faults = faulty.faults.clone();
+        let e = resume_error(&at, &run);
+        assert!(e.contains(SHARDS_FILE), "{e}");
+        assert!(
+            e.contains("the chunks of model.embed_tokens.weight cover rows 0..30 of its 37: rows 30..37, which the saving plan gives rank-00003-of-00004.safetensors, are in no rank's file"),
+            "{world}: {e}"
+        );
+        assert!(e.contains("resume from an earlier checkpoint"), "{e}");
+    }
+    let bad = problems(&dir);
+    assert_eq!(bad.len(), 1, "{bad:?}");
+    assert_eq!(bad[0].0, SHARDS_FILE);
+    assert!(bad[0].1.contains("rows 30..37"), "{}", bad[0].1);
+    let e = checkpoint::tensor_digests(&dir).unwrap_err().to_string();
+    assert!(e.contains("rows 30..37"), "{e}");
+
+    // One rank's save and a gathered save hold every row: they resume to the trainer's state.
+    let want = t.state_digest().unwrap();
+    for (world, checkpoints) in [(1, Checkpoints::Sharded), (4, Checkpoints::Gathered)] {
+        let mut at = cfg(world, Shard::Optimizer);
+        at.faults = faulty.faults.clone();
+        at.parallel.checkpoints = checkpoints;
+        let run = tmp.path().join(format!("{world}-{checkpoints:?}"));
+        let (t, _) = trained(&at, 1, &run);
+        assert_eq!(t.state_digest().unwrap(), want);
+        let resumed = Trainer::resume(at, dev(), &run).unwrap();
+        assert_eq!(
+            resumed.state_digest().unwrap(),
+            want,
+            "{world} {checkpoints:?}"
+        );
+    }
 }

@@ -10,15 +10,15 @@
 //! parameters, ≈ 700 MB per checkpoint with AdamW moments); `CKPT_BENCH_REPEATS` (default 3)
 //! sets how many times each is measured (best of).
 //!
-//! The same state saved by one device and sharded by 4 ranks is read back by `checkpoint::load`
-//! alone (`sharded_vs_single_device_read`: 1 or more when the sharded read is no slower per byte).
+//! The same state saved by one device and sharded by 4 ranks is resumed: one device's checkpoint
+//! on one device, the sharded one on 3 fully sharded ranks, each reading only its rows
+//! (`sharded_vs_single_device_read`: 1 or more when the sharded resume is no slower per byte).
 
-use ckpt_engine::checkpoint::{self, LoadRequest};
 use ckpt_engine::config::{Init, Precision, TrainConfig};
 use ckpt_engine::data::DataConfig;
 use ckpt_engine::optim::{AdamWConfig, Schedule};
 use ckpt_engine::parallel::{Parallel, Shard};
-use ckpt_engine::{Category, Checkpointing, CpuDevice, LlamaConfig, MemoryTracker, Trainer};
+use ckpt_engine::{Checkpointing, CpuDevice, LlamaConfig, Trainer};
 use std::io::{Read, Write};
 use std::path::Path;
 use std::time::Instant;
@@ -72,41 +72,43 @@ fn stream_read(path: &Path) -> u64 {
     total
 }
 
-/// The seconds `checkpoint::load` alone takes (best of `repeats`) to read back one step of
-/// `cfg` (at 4 micro-batches a step) saved by one device, and the same state saved sharded by
-/// 4 ranks (optimizer state sharded): the same bytes, one device's files against a file per
-/// rank and the index.
-fn sharded_against_single(cfg: &TrainConfig, dir: &Path, repeats: usize) -> (f64, f64) {
+/// The bytes and seconds (best of `repeats`, the two taken in turn) of resuming one step of
+/// `cfg` (at 12 micro-batches a step) saved by one device on one device, and of the same state
+/// saved sharded by 4 ranks (optimizer state sharded) on 3 ranks under `shard: full`: each rank
+/// reads its rows of every tensor, and the ranks between them hold the checkpoint's bytes once,
+/// as one device does.
+fn sharded_against_single(cfg: &TrainConfig, dir: &Path, repeats: usize) -> [(u64, f64); 2] {
     let mut cfg = cfg.clone();
-    cfg.accumulation = 4;
-    let req = LoadRequest {
-        config: &cfg.model,
-        identity: cfg.identity().unwrap(),
-        master_in_optimizer: false,
-        master_category: Category::Params,
-        fresh_moments_if_missing: false,
-    };
-    let mut seconds = [0.0; 2];
-    for (world, s) in [1, 4].into_iter().zip(&mut seconds) {
+    cfg.accumulation = 12;
+    let at = |world_size, shard| {
         let mut at = cfg.clone();
         at.parallel = Parallel {
-            world_size: world,
-            shard: Shard::Optimizer,
+            world_size,
+            shard,
             ..Parallel::default()
         };
-        let mut t = Trainer::new(at, CpuDevice::new(2, u64::MAX).unwrap()).unwrap();
+        at
+    };
+    let resumes = [(1, at(1, Shard::None)), (4, at(3, Shard::Full))].map(|(saving, resumed)| {
+        let saving = at(saving, Shard::Optimizer);
+        let mut t = Trainer::new(saving, CpuDevice::new(2, u64::MAX).unwrap()).unwrap();
         t.step().unwrap();
+        let world = t.ranks().len();
         let saved = t.save(&dir.join(format!("world-{world}")), None).unwrap();
-        drop(t);
-        *s = best(repeats, || {
+        (saved, resumed)
+    });
+    let mut seconds = [f64::INFINITY; 2];
+    for _ in 0..repeats {
+        for ((saved, resumed), best) in resumes.iter().zip(&mut seconds) {
             let t = Instant::now();
-            let loaded = checkpoint::load(&MemoryTracker::new(u64::MAX), &saved, &req).unwrap();
-            let s = t.elapsed().as_secs_f64();
+            let loaded =
+                Trainer::resume(resumed.clone(), CpuDevice::new(2, u64::MAX).unwrap(), saved)
+                    .unwrap();
+            *best = best.min(t.elapsed().as_secs_f64());
             drop(loaded);
-            s
-        });
+        }
     }
-    (seconds[0], seconds[1])
+    [0, 1].map(|i| (dir_bytes(&resumes[i].0), seconds[i]))
 }
 
 fn best(repeats: usize, mut f: impl FnMut() -> f64) -> f64 {
@@ -199,8 +201,9 @@ fn main() {
         assert_eq!(stream_read(&plain), bytes);
         t.elapsed().as_secs_f64()
     });
-    let (single_load_s, sharded_load_s) = sharded_against_single(&cfg, tmp.path(), repeats);
+    let [single, sharded] = sharded_against_single(&cfg, tmp.path(), repeats);
     let gbs = |s: f64| bytes as f64 / s / 1e9;
+    let rate = |(bytes, s): (u64, f64)| bytes as f64 / s / 1e9;
     println!(
         "{}",
         serde_json::json!({
@@ -214,9 +217,9 @@ fn main() {
             "load_vs_plain": read_s / load_s,
             "stream_read_gb_s": gbs(stream_s),
             "load_vs_stream": stream_s / load_s,
-            "single_device_read_gb_s": gbs(single_load_s),
-            "sharded_read_gb_s": gbs(sharded_load_s),
-            "sharded_vs_single_device_read": single_load_s / sharded_load_s,
+            "single_device_read_gb_s": rate(single),
+            "sharded_read_gb_s": rate(sharded),
+            "sharded_vs_single_device_read": rate(sharded) / rate(single),
         })
     );
 }

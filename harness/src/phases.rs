@@ -221,6 +221,10 @@ pub struct PhaseRecord {
     pub saves: Vec<SaveRecord>,
     /// The out-of-memory error that ended the phase early, if one did.
     pub oom: Option<Oom>,
+    /// The error refusing the checkpoint the phase resumes from, if its load was refused (a
+    /// damaged or incomplete checkpoint): the phase trained no step and the run ended there.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
     /// Wall-clock seconds of building or loading the trainer.
     pub setup_seconds: f64,
     /// Wall-clock seconds of the whole phase, the trainer's drop included.
@@ -389,9 +393,12 @@ impl RunRecord {
         }
     }
 
-    /// Whether an out-of-memory error ended a phase early (and the later phases never ran).
+    /// Whether an out-of-memory error, or a refused checkpoint, ended a phase early (and the
+    /// later phases never ran).
     pub fn ended_early(&self) -> bool {
-        self.phases.iter().any(|p| p.oom.is_some())
+        self.phases
+            .iter()
+            .any(|p| p.oom.is_some() || p.refused.is_some())
     }
 
     /// The planned phases that resume from a checkpoint.
@@ -856,6 +863,9 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
                 Err(EngineError::OutOfMemory(e)) => {
                     record.oom = Some(Oom::new(None, &e));
                 }
+                Err(e @ EngineError::BadFile { .. }) if from.is_some() => {
+                    record.refused = Some(e.to_string());
+                }
                 Err(e) => return Err(e.into()),
             }
             record.after = match record.ranks.first() {
@@ -869,7 +879,7 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
             };
             record.seconds = phase_start.elapsed().as_secs_f64();
             watch.phase_done(&record, &tracker);
-            let stop = record.oom.is_some();
+            let stop = record.oom.is_some() || record.refused.is_some();
             phases.push(record);
             if stop {
                 break;

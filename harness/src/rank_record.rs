@@ -78,8 +78,8 @@ pub struct RankView {
 
 impl RunRecord {
     /// The record one rank at a time: for a trial on one device, the record itself; else, for
-    /// each world size its phases ran at and each rank of it, those phases with that rank's
-    /// figures and memory model. The host's resident memory is the process's: only rank 0's
+    /// each world size its phases ran at (every planned one, unless the run ended early) and
+    /// each rank of it, those phases with that rank's figures and memory model. The host's resident memory is the process's: only rank 0's
     /// view keeps its budget.
     pub fn views(&self) -> Vec<RankView> {
         if self.worlds.is_empty() {
@@ -89,7 +89,18 @@ impl RunRecord {
             }];
         }
         let mut views = Vec::new();
-        for world in &self.worlds {
+        let ran_at = |world: &WorldModel| {
+            self.planned.iter().any(|p| {
+                p.world_size == world.world_size && self.phases.iter().any(|r| r.phase == p.phase)
+            })
+        };
+        // A run that ended early never reached the world sizes of its later phases: nothing
+        // there to judge.
+        for world in self
+            .worlds
+            .iter()
+            .filter(|w| !self.ended_early() || ran_at(w))
+        {
             for (r, model) in world.ranks.iter().enumerate() {
                 views.push(RankView {
                     rank: (world.world_size > 1).then_some(r),

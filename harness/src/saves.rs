@@ -65,6 +65,9 @@ pub struct SaveRecord {
     pub in_memory: SavedState,
     /// What the checkpoint held on disk once complete; `None` if it was never read.
     pub on_disk: Option<SavedState>,
+    /// Why the checkpoint could not be read back, where it could not (its digests refused).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unreadable: Option<String>,
     /// For an asynchronous save, the files of the checkpoint that differ from (or are missing
     /// in either of) a synchronous save of the same state; `None` when not compared.
     pub differing_files: Option<Vec<String>>,
@@ -72,6 +75,16 @@ pub struct SaveRecord {
     /// records, whose digests above say it all.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub named: Option<State>,
+}
+
+impl SaveRecord {
+    /// Reads the complete checkpoint in `dir` back: what it holds, or why it cannot be read.
+    fn read_back(&mut self, dir: &Path) {
+        match SavedState::on_disk(dir) {
+            Ok(disk) => self.on_disk = Some(disk),
+            Err(e) => self.unreadable = Some(format!("{e:#}")),
+        }
+    }
 }
 
 /// Saves the reference phase's checkpoints as the suite says and records each.
@@ -116,7 +129,7 @@ impl Saver {
             self.pending = Some(record);
         } else {
             let dir = trainer.save(&self.run_dir, self.keep_last)?;
-            record.on_disk = Some(SavedState::on_disk(&dir)?);
+            record.read_back(&dir);
             self.records.push(record);
         }
         Ok(())
@@ -130,7 +143,7 @@ impl Saver {
         };
         let name = step_dir_name(record.step);
         let dir = self.run_dir.join(&name);
-        record.on_disk = Some(SavedState::on_disk(&dir)?);
+        record.read_back(&dir);
         record.differing_files = Some(differing_files(&dir, &self.twin_dir.join(&name))?);
         self.records.push(record);
         Ok(())

@@ -44,9 +44,21 @@ pub struct LoadRequest<'a> {
     pub fresh_moments_if_missing: bool,
 }
 
-/// Reads and verifies the checkpoint at `dir` (a checkpoint or a run directory) into host
-/// tensors leased from `host`.
-pub fn load(host: &MemoryTracker, dir: &Path, req: &LoadRequest<'_>) -> Result<Loaded> {
+/// A checkpoint checked up to its tensors: its state file, the run's identity and step, every
+/// listed file present at its recorded size (mapped), and its configuration the run's.
+pub(super) struct Opened {
+    /// The checkpoint's directory.
+    pub dir: PathBuf,
+    /// Its trainer state.
+    pub state: TrainerState,
+    /// Whether it is sharded (an index and a file per rank).
+    pub sharded: bool,
+    /// Every file the state lists, by name: its path and map.
+    pub mapped: BTreeMap<String, (PathBuf, MappedFile)>,
+}
+
+/// Checks the checkpoint at `dir` (a checkpoint or a run directory) up to its tensors.
+pub(super) fn open(dir: &Path, req: &LoadRequest<'_>) -> Result<Opened> {
     let dir = resolve(dir)?;
     let state = state_file::read(&dir)?.state;
     check_identity(&dir, &state, &req.identity)?;
@@ -96,6 +108,23 @@ pub fn load(host: &MemoryTracker, dir: &Path, req: &LoadRequest<'_>) -> Result<L
             "describes another model shape than the run's; resume with the model it was saved with",
         ));
     }
+    Ok(Opened {
+        dir,
+        state,
+        sharded,
+        mapped,
+    })
+}
+
+/// Reads and verifies the checkpoint at `dir` (a checkpoint or a run directory) into host
+/// tensors leased from `host`.
+pub fn load(host: &MemoryTracker, dir: &Path, req: &LoadRequest<'_>) -> Result<Loaded> {
+    let Opened {
+        dir,
+        state,
+        sharded,
+        mapped,
+    } = open(dir, req)?;
     let header = |name: &str| {
         let (path, file) = &mapped[name];
         Header::read(path, &state.files[name], file.bytes())
@@ -285,7 +314,7 @@ fn check_step(dir: &Path, state: &TrainerState) -> Result<()> {
 }
 
 /// What a damaged file's error tells to do instead.
-const EARLIER: &str = "resume from an earlier checkpoint";
+pub(super) const EARLIER: &str = "resume from an earlier checkpoint";
 
 fn checksum_mismatch(path: &Path) -> EngineError {
     EngineError::bad_file(
@@ -426,7 +455,7 @@ impl Source<'_> {
 }
 
 /// Fails unless a tensor `name` of `shape` and `dtype` is what `spec` needs: f32 of its shape.
-fn match_spec(
+pub(super) fn match_spec(
     name: &str,
     shape: &[usize],
     dtype: Dtype,

@@ -9,9 +9,10 @@
 //! so digests over whole tensors are the same at every world size.
 //!
 //! The chunks of a tensor must tile its rows in rank order; a save whose ranks leave a row
-//! unsaved or save one twice is refused before anything is written. A load assembles every
-//! tensor whole from its chunks and checks the whole tensor's hash, so a chunk put in the
-//! wrong place fails loudly, naming the tensor.
+//! unsaved or save one twice is refused before anything is written. A load on one device
+//! assembles every tensor whole from its chunks, and a load on several ranks streams the rows
+//! each rank read (`RankReads`), through the whole tensor's hash, so a chunk put in the wrong
+//! place fails loudly, naming the tensor.
 
 use super::files::{self, write_synced};
 use super::state::FileRecord;
@@ -48,6 +49,10 @@ pub struct Chunk<'a> {
     pub rows: Range<usize>,
     /// Their raw little-endian bytes.
     pub data: Cow<'a, [u8]>,
+    /// Left out of the rank's file and the index once the ranks' chunks are checked to tile
+    /// their tensors, as a writer that skips the last, short shard does
+    /// ([`crate::Fault::LastUnevenShardDropped`]).
+    pub skipped: bool,
 }
 
 impl<'a> Chunk<'a> {
@@ -65,6 +70,7 @@ impl<'a> Chunk<'a> {
             shape: entry.shape.clone(),
             rows,
             data,
+            skipped: false,
         }
     }
 
@@ -76,6 +82,7 @@ impl<'a> Chunk<'a> {
             shape: shape.to_vec(),
             rows,
             data: entry.data,
+            skipped: false,
         }
     }
 
@@ -87,6 +94,7 @@ impl<'a> Chunk<'a> {
             dtype: self.dtype,
             shape: self.shape,
             rows: self.rows,
+            skipped: self.skipped,
         }
     }
 }
@@ -184,7 +192,7 @@ pub fn write(dir: &Path, ranks: &[RankChunks<'_>]) -> Result<Vec<(String, FileRe
                         .model
                         .iter()
                         .chain(&chunks.optimizer)
-                        .filter(|c| !c.rows.is_empty())
+                        .filter(|c| !c.rows.is_empty() && !c.skipped)
                         .map(|c| Entry {
                             name: c.name.clone(),
                             dtype: c.dtype,
@@ -228,7 +236,7 @@ pub fn write(dir: &Path, ranks: &[RankChunks<'_>]) -> Result<Vec<(String, FileRe
             } else {
                 &chunks.optimizer[i - n_model]
             };
-            if chunk.rows.is_empty() {
+            if chunk.rows.is_empty() || chunk.skipped {
                 continue;
             }
             let byte_range = ranges[rank].next().expect("one range per chunk written");
@@ -351,7 +359,8 @@ pub fn read_index(dir: &Path, files: &BTreeMap<String, FileRecord>, fix: &str) -
     }
     let mut ranges: BTreeMap<&str, Vec<[u64; 2]>> = BTreeMap::new();
     for tensor in index.model.iter().chain(&index.optimizer) {
-        check_tiling(tensor, files).map_err(|m| EngineError::bad_file(&path, m))?;
+        check_tiling(tensor, index.world_size, files)
+            .map_err(|m| EngineError::bad_file(&path, m))?;
         for chunk in &tensor.chunks {
             ranges
                 .entry(&chunk.file)
@@ -388,9 +397,11 @@ pub fn read_index(dir: &Path, files: &BTreeMap<String, FileRecord>, fix: &str) -
 }
 
 /// That `tensor`'s chunks tile its rows in order, each a whole-row block of the right byte
-/// length inside a file of `files`, and that its size is a number this machine can hold.
+/// length inside a file of `files`, and that its size is a number this machine can hold; rows
+/// missing at its end are named with the files of the `world` saving ranks the plan gave them.
 fn check_tiling(
     tensor: &TensorIndex,
+    world: usize,
     files: &BTreeMap<String, FileRecord>,
 ) -> std::result::Result<(), String> {
     let too_large = || {
@@ -432,9 +443,17 @@ fn check_tiling(
         next_row = next_row.saturating_add(chunk.sizes[0]);
     }
     if next_row != rows {
+        let owners: Vec<String> = (0..world)
+            .filter(|&r| {
+                let planned = crate::parallel::plan::rows(rows, world, r);
+                planned.start < rows && planned.end > next_row
+            })
+            .map(|r| rank_file_name(r, world))
+            .collect();
         return Err(format!(
-            "the chunks of {} cover rows 0..{next_row} of its {rows}",
-            tensor.name
+            "the chunks of {} cover rows 0..{next_row} of its {rows}: rows {next_row}..{rows}, which the saving plan gives {}, are in no rank's file (a writer that skipped the last, short shard leaves them out); the tensor cannot be rebuilt from this checkpoint: resume from an earlier checkpoint, or save the state again with a writer that writes every shard",
+            tensor.name,
+            owners.join(" and ")
         ));
     }
     Ok(())
@@ -465,7 +484,12 @@ pub fn regions<'w>(tensor: &TensorIndex, whole: &'w mut [u8]) -> Vec<(String, u6
 /// Fails unless `whole`, assembled from `tensor`'s chunks, has the whole tensor's hash: a chunk
 /// read into the wrong place, or the wrong chunk, is named here.
 pub fn check_whole(index_path: &Path, tensor: &TensorIndex, whole: &[u8]) -> Result<()> {
-    let found = xxh3_hex(&[whole]);
+    check_found(index_path, tensor, &xxh3_hex(&[whole]))
+}
+
+/// Fails unless `found`, the hex XXH3-128 of `tensor` assembled from its chunks, is the whole
+/// tensor's hash.
+pub fn check_found(index_path: &Path, tensor: &TensorIndex, found: &str) -> Result<()> {
     if found == tensor.xxh3_128 {
         return Ok(());
     }

@@ -17,6 +17,7 @@ pub mod collective;
 pub mod experts;
 pub mod plan;
 pub mod ranks;
+pub mod source;
 
 use serde::{Deserialize, Serialize};
 

@@ -22,6 +22,7 @@
 use super::collective::{thread_group, Collective};
 use super::experts;
 use super::plan::{self, shard_of, shard_shape};
+use super::source::{Placed, RowSource, Which};
 use super::{Checkpoints, Parallel, Shard};
 use crate::checkpoint::{Chunk, Entry, RankChunks, Tensors};
 use crate::config::{Precision, TrainConfig};
@@ -57,85 +58,74 @@ pub struct Ranks<D: Device> {
 }
 
 impl<D: Device> Ranks<D> {
-    /// The ranks of `cfg` on `devices` (one per rank), from the f32 `master` weights and, when
-    /// resuming, the saved moments (whole tensors) with their step count, all on the host. Each
-    /// rank receives its copy of the weights and its share of the moments. Without `master`
-    /// the weights are zeros (the memory model's: the counting device holds no values).
+    /// The ranks of `cfg` on `devices` (one per rank), each built from its rows of the whole
+    /// f32 tensors `source` holds (on the host, or in a sharded checkpoint's files); with
+    /// `moments_at`, the AdamW moments too, with their step count. Each rank receives its copy
+    /// of the weights and its share of the moments, the ranks' tensors built concurrently.
+    /// Without `source` every tensor is zeros (the memory model's: the counting device holds no
+    /// values).
     pub fn new(
         cfg: &TrainConfig,
         devices: Vec<D>,
-        master: Option<&Params<Tensor<f32>>>,
-        moments: Option<([Params<Tensor<f32>>; 2], u64)>,
+        source: Option<&dyn RowSource>,
+        moments_at: Option<u64>,
     ) -> Result<Self> {
         let world = devices.len();
-        let specs = param_specs(&cfg.model);
-        let category = cfg.master_category();
-        let host = |i: usize| master.map(|m| m.tensors()[i]);
-        let mut states = Vec::with_capacity(world);
-        for (rank, dev) in devices.into_iter().enumerate() {
-            let whole = |shape: &[usize]| 0..shape.first().copied().unwrap_or(1);
-            let shard = |shape: &[usize]| match cfg.parallel.shard {
-                Shard::None => whole(shape),
-                _ => shard_rows(shape, world, rank, &cfg.faults).0,
-            };
-            let grad_rows = |shape: &[usize]| match cfg.parallel.shard {
-                Shard::Gradients | Shard::Full => shard(shape),
-                Shard::None | Shard::Optimizer => whole(shape),
-            };
-            let weight_rows = |shape: &[usize]| match cfg.parallel.shard {
-                Shard::Full => shard(shape),
-                _ => whole(shape),
-            };
-            let model = &cfg.model;
-            let weights = match cfg.precision {
-                Precision::Fp32 => Weights::Fp32(each_param(model, |i, s| {
-                    place(&dev, host(i), &s.shape, weight_rows(&s.shape), category)
-                })?),
-                Precision::Bf16Mixed => Weights::Bf16Mixed {
-                    compute: each_param(model, |i, s| {
-                        let rows = weight_rows(&s.shape);
-                        let shape = shard_shape(&s.shape, rows.len());
-                        let whole = place(&dev, host(i), &s.shape, rows, category)?;
-                        let mut compute = dev.zeros::<bf16>(&shape, Category::Params)?;
-                        dev.round(&whole, &mut compute)?;
-                        Ok(compute)
-                    })?,
-                    master: each_param(model, |i, s| {
-                        place(&dev, host(i), &s.shape, shard(&s.shape), category)
-                    })?,
-                },
-            };
-            let moments = match &moments {
-                Some(([avg, avg_sq], step)) => {
-                    let moment = |p: &Params<Tensor<f32>>| {
-                        each_param(model, |i, s| {
-                            let t = Some(p.tensors()[i]);
-                            place(&dev, t, &s.shape, shard(&s.shape), Category::Optimizer)
-                        })
-                    };
-                    Some((
-                        Moments {
-                            exp_avg: moment(avg)?,
-                            exp_avg_sq: moment(avg_sq)?,
-                        },
-                        *step,
-                    ))
-                }
-                None => None,
-            };
-            let grads = each_param(model, |_, s| {
-                let shape = shard_shape(&s.shape, grad_rows(&s.shape).len());
-                dev.zeros::<f32>(&shape, Category::Grads)
-            })?;
-            states.push(State::with_weights(cfg, dev, weights, grads, moments)?);
-        }
+        let built: Vec<Result<State<D>>> = std::thread::scope(|scope| {
+            let running: Vec<_> = devices
+                .into_iter()
+                .enumerate()
+                .map(|(rank, dev)| {
+                    scope.spawn(move || build_rank(cfg, dev, (rank, world), source, moments_at))
+                })
+                .collect();
+            running
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(EngineError::Config("a rank's thread panicked".into()))
+                    })
+                })
+                .collect()
+        });
         Ok(Ranks {
-            states,
-            specs,
+            states: built.into_iter().collect::<Result<_>>()?,
+            specs: param_specs(&cfg.model),
             parallel: cfg.parallel,
             faults: cfg.faults.clone(),
             rng_lost_at: None,
         })
+    }
+
+    /// Each rank's rows of parameter `param`'s `which` tensor as it holds them (its weights'
+    /// rows in fp32, its master rows in bf16-mixed, its moment rows), in rank order; nothing of
+    /// a kind the ranks do not hold (moments before the first update).
+    pub fn placed(&self, which: Which, param: usize) -> Result<Placed<'_>> {
+        let world = self.states.len();
+        let shape = &self.specs[param].shape;
+        let mut placed = Vec::with_capacity(world);
+        for (rank, state) in self.states.iter().enumerate() {
+            let t = match which {
+                Which::Master => state.weights().master().tensors()[param],
+                Which::ExpAvg | Which::ExpAvgSq => {
+                    let Some(m) = state.optimizer().moments() else {
+                        return Ok(Vec::new());
+                    };
+                    match which {
+                        Which::ExpAvg => m.exp_avg.tensors()[param],
+                        _ => m.exp_avg_sq.tensors()[param],
+                    }
+                }
+            };
+            let held = t.shape().first().copied().unwrap_or(1);
+            let rows = if held == shape.first().copied().unwrap_or(1) {
+                0..held
+            } else {
+                shard_rows(shape, world, rank, &self.faults).0
+            };
+            placed.push((rows, state.device().raw_bytes(t)?));
+        }
+        Ok(placed)
     }
 
     /// A single rank holding `state`: a run without data parallelism.
@@ -312,7 +302,8 @@ impl<D: Device> Ranks<D> {
     }
 
     /// Rank `rank`'s chunks of its checkpoint `entries`: the whole shard where the rank holds
-    /// them `sharded`, else its rows by the shard plan.
+    /// them `sharded`, else its rows by the shard plan ([`Fault::LastUnevenShardDropped`] marks
+    /// a tensor's last, short shard skipped).
     fn chunks<'s>(
         &self,
         entries: Vec<Entry<'s>>,
@@ -324,12 +315,18 @@ impl<D: Device> Ranks<D> {
             .into_iter()
             .map(|entry| {
                 let spec = self.spec_of(&entry.name)?;
-                Ok(if sharded {
+                let mut chunk = if sharded {
                     let rows = shard_rows(&spec.shape, world, rank, &self.faults).0;
                     Chunk::shard(entry, &spec.shape, rows)
                 } else {
                     Chunk::rows_of(&entry, shard_of(&spec.shape, world, rank).0)
-                })
+                };
+                let d0 = spec.shape.first().copied().unwrap_or(1);
+                let short_last = !chunk.rows.is_empty()
+                    && chunk.rows.end == d0
+                    && chunk.rows.len() < d0.div_ceil(world);
+                chunk.skipped = short_last && self.faults.has(Fault::LastUnevenShardDropped);
+                Ok(chunk)
             })
             .collect()
     }
@@ -467,22 +464,108 @@ fn each_param<T>(
     })
 }
 
-/// Rows `rows` of a tensor of `shape` on `dev`, counted under `category`: a copy of the host
-/// tensor's rows where there is one, zeros where there is none.
+/// Rank `rank` of `world` of `cfg` on `dev`, built from `source` (see [`Ranks::new`]).
+fn build_rank<D: Device>(
+    cfg: &TrainConfig,
+    dev: D,
+    (rank, world): (usize, usize),
+    source: Option<&dyn RowSource>,
+    moments_at: Option<u64>,
+) -> Result<State<D>> {
+    let category = cfg.master_category();
+    let from = |which: Which, i: usize| source.map(|s| (s, which, i));
+    let whole = |shape: &[usize]| 0..shape.first().copied().unwrap_or(1);
+    let shard = |shape: &[usize]| match cfg.parallel.shard {
+        Shard::None => whole(shape),
+        _ => shard_rows(shape, world, rank, &cfg.faults).0,
+    };
+    let grad_rows = |shape: &[usize]| match cfg.parallel.shard {
+        Shard::Gradients | Shard::Full => shard(shape),
+        Shard::None | Shard::Optimizer => whole(shape),
+    };
+    let weight_rows = |shape: &[usize]| match cfg.parallel.shard {
+        Shard::Full => shard(shape),
+        _ => whole(shape),
+    };
+    let model = &cfg.model;
+    let master = |i: usize| from(Which::Master, i);
+    let weights = match cfg.precision {
+        Precision::Fp32 => Weights::Fp32(each_param(model, |i, s| {
+            place(
+                &dev,
+                master(i),
+                &s.shape,
+                weight_rows(&s.shape),
+                category,
+                true,
+            )
+        })?),
+        Precision::Bf16Mixed => Weights::Bf16Mixed {
+            compute: each_param(model, |i, s| {
+                let rows = weight_rows(&s.shape);
+                let shape = shard_shape(&s.shape, rows.len());
+                let whole = place(&dev, master(i), &s.shape, rows, category, false)?;
+                let mut compute = dev.zeros::<bf16>(&shape, Category::Params)?;
+                dev.round(&whole, &mut compute)?;
+                Ok(compute)
+            })?,
+            master: each_param(model, |i, s| {
+                place(&dev, master(i), &s.shape, shard(&s.shape), category, true)
+            })?,
+        },
+    };
+    let moments = match moments_at {
+        Some(step) => {
+            let moment = |which: Which| {
+                each_param(model, |i, s| {
+                    let rows = shard(&s.shape);
+                    place(
+                        &dev,
+                        from(which, i),
+                        &s.shape,
+                        rows,
+                        Category::Optimizer,
+                        true,
+                    )
+                })
+            };
+            Some((
+                Moments {
+                    exp_avg: moment(Which::ExpAvg)?,
+                    exp_avg_sq: moment(Which::ExpAvgSq)?,
+                },
+                step,
+            ))
+        }
+        None => None,
+    };
+    let grads = each_param(model, |_, s| {
+        let shape = shard_shape(&s.shape, grad_rows(&s.shape).len());
+        dev.zeros::<f32>(&shape, Category::Grads)
+    })?;
+    State::with_weights(cfg, dev, weights, grads, moments)
+}
+
+/// Rows `rows` of a tensor of `shape` on `dev`, counted under `category`: read from the
+/// source's `(which, param)` tensor into a host tensor of the rows (the tensor itself on the
+/// CPU) and uploaded, or zeros where there is no source; `kept` unless the rank frees it once
+/// used.
 fn place<D: Device>(
     dev: &D,
-    host: Option<&Tensor<f32>>,
+    from: Option<(&dyn RowSource, Which, usize)>,
     shape: &[usize],
     rows: Range<usize>,
     category: Category,
+    kept: bool,
 ) -> Result<D::Tensor<f32>> {
-    let row = shape.iter().skip(1).product::<usize>();
-    let mut placed = dev.zeros::<f32>(&shard_shape(shape, rows.len()), category)?;
-    if let Some(t) = host {
-        let bytes = &t.as_bytes()[rows.start * row * F32..rows.end * row * F32];
-        dev.write_bytes(&mut placed, 0, bytes)?;
-    }
-    Ok(placed)
+    let placed = shard_shape(shape, rows.len());
+    let Some((source, which, param)) = from else {
+        return dev.zeros::<f32>(&placed, category);
+    };
+    let mut host = Tensor::<f32>::zeros(&dev.host(), &placed, category)?;
+    let bytes = bytemuck::cast_slice_mut(host.as_mut_slice());
+    source.read_rows(which, param, rows, kept, bytes)?;
+    dev.upload(host)
 }
 
 /// One rank's part of a step.

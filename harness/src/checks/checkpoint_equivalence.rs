@@ -51,6 +51,14 @@ fn compare(r: &RunRecord, phase: Phase, save: &SaveRecord, out: &mut Vec<Failure
     } else {
         "a synchronous save"
     };
+    if let (None, Some(refused)) = (&save.on_disk, &save.unreadable) {
+        out.push(
+            fail("checkpoint on disk")
+                .saw("read back once complete", "refused")
+                .detail(refused.clone()),
+        );
+        return 1;
+    }
     let Some(disk) = &save.on_disk else {
         out.push(
             fail("checkpoint on disk")
@@ -153,6 +161,22 @@ mod tests {
         assert_eq!(o.failures.len(), 1);
         assert_eq!(o.failures[0].what, "optimizer digest (masters and moments)");
         assert_eq!(o.failures[0].step, Some(4));
+    }
+
+    #[test]
+    fn a_checkpoint_refused_when_read_back_fails_with_the_refusal() {
+        let mut r = fixtures::run();
+        let s = &mut r.phases[0].saves[1];
+        s.on_disk = None;
+        s.unreadable = Some("shards.json: rows 30..37 are in no rank's file".into());
+        let o = check(&r);
+        assert_eq!(o.failures.len(), 1, "{:?}", o.failures);
+        assert_eq!(o.compared, 3);
+        let m = o.failures[0].to_string();
+        assert!(
+            m.starts_with("checkpoint_equivalence: cpu::s reference step 4: checkpoint on disk: expected read back once complete, got refused; shards.json: rows 30..37"),
+            "{m}"
+        );
     }
 
     #[test]

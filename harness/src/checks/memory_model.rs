@@ -28,7 +28,7 @@ pub fn check(r: &RunRecord) -> Outcome {
     let mut max_diff = 0u64;
     for p in &r.phases {
         let base = p.before.total();
-        if p.phase != Phase::Reference && p.oom.is_none() {
+        if p.phase != Phase::Reference && p.oom.is_none() && p.refused.is_none() {
             compared += 1;
             let own = p.setup.peak.saturating_sub(base);
             max_diff = max_diff.max(own.abs_diff(r.predicted_load));

@@ -627,6 +627,7 @@ pub(crate) mod fixtures {
             on_disk: Some(state),
             differing_files: Some(Vec::new()),
             named: None,
+            unreadable: None,
         }
     }
 

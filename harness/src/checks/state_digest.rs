@@ -16,6 +16,18 @@ pub fn check(r: &RunRecord) -> Outcome {
     let mut compared = 0u64;
     for phase in r.phases.iter().filter(|p| p.phase != Phase::Reference) {
         let fail = |what: &str| Failure::new(Check::StateDigest, r, what).phase(phase.phase);
+        if let Some(refused) = &phase.refused {
+            let at = r.planned.iter().find(|p| p.phase == phase.phase);
+            out.push(
+                fail("resumed state")
+                    .saw(
+                        format!("the reference's state at step {}", at.map_or(0, |p| p.from)),
+                        "none: the checkpoint was refused at load",
+                    )
+                    .detail(refused.clone()),
+            );
+            continue;
+        }
         if let (None, Some(got)) = (&phase.resumed_digest, &phase.resumed_state) {
             if by_name(r, phase.phase, got, &mut out).is_some() {
                 compared += 1;
@@ -134,6 +146,27 @@ mod tests {
         assert!(o.failures[0]
             .to_string()
             .contains("dropout generator state"));
+    }
+
+    /// A resume whose checkpoint was refused at load fails here, with the refusal, and the run
+    /// ends there: the phases after it are not compared.
+    #[test]
+    fn a_checkpoint_refused_at_load_fails_with_the_refusal() {
+        let mut r = fixtures::run();
+        r.phases.truncate(2);
+        let refused = &mut r.phases[1];
+        refused.resumed_digest = None;
+        refused.reference_digest = None;
+        refused.steps.clear();
+        refused.refused = Some("shards.json: rows 30..37 ... are in no rank's file".into());
+        let o = check(&r);
+        assert_eq!(o.failures.len(), 1, "{:?}", o.failures);
+        let m = o.failures[0].to_string();
+        assert!(
+            m.starts_with("state_digest: cpu::s resume-mid: resumed state: expected the reference's state at step 2, got none: the checkpoint was refused at load; shards.json: rows 30..37"),
+            "{m}"
+        );
+        assert!(r.ended_early());
     }
 
     #[test]

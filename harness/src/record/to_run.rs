@@ -96,6 +96,7 @@ pub fn run_record(lines: Vec<Line>) -> Result<RunRecord> {
                 on_disk: s.on_disk.as_ref().map(saved),
                 differing_files: s.differing_files,
                 named: foreign.then_some(s.state),
+                unreadable: None,
             }),
             Line::Resume(x) => {
                 p.resumed_digest = digest(&x.state).with_context(at)?;
