@@ -6,6 +6,7 @@
 //! accidental damage (truncation, flipped bits, torn writes) at about 15 times sha256's speed, so
 //! verifying costs little next to reading.
 
+use super::reading::{self, FileRead, Verifier, PIECE};
 use super::state::FileRecord;
 use crate::error::{EngineError, Result};
 use crate::regular_file;
@@ -15,16 +16,12 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use xxhash_rust::xxh3::Xxh3Default;
 
-/// Bytes read, and checksummed, at a time: large enough for few system calls, small enough
-/// that a piece is still in cache when it is hashed.
-const PIECE: usize = 1 << 20;
-
 /// Hex sha256 of `bytes`.
 pub fn sha256_hex(bytes: &[u8]) -> String {
     hex(&Sha256::digest(bytes))
 }
 
-fn hex(digest: &[u8]) -> String {
+pub(super) fn hex(digest: &[u8]) -> String {
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
@@ -105,97 +102,24 @@ pub fn checksums(path: &Path) -> Result<FileRecord> {
     })
 }
 
-/// The check loading makes of a file's content: its XXH3-128 where the record has one, else
-/// its sha256 (checkpoints written before XXH3 was recorded).
-enum Verifier {
-    Xxh3(Box<Xxh3Default>),
-    Sha256(Sha256),
-}
-
-impl Verifier {
-    fn for_record(record: &FileRecord) -> Self {
-        match record.xxh3_128 {
-            Some(_) => Verifier::Xxh3(Box::default()),
-            None => Verifier::Sha256(Sha256::new()),
-        }
-    }
-
-    fn update(&mut self, bytes: &[u8]) {
-        match self {
-            Verifier::Xxh3(h) => h.update(bytes),
-            Verifier::Sha256(h) => h.update(bytes),
-        }
-    }
-
-    fn matches(self, record: &FileRecord) -> bool {
-        match (self, &record.xxh3_128) {
-            (Verifier::Xxh3(h), Some(want)) => xxh3_hex(&h) == *want,
-            (Verifier::Sha256(h), _) => hex(&h.finalize()) == record.sha256,
-            (Verifier::Xxh3(_), None) => unreachable!("chosen from the record"),
-        }
-    }
-}
-
-/// A file read once from its start, every byte checksummed as it arrives.
-struct VerifiedStream<'a> {
-    path: &'a Path,
-    file: File,
-    verifier: Verifier,
-    pos: u64,
-    scratch: Vec<u8>,
-}
-
-impl VerifiedStream<'_> {
-    /// Reads `dst.len()` bytes into `dst`, a piece at a time so each is hashed while cached.
-    fn read_into(&mut self, dst: &mut [u8]) -> Result<()> {
-        for piece in dst.chunks_mut(PIECE) {
-            self.file
-                .read_exact(piece)
-                .map_err(|e| EngineError::io(self.path, e))?;
-            self.verifier.update(piece);
-            self.pos += piece.len() as u64;
-        }
-        Ok(())
-    }
-
-    /// Reads up to offset `end` through the scratch piece.
-    fn pass_to(&mut self, end: u64) -> Result<()> {
-        while self.pos < end {
-            let n = (end - self.pos).min(self.scratch.len() as u64) as usize;
-            let mut piece = std::mem::take(&mut self.scratch);
-            let read = self.read_into(&mut piece[..n]);
-            self.scratch = piece;
-            read?;
-        }
-        Ok(())
-    }
-}
-
 /// Reads the file at `path` once, start to end, and says whether its content matches `record`.
 /// The bytes at each `(offset, destination)` region (not overlapping, inside the file) are read
-/// straight into the destination; the rest passes through a scratch piece. Every byte is
-/// checksummed as it arrives, so the file is read once and no copy of it is kept.
+/// straight into the destination; every byte is checksummed as it arrives (see [`reading`]).
 pub fn read_verified(
     path: &Path,
     record: &FileRecord,
-    mut regions: Vec<(u64, &mut [u8])>,
+    regions: Vec<(u64, &mut [u8])>,
 ) -> Result<bool> {
-    let (file, _) = regular_file::open(path, CHECKPOINT_FILE)?;
-    let mut stream = VerifiedStream {
+    let read = FileRead {
         path,
-        file,
-        verifier: Verifier::for_record(record),
-        pos: 0,
-        scratch: vec![0u8; PIECE],
+        record,
+        regions,
     };
-    regions.sort_by_key(|r| r.0);
-    for (offset, dst) in regions {
-        stream.pass_to(offset)?;
-        stream.read_into(dst)?;
-    }
-    stream.pass_to(record.bytes)?;
-    Ok(stream.verifier.matches(record))
+    reading::read_all(vec![read])
+        .pop()
+        .expect("one result for one file")
 }
+
 /// The bytes of the small checkpoint file at `path` (its config or shard index), once they
 /// match `record` (its XXH3-128, or its sha256 in checkpoints written before that was kept);
 /// `fix` ends the error of a mismatch, saying what to use instead.
@@ -318,6 +242,25 @@ mod tests {
             let mut a = [0u8; 17];
             assert!(!read_verified(&path, &record, vec![(40, &mut a[..])]).unwrap());
         }
+    }
+
+    #[test]
+    fn overlapping_regions_and_a_short_file_are_errors_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, bytes, record) = written(dir.path(), 2 * PIECE);
+        let (mut a, mut b) = (vec![0u8; 100], vec![0u8; 100]);
+        let regions = vec![(10, &mut a[..]), (60, &mut b[..])];
+        let e = read_verified(&path, &record, regions)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(&*path.to_string_lossy()), "{e}");
+        assert!(e.contains("two tensors' bytes at offset 60"), "{e}");
+
+        std::fs::write(&path, &bytes[..PIECE + 1]).unwrap();
+        let e = read_verified(&path, &record, vec![(10, &mut a[..])])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(&*path.to_string_lossy()), "{e}");
     }
 
     /// A directory holding one file `f` with `content`.

@@ -23,6 +23,7 @@ pub mod files;
 mod foreign;
 mod load;
 mod lock;
+mod reading;
 mod recover;
 pub mod shards;
 pub mod state;
