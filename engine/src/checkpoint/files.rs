@@ -1,10 +1,11 @@
 //! Durable file operations: write-and-fsync with running checksums, directory fsync, atomic
 //! replacement by rename, verified single-pass reads, and memory maps for headers.
 //!
-//! Every file gets two checksums. Its sha256 is what `sha256sum` prints, for anyone to check a
-//! checkpoint with standard tools. Its XXH3-128 is what loading verifies: it detects the same
-//! accidental damage (truncation, flipped bits, torn writes) at about 15 times sha256's speed, so
-//! verifying costs little next to reading.
+//! Every file is recorded by its XXH3-128, computed as it is written and verified as it is
+//! loaded: it detects accidental damage (truncation, flipped bits, torn writes) as surely as
+//! sha256 at about 15 times its speed, so checksumming costs little next to writing or reading.
+//! The sha256 (what `sha256sum` prints) is computed on demand, by [`checksums`] for `verify`;
+//! checkpoints of format version 3 and older recorded it too, and are still checked by it.
 
 use super::reading::{self, FileRead, Verifier, PIECE};
 use super::state::FileRecord;
@@ -29,47 +30,33 @@ fn xxh3_hex(hasher: &Xxh3Default) -> String {
     format!("{:032x}", hasher.digest128())
 }
 
-/// The sha256 of `parts`, concatenated.
-fn sha256_of(parts: &[&[u8]]) -> String {
-    let mut h = Sha256::new();
-    parts.iter().for_each(|p| h.update(p));
-    hex(&h.finalize())
-}
-
-/// The XXH3-128 of `parts`, concatenated.
-fn xxh3_of(parts: &[&[u8]]) -> String {
-    let mut h = Xxh3Default::new();
-    parts.iter().for_each(|p| h.update(p));
-    xxh3_hex(&h)
-}
-
-/// The record of a file holding `bytes`: its size and both checksums.
+/// The record of a file holding `bytes`: its size and XXH3-128.
 pub fn record(bytes: &[u8]) -> FileRecord {
+    let mut xxh3 = Xxh3Default::new();
+    xxh3.update(bytes);
     FileRecord {
         bytes: bytes.len() as u64,
-        sha256: sha256_of(&[bytes]),
-        xxh3_128: Some(xxh3_of(&[bytes])),
+        sha256: None,
+        xxh3_128: Some(xxh3_hex(&xxh3)),
     }
 }
 
 /// Writes `parts` (concatenated) to a new file at `path`, fsyncs it, and returns its record.
-/// Each checksum is computed from the in-memory parts on a thread of its own while this one
-/// writes and fsyncs, so hashing hides behind the disk.
+/// Each piece is checksummed right after it is written, while it is still in cache, and the
+/// file is fsynced once at the end.
 pub fn write_synced(path: &Path, parts: &[&[u8]]) -> Result<FileRecord> {
     let io = |e| EngineError::io(path, e);
-    std::thread::scope(|scope| {
-        let sha256 = scope.spawn(|| sha256_of(parts));
-        let xxh3 = scope.spawn(|| xxh3_of(parts));
-        let mut file = File::create(path).map_err(io)?;
-        for part in parts {
-            file.write_all(part).map_err(io)?;
-        }
-        file.sync_all().map_err(io)?;
-        Ok(FileRecord {
-            bytes: parts.iter().map(|p| p.len() as u64).sum(),
-            sha256: sha256.join().expect("hashing does not panic"),
-            xxh3_128: Some(xxh3.join().expect("hashing does not panic")),
-        })
+    let mut file = File::create(path).map_err(io)?;
+    let mut xxh3 = Xxh3Default::new();
+    for piece in parts.iter().flat_map(|p| p.chunks(PIECE)) {
+        file.write_all(piece).map_err(io)?;
+        xxh3.update(piece);
+    }
+    file.sync_all().map_err(io)?;
+    Ok(FileRecord {
+        bytes: parts.iter().map(|p| p.len() as u64).sum(),
+        sha256: None,
+        xxh3_128: Some(xxh3_hex(&xxh3)),
     })
 }
 
@@ -77,8 +64,9 @@ pub fn write_synced(path: &Path, parts: &[&[u8]]) -> Result<FileRecord> {
 pub(crate) const CHECKPOINT_FILE: &str =
     "a checkpoint's regular file; restore it or resume from an earlier checkpoint";
 
-/// The size and both checksums of the regular file at `path`, read once up to the size its
-/// metadata gave when it was opened (a FIFO or a device is refused unread).
+/// The size and both checksums of the regular file at `path` (sha256 and XXH3-128, what
+/// `verify` checks), read once up to the size its metadata gave when it was opened (a FIFO or a
+/// device is refused unread).
 pub fn checksums(path: &Path) -> Result<FileRecord> {
     let io = |e| EngineError::io(path, e);
     let (file, len) = regular_file::open(path, CHECKPOINT_FILE)?;
@@ -97,7 +85,7 @@ pub fn checksums(path: &Path) -> Result<FileRecord> {
     }
     Ok(FileRecord {
         bytes,
-        sha256: hex(&sha256.finalize()),
+        sha256: Some(hex(&sha256.finalize())),
         xxh3_128: Some(xxh3_hex(&xxh3)),
     })
 }
@@ -304,22 +292,25 @@ mod tests {
     #[test]
     fn a_record_without_xxh3_is_verified_by_sha256() {
         let dir = tempfile::tempdir().unwrap();
-        let (path, _, record) = written(dir.path(), 1000);
+        let (path, bytes, record) = written(dir.path(), 1000);
+        assert_eq!(record.sha256, None, "a save records XXH3-128 alone");
         let legacy = FileRecord {
+            bytes: record.bytes,
+            sha256: Some(sha256_hex(&bytes)),
             xxh3_128: None,
-            ..record.clone()
         };
+        assert_eq!(checksums(&path).unwrap().sha256, legacy.sha256);
         assert!(read_verified(&path, &legacy, Vec::new()).unwrap());
         let wrong_sha = FileRecord {
-            sha256: sha256_hex(b"other"),
+            sha256: Some(sha256_hex(b"other")),
             ..legacy
         };
         assert!(!read_verified(&path, &wrong_sha, Vec::new()).unwrap());
         // With XXH3 recorded, XXH3 is what is checked.
-        let xxh3_only = FileRecord {
-            sha256: sha256_hex(b"other"),
+        let xxh3_too = FileRecord {
+            sha256: Some(sha256_hex(b"other")),
             ..record
         };
-        assert!(read_verified(&path, &xxh3_only, Vec::new()).unwrap());
+        assert!(read_verified(&path, &xxh3_too, Vec::new()).unwrap());
     }
 }

@@ -254,7 +254,9 @@ impl Verifier {
     pub(super) fn matches(self, record: &FileRecord) -> bool {
         match (self, &record.xxh3_128) {
             (Verifier::Xxh3(h), Some(want)) => format!("{:032x}", h.digest128()) == *want,
-            (Verifier::Sha256(h), _) => super::files::hex(&h.finalize()) == record.sha256,
+            (Verifier::Sha256(h), _) => {
+                record.sha256.as_deref() == Some(&super::files::hex(&h.finalize()))
+            }
             (Verifier::Xxh3(_), None) => unreachable!("chosen from the record"),
         }
     }
