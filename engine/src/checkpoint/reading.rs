@@ -279,7 +279,7 @@ mod tests {
     #[test]
     fn a_files_pieces_cover_it_once_in_order_none_larger_than_a_piece() {
         let mut a = vec![0u8; 2 * PIECE + 3];
-        let mut b = vec![0u8; 5];
+        let mut b = [0u8; 5];
         let len = 4 * PIECE as u64;
         let (a_at, b_at) = (PIECE as u64 / 2, 3 * PIECE as u64);
         let mut pieces = Vec::new();
