@@ -2,20 +2,23 @@
 //!
 //! Each file is cut into pieces: the bytes of a tensor (or a chunk) in pieces of at most
 //! [`PIECE`] bytes, each read straight into its place in the tensor, and the bytes between them
-//! (headers, padding) read into a worker's scratch buffer. Workers, one per core, take pieces in
+//! (headers, padding) read into a buffer of their own. Workers, one per core, take pieces in
 //! file order from one queue, so the files' bytes are shared out evenly whatever their sizes.
-//! A file's checksum must see its bytes in order: the worker that read a piece hashes it as
-//! soon as the pieces before it have been hashed, while it is still in cache. Nothing is read
-//! twice and nothing is kept outside the tensors.
+//! A file's checksum must see its bytes in order: the worker that reads the piece whose turn it
+//! is hashes it at once, while it is in cache, then every piece after it that other workers
+//! have read already; a worker that reads a piece ahead of its turn leaves it for that one and
+//! goes on, so no worker waits for another. Nothing is read twice and nothing is kept outside
+//! the tensors.
 
 use super::files::CHECKPOINT_FILE;
 use super::state::FileRecord;
 use crate::error::{EngineError, Result};
 use crate::regular_file;
 use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::Path;
-use std::sync::{Condvar, Mutex, PoisonError};
+use std::sync::{Mutex, PoisonError};
 use xxhash_rust::xxh3::Xxh3Default;
 
 /// Bytes read, and checksummed, at a time: large enough for few system calls and for the
@@ -58,7 +61,8 @@ pub fn read_all(reads: Vec<FileRead<'_>>) -> Vec<Result<bool>> {
     files.into_iter().map(Reading::finish).collect()
 }
 
-/// Where one piece's bytes go: into a tensor, or through a worker's scratch buffer.
+/// Where one piece's bytes go: into a tensor, or into a buffer of their own (bytes no tensor
+/// holds, checksummed and dropped).
 enum Dest<'a> {
     Tensor(&'a mut [u8]),
     Scratch(usize),
@@ -113,9 +117,8 @@ fn pass(order: &mut Vec<(u64, Dest<'_>)>, from: u64, to: u64) {
     order.extend(starts.map(|at| (at, Dest::Scratch((to - at).min(PIECE as u64) as usize))));
 }
 
-/// Takes pieces from `queue` until it is empty: reads each, then checksums it in its file's turn.
-fn work<'a>(queue: &Mutex<std::vec::IntoIter<Piece<'a>>>, files: &[Reading<'_>]) {
-    let mut scratch = Vec::new();
+/// Takes pieces from `queue` until it is empty: reads each, then checksums what is in turn.
+fn work<'a>(queue: &Mutex<std::vec::IntoIter<Piece<'a>>>, files: &[Reading<'_, 'a>]) {
     loop {
         let next = queue.lock().unwrap_or_else(PoisonError::into_inner).next();
         let Some(piece) = next else { return };
@@ -124,14 +127,20 @@ fn work<'a>(queue: &Mutex<std::vec::IntoIter<Piece<'a>>>, files: &[Reading<'_>])
             continue;
         };
         let read = match piece.into {
-            Dest::Tensor(dst) => read_at(handle, dst, piece.offset).map(|()| &*dst),
+            Dest::Tensor(dst) => read_at(handle, dst, piece.offset).map(|()| Read::Tensor(dst)),
             Dest::Scratch(n) => {
-                scratch.resize(n, 0);
-                read_at(handle, &mut scratch, piece.offset).map(|()| &*scratch)
+                let mut bytes = vec![0; n];
+                read_at(handle, &mut bytes, piece.offset).map(|()| Read::Owned(bytes))
             }
         };
         file.checksum_in_turn(piece.index, read);
     }
+}
+
+/// A piece's bytes, read and waiting for their turn to be checksummed.
+enum Read<'a> {
+    Tensor(&'a [u8]),
+    Owned(Vec<u8>),
 }
 
 /// Fills `buf` from `file` at `offset`.
@@ -160,23 +169,24 @@ fn read_at(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
 }
 
 /// One file being read: its handle and its checksum, which takes the pieces in order.
-struct Reading<'a> {
-    path: &'a Path,
-    record: &'a FileRecord,
+struct Reading<'f, 'a> {
+    path: &'f Path,
+    record: &'f FileRecord,
     handle: Option<File>,
-    turn: Mutex<Turn>,
-    next_turn: Condvar,
+    turn: Mutex<Turn<'a>>,
 }
 
-/// A file's checksum so far: the index of the piece it takes next, or the first error.
-struct Turn {
+/// A file's checksum so far: the index of the piece it takes next, the pieces read ahead of
+/// their turn, and the first error.
+struct Turn<'a> {
     next: usize,
+    ahead: BTreeMap<usize, Read<'a>>,
     verifier: Verifier,
     error: Option<EngineError>,
 }
 
-impl<'a> Reading<'a> {
-    fn new(path: &'a Path, record: &'a FileRecord, planned: Result<File>) -> Self {
+impl<'f, 'a> Reading<'f, 'a> {
+    fn new(path: &'f Path, record: &'f FileRecord, planned: Result<File>) -> Self {
         let (handle, error) = match planned {
             Ok(handle) => (Some(handle), None),
             Err(e) => (None, Some(e)),
@@ -187,33 +197,33 @@ impl<'a> Reading<'a> {
             handle,
             turn: Mutex::new(Turn {
                 next: 0,
+                ahead: BTreeMap::new(),
                 verifier: Verifier::for_record(record),
                 error,
             }),
-            next_turn: Condvar::new(),
         }
     }
 
-    /// Waits until the pieces before piece `index` have been checksummed, then adds the bytes
-    /// `read` gave (or its error) and lets the next piece's worker go on.
-    fn checksum_in_turn(&self, index: usize, read: std::io::Result<&[u8]>) {
+    /// Hands piece `index`'s bytes (or its error) to the checksum: when it is the piece's turn,
+    /// they are hashed at once, and so is every piece after it already read; otherwise they
+    /// wait for the worker whose piece is in turn.
+    fn checksum_in_turn(&self, index: usize, read: std::io::Result<Read<'a>>) {
         let mut turn = self.turn.lock().unwrap_or_else(PoisonError::into_inner);
-        while turn.next != index {
-            turn = self
-                .next_turn
-                .wait(turn)
-                .unwrap_or_else(PoisonError::into_inner);
-        }
-        match read {
-            Ok(bytes) if turn.error.is_none() => turn.verifier.update(bytes),
-            Ok(_) => {}
-            Err(e) => {
-                let error = EngineError::io(self.path, e);
-                turn.error.get_or_insert(error);
+        let read = read.unwrap_or_else(|e| {
+            turn.error.get_or_insert(EngineError::io(self.path, e));
+            Read::Owned(Vec::new())
+        });
+        turn.ahead.insert(index, read);
+        let turn = &mut *turn;
+        while let Some(read) = turn.ahead.remove(&turn.next) {
+            if turn.error.is_none() {
+                turn.verifier.update(match &read {
+                    Read::Tensor(bytes) => bytes,
+                    Read::Owned(bytes) => bytes,
+                });
             }
+            turn.next += 1;
         }
-        turn.next += 1;
-        self.next_turn.notify_all();
     }
 
     /// Whether the file matched its record, or the first error reading it.
