@@ -7,6 +7,7 @@
 //! The sha256 (what `sha256sum` prints) is computed on demand, by [`checksums`] for `verify`;
 //! checkpoints of format version 3 and older recorded it too, and are still checked by it.
 
+pub(crate) use super::reading::CHECKPOINT_FILE;
 use super::reading::{self, FileRead, Verifier, PIECE};
 use super::state::FileRecord;
 use crate::error::{EngineError, Result};
@@ -22,7 +23,7 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     hex(&Sha256::digest(bytes))
 }
 
-pub(super) fn hex(digest: &[u8]) -> String {
+fn hex(digest: &[u8]) -> String {
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
@@ -59,10 +60,6 @@ pub fn write_synced(path: &Path, parts: &[&[u8]]) -> Result<FileRecord> {
         xxh3_128: Some(xxh3_hex(&xxh3)),
     })
 }
-
-/// What a checkpoint's files must be, for the message refusing a FIFO, a device or a directory.
-pub(crate) const CHECKPOINT_FILE: &str =
-    "a checkpoint's regular file; restore it or resume from an earlier checkpoint";
 
 /// The size and both checksums of the regular file at `path` (sha256 and XXH3-128, what
 /// `verify` checks), read once up to the size its metadata gave when it was opened (a FIFO or a

@@ -10,7 +10,6 @@
 //! goes on, so no worker waits for another. Nothing is read twice and nothing is kept outside
 //! the tensors.
 
-use super::files::CHECKPOINT_FILE;
 use super::state::FileRecord;
 use crate::error::{EngineError, Result};
 use crate::regular_file;
@@ -20,6 +19,10 @@ use std::fs::File;
 use std::path::Path;
 use std::sync::{Mutex, PoisonError};
 use xxhash_rust::xxh3::Xxh3Default;
+
+/// What a checkpoint's files must be, for the message refusing a FIFO, a device or a directory.
+pub(crate) const CHECKPOINT_FILE: &str =
+    "a checkpoint's regular file; restore it or resume from an earlier checkpoint";
 
 /// Bytes read, and checksummed, at a time: large enough for few system calls and for the
 /// workers rarely to wait for each other's turn to hash, small enough that a piece is still in
@@ -265,7 +268,7 @@ impl Verifier {
         match (self, &record.xxh3_128) {
             (Verifier::Xxh3(h), Some(want)) => format!("{:032x}", h.digest128()) == *want,
             (Verifier::Sha256(h), _) => {
-                record.sha256.as_deref() == Some(&super::files::hex(&h.finalize()))
+                record.sha256.as_deref() == Some(&format!("{:x}", h.finalize()))
             }
             (Verifier::Xxh3(_), None) => unreachable!("chosen from the record"),
         }
@@ -274,15 +277,24 @@ impl Verifier {
 
 #[cfg(test)]
 mod tests {
-    use super::super::files::{record, write_synced};
     use super::*;
     use std::path::PathBuf;
+
+    /// The record of a file holding `bytes`, as a save writes it.
+    fn record(bytes: &[u8]) -> FileRecord {
+        let xxh3 = xxhash_rust::xxh3::xxh3_128(bytes);
+        FileRecord {
+            bytes: bytes.len() as u64,
+            sha256: None,
+            xxh3_128: Some(format!("{xxh3:032x}")),
+        }
+    }
 
     /// `len` bytes that differ from piece to piece, written to `dir/name` with their record.
     fn written(dir: &Path, name: &str, len: usize, seed: usize) -> (PathBuf, Vec<u8>, FileRecord) {
         let bytes: Vec<u8> = (0..len).map(|i| ((i + seed) * 7 % 251) as u8).collect();
         let path = dir.join(name);
-        write_synced(&path, &[&bytes]).unwrap();
+        std::fs::write(&path, &bytes).unwrap();
         (path, bytes.clone(), record(&bytes))
     }
 
