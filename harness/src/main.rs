@@ -155,7 +155,8 @@ enum Command {
     /// Predicted memory of a training step, part by part and phase by phase.
     #[command(after_help = exit_codes::estimate_help())]
     Estimate(estimate_cmd::EstimateArgs),
-    /// Checks checkpoints' files against their recorded sizes, sha256 and XXH3-128 checksums.
+    /// Checks checkpoints' files against their recorded sizes and checksums (XXH3-128, and sha256
+    /// where recorded), printing each intact file's sha256.
     #[command(after_help = exit_codes::verify_help())]
     Verify {
         /// Checkpoint directories, or run directories (their `latest` is checked).
@@ -335,7 +336,9 @@ fn verify(paths: &[PathBuf]) -> Result<u8> {
                 let bad = verdicts.iter().filter(|v| v.problem.is_some()).count();
                 for v in verdicts {
                     let size = format!("{} bytes", v.bytes);
-                    let note = v.note.map(|n| format!(" ({n})")).unwrap_or_default();
+                    let sha256 = v.sha256.map(|s| format!(", sha256 {s}"));
+                    let note = v.note.map(|n| format!(" ({n})"));
+                    let note = sha256.unwrap_or_default() + &note.unwrap_or_default();
                     match v.problem {
                         None => writeln!(out, "  ok       {:<24} {size}{note}", v.name)?,
                         Some(why) => writeln!(out, "  DAMAGED  {:<24} {size}: {why}", v.name)?,

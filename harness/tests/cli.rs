@@ -606,11 +606,14 @@ fn verify_reports_intact_and_damaged_files() {
     let out = harness(&["verify"], &[&run]);
     assert!(out.status.success(), "{}", text(&out));
     let stdout = String::from_utf8_lossy(&out.stdout);
+    let latest = std::fs::read_to_string(run.join("latest")).unwrap();
     for name in ["config.json", "model.safetensors", "optimizer.safetensors"] {
+        let bytes = std::fs::read(run.join(latest.trim()).join(name)).unwrap();
+        let sha256 = ckpt_engine::checkpoint::files::sha256_hex(&bytes);
         assert!(
-            stdout
-                .lines()
-                .any(|l| l.trim_start().starts_with("ok") && l.contains(name)),
+            stdout.lines().any(|l| l.trim_start().starts_with("ok")
+                && l.contains(name)
+                && l.ends_with(&format!("sha256 {sha256}"))),
             "{stdout}"
         );
     }
@@ -619,7 +622,6 @@ fn verify_reports_intact_and_damaged_files() {
         "{stdout}"
     );
 
-    let latest = std::fs::read_to_string(run.join("latest")).unwrap();
     let model = run.join(latest.trim()).join("model.safetensors");
     let mut bytes = std::fs::read(&model).unwrap();
     let at = bytes.len() / 2;
@@ -631,7 +633,7 @@ fn verify_reports_intact_and_damaged_files() {
     assert!(
         stdout.lines().any(|l| l.contains("DAMAGED")
             && l.contains("model.safetensors")
-            && l.contains("sha256")),
+            && l.contains("XXH3-128")),
         "{stdout}"
     );
     assert!(stdout.contains("0 intact, 1 damaged"), "{stdout}");

@@ -1,11 +1,14 @@
 //! Durable file operations: write-and-fsync with running checksums, directory fsync, atomic
 //! replacement by rename, verified single-pass reads, and memory maps for headers.
 //!
-//! Every file gets two checksums. Its sha256 is what `sha256sum` prints, for anyone to check a
-//! checkpoint with standard tools. Its XXH3-128 is what loading verifies: it detects the same
-//! accidental damage (truncation, flipped bits, torn writes) at about 15 times sha256's speed, so
-//! verifying costs little next to reading.
+//! Every file is recorded by its XXH3-128, computed as it is written and verified as it is
+//! loaded: it detects accidental damage (truncation, flipped bits, torn writes) as surely as
+//! sha256 at about 15 times its speed, so checksumming costs little next to writing or reading.
+//! The sha256 (what `sha256sum` prints) is computed on demand, by [`checksums`] for `verify`;
+//! checkpoints of format version 3 and older recorded it too, and are still checked by it.
 
+pub(crate) use super::reading::CHECKPOINT_FILE;
+use super::reading::{self, FileRead, Verifier, PIECE};
 use super::state::FileRecord;
 use crate::error::{EngineError, Result};
 use crate::regular_file;
@@ -14,10 +17,6 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use xxhash_rust::xxh3::Xxh3Default;
-
-/// Bytes read, and checksummed, at a time: large enough for few system calls, small enough
-/// that a piece is still in cache when it is hashed.
-const PIECE: usize = 1 << 20;
 
 /// Hex sha256 of `bytes`.
 pub fn sha256_hex(bytes: &[u8]) -> String {
@@ -32,56 +31,39 @@ fn xxh3_hex(hasher: &Xxh3Default) -> String {
     format!("{:032x}", hasher.digest128())
 }
 
-/// The sha256 of `parts`, concatenated.
-fn sha256_of(parts: &[&[u8]]) -> String {
-    let mut h = Sha256::new();
-    parts.iter().for_each(|p| h.update(p));
-    hex(&h.finalize())
-}
-
-/// The XXH3-128 of `parts`, concatenated.
-fn xxh3_of(parts: &[&[u8]]) -> String {
-    let mut h = Xxh3Default::new();
-    parts.iter().for_each(|p| h.update(p));
-    xxh3_hex(&h)
-}
-
-/// The record of a file holding `bytes`: its size and both checksums.
+/// The record of a file holding `bytes`: its size and XXH3-128.
 pub fn record(bytes: &[u8]) -> FileRecord {
+    let mut xxh3 = Xxh3Default::new();
+    xxh3.update(bytes);
     FileRecord {
         bytes: bytes.len() as u64,
-        sha256: sha256_of(&[bytes]),
-        xxh3_128: Some(xxh3_of(&[bytes])),
+        sha256: None,
+        xxh3_128: Some(xxh3_hex(&xxh3)),
     }
 }
 
 /// Writes `parts` (concatenated) to a new file at `path`, fsyncs it, and returns its record.
-/// Each checksum is computed from the in-memory parts on a thread of its own while this one
-/// writes and fsyncs, so hashing hides behind the disk.
+/// Each piece is checksummed right after it is written, while it is still in cache, and the
+/// file is fsynced once at the end.
 pub fn write_synced(path: &Path, parts: &[&[u8]]) -> Result<FileRecord> {
     let io = |e| EngineError::io(path, e);
-    std::thread::scope(|scope| {
-        let sha256 = scope.spawn(|| sha256_of(parts));
-        let xxh3 = scope.spawn(|| xxh3_of(parts));
-        let mut file = File::create(path).map_err(io)?;
-        for part in parts {
-            file.write_all(part).map_err(io)?;
-        }
-        file.sync_all().map_err(io)?;
-        Ok(FileRecord {
-            bytes: parts.iter().map(|p| p.len() as u64).sum(),
-            sha256: sha256.join().expect("hashing does not panic"),
-            xxh3_128: Some(xxh3.join().expect("hashing does not panic")),
-        })
+    let mut file = File::create(path).map_err(io)?;
+    let mut xxh3 = Xxh3Default::new();
+    for piece in parts.iter().flat_map(|p| p.chunks(PIECE)) {
+        file.write_all(piece).map_err(io)?;
+        xxh3.update(piece);
+    }
+    file.sync_all().map_err(io)?;
+    Ok(FileRecord {
+        bytes: parts.iter().map(|p| p.len() as u64).sum(),
+        sha256: None,
+        xxh3_128: Some(xxh3_hex(&xxh3)),
     })
 }
 
-/// What a checkpoint's files must be, for the message refusing a FIFO, a device or a directory.
-pub(crate) const CHECKPOINT_FILE: &str =
-    "a checkpoint's regular file; restore it or resume from an earlier checkpoint";
-
-/// The size and both checksums of the regular file at `path`, read once up to the size its
-/// metadata gave when it was opened (a FIFO or a device is refused unread).
+/// The size and both checksums of the regular file at `path` (sha256 and XXH3-128, what
+/// `verify` checks), read once up to the size its metadata gave when it was opened (a FIFO or a
+/// device is refused unread).
 pub fn checksums(path: &Path) -> Result<FileRecord> {
     let io = |e| EngineError::io(path, e);
     let (file, len) = regular_file::open(path, CHECKPOINT_FILE)?;
@@ -100,102 +82,29 @@ pub fn checksums(path: &Path) -> Result<FileRecord> {
     }
     Ok(FileRecord {
         bytes,
-        sha256: hex(&sha256.finalize()),
+        sha256: Some(hex(&sha256.finalize())),
         xxh3_128: Some(xxh3_hex(&xxh3)),
     })
 }
 
-/// The check loading makes of a file's content: its XXH3-128 where the record has one, else
-/// its sha256 (checkpoints written before XXH3 was recorded).
-enum Verifier {
-    Xxh3(Box<Xxh3Default>),
-    Sha256(Sha256),
-}
-
-impl Verifier {
-    fn for_record(record: &FileRecord) -> Self {
-        match record.xxh3_128 {
-            Some(_) => Verifier::Xxh3(Box::default()),
-            None => Verifier::Sha256(Sha256::new()),
-        }
-    }
-
-    fn update(&mut self, bytes: &[u8]) {
-        match self {
-            Verifier::Xxh3(h) => h.update(bytes),
-            Verifier::Sha256(h) => h.update(bytes),
-        }
-    }
-
-    fn matches(self, record: &FileRecord) -> bool {
-        match (self, &record.xxh3_128) {
-            (Verifier::Xxh3(h), Some(want)) => xxh3_hex(&h) == *want,
-            (Verifier::Sha256(h), _) => hex(&h.finalize()) == record.sha256,
-            (Verifier::Xxh3(_), None) => unreachable!("chosen from the record"),
-        }
-    }
-}
-
-/// A file read once from its start, every byte checksummed as it arrives.
-struct VerifiedStream<'a> {
-    path: &'a Path,
-    file: File,
-    verifier: Verifier,
-    pos: u64,
-    scratch: Vec<u8>,
-}
-
-impl VerifiedStream<'_> {
-    /// Reads `dst.len()` bytes into `dst`, a piece at a time so each is hashed while cached.
-    fn read_into(&mut self, dst: &mut [u8]) -> Result<()> {
-        for piece in dst.chunks_mut(PIECE) {
-            self.file
-                .read_exact(piece)
-                .map_err(|e| EngineError::io(self.path, e))?;
-            self.verifier.update(piece);
-            self.pos += piece.len() as u64;
-        }
-        Ok(())
-    }
-
-    /// Reads up to offset `end` through the scratch piece.
-    fn pass_to(&mut self, end: u64) -> Result<()> {
-        while self.pos < end {
-            let n = (end - self.pos).min(self.scratch.len() as u64) as usize;
-            let mut piece = std::mem::take(&mut self.scratch);
-            let read = self.read_into(&mut piece[..n]);
-            self.scratch = piece;
-            read?;
-        }
-        Ok(())
-    }
-}
-
 /// Reads the file at `path` once, start to end, and says whether its content matches `record`.
 /// The bytes at each `(offset, destination)` region (not overlapping, inside the file) are read
-/// straight into the destination; the rest passes through a scratch piece. Every byte is
-/// checksummed as it arrives, so the file is read once and no copy of it is kept.
+/// straight into the destination; every byte is checksummed as it arrives (see [`reading`]).
 pub fn read_verified(
     path: &Path,
     record: &FileRecord,
-    mut regions: Vec<(u64, &mut [u8])>,
+    regions: Vec<(u64, &mut [u8])>,
 ) -> Result<bool> {
-    let (file, _) = regular_file::open(path, CHECKPOINT_FILE)?;
-    let mut stream = VerifiedStream {
+    let read = FileRead {
         path,
-        file,
-        verifier: Verifier::for_record(record),
-        pos: 0,
-        scratch: vec![0u8; PIECE],
+        record,
+        regions,
     };
-    regions.sort_by_key(|r| r.0);
-    for (offset, dst) in regions {
-        stream.pass_to(offset)?;
-        stream.read_into(dst)?;
-    }
-    stream.pass_to(record.bytes)?;
-    Ok(stream.verifier.matches(record))
+    reading::read_all(vec![read])
+        .pop()
+        .expect("one result for one file")
 }
+
 /// The bytes of the small checkpoint file at `path` (its config or shard index), once they
 /// match `record` (its XXH3-128, or its sha256 in checkpoints written before that was kept);
 /// `fix` ends the error of a mismatch, saying what to use instead.
@@ -320,6 +229,25 @@ mod tests {
         }
     }
 
+    #[test]
+    fn overlapping_regions_and_a_short_file_are_errors_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, bytes, record) = written(dir.path(), 2 * PIECE);
+        let (mut a, mut b) = (vec![0u8; 100], vec![0u8; 100]);
+        let regions = vec![(10, &mut a[..]), (60, &mut b[..])];
+        let e = read_verified(&path, &record, regions)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(&*path.to_string_lossy()), "{e}");
+        assert!(e.contains("two tensors' bytes at offset 60"), "{e}");
+
+        std::fs::write(&path, &bytes[..PIECE + 1]).unwrap();
+        let e = read_verified(&path, &record, vec![(10, &mut a[..])])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(&*path.to_string_lossy()), "{e}");
+    }
+
     /// A directory holding one file `f` with `content`.
     fn dir_with(parent: &Path, name: &str, content: &str) -> PathBuf {
         let dir = parent.join(name);
@@ -361,22 +289,25 @@ mod tests {
     #[test]
     fn a_record_without_xxh3_is_verified_by_sha256() {
         let dir = tempfile::tempdir().unwrap();
-        let (path, _, record) = written(dir.path(), 1000);
+        let (path, bytes, record) = written(dir.path(), 1000);
+        assert_eq!(record.sha256, None, "a save records XXH3-128 alone");
         let legacy = FileRecord {
+            bytes: record.bytes,
+            sha256: Some(sha256_hex(&bytes)),
             xxh3_128: None,
-            ..record.clone()
         };
+        assert_eq!(checksums(&path).unwrap().sha256, legacy.sha256);
         assert!(read_verified(&path, &legacy, Vec::new()).unwrap());
         let wrong_sha = FileRecord {
-            sha256: sha256_hex(b"other"),
+            sha256: Some(sha256_hex(b"other")),
             ..legacy
         };
         assert!(!read_verified(&path, &wrong_sha, Vec::new()).unwrap());
         // With XXH3 recorded, XXH3 is what is checked.
-        let xxh3_only = FileRecord {
-            sha256: sha256_hex(b"other"),
+        let xxh3_too = FileRecord {
+            sha256: Some(sha256_hex(b"other")),
             ..record
         };
-        assert!(read_verified(&path, &xxh3_only, Vec::new()).unwrap());
+        assert!(read_verified(&path, &xxh3_too, Vec::new()).unwrap());
     }
 }

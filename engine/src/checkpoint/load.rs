@@ -3,6 +3,7 @@
 //! once straight into them while its checksum is verified.
 
 use super::files::{self, MappedFile};
+use super::reading::{self, FileRead};
 use super::state::{comparable, first_difference, FileRecord, TrainerState};
 use super::{
     fingerprint, resolve, shards, state_file, step_of_dir_name, CONFIG_FILE, MODEL_FILE,
@@ -195,25 +196,17 @@ pub fn load(host: &MemoryTracker, dir: &Path, req: &LoadRequest<'_>) -> Result<L
         }
         places.extend(avg_at.into_iter().chain(sq_at));
     }
-    let reads: Vec<(&PathBuf, Result<bool>)> = std::thread::scope(|scope| {
-        let running: Vec<_> = mapped
-            .iter()
-            .filter(|(name, _)| ![CONFIG_FILE, SHARDS_FILE].contains(&name.as_str()))
-            .map(|(name, (path, _))| {
-                let record = &state.files[name];
-                let regions = regions.remove(name.as_str()).unwrap_or_default();
-                (
-                    path,
-                    scope.spawn(move || files::read_verified(path, record, regions)),
-                )
-            })
-            .collect();
-        running
-            .into_iter()
-            .map(|(path, reading)| (path, reading.join().expect("reading does not panic")))
-            .collect()
-    });
-    for (path, read) in reads {
+    let reads: Vec<_> = mapped
+        .iter()
+        .filter(|(name, _)| ![CONFIG_FILE, SHARDS_FILE].contains(&name.as_str()))
+        .map(|(name, (path, _))| FileRead {
+            path,
+            record: &state.files[name],
+            regions: regions.remove(name.as_str()).unwrap_or_default(),
+        })
+        .collect();
+    let paths: Vec<&Path> = reads.iter().map(|r| r.path).collect();
+    for (path, read) in paths.into_iter().zip(reading::read_all(reads)) {
         if !read? {
             return Err(checksum_mismatch(path));
         }

@@ -24,6 +24,7 @@ mod foreign;
 mod load;
 mod lock;
 mod rank_reads;
+mod reading;
 mod recover;
 pub mod shards;
 pub mod state;

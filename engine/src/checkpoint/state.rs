@@ -7,10 +7,11 @@ use crate::optim::Schedule;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-/// The layout of a checkpoint in one device's files; this build reads it, older versions, and
-/// [`SHARDED_FORMAT_VERSION`]. Version 2 added
-/// `trainer_state.json.sha256` (see [`super::state_file`]).
-pub const FORMAT_VERSION: u32 = 2;
+/// The layout of a checkpoint this build writes; it reads it and every older version. Version 2
+/// added `trainer_state.json.sha256` (see [`super::state_file`]), [`SHARDED_FORMAT_VERSION`]
+/// the sharded layout, and version 4 records each file by its XXH3-128 alone: sha256 is
+/// computed on demand (`verify`) instead of on every save.
+pub const FORMAT_VERSION: u32 = 4;
 
 /// The version of a checkpoint saved by several ranks without gathering: its tensors are in a
 /// file per rank and [`super::shards::SHARDS_FILE`] (see [`super::shards`]). Builds before it
@@ -22,8 +23,10 @@ pub const SHARDED_FORMAT_VERSION: u32 = 3;
 pub struct FileRecord {
     /// Size in bytes.
     pub bytes: u64,
-    /// Hex sha256 of the content, as `sha256sum` prints it.
-    pub sha256: String,
+    /// Hex sha256 of the content, as `sha256sum` prints it (recorded up to format version 3:
+    /// later checkpoints leave it to `verify`, which computes it on demand).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
     /// Hex XXH3-128 of the content, which loading verifies (absent in checkpoints written
     /// before it was recorded: loading verifies their sha256).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -9,7 +9,7 @@
 //! is damage.
 
 use super::files::{sha256_hex, write_synced, CHECKPOINT_FILE};
-use super::state::{child_path, TrainerState, VersionProbe, SHARDED_FORMAT_VERSION};
+use super::state::{child_path, TrainerState, VersionProbe, FORMAT_VERSION};
 use super::{STATE_FILE, STATE_SUM_FILE};
 use crate::error::EngineError;
 use crate::regular_file;
@@ -77,11 +77,11 @@ pub fn read(dir: &Path) -> Result<StateFile, StateError> {
             format!("not a trainer state ({e}); the file is damaged"),
         )
     })?;
-    if probe.format_version > SHARDED_FORMAT_VERSION {
+    if probe.format_version > FORMAT_VERSION {
         return Err(StateError::Newer(EngineError::bad_file(
             &path,
             format!(
-                "format version {} was written by a newer ckpt-harness; this build reads up to version {SHARDED_FORMAT_VERSION}; upgrade to load it",
+                "format version {} was written by a newer ckpt-harness; this build reads up to version {FORMAT_VERSION}; upgrade to load it",
                 probe.format_version
             ),
         )));
@@ -141,8 +141,8 @@ fn read_sidecar(dir: &Path) -> Result<Option<String>, StateError> {
 /// Writes `state` into `dir` as `trainer_state.json`, then its sidecar, each fsynced.
 pub(crate) fn write(dir: &Path, state: &TrainerState) -> crate::Result<()> {
     let json = serde_json::to_vec_pretty(state).expect("a trainer state is plain JSON");
-    let record = write_synced(&dir.join(STATE_FILE), &[&json])?;
-    write_sidecar(dir, &record.sha256)
+    write_synced(&dir.join(STATE_FILE), &[&json])?;
+    write_sidecar(dir, &sha256_hex(&json))
 }
 
 /// Records the checksum of `dir`'s state file as it is now in its sidecar: for tools and tests

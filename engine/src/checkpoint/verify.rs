@@ -1,6 +1,8 @@
 //! A full check of a checkpoint's files without a run configuration: what
 //! `ckpt-harness verify` reports. The state file is checked against its sidecar, every other
-//! file against the size, sha256 and XXH3-128 the state records (loading checks only the XXH3),
+//! file against the size and checksums the state records (XXH3-128; sha256 too in checkpoints
+//! of format version 3 and older; loading checks only the XXH3), each file's sha256 computed
+//! on demand and reported for checking against `sha256sum`,
 //! and a sharded checkpoint's index against its chunks: each chunk's hash, and each tensor
 //! assembled whole against its own.
 
@@ -23,6 +25,9 @@ pub struct FileVerdict {
     pub problem: Option<String>,
     /// What to know about an intact file: a state file written before it had a checksum.
     pub note: Option<String>,
+    /// The sha256 of an intact file as read now (what `sha256sum` prints); `None` for the state
+    /// file (its sidecar holds it) and for a damaged file.
+    pub sha256: Option<String>,
 }
 
 impl FileVerdict {
@@ -32,6 +37,7 @@ impl FileVerdict {
             bytes,
             problem,
             note: None,
+            sha256: None,
         }
     }
 }
@@ -70,7 +76,11 @@ pub fn verify(path: &Path) -> Result<(PathBuf, Vec<FileVerdict>)> {
         ..FileVerdict::new(STATE_FILE, state.bytes, None)
     }];
     verdicts.extend(state.state.files.iter().map(|(name, record)| {
-        FileVerdict::new(name, record.bytes, problem(&dir, name, record).err())
+        let checked = problem(&dir, name, record);
+        FileVerdict {
+            sha256: checked.as_ref().ok().cloned(),
+            ..FileVerdict::new(name, record.bytes, checked.err())
+        }
     }));
     let intact_files = verdicts.iter().all(|v| v.problem.is_none());
     if let Some(index) = verdicts.iter_mut().find(|v| v.name == SHARDS_FILE) {
@@ -136,8 +146,12 @@ fn size(path: &Path) -> u64 {
     std::fs::metadata(path).map_or(0, |m| m.len())
 }
 
-/// The first thing wrong with file `name` of `dir`, as `Err`.
-fn problem(dir: &Path, name: &str, record: &super::FileRecord) -> std::result::Result<(), String> {
+/// The first thing wrong with file `name` of `dir`, as `Err`; its sha256 when it is intact.
+fn problem(
+    dir: &Path,
+    name: &str,
+    record: &super::FileRecord,
+) -> std::result::Result<String, String> {
     if name.contains('/') || name.starts_with('.') || [STATE_FILE, STATE_SUM_FILE].contains(&name) {
         return Err(format!("{STATE_FILE} lists an invalid file name {name:?}"));
     }
@@ -156,11 +170,18 @@ fn problem(dir: &Path, name: &str, record: &super::FileRecord) -> std::result::R
             found.bytes, record.bytes
         ));
     }
-    if found.sha256 != record.sha256 {
+    if record.sha256.is_none() && record.xxh3_128.is_none() {
         return Err(format!(
-            "sha256 {} differs from the recorded {}",
-            found.sha256, record.sha256
+            "has no recorded checksum in {STATE_FILE} (it was edited); its content cannot be checked"
         ));
+    }
+    if let Some(want) = &record.sha256 {
+        if found.sha256.as_ref() != Some(want) {
+            return Err(format!(
+                "sha256 {} differs from the recorded {want}",
+                found.sha256.unwrap_or_default()
+            ));
+        }
     }
     if let Some(want) = &record.xxh3_128 {
         if found.xxh3_128.as_ref() != Some(want) {
@@ -175,7 +196,7 @@ fn problem(dir: &Path, name: &str, record: &super::FileRecord) -> std::result::R
         SafeTensors::read_metadata(map.bytes())
             .map_err(|e| format!("not a valid safetensors file: {e}"))?;
     }
-    Ok(())
+    Ok(found.sha256.unwrap_or_default())
 }
 
 #[cfg(test)]
@@ -227,14 +248,24 @@ mod tests {
         let (_, verdicts) = verify(&dir).unwrap();
         for v in &verdicts {
             assert_eq!(v.problem, None, "{}", v.name);
+            if v.name != STATE_FILE {
+                let bytes = std::fs::read(dir.join(&v.name)).unwrap();
+                assert_eq!(v.sha256, Some(files::sha256_hex(&bytes)), "{}", v.name);
+            }
             assert_eq!(v.bytes, size(&dir.join(&v.name)), "{}", v.name);
             assert!(v.bytes > 1, "{}", v.name);
         }
         let record = FileRecord {
             bytes: 1,
-            sha256: String::new(),
+            sha256: None,
             xxh3_128: None,
         };
+        let real = FileRecord {
+            bytes: size(&dir.join(super::super::MODEL_FILE)),
+            ..record.clone()
+        };
+        let e = problem(&dir, super::super::MODEL_FILE, &real).unwrap_err();
+        assert!(e.starts_with("has no recorded checksum"), "{e}");
         for name in ["sub/model.safetensors", ".hidden", STATE_SUM_FILE] {
             let e = problem(&dir, name, &record).unwrap_err();
             assert_eq!(
