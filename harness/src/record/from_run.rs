@@ -93,6 +93,7 @@ fn phase_lines(r: &RunRecord, p: &PhaseRecord, seeds: &BTreeMap<String, u64>) ->
             allocated: Some(o.allocated),
             by_category: Some(o.by_category),
         }),
+        refused: p.refused.clone(),
         seconds: Some(p.seconds),
     })));
     out
@@ -252,6 +253,7 @@ fn saved(phase: Phase, s: &SaveRecord) -> SaveLine {
         asynchronous: Some(s.asynchronous),
         state: tensors(&s.in_memory),
         on_disk: s.on_disk.as_ref().map(tensors),
+        unreadable: s.unreadable.clone(),
         differing_files: s.differing_files.clone(),
     }
 }

@@ -239,6 +239,9 @@ pub struct SaveLine {
     /// What the checkpoint held on disk once complete.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_disk: Option<State>,
+    /// Why the checkpoint could not be read back once complete, where it could not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unreadable: Option<String>,
     /// An asynchronous save's files that differ from a synchronous save's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub differing_files: Option<Vec<String>>,
@@ -303,6 +306,10 @@ pub struct PhaseEndLine {
     /// The out-of-memory error that ended the phase early.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub oom: Option<Oom>,
+    /// The error refusing the checkpoint the phase was to resume from, which ended it before
+    /// its first step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
     /// Wall-clock seconds of the phase.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seconds: Option<f64>,

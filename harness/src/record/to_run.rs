@@ -96,7 +96,7 @@ pub fn run_record(lines: Vec<Line>) -> Result<RunRecord> {
                 on_disk: s.on_disk.as_ref().map(saved),
                 differing_files: s.differing_files,
                 named: foreign.then_some(s.state),
-                unreadable: None,
+                unreadable: s.unreadable,
             }),
             Line::Resume(x) => {
                 p.resumed_digest = digest(&x.state).with_context(at)?;
@@ -129,6 +129,7 @@ pub fn run_record(lines: Vec<Line>) -> Result<RunRecord> {
                     allocated: o.allocated.unwrap_or_default(),
                     by_category: o.by_category.unwrap_or_default(),
                 });
+                p.refused = e.refused;
                 p.seconds = e.seconds.unwrap_or_default();
             }
         }
@@ -184,7 +185,7 @@ impl Seen {
             }
             Line::Save(s) => {
                 self.save_lines += 1;
-                self.on_disk |= s.on_disk.is_some();
+                self.on_disk |= s.on_disk.is_some() || s.unreadable.is_some();
             }
             Line::PhaseEnd(e) => {
                 self.phase_ends_by_category += usize::from(e.memory_after.by_category.is_some());
