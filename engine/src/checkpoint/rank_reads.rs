@@ -12,6 +12,7 @@
 //! it does not keep.
 
 use super::load::{match_spec, open, LoadRequest, EARLIER};
+use super::reading::read_at;
 use super::shards::{self, read_index, TensorIndex};
 use super::state::TrainerState;
 use crate::error::{EngineError, Result};
@@ -187,7 +188,7 @@ impl RankReads {
     /// intact, one is out of place.
     fn check_whole(&self, read: &Read, pieces: &Placed<'_>) -> Result<()> {
         let tensor = &read.tensor;
-        let row = row_bytes(tensor);
+        let row = tensor.row_bytes();
         let rows = tensor.shape.first().copied().unwrap_or(1);
         let (mut next, mut whole) = read
             .stream
@@ -217,8 +218,7 @@ impl RankReads {
         if found != tensor.xxh3_128 {
             for (chunk, checked) in tensor.chunks.iter().zip(&read.checked) {
                 if !checked.load(Ordering::Relaxed) {
-                    let start = chunk.offsets.first().copied().unwrap_or(0);
-                    let held = start..start + chunk.sizes.first().copied().unwrap_or(0);
+                    let held = chunk.rows();
                     gap.resize(held.len() * row, 0);
                     self.read_into(read, held, &mut gap)?;
                 }
@@ -231,10 +231,9 @@ impl RankReads {
     /// that lies whole inside them against its hash.
     fn read_into(&self, read: &Read, rows: Range<usize>, dst: &mut [u8]) -> Result<()> {
         let tensor = &read.tensor;
-        let row = row_bytes(tensor);
+        let row = tensor.row_bytes();
         for (chunk, checked) in tensor.chunks.iter().zip(&read.checked) {
-            let start = chunk.offsets.first().copied().unwrap_or(0);
-            let held = start..start + chunk.sizes.first().copied().unwrap_or(0);
+            let held = chunk.rows();
             let (from, to) = (held.start.max(rows.start), held.end.min(rows.end));
             if from >= to {
                 continue;
@@ -247,7 +246,7 @@ impl RankReads {
             let file = &self.files[&chunk.file];
             let mut offset = at;
             for piece in into.chunks_mut(PIECE) {
-                read_at(file, &path, offset, piece)?;
+                read_at(file, piece, offset).map_err(|e| EngineError::io(&path, e))?;
                 if let Some(h) = &mut hasher {
                     h.update(piece);
                 }
@@ -266,13 +265,12 @@ impl RankReads {
     /// The error for `chunk` of `tensor`, whose bytes do not match its hash.
     fn damaged(&self, tensor: &TensorIndex, chunk: &shards::ChunkIndex) -> EngineError {
         let [begin, end] = chunk.byte_range;
-        let start = chunk.offsets.first().copied().unwrap_or(0);
+        let rows = chunk.rows();
         EngineError::bad_file(
             self.dir.join(&chunk.file),
             format!(
-                "checksum mismatch: the chunk of {} (rows {start}..{}) at bytes {begin}..{end} does not match its hash: the file changed after it was written (corruption?); restore it or {EARLIER}",
-                tensor.name,
-                start + chunk.sizes.first().copied().unwrap_or(0)
+                "checksum mismatch: the chunk of {} (rows {}..{}) at bytes {begin}..{end} does not match its hash: the file changed after it was written (corruption?); restore it or {EARLIER}",
+                tensor.name, rows.start, rows.end
             ),
         )
     }
@@ -306,29 +304,5 @@ impl RowSource for RankReads {
             }
         }
         Ok(())
-    }
-}
-
-/// Bytes of one row (first-dimension index) of `tensor`.
-fn row_bytes(tensor: &TensorIndex) -> usize {
-    tensor.shape.iter().skip(1).product::<usize>() * tensor.dtype.bitsize() / 8
-}
-
-/// Fills `dst` from `file` (at `path`) at byte `offset`.
-fn read_at(file: &File, path: &Path, offset: u64, dst: &mut [u8]) -> Result<()> {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::FileExt;
-        file.read_exact_at(dst, offset)
-            .map_err(|e| EngineError::io(path, e))
-    }
-    #[cfg(not(unix))]
-    {
-        use std::io::{Read, Seek, SeekFrom};
-        let _ = file;
-        let mut f = File::open(path).map_err(|e| EngineError::io(path, e))?;
-        f.seek(SeekFrom::Start(offset))
-            .and_then(|_| f.read_exact(dst))
-            .map_err(|e| EngineError::io(path, e))
     }
 }

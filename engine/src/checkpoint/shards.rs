@@ -161,6 +161,19 @@ impl TensorIndex {
     pub fn bytes(&self) -> u64 {
         (self.shape.iter().product::<usize>() * self.dtype.bitsize() / 8) as u64
     }
+
+    /// Bytes of one row (first-dimension index).
+    pub fn row_bytes(&self) -> usize {
+        row_bytes(&self.shape, self.dtype)
+    }
+}
+
+impl ChunkIndex {
+    /// The rows (first-dimension indices) of its tensor it holds.
+    pub fn rows(&self) -> Range<usize> {
+        let start = self.offsets.first().copied().unwrap_or(0);
+        start..start + self.sizes.first().copied().unwrap_or(0)
+    }
 }
 
 fn row_bytes(shape: &[usize], dtype: Dtype) -> usize {
