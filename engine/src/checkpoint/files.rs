@@ -1,14 +1,16 @@
 //! Durable file operations: write-and-fsync with running checksums, directory fsync, atomic
 //! replacement by rename, verified single-pass reads, and memory maps for headers.
 //!
-//! Every file is recorded by its XXH3-128, computed as it is written and verified as it is
-//! loaded: it detects accidental damage (truncation, flipped bits, torn writes) as surely as
-//! sha256 at about 15 times its speed, so checksumming costs little next to writing or reading.
-//! The sha256 (what `sha256sum` prints) is computed on demand, by [`checksums`] for `verify`;
-//! checkpoints of format version 3 and older recorded it too, and are still checked by it.
+//! Every file is recorded by the XXH3-128 of each of its segments ([`checksum`]), computed as
+//! it is written and verified as it is loaded: it detects accidental damage (truncation,
+//! flipped bits, torn writes) as surely as sha256 at about 15 times its speed, so checksumming
+//! costs little next to writing or reading. The sha256 (what `sha256sum` prints) is computed on
+//! demand, by [`checksums`] for `verify`; checkpoints of format version 3 and older recorded it
+//! too, and are still checked by it.
 
+use super::checksum::{self, SegmentHasher};
 pub(crate) use super::reading::CHECKPOINT_FILE;
-use super::reading::{self, FileRead, Verifier, PIECE};
+use super::reading::{self, FileRead, PIECE};
 use super::state::FileRecord;
 use crate::error::{EngineError, Result};
 use crate::regular_file;
@@ -27,18 +29,15 @@ fn hex(digest: &[u8]) -> String {
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn xxh3_hex(hasher: &Xxh3Default) -> String {
-    format!("{:032x}", hasher.digest128())
-}
-
-/// The record of a file holding `bytes`: its size and XXH3-128.
+/// The record of a file holding `bytes`: its size and its segments' XXH3-128.
 pub fn record(bytes: &[u8]) -> FileRecord {
-    let mut xxh3 = Xxh3Default::new();
-    xxh3.update(bytes);
+    let mut segments = SegmentHasher::default();
+    segments.update(bytes);
     FileRecord {
         bytes: bytes.len() as u64,
         sha256: None,
-        xxh3_128: Some(xxh3_hex(&xxh3)),
+        xxh3_128: None,
+        segments: Some(segments.finish()),
     }
 }
 
@@ -48,27 +47,29 @@ pub fn record(bytes: &[u8]) -> FileRecord {
 pub fn write_synced(path: &Path, parts: &[&[u8]]) -> Result<FileRecord> {
     let io = |e| EngineError::io(path, e);
     let mut file = File::create(path).map_err(io)?;
-    let mut xxh3 = Xxh3Default::new();
+    let mut segments = SegmentHasher::default();
     for piece in parts.iter().flat_map(|p| p.chunks(PIECE)) {
         file.write_all(piece).map_err(io)?;
-        xxh3.update(piece);
+        segments.update(piece);
     }
     file.sync_all().map_err(io)?;
     Ok(FileRecord {
         bytes: parts.iter().map(|p| p.len() as u64).sum(),
         sha256: None,
-        xxh3_128: Some(xxh3_hex(&xxh3)),
+        xxh3_128: None,
+        segments: Some(segments.finish()),
     })
 }
 
-/// The size and both checksums of the regular file at `path` (sha256 and XXH3-128, what
-/// `verify` checks), read once up to the size its metadata gave when it was opened (a FIFO or a
-/// device is refused unread).
-pub fn checksums(path: &Path) -> Result<FileRecord> {
+/// The size and every checksum of the regular file at `path` (sha256, XXH3-128, and the
+/// XXH3-128 of its `segment_bytes`-byte segments: what `verify` checks), read once up to the
+/// size its metadata gave when it was opened (a FIFO or a device is refused unread).
+pub fn checksums(path: &Path, segment_bytes: u64) -> Result<FileRecord> {
     let io = |e| EngineError::io(path, e);
     let (file, len) = regular_file::open(path, CHECKPOINT_FILE)?;
     let mut file = file.take(len);
     let (mut sha256, mut xxh3) = (Sha256::new(), Xxh3Default::new());
+    let mut segments = SegmentHasher::new(segment_bytes);
     let mut piece = vec![0u8; PIECE];
     let mut bytes = 0u64;
     loop {
@@ -78,23 +79,26 @@ pub fn checksums(path: &Path) -> Result<FileRecord> {
         }
         sha256.update(&piece[..n]);
         xxh3.update(&piece[..n]);
+        segments.update(&piece[..n]);
         bytes += n as u64;
     }
     Ok(FileRecord {
         bytes,
         sha256: Some(hex(&sha256.finalize())),
-        xxh3_128: Some(xxh3_hex(&xxh3)),
+        xxh3_128: Some(format!("{:032x}", xxh3.digest128())),
+        segments: Some(segments.finish()),
     })
 }
 
-/// Reads the file at `path` once, start to end, and says whether its content matches `record`.
+/// Reads the file at `path` once, start to end, and says whether its content matches `record`:
+/// `None` when it does, else the first range of its bytes that does not.
 /// The bytes at each `(offset, destination)` region (not overlapping, inside the file) are read
 /// straight into the destination; every byte is checksummed as it arrives (see [`reading`]).
 pub fn read_verified(
     path: &Path,
     record: &FileRecord,
     regions: Vec<(u64, &mut [u8])>,
-) -> Result<bool> {
+) -> Result<Option<std::ops::Range<u64>>> {
     let read = FileRead {
         path,
         record,
@@ -110,9 +114,7 @@ pub fn read_verified(
 /// `fix` ends the error of a mismatch, saying what to use instead.
 pub fn read_checked(path: &Path, record: &FileRecord, fix: &str) -> Result<Vec<u8>> {
     let bytes = regular_file::read(path, CHECKPOINT_FILE)?;
-    let mut verifier = Verifier::for_record(record);
-    verifier.update(&bytes);
-    if bytes.len() as u64 != record.bytes || !verifier.matches(record) {
+    if !checksum::matches(record, &bytes) {
         return Err(EngineError::bad_file(
             path,
             format!(
@@ -216,7 +218,7 @@ mod tests {
         assert_eq!(record.bytes, len as u64);
         let (mut a, mut b) = (vec![0u8; 17], vec![0u8; PIECE + 5]);
         let regions = vec![(2 * PIECE as u64, &mut b[..]), (40, &mut a[..])];
-        assert!(read_verified(&path, &record, regions).unwrap());
+        assert_eq!(read_verified(&path, &record, regions).unwrap(), None);
         assert_eq!(a, bytes[40..57]);
         assert_eq!(b, bytes[2 * PIECE..3 * PIECE + 5]);
 
@@ -225,7 +227,9 @@ mod tests {
             damaged[at] ^= 0x04;
             std::fs::write(&path, &damaged).unwrap();
             let mut a = [0u8; 17];
-            assert!(!read_verified(&path, &record, vec![(40, &mut a[..])]).unwrap());
+            assert!(read_verified(&path, &record, vec![(40, &mut a[..])])
+                .unwrap()
+                .is_some());
         }
     }
 
@@ -287,27 +291,56 @@ mod tests {
     }
 
     #[test]
-    fn a_record_without_xxh3_is_verified_by_sha256() {
+    fn older_records_are_verified_by_their_whole_file_checksum() {
         let dir = tempfile::tempdir().unwrap();
         let (path, bytes, record) = written(dir.path(), 1000);
-        assert_eq!(record.sha256, None, "a save records XXH3-128 alone");
+        assert_eq!(
+            (&record.sha256, &record.xxh3_128),
+            (&None, &None),
+            "a save records segments alone"
+        );
+        let found = checksums(&path, 300).unwrap();
+        assert_eq!(found.segments.as_ref().unwrap().xxh3_128.len(), 4);
         let legacy = FileRecord {
             bytes: record.bytes,
             sha256: Some(sha256_hex(&bytes)),
             xxh3_128: None,
+            segments: None,
         };
-        assert_eq!(checksums(&path).unwrap().sha256, legacy.sha256);
-        assert!(read_verified(&path, &legacy, Vec::new()).unwrap());
+        assert_eq!(found.sha256, legacy.sha256);
+        assert_eq!(read_verified(&path, &legacy, Vec::new()).unwrap(), None);
         let wrong_sha = FileRecord {
             sha256: Some(sha256_hex(b"other")),
+            ..legacy.clone()
+        };
+        assert!(read_verified(&path, &wrong_sha, Vec::new())
+            .unwrap()
+            .is_some());
+        // Format version 4: the whole file's XXH3-128, checked instead of its sha256.
+        let version_4 = FileRecord {
+            xxh3_128: found.xxh3_128.clone(),
+            ..wrong_sha.clone()
+        };
+        assert_eq!(read_verified(&path, &version_4, Vec::new()).unwrap(), None);
+        let wrong_xxh3 = FileRecord {
+            xxh3_128: Some(format!("{:032x}", 7)),
             ..legacy
         };
-        assert!(!read_verified(&path, &wrong_sha, Vec::new()).unwrap());
-        // With XXH3 recorded, XXH3 is what is checked.
-        let xxh3_too = FileRecord {
-            sha256: Some(sha256_hex(b"other")),
-            ..record
+        assert!(read_verified(&path, &wrong_xxh3, Vec::new())
+            .unwrap()
+            .is_some());
+        // With segments recorded, they are what is checked.
+        let segments_too = FileRecord {
+            xxh3_128: Some(format!("{:032x}", 7)),
+            ..wrong_sha
         };
-        assert!(read_verified(&path, &xxh3_too, Vec::new()).unwrap());
+        let segments_too = FileRecord {
+            segments: record.segments,
+            ..segments_too
+        };
+        assert_eq!(
+            read_verified(&path, &segments_too, Vec::new()).unwrap(),
+            None
+        );
     }
 }

@@ -16,6 +16,7 @@ use crate::tensor::Tensor;
 use safetensors::tensor::Metadata;
 use safetensors::{Dtype, SafeTensors};
 use std::collections::BTreeMap;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 /// A verified checkpoint, tensors loaded onto a device.
@@ -205,10 +206,10 @@ pub fn load(host: &MemoryTracker, dir: &Path, req: &LoadRequest<'_>) -> Result<L
             regions: regions.remove(name.as_str()).unwrap_or_default(),
         })
         .collect();
-    let paths: Vec<&Path> = reads.iter().map(|r| r.path).collect();
-    for (path, read) in paths.into_iter().zip(reading::read_all(reads)) {
-        if !read? {
-            return Err(checksum_mismatch(path));
+    let files: Vec<(&Path, &FileRecord)> = reads.iter().map(|r| (r.path, r.record)).collect();
+    for ((path, record), read) in files.into_iter().zip(reading::read_all(reads)) {
+        if let Some(damaged) = read? {
+            return Err(checksum_mismatch(path, record, damaged));
         }
     }
     if let Source::Sharded { path, .. } = &source {
@@ -309,19 +310,24 @@ fn check_step(dir: &Path, state: &TrainerState) -> Result<()> {
 /// What a damaged file's error tells to do instead.
 pub(super) const EARLIER: &str = "resume from an earlier checkpoint";
 
-fn checksum_mismatch(path: &Path) -> EngineError {
+/// The error for the file at `path`, recorded as `record`, whose bytes `damaged` do not match
+/// their checksum (named unless they are the whole file).
+fn checksum_mismatch(path: &Path, record: &FileRecord, damaged: Range<u64>) -> EngineError {
+    let at = match damaged == (0..record.bytes) {
+        true => String::new(),
+        false => format!(" in bytes {}..{}", damaged.start, damaged.end),
+    };
     EngineError::bad_file(
         path,
-        format!("checksum mismatch: the file changed after it was written (corruption?); restore it or {EARLIER}"),
+        format!("checksum mismatch{at}: the file changed after it was written (corruption?); restore it or {EARLIER}"),
     )
 }
 
 /// Reads the whole file at `path` and fails if it does not match its checksum.
 fn verify_checksum(path: &Path, record: &FileRecord) -> Result<()> {
-    if files::read_verified(path, record, Vec::new())? {
-        Ok(())
-    } else {
-        Err(checksum_mismatch(path))
+    match files::read_verified(path, record, Vec::new())? {
+        None => Ok(()),
+        Some(damaged) => Err(checksum_mismatch(path, record, damaged)),
     }
 }
 
@@ -614,5 +620,16 @@ mod tests {
         let mut wrong_identity = state.clone();
         wrong_identity.identity = serde_json::json!({"model": "another"});
         assert!(check_identity(&dir, &wrong_identity, &identity).is_err());
+    }
+
+    #[test]
+    fn a_checksum_mismatch_names_the_damaged_bytes_unless_they_are_the_whole_file() {
+        let record = super::super::files::record(&[7u8; 100]);
+        let path = Path::new("dir/optimizer.safetensors");
+        let whole = checksum_mismatch(path, &record, 0..100).to_string();
+        assert!(whole.contains("optimizer.safetensors"), "{whole}");
+        assert!(whole.contains("checksum mismatch: the file changed"), "{whole}");
+        let part = checksum_mismatch(path, &record, 16..32).to_string();
+        assert!(part.contains("checksum mismatch in bytes 16..32: the file changed"), "{part}");
     }
 }

@@ -17,6 +17,7 @@
 //! staged in host memory, so an asynchronous checkpoint is byte for byte a synchronous one and a
 //! crash while it is written leaves the previous checkpoint as `latest`.
 
+mod checksum;
 mod export;
 mod fallback;
 pub mod files;

@@ -2,23 +2,26 @@
 //!
 //! Each file is cut into pieces: the bytes of a tensor (or a chunk) in pieces of at most
 //! [`PIECE`] bytes, each read straight into its place in the tensor, and the bytes between them
-//! (headers, padding) read into a buffer of their own. Workers, one per core, take pieces in
-//! file order from one queue, so the files' bytes are shared out evenly whatever their sizes.
-//! A file's checksum must see its bytes in order: the worker that reads the piece whose turn it
-//! is hashes it at once, while it is in cache, then every piece after it that other workers
-//! have read already; a worker that reads a piece ahead of its turn leaves it for that one and
-//! goes on, so no worker waits for another. Nothing is read twice and nothing is kept outside
-//! the tensors.
+//! (headers, padding) read into a buffer of their own. No piece crosses the end of a range the
+//! file's record checksums on its own (a segment; see [`super::checksum`]). Workers, one per
+//! core, take work in file order from one queue, so the files' bytes are shared out evenly
+//! whatever their sizes: a whole segment at a time, read piece by piece and hashed right after
+//! each piece is read, while it is in cache. A file recorded by one checksum of its whole
+//! content (format version 4 and older) must be hashed in order: its pieces are taken one at a
+//! time, the worker that reads the piece whose turn it is hashes it at once, then every piece
+//! after it that other workers have read already; a worker that reads a piece ahead of its turn
+//! leaves it for that one and goes on, so no worker waits for another. Nothing is read twice
+//! and nothing is kept outside the tensors.
 
+use super::checksum::{Streams, Verifier};
 use super::state::FileRecord;
 use crate::error::{EngineError, Result};
 use crate::regular_file;
-use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::fs::File;
+use std::ops::Range;
 use std::path::Path;
 use std::sync::{Mutex, PoisonError};
-use xxhash_rust::xxh3::Xxh3Default;
 
 /// What a checkpoint's files must be, for the message refusing a FIFO, a device or a directory.
 pub(crate) const CHECKPOINT_FILE: &str =
@@ -41,24 +44,38 @@ pub struct FileRead<'a> {
 }
 
 /// Reads every file of `reads` once, start to end (up to its recorded size), on up to one
-/// worker per core, and says for each, in order, whether its content matches its record. The
-/// regions of a file must not overlap; bytes outside them are checksummed and dropped.
-pub fn read_all(reads: Vec<FileRead<'_>>) -> Vec<Result<bool>> {
+/// worker per core, and says for each, in order, whether its content matches its record: `None`
+/// when it does, else the first range of its bytes whose checksum does not match (the whole
+/// file where the record holds one checksum of it). The regions of a file must not overlap and
+/// must lie within its recorded size; bytes outside them are checksummed and dropped.
+pub fn read_all(reads: Vec<FileRead<'_>>) -> Vec<Result<Option<Range<u64>>>> {
     let mut files = Vec::with_capacity(reads.len());
-    let mut pieces = Vec::new();
+    let mut work = Vec::new();
     for (i, read) in reads.into_iter().enumerate() {
-        let planned = regular_file::open(read.path, CHECKPOINT_FILE).and_then(|(handle, _)| {
-            plan(i, read.path, read.record.bytes, read.regions, &mut pieces).map(|()| handle)
-        });
-        files.push(Reading::new(read.path, read.record, planned));
+        let path = read.path;
+        let planned = Verifier::streams(read.record)
+            .map_err(|m| {
+                EngineError::bad_file(
+                    path,
+                    format!("{m}; restore the checkpoint or resume from an earlier one"),
+                )
+            })
+            .and_then(|streams| {
+                let (handle, _) = regular_file::open(path, CHECKPOINT_FILE)?;
+                let ranges: Vec<Range<u64>> = streams.iter().map(|(r, _)| r.clone()).collect();
+                let pieces = plan(i, path, read.record.bytes, &ranges, read.regions)?;
+                queue_up(pieces, read.record.segments.is_some(), &mut work);
+                Ok((handle, streams))
+            });
+        files.push(Reading::new(path, planned));
     }
-    let queue = Mutex::new(pieces.into_iter());
+    let queue = Mutex::new(work.into_iter());
     let workers = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(queue.lock().map_or(0, |q| q.len()));
     std::thread::scope(|scope| {
         for _ in 0..workers {
-            scope.spawn(|| work(&queue, &files));
+            scope.spawn(|| work_through(&queue, &files));
         }
     });
     files.into_iter().map(Reading::finish).collect()
@@ -71,23 +88,46 @@ enum Dest<'a> {
     Scratch(usize),
 }
 
-/// A piece of file `file`: its `index` in the file's order, its offset and where it goes.
+impl<'a> Dest<'a> {
+    fn len(&self) -> usize {
+        match self {
+            Dest::Tensor(dst) => dst.len(),
+            Dest::Scratch(n) => *n,
+        }
+    }
+
+    /// The first `at` bytes and the rest.
+    fn split(self, at: usize) -> (Self, Self) {
+        match self {
+            Dest::Tensor(dst) => {
+                let (head, tail) = dst.split_at_mut(at);
+                (Dest::Tensor(head), Dest::Tensor(tail))
+            }
+            Dest::Scratch(n) => (Dest::Scratch(at), Dest::Scratch(n - at)),
+        }
+    }
+}
+
+/// A piece of file `file`: the checksummed range (`stream`) it belongs to, its `index` in that
+/// range's order, its offset and where it goes.
 struct Piece<'a> {
     file: usize,
+    stream: usize,
     index: usize,
     offset: u64,
     into: Dest<'a>,
 }
 
-/// Appends the pieces of file number `file` (at `path`, `len` bytes) to `pieces`: its regions
-/// cut into pieces, and the bytes around them.
+/// The pieces of file number `file` (at `path`, `len` bytes, checksummed in `streams`, which
+/// cover it in order): its regions cut into pieces, and the bytes around them, none crossing
+/// the end of a stream.
 fn plan<'a>(
     file: usize,
     path: &Path,
     len: u64,
+    streams: &[Range<u64>],
     mut regions: Vec<(u64, &'a mut [u8])>,
-    pieces: &mut Vec<Piece<'a>>,
-) -> Result<()> {
+) -> Result<Vec<Piece<'a>>> {
     regions.sort_by_key(|r| r.0);
     let mut order: Vec<(u64, Dest<'a>)> = Vec::new();
     let mut pos = 0u64;
@@ -98,20 +138,42 @@ fn plan<'a>(
                 format!("has two tensors' bytes at offset {offset} (its header or index is inconsistent); restore it or resume from an earlier checkpoint"),
             ));
         }
+        if offset + dst.len() as u64 > len {
+            return Err(EngineError::bad_file(
+                path,
+                format!("has a tensor's bytes at offset {offset} past its recorded size of {len} bytes (its header or index is inconsistent); restore it or resume from an earlier checkpoint"),
+            ));
+        }
         pass(&mut order, pos, offset);
         pos = offset + dst.len() as u64;
         let starts = (offset..).step_by(PIECE);
         order.extend(starts.zip(dst.chunks_mut(PIECE).map(Dest::Tensor)));
     }
     pass(&mut order, pos, len);
-    let numbered = order.into_iter().enumerate();
-    pieces.extend(numbered.map(|(index, (offset, into))| Piece {
-        file,
-        index,
-        offset,
-        into,
-    }));
-    Ok(())
+    let mut pieces: Vec<Piece<'a>> = Vec::with_capacity(order.len());
+    let mut stream = 0;
+    for (mut offset, mut into) in order {
+        while into.len() > 0 {
+            while streams[stream].end <= offset {
+                stream += 1;
+            }
+            let room = (streams[stream].end - offset).min(into.len() as u64) as usize;
+            let (head, tail) = into.split(room);
+            let index = match pieces.last() {
+                Some(last) if last.stream == stream => last.index + 1,
+                _ => 0,
+            };
+            pieces.push(Piece {
+                file,
+                stream,
+                index,
+                offset,
+                into: head,
+            });
+            (offset, into) = (offset + room as u64, tail);
+        }
+    }
+    Ok(pieces)
 }
 
 /// Appends the scratch pieces that pass over the bytes from `from` to `to` to `order`.
@@ -120,23 +182,40 @@ fn pass(order: &mut Vec<(u64, Dest<'_>)>, from: u64, to: u64) {
     order.extend(starts.map(|at| (at, Dest::Scratch((to - at).min(PIECE as u64) as usize))));
 }
 
-/// Takes pieces from `queue` until it is empty: reads each, then checksums what is in turn.
-fn work<'a>(queue: &Mutex<std::vec::IntoIter<Piece<'a>>>, files: &[Reading<'_, 'a>]) {
+/// Appends a file's `pieces` to `work`, as what one worker takes at a time: a segment's pieces
+/// together (`segmented`), or else one piece at a time.
+fn queue_up<'a>(pieces: Vec<Piece<'a>>, segmented: bool, work: &mut Vec<Vec<Piece<'a>>>) {
+    for piece in pieces {
+        match work.last_mut() {
+            Some(unit)
+                if segmented && unit[0].file == piece.file && unit[0].stream == piece.stream =>
+            {
+                unit.push(piece)
+            }
+            _ => work.push(vec![piece]),
+        }
+    }
+}
+
+/// Takes work from `queue` until it is empty: reads each piece, then checksums what is in turn.
+fn work_through<'a>(queue: &Mutex<std::vec::IntoIter<Vec<Piece<'a>>>>, files: &[Reading<'_, 'a>]) {
     loop {
         let next = queue.lock().unwrap_or_else(PoisonError::into_inner).next();
-        let Some(piece) = next else { return };
-        let file = &files[piece.file];
-        let Some(handle) = file.handle.as_ref() else {
-            continue;
-        };
-        let read = match piece.into {
-            Dest::Tensor(dst) => read_at(handle, dst, piece.offset).map(|()| Read::Tensor(dst)),
-            Dest::Scratch(n) => {
-                let mut bytes = vec![0; n];
-                read_at(handle, &mut bytes, piece.offset).map(|()| Read::Owned(bytes))
-            }
-        };
-        file.checksum_in_turn(piece.index, read);
+        let Some(unit) = next else { return };
+        for piece in unit {
+            let file = &files[piece.file];
+            let Some(handle) = file.handle.as_ref() else {
+                continue;
+            };
+            let read = match piece.into {
+                Dest::Tensor(dst) => read_at(handle, dst, piece.offset).map(|()| Read::Tensor(dst)),
+                Dest::Scratch(n) => {
+                    let mut bytes = vec![0; n];
+                    read_at(handle, &mut bytes, piece.offset).map(|()| Read::Owned(bytes))
+                }
+            };
+            file.checksum_in_turn(piece.stream, piece.index, read);
+        }
     }
 }
 
@@ -171,15 +250,16 @@ pub(super) fn read_at(file: &File, buf: &mut [u8], offset: u64) -> std::io::Resu
     }
 }
 
-/// One file being read: its handle and its checksum, which takes the pieces in order.
+/// One file being read: its handle and its checksummed ranges, each taking its pieces in order
+/// (or why it cannot be read).
 struct Reading<'f, 'a> {
     path: &'f Path,
-    record: &'f FileRecord,
     handle: Option<File>,
-    turn: Mutex<Turn<'a>>,
+    streams: Vec<(Range<u64>, Mutex<Turn<'a>>)>,
+    refused: Option<EngineError>,
 }
 
-/// A file's checksum so far: the index of the piece it takes next, the pieces read ahead of
+/// A range's checksum so far: the index of the piece it takes next, the pieces read ahead of
 /// their turn, and the first error.
 struct Turn<'a> {
     next: usize,
@@ -189,29 +269,39 @@ struct Turn<'a> {
 }
 
 impl<'f, 'a> Reading<'f, 'a> {
-    fn new(path: &'f Path, record: &'f FileRecord, planned: Result<File>) -> Self {
-        let (handle, error) = match planned {
-            Ok(handle) => (Some(handle), None),
-            Err(e) => (None, Some(e)),
+    fn new(path: &'f Path, planned: Result<(File, Streams)>) -> Self {
+        let (handle, streams, refused) = match planned {
+            Ok((handle, streams)) => (Some(handle), streams, None),
+            Err(e) => (None, Vec::new(), Some(e)),
         };
+        let streams = streams
+            .into_iter()
+            .map(|(range, verifier)| {
+                let turn = Turn {
+                    next: 0,
+                    ahead: BTreeMap::new(),
+                    verifier,
+                    error: None,
+                };
+                (range, Mutex::new(turn))
+            })
+            .collect();
         Reading {
             path,
-            record,
             handle,
-            turn: Mutex::new(Turn {
-                next: 0,
-                ahead: BTreeMap::new(),
-                verifier: Verifier::for_record(record),
-                error,
-            }),
+            streams,
+            refused,
         }
     }
 
-    /// Hands piece `index`'s bytes (or its error) to the checksum: when it is the piece's turn,
-    /// they are hashed at once, and so is every piece after it already read; otherwise they
-    /// wait for the worker whose piece is in turn.
-    fn checksum_in_turn(&self, index: usize, read: std::io::Result<Read<'a>>) {
-        let mut turn = self.turn.lock().unwrap_or_else(PoisonError::into_inner);
+    /// Hands piece `index` of range `stream` (its bytes, or its error) to that range's
+    /// checksum: when it is the piece's turn, they are hashed at once, and so is every piece
+    /// after it already read; otherwise they wait for the worker whose piece is in turn.
+    fn checksum_in_turn(&self, stream: usize, index: usize, read: std::io::Result<Read<'a>>) {
+        let mut turn = self.streams[stream]
+            .1
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let read = read.unwrap_or_else(|e| {
             turn.error.get_or_insert(EngineError::io(self.path, e));
             Read::Owned(Vec::new())
@@ -229,109 +319,122 @@ impl<'f, 'a> Reading<'f, 'a> {
         }
     }
 
-    /// Whether the file matched its record, or the first error reading it.
-    fn finish(self) -> Result<bool> {
-        let turn = self
-            .turn
-            .into_inner()
-            .unwrap_or_else(PoisonError::into_inner);
-        match turn.error {
-            Some(e) => Err(e),
-            None => Ok(turn.verifier.matches(self.record)),
+    /// The first range of the file that did not match its checksum (`None`: all did), or the
+    /// first error reading it.
+    fn finish(self) -> Result<Option<Range<u64>>> {
+        if let Some(e) = self.refused {
+            return Err(e);
         }
-    }
-}
-
-/// The check loading makes of a file's content: its XXH3-128 where the record has one, else
-/// its sha256 (checkpoints written before XXH3 was recorded).
-pub(super) enum Verifier {
-    Xxh3(Box<Xxh3Default>),
-    Sha256(Sha256),
-}
-
-impl Verifier {
-    pub(super) fn for_record(record: &FileRecord) -> Self {
-        match record.xxh3_128 {
-            Some(_) => Verifier::Xxh3(Box::default()),
-            None => Verifier::Sha256(Sha256::new()),
-        }
-    }
-
-    pub(super) fn update(&mut self, bytes: &[u8]) {
-        match self {
-            Verifier::Xxh3(h) => h.update(bytes),
-            Verifier::Sha256(h) => h.update(bytes),
-        }
-    }
-
-    pub(super) fn matches(self, record: &FileRecord) -> bool {
-        match (self, &record.xxh3_128) {
-            (Verifier::Xxh3(h), Some(want)) => format!("{:032x}", h.digest128()) == *want,
-            (Verifier::Sha256(h), _) => {
-                record.sha256.as_deref() == Some(&format!("{:x}", h.finalize()))
+        let mut damaged = None;
+        for (range, turn) in self.streams {
+            let turn = turn.into_inner().unwrap_or_else(PoisonError::into_inner);
+            if let Some(e) = turn.error {
+                return Err(e);
             }
-            (Verifier::Xxh3(_), None) => unreachable!("chosen from the record"),
+            if !turn.verifier.matches() {
+                damaged = damaged.or(Some(range));
+            }
         }
+        Ok(damaged)
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::checksum::SegmentHasher;
     use super::*;
     use std::path::PathBuf;
 
-    /// The record of a file holding `bytes`, as a save writes it.
-    fn record(bytes: &[u8]) -> FileRecord {
-        let xxh3 = xxhash_rust::xxh3::xxh3_128(bytes);
+    /// The record of a file holding `bytes` by segments of `segment` bytes, as a save writes
+    /// it, or (`None`) by one XXH3-128 of the whole, as format version 4 did.
+    fn record(bytes: &[u8], segment: Option<u64>) -> FileRecord {
+        let (xxh3_128, segments) = match segment {
+            Some(size) => {
+                let mut h = SegmentHasher::new(size);
+                h.update(bytes);
+                (None, Some(h.finish()))
+            }
+            None => {
+                let xxh3 = xxhash_rust::xxh3::xxh3_128(bytes);
+                (Some(format!("{xxh3:032x}")), None)
+            }
+        };
         FileRecord {
             bytes: bytes.len() as u64,
             sha256: None,
-            xxh3_128: Some(format!("{xxh3:032x}")),
+            xxh3_128,
+            segments,
         }
     }
 
-    /// `len` bytes that differ from piece to piece, written to `dir/name` with their record.
-    fn written(dir: &Path, name: &str, len: usize, seed: usize) -> (PathBuf, Vec<u8>, FileRecord) {
+    /// `len` bytes that differ from piece to piece, written to `dir/name`.
+    fn written(dir: &Path, name: &str, len: usize, seed: usize) -> (PathBuf, Vec<u8>) {
         let bytes: Vec<u8> = (0..len).map(|i| ((i + seed) * 7 % 251) as u8).collect();
         let path = dir.join(name);
         std::fs::write(&path, &bytes).unwrap();
-        (path, bytes.clone(), record(&bytes))
+        (path, bytes)
     }
 
     #[test]
-    fn a_files_pieces_cover_it_once_in_order_none_larger_than_a_piece() {
+    fn a_files_pieces_cover_it_once_in_order_none_larger_than_a_piece_or_across_a_segment() {
         let mut a = vec![0u8; 2 * PIECE + 3];
         let mut b = [0u8; 5];
         let len = 4 * PIECE as u64;
         let (a_at, b_at) = (PIECE as u64 / 2, 3 * PIECE as u64);
-        let mut pieces = Vec::new();
+        let segment = PIECE as u64 + 1000;
+        let streams: Vec<Range<u64>> = (0..len)
+            .step_by(segment as usize)
+            .map(|s| s..(s + segment).min(len))
+            .collect();
         let regions = vec![(b_at, &mut b[..]), (a_at, &mut a[..])];
-        plan(7, Path::new("f"), len, regions, &mut pieces).unwrap();
+        let pieces = plan(7, Path::new("f"), len, &streams, regions).unwrap();
         let mut pos = 0;
-        for (i, p) in pieces.iter().enumerate() {
-            assert_eq!((p.file, p.index, p.offset), (7, i, pos));
-            let n = match &p.into {
-                Dest::Tensor(dst) => {
-                    let at = p.offset;
-                    let in_a = at >= a_at && at + dst.len() as u64 <= a_at + 2 * PIECE as u64 + 3;
-                    let in_b = at == b_at && dst.len() == 5;
-                    assert!(in_a || in_b, "a tensor piece at {at} of {}", dst.len());
-                    dst.len()
-                }
-                Dest::Scratch(n) => *n,
-            };
+        let mut index = [0; 4];
+        for p in &pieces {
+            assert_eq!((p.file, p.index, p.offset), (7, index[p.stream], pos));
+            index[p.stream] += 1;
+            let n = p.into.len();
+            if let Dest::Tensor(_) = &p.into {
+                let at = p.offset;
+                let in_a = at >= a_at && at + n as u64 <= a_at + 2 * PIECE as u64 + 3;
+                let in_b = at == b_at && n == 5;
+                assert!(in_a || in_b, "a tensor piece at {at} of {n}");
+            }
             assert!(n > 0 && n <= PIECE);
+            let stream = &streams[p.stream];
+            assert!(
+                stream.start <= pos && pos + n as u64 <= stream.end,
+                "{pos}+{n}"
+            );
             pos += n as u64;
         }
         assert_eq!(pos, len);
+        assert!(index.iter().all(|&n| n > 0), "{index:?}");
+
+        let mut late = [0u8; 8];
+        let e = plan(
+            7,
+            Path::new("f"),
+            len,
+            &streams,
+            vec![(len - 4, &mut late[..])],
+        )
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(e.contains("past its recorded size"), "{e}");
     }
 
     #[test]
     fn several_files_are_read_into_place_each_verified_on_its_own() {
         let dir = tempfile::tempdir().unwrap();
-        let (big_path, big, big_record) = written(dir.path(), "big", 5 * PIECE + 17, 0);
-        let (small_path, small, mut small_record) = written(dir.path(), "small", PIECE / 3, 1);
-        let (mut x, mut y) = (vec![0u8; 3 * PIECE + 1], vec![0u8; 100]);
+        let (big_path, big) = written(dir.path(), "big", 5 * PIECE + 17, 0);
+        let (small_path, small) = written(dir.path(), "small", PIECE / 3, 1);
+        let (legacy_path, legacy) = written(dir.path(), "legacy", 3 * PIECE + 5, 2);
+        let big_record = record(&big, Some(PIECE as u64 + 999));
+        let mut small_record = record(&small, Some(4096));
+        let legacy_record = record(&legacy, None);
+        let (mut x, mut y, mut z) = (vec![0u8; 3 * PIECE + 1], vec![0u8; 100], vec![0u8; 9]);
         let reads = vec![
             FileRead {
                 path: &big_path,
@@ -343,31 +446,74 @@ mod tests {
                 record: &small_record,
                 regions: vec![(50, &mut y[..])],
             },
+            FileRead {
+                path: &legacy_path,
+                record: &legacy_record,
+                regions: vec![(2 * PIECE as u64 - 3, &mut z[..])],
+            },
         ];
-        let results: Vec<bool> = read_all(reads).into_iter().map(|r| r.unwrap()).collect();
-        assert_eq!(results, [true, true]);
+        let results: Vec<_> = read_all(reads).into_iter().map(|r| r.unwrap()).collect();
+        assert_eq!(results, [None, None, None]);
         assert_eq!(x, big[PIECE + 9..4 * PIECE + 10]);
         assert_eq!(y, small[50..150]);
+        assert_eq!(z, legacy[2 * PIECE - 3..2 * PIECE + 6]);
 
-        small_record.xxh3_128 = record(b"other").xxh3_128;
-        let mut damaged = big.clone();
-        damaged[5 * PIECE + 16] ^= 0x10;
-        std::fs::write(&big_path, &damaged).unwrap();
-        let reads = [(&big_path, &big_record), (&small_path, &small_record)]
-            .map(|(path, record)| FileRead {
+        let other = record(b"other", Some(4096)).segments.unwrap().xxh3_128[0].clone();
+        small_record.segments.as_mut().unwrap().xxh3_128[0] = other;
+        let files = [
+            (&big_path, &big_record, &big),
+            (&small_path, &small_record, &small),
+            (&legacy_path, &legacy_record, &legacy),
+        ];
+        for at in [0, PIECE + 998, PIECE + 999, 5 * PIECE + 16] {
+            let mut damaged = big.clone();
+            damaged[at] ^= 0x10;
+            std::fs::write(&big_path, &damaged).unwrap();
+            let mut damaged = legacy.clone();
+            damaged[at.min(legacy.len() - 1)] ^= 0x10;
+            std::fs::write(&legacy_path, &damaged).unwrap();
+            let reads = files
+                .map(|(path, record, _)| FileRead {
+                    path,
+                    record,
+                    regions: Vec::new(),
+                })
+                .into();
+            let results: Vec<_> = read_all(reads).into_iter().map(|r| r.unwrap()).collect();
+            let segment = (at as u64 / (PIECE as u64 + 999)) * (PIECE as u64 + 999);
+            let big_damage = segment..(segment + PIECE as u64 + 999).min(big.len() as u64);
+            let expected = [
+                Some(big_damage),
+                Some(0..4096),
+                Some(0..legacy.len() as u64),
+            ];
+            assert_eq!(results, expected, "byte {at}");
+        }
+        for (path, record, bytes) in files {
+            std::fs::write(path, bytes).unwrap();
+            let reads = vec![FileRead {
                 path,
                 record,
                 regions: Vec::new(),
-            })
-            .into();
-        let results: Vec<bool> = read_all(reads).into_iter().map(|r| r.unwrap()).collect();
-        assert_eq!(results, [false, false]);
-        std::fs::write(&big_path, &big).unwrap();
+            }];
+            let damaged = read_all(reads).pop().unwrap().unwrap();
+            assert_eq!(damaged.is_none(), path != &small_path, "restored {path:?}");
+        }
+    }
+
+    #[test]
+    fn a_segment_list_that_does_not_fit_the_file_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, bytes) = written(dir.path(), "f", 100, 0);
+        let mut edited = record(&bytes, Some(30));
+        edited.segments.as_mut().unwrap().xxh3_128.pop();
         let reads = vec![FileRead {
-            path: &big_path,
-            record: &big_record,
+            path: &path,
+            record: &edited,
             regions: Vec::new(),
         }];
-        assert!(read_all(reads).pop().unwrap().unwrap(), "restored");
+        let e = read_all(reads).pop().unwrap().unwrap_err().to_string();
+        assert!(e.contains(&*path.to_string_lossy()), "{e}");
+        assert!(e.contains("lists 3 segments of 30 bytes"), "{e}");
     }
 }

@@ -9,9 +9,11 @@ use std::collections::BTreeMap;
 
 /// The layout of a checkpoint this build writes; it reads it and every older version. Version 2
 /// added `trainer_state.json.sha256` (see [`super::state_file`]), [`SHARDED_FORMAT_VERSION`]
-/// the sharded layout, and version 4 records each file by its XXH3-128 alone: sha256 is
-/// computed on demand (`verify`) instead of on every save.
-pub const FORMAT_VERSION: u32 = 4;
+/// the sharded layout, version 4 records each file by its XXH3-128 alone: sha256 is
+/// computed on demand (`verify`) instead of on every save, and version 5 records each file by
+/// the XXH3-128 of each of its segments ([`Segments`]), so that a load checks the segments on
+/// every core at once, each while it is in cache.
+pub const FORMAT_VERSION: u32 = 5;
 
 /// The version of a checkpoint saved by several ranks without gathering: its tensors are in a
 /// file per rank and [`super::shards::SHARDS_FILE`] (see [`super::shards`]). Builds before it
@@ -27,10 +29,27 @@ pub struct FileRecord {
     /// later checkpoints leave it to `verify`, which computes it on demand).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sha256: Option<String>,
-    /// Hex XXH3-128 of the content, which loading verifies (absent in checkpoints written
-    /// before it was recorded: loading verifies their sha256).
+    /// Hex XXH3-128 of the content, which loading verifies (recorded by format version 4;
+    /// absent in checkpoints written before it, whose sha256 loading verifies, and after it,
+    /// which record `segments` instead).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub xxh3_128: Option<String>,
+    /// The XXH3-128 of each segment of the content, which loading verifies (recorded from
+    /// format version 5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub segments: Option<Segments>,
+}
+
+/// A file's content cut into consecutive segments of `bytes` bytes (the last one shorter when
+/// the size is not a multiple), each recorded by its XXH3-128: every segment can be checked on
+/// its own, on any core, in any order, and a damaged one names its byte range.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Segments {
+    /// Bytes of each segment but the last.
+    pub bytes: u64,
+    /// Hex XXH3-128 of each segment, in file order.
+    pub xxh3_128: Vec<String>,
 }
 
 /// The learning-rate schedule and where it stands.

@@ -6,6 +6,7 @@
 //! and a sharded checkpoint's index against its chunks: each chunk's hash, and each tensor
 //! assembled whole against its own.
 
+use super::checksum::SEGMENT;
 use super::files::{self, MappedFile};
 use super::state::TrainerState;
 use super::state_file::{self, StateError};
@@ -163,14 +164,15 @@ fn problem(
             record.bytes
         ));
     }
-    let found = files::checksums(&path).map_err(|e| e.to_string())?;
+    let segment_bytes = record.segments.as_ref().map_or(SEGMENT, |s| s.bytes.max(1));
+    let found = files::checksums(&path, segment_bytes).map_err(|e| e.to_string())?;
     if found.bytes != record.bytes {
         return Err(format!(
             "is {} bytes, {} were written (it changed while it was read)",
             found.bytes, record.bytes
         ));
     }
-    if record.sha256.is_none() && record.xxh3_128.is_none() {
+    if record.sha256.is_none() && record.xxh3_128.is_none() && record.segments.is_none() {
         return Err(format!(
             "has no recorded checksum in {STATE_FILE} (it was edited); its content cannot be checked"
         ));
@@ -188,6 +190,24 @@ fn problem(
             return Err(format!(
                 "XXH3-128 {} differs from the recorded {want}",
                 found.xxh3_128.unwrap_or_default()
+            ));
+        }
+    }
+    if let (Some(recorded), Some(found)) = (&record.segments, &found.segments) {
+        let size = recorded.bytes;
+        if size == 0 || recorded.xxh3_128.len() != found.xxh3_128.len() {
+            return Err(format!(
+                "has {} segments of {size} bytes, its record lists {} (the record was edited)",
+                found.xxh3_128.len(),
+                recorded.xxh3_128.len()
+            ));
+        }
+        let pairs = recorded.xxh3_128.iter().zip(&found.xxh3_128);
+        if let Some((i, (want, got))) = pairs.enumerate().find(|(_, (w, f))| w != f) {
+            let start = i as u64 * size;
+            let end = (start + size).min(record.bytes);
+            return Err(format!(
+                "segment {i} (bytes {start}..{end}): XXH3-128 {got} differs from the recorded {want}"
             ));
         }
     }
@@ -259,6 +279,7 @@ mod tests {
             bytes: 1,
             sha256: None,
             xxh3_128: None,
+            segments: None,
         };
         let real = FileRecord {
             bytes: size(&dir.join(super::super::MODEL_FILE)),
@@ -273,5 +294,30 @@ mod tests {
                 format!("{STATE_FILE} lists an invalid file name {name:?}")
             );
         }
+    }
+
+    #[test]
+    fn a_damaged_segment_is_named_with_its_bytes() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = save_step(tmp.path(), 1);
+        let name = super::super::CONFIG_FILE;
+        let path = dir.join(name);
+        let record = files::checksums(&path, 16).unwrap();
+        let record = FileRecord {
+            sha256: None,
+            xxh3_128: None,
+            ..record
+        };
+        assert!(record.segments.as_ref().unwrap().xxh3_128.len() > 3);
+        assert!(problem(&dir, name, &record).is_ok());
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[40] ^= 0x40;
+        std::fs::write(&path, &bytes).unwrap();
+        let e = problem(&dir, name, &record).unwrap_err();
+        assert!(e.starts_with("segment 2 (bytes 32..48): XXH3-128 "), "{e}");
+        let mut edited = record;
+        edited.segments.as_mut().unwrap().xxh3_128.pop();
+        let e = problem(&dir, name, &edited).unwrap_err();
+        assert!(e.contains("(the record was edited)"), "{e}");
     }
 }
