@@ -10,8 +10,10 @@ use std::collections::BTreeMap;
 /// The layout of a checkpoint this build writes; it reads it and every older version. Version 2
 /// added `trainer_state.json.sha256` (see [`super::state_file`]), [`SHARDED_FORMAT_VERSION`]
 /// the sharded layout, and version 4 records each file by its XXH3-128 alone: sha256 is
-/// computed on demand (`verify`) instead of on every save.
-pub const FORMAT_VERSION: u32 = 4;
+/// computed on demand (`verify`) instead of on every save. From version 5 a sharded
+/// checkpoint's whole-tensor hashes are over fixed blocks of the tensor
+/// ([`super::tensor_hash`]), so that ranks hash their own rows while they read them.
+pub const FORMAT_VERSION: u32 = 5;
 
 /// The version of a checkpoint saved by several ranks without gathering: its tensors are in a
 /// file per rank and [`super::shards::SHARDS_FILE`] (see [`super::shards`]). Builds before it
