@@ -1,17 +1,17 @@
 //! Loading a sharded checkpoint onto several ranks, each rank reading only its rows. A rank
 //! reads, of every chunk that overlaps the rows it holds of a tensor, the overlapping byte
-//! range, straight into its own tensor; a chunk that lies whole inside those rows is checked
-//! against its hash as it arrives, and the tensor's hash blocks (format version 5 on, see
-//! [`super::tensor_hash`]) that lie whole inside those rows are hashed while they are in cache.
+//! range, straight into its own tensor, and hashes the tensor's hash blocks (format version 5
+//! on, see [`super::tensor_hash`]) that lie whole inside those rows while they are in cache.
 //! Once every rank holds its rows, the blocks no rank hashed (those straddling two ranks' rows,
 //! or in rows no rank holds) are hashed, each byte taken from the first rank that holds it
 //! (rows no rank holds are read from the files for it), and each tensor's whole hash is
-//! finished from its blocks' digests: a chunk read into the wrong place, or damage in a chunk
-//! two ranks share, fails it. A checkpoint of an earlier version, whose whole hash can only be
-//! fed in row order, has it computed then from the ranks' rows in the same way. Only after a
-//! whole hash fails are the shared chunks read again and checked against their own hashes, so
-//! that damage names its file, tensor, rows and bytes. No rank ever holds a whole tensor it
-//! does not keep.
+//! finished from its blocks' digests: a chunk read into the wrong place, or damage anywhere in
+//! the tensor, fails it. A checkpoint of an earlier version, whose whole hash can only be fed
+//! in row order, has it computed then from the ranks' rows in the same way. Only after a whole
+//! hash fails are the tensor's chunks read again and checked against their own hashes, so that
+//! damage names its file, tensor, rows and bytes, and with every chunk intact the error says one
+//! is out of place: a clean load hashes each byte once, as one device's does. No rank ever holds
+//! a whole tensor it does not keep.
 
 use super::load::{match_spec, open, LoadRequest, EARLIER};
 use super::reading::read_at;
@@ -49,11 +49,10 @@ pub struct RankReads {
     tensors: BTreeMap<(Which, usize), Read>,
 }
 
-/// One whole tensor the ranks read, which of its chunks a rank has checked whole, and under
-/// [`TensorHash::Blocks`] its hash blocks' digests as ranks hash them.
+/// One whole tensor the ranks read and, under [`TensorHash::Blocks`], its hash blocks' digests
+/// as ranks hash them.
 struct Read {
     tensor: TensorIndex,
-    checked: Vec<AtomicBool>,
     blocks: Vec<Block>,
 }
 
@@ -116,24 +115,12 @@ impl RankReads {
                 }
             }
             for (which, tensor) in wanted {
-                let checked = tensor
-                    .chunks
-                    .iter()
-                    .map(|_| AtomicBool::new(false))
-                    .collect();
                 let blocks = match index.tensor_hash {
                     TensorHash::Blocks => tensor_hash::block_count(tensor.bytes() as usize),
                     TensorHash::Plain => 0,
                 };
                 let blocks = (0..blocks).map(|_| Block::default()).collect();
-                tensors.insert(
-                    (which, i),
-                    Read {
-                        tensor,
-                        checked,
-                        blocks,
-                    },
-                );
+                tensors.insert((which, i), Read { tensor, blocks });
             }
         }
         let mut files = BTreeMap::new();
@@ -199,9 +186,9 @@ impl RankReads {
     }
 
     /// Finishes `read`'s whole hash, the bytes no rank hashed as it read them taken from the
-    /// first of `pieces` that holds them, or from the files. When it does not match, the chunks
-    /// no rank checked are read again and checked, so that damage names its chunk; with every
-    /// chunk intact, one is out of place.
+    /// first of `pieces` that holds them, or from the files. When it does not match, its chunks
+    /// are read again and checked, so that damage names its chunk; with every chunk intact, one
+    /// is out of place.
     fn check_whole(&self, read: &Read, pieces: &Placed<'_>) -> Result<()> {
         let tensor = &read.tensor;
         let bytes = tensor.bytes() as usize;
@@ -230,17 +217,31 @@ impl RankReads {
             }
         };
         if found != tensor.xxh3_128 {
-            let row = tensor.row_bytes();
-            let mut again = Vec::new();
-            for (chunk, checked) in tensor.chunks.iter().zip(&read.checked) {
-                if !checked.load(Ordering::Relaxed) {
-                    let held = chunk.rows();
-                    again.resize(held.len() * row, 0);
-                    self.read_into(read, held, &mut again, false)?;
-                }
-            }
+            self.check_chunks(tensor)?;
         }
         shards::check_found(&self.index_path, tensor, &found)
+    }
+
+    /// Reads every chunk of `tensor` again, a piece at a time, and fails naming the first whose
+    /// bytes do not match its hash.
+    fn check_chunks(&self, tensor: &TensorIndex) -> Result<()> {
+        let mut piece = Vec::new();
+        for chunk in &tensor.chunks {
+            let path = self.dir.join(&chunk.file);
+            let [mut at, end] = chunk.byte_range;
+            let mut hasher = Xxh3Default::new();
+            while at < end {
+                piece.resize((end - at).min(PIECE as u64) as usize, 0);
+                read_at(&self.files[&chunk.file], &mut piece, at)
+                    .map_err(|e| EngineError::io(&path, e))?;
+                hasher.update(&piece);
+                at += piece.len() as u64;
+            }
+            if format!("{:032x}", hasher.digest128()) != chunk.xxh3_128 {
+                return Err(self.damaged(tensor, chunk));
+            }
+        }
+        Ok(())
     }
 
     /// Hands `read`'s tensor's bytes `bytes` to `each` in order, each byte from the first of
@@ -281,10 +282,9 @@ impl RankReads {
         Ok(())
     }
 
-    /// Reads rows `rows` of `read`'s tensor into `dst` (exactly those rows), checking each chunk
-    /// that lies whole inside them against its hash; with `hash_blocks`, hashes each of the
-    /// tensor's hash blocks that lies whole inside them, and that no other rank has taken, as
-    /// soon as it is read.
+    /// Reads rows `rows` of `read`'s tensor into `dst` (exactly those rows); with `hash_blocks`,
+    /// hashes each of the tensor's hash blocks that lies whole inside them, and that no other
+    /// rank has taken, as soon as it is read.
     fn read_into(
         &self,
         read: &Read,
@@ -299,14 +299,12 @@ impl RankReads {
             true => tensor_hash::blocks_within(first_byte..rows.end * row, tensor.bytes() as usize),
             false => 0..0,
         };
-        for (chunk, checked) in tensor.chunks.iter().zip(&read.checked) {
+        for chunk in &tensor.chunks {
             let held = chunk.rows();
             let (from, to) = (held.start.max(rows.start), held.end.min(rows.end));
             if from >= to {
                 continue;
             }
-            let whole = from == held.start && to == held.end;
-            let mut hasher = whole.then(Xxh3Default::new);
             let path = self.dir.join(&chunk.file);
             let file = &self.files[&chunk.file];
             let mut offset = chunk.byte_range[0] + ((from - held.start) * row) as u64;
@@ -314,47 +312,12 @@ impl RankReads {
             while at < end {
                 let piece = &mut dst[at..end.min(at + PIECE)];
                 read_at(file, piece, offset).map_err(|e| EngineError::io(&path, e))?;
-                if let Some(h) = &mut hasher {
-                    h.update(piece);
-                }
                 offset += piece.len() as u64;
                 at += piece.len();
-                self.hash_blocks(read, &mut blocks, &dst[..at], first_byte);
-            }
-            if let Some(h) = hasher {
-                if format!("{:032x}", h.digest128()) != chunk.xxh3_128 {
-                    return Err(self.damaged(tensor, chunk));
-                }
-                checked.store(true, Ordering::Relaxed);
+                hash_inside(read, &mut blocks, &dst[..at], first_byte);
             }
         }
         Ok(())
-    }
-
-    /// Hashes the blocks of `read`'s tensor from the start of `blocks` that `filled` (the
-    /// tensor's bytes from `first_byte` on, as read so far) holds whole, and moves past them.
-    fn hash_blocks(
-        &self,
-        read: &Read,
-        blocks: &mut Range<usize>,
-        filled: &[u8],
-        first_byte: usize,
-    ) {
-        let bytes = read.tensor.bytes() as usize;
-        while let Some(b) = blocks.clone().next() {
-            let at = tensor_hash::block_bytes(b, bytes);
-            if at.end > first_byte + filled.len() {
-                return;
-            }
-            let block = &read.blocks[b];
-            if !block.taken.swap(true, Ordering::Relaxed) {
-                let digest =
-                    tensor_hash::block_digest(&filled[at.start - first_byte..at.end - first_byte]);
-                // Taken by this rank alone: nobody else sets it.
-                let _ = block.digest.set(digest);
-            }
-            blocks.start += 1;
-        }
     }
 
     /// The error for `chunk` of `tensor`, whose bytes do not match its hash.
@@ -393,5 +356,25 @@ impl RowSource for RankReads {
             }
         }
         Ok(())
+    }
+}
+
+/// Hashes the blocks of `read`'s tensor from the start of `blocks` that `filled` (the
+/// tensor's bytes from `first_byte` on, as read so far) holds whole, and moves past them.
+fn hash_inside(read: &Read, blocks: &mut Range<usize>, filled: &[u8], first_byte: usize) {
+    let bytes = read.tensor.bytes() as usize;
+    while let Some(b) = blocks.clone().next() {
+        let at = tensor_hash::block_bytes(b, bytes);
+        if at.end > first_byte + filled.len() {
+            return;
+        }
+        let block = &read.blocks[b];
+        if !block.taken.swap(true, Ordering::Relaxed) {
+            let digest =
+                tensor_hash::block_digest(&filled[at.start - first_byte..at.end - first_byte]);
+            // Taken by this rank alone: nobody else sets it.
+            let _ = block.digest.set(digest);
+        }
+        blocks.start += 1;
     }
 }
