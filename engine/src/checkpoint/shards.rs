@@ -580,3 +580,73 @@ pub fn each_whole(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::tensor_hash::HASH_BLOCK;
+    use crate::parallel::plan;
+
+    /// A tensor of `rows` rows of `row` f32 elements, each byte from its place.
+    fn entry(name: &str, rows: usize, row: usize) -> Entry<'static> {
+        let data = (0..rows * row * 4)
+            .map(|i| (i.wrapping_mul(2654435761) >> 11) as u8)
+            .collect();
+        Entry {
+            name: name.into(),
+            dtype: Dtype::F32,
+            shape: vec![rows, row],
+            data: Cow::Owned(data),
+        }
+    }
+
+    /// The definition written out: XXH3-128 of the 16-byte little-endian XXH3-128 digests of
+    /// the 64 KiB blocks of the row-major bytes.
+    fn by_definition(bytes: &[u8]) -> String {
+        let digests: Vec<u8> = bytes
+            .chunks(HASH_BLOCK)
+            .flat_map(|b| xxhash_rust::xxh3::xxh3_128(b).to_le_bytes())
+            .collect();
+        format!("{:032x}", xxhash_rust::xxh3::xxh3_128(&digests))
+    }
+
+    #[test]
+    fn a_block_hashed_tensor_has_one_hash_at_every_world_size() {
+        // Rows of 300 bytes: no rank's rows start or end on a block boundary.
+        let tensors = [
+            entry("a", 1001, 75),
+            entry("b", 7, 3),
+            entry("c", 450, 1024),
+        ];
+        let tmp = tempfile::tempdir().unwrap();
+        let mut hashes = Vec::new();
+        for world in 1..=5 {
+            let ranks: Vec<RankChunks<'_>> = (0..world)
+                .map(|rank| RankChunks {
+                    model: tensors
+                        .iter()
+                        .map(|t| Chunk::rows_of(t, plan::rows(t.shape[0], world, rank)))
+                        .collect(),
+                    optimizer: Vec::new(),
+                })
+                .collect();
+            let dir = tmp.path().join(format!("world-{world}"));
+            std::fs::create_dir(&dir).unwrap();
+            write(&dir, &ranks, TensorHash::Blocks).unwrap();
+            let index: Index =
+                serde_json::from_slice(&std::fs::read(dir.join(SHARDS_FILE)).unwrap()).unwrap();
+            assert_eq!(index.world_size, world);
+            let found: Vec<String> = index.model.iter().map(|t| t.xxh3_128.clone()).collect();
+            hashes.push(found);
+        }
+        let direct: Vec<String> = tensors.iter().map(|t| by_definition(&t.data)).collect();
+        for (world, found) in (1..).zip(&hashes) {
+            assert_eq!(found, &direct, "world size {world}");
+        }
+        let plain: Vec<String> = tensors
+            .iter()
+            .map(|t| TensorHash::Plain.hex(&t.data))
+            .collect();
+        assert_ne!(plain, direct, "the two definitions differ");
+    }
+}
