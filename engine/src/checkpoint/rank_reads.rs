@@ -363,7 +363,8 @@ impl RowSource for RankReads {
 /// tensor's bytes from `first_byte` on, as read so far) holds whole, and moves past them.
 fn hash_inside(read: &Read, blocks: &mut Range<usize>, filled: &[u8], first_byte: usize) {
     let bytes = read.tensor.bytes() as usize;
-    while let Some(b) = blocks.clone().next() {
+    while blocks.start < blocks.end {
+        let b = blocks.start;
         let at = tensor_hash::block_bytes(b, bytes);
         if at.end > first_byte + filled.len() {
             return;
