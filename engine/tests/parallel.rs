@@ -11,7 +11,10 @@ use ckpt_engine::estimate::{estimate, routed_rank_steps, EstimateConfig, StepEst
 use ckpt_engine::model::config::MoeConfig;
 use ckpt_engine::model::loss::LossKind;
 use ckpt_engine::model::{Checkpointing, Family};
+use ckpt_engine::parallel::ranks::Ranks;
+use ckpt_engine::parallel::source::{RowSource, Which};
 use ckpt_engine::parallel::{Checkpoints, Parallel, Shard};
+use ckpt_engine::state::Weights;
 use ckpt_engine::{Category, CpuDevice, Fault, MemoryTracker, StateDigest, TrainConfig, Trainer};
 use proptest::prelude::*;
 
@@ -523,4 +526,103 @@ fn held_after_a_step(cfg: TrainConfig, category: Category) -> Vec<u64> {
         false => s.rank_memory,
     };
     ranks.iter().map(|m| m.current.get(category)).collect()
+}
+
+/// Rows of every whole tensor made up from their place, counting the bytes each kind is read.
+#[derive(Default)]
+struct CountedRows {
+    read: [std::sync::atomic::AtomicU64; 3],
+}
+
+impl CountedRows {
+    /// The value of element `at` of row `row` of parameter `param`'s `which` tensor.
+    fn value(which: Which, param: usize, row: usize, at: usize) -> f32 {
+        (which as usize * 7 + param * 3) as f32 + row as f32 * 0.37 + at as f32 * 0.0013
+    }
+}
+
+impl RowSource for CountedRows {
+    fn read_rows(
+        &self,
+        which: Which,
+        param: usize,
+        rows: std::ops::Range<usize>,
+        _kept: bool,
+        dst: &mut [u8],
+    ) -> ckpt_engine::Result<()> {
+        self.read[which as usize].fetch_add(dst.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        let values: &mut [f32] = bytemuck::cast_slice_mut(dst);
+        let row = values.len() / rows.len().max(1);
+        for (r, chunk) in rows.zip(values.chunks_mut(row.max(1))) {
+            for (at, v) in chunk.iter_mut().enumerate() {
+                *v = Self::value(which, param, r, at);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Under bf16-mixed, ranks whose compute weights hold exactly their master rows (fully sharded,
+/// or not sharded) read each master row once and round the compute weights from it; with the
+/// optimizer state sharded, the compute weights' whole rows are read besides the master's.
+#[test]
+fn bf16_mixed_ranks_read_their_master_rows_once() {
+    let cfg = dense(Precision::Bf16Mixed);
+    let specs = ckpt_engine::model::param_specs(&cfg.model);
+    let whole: u64 = specs
+        .iter()
+        .map(|s| 4 * s.shape.iter().product::<usize>() as u64)
+        .sum();
+    for (shard, master_reads) in [
+        (Shard::Full, whole),
+        (Shard::None, 3 * whole),
+        (Shard::Optimizer, 3 * whole + whole),
+    ] {
+        let cfg = with(&cfg, 3, shard, &[]);
+        let source = CountedRows::default();
+        let devices = (0..3)
+            .map(|_| CpuDevice::new(1, u64::MAX).unwrap())
+            .collect();
+        let ranks = Ranks::new(&cfg, devices, Some(&source), None).unwrap();
+        let read = source.read[Which::Master as usize].load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(read, master_reads, "{shard:?}: bytes of master rows read");
+        for (rank, state) in ranks.states().iter().enumerate() {
+            let Weights::Bf16Mixed { master, compute } = state.weights() else {
+                panic!("{shard:?}: rank {rank} is not bf16-mixed");
+            };
+            for (i, (m, c)) in master
+                .tensors()
+                .into_iter()
+                .zip(compute.tensors())
+                .enumerate()
+            {
+                let m = m.as_slice();
+                let c = c.as_slice();
+                if shard != Shard::Optimizer {
+                    let rounded: Vec<half::bf16> =
+                        m.iter().map(|&x| half::bf16::from_f32(x)).collect();
+                    assert_eq!(c, rounded, "{shard:?} rank {rank} param {i}");
+                }
+                let row = specs[i].shape.iter().skip(1).product::<usize>().max(1);
+                let first = c.len() / row;
+                let expected: Vec<half::bf16> = (0..c.len())
+                    .map(|k| {
+                        let rows = match shard {
+                            Shard::Full => {
+                                ckpt_engine::parallel::plan::rows(specs[i].shape[0], 3, rank).start
+                            }
+                            _ => 0,
+                        };
+                        half::bf16::from_f32(CountedRows::value(
+                            Which::Master,
+                            i,
+                            rows + k / row,
+                            k % row,
+                        ))
+                    })
+                    .collect();
+                assert_eq!(c, expected, "{shard:?} rank {rank} param {i}: {first} rows");
+            }
+        }
+    }
 }

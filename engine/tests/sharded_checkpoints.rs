@@ -564,3 +564,184 @@ fn a_checkpoint_missing_its_last_uneven_shard_is_refused_naming_the_rows() {
         );
     }
 }
+
+/// A Llama whose embedding and head span several 64 KiB hash blocks (1000 rows of 256 bytes),
+/// in fp32, on 60 micro-batches a step (every world size from 1 to 5 divides them).
+fn blocks_cfg(world_size: usize, shard: Shard) -> TrainConfig {
+    let mut cfg = common::train_config(common::llama(1000, 64, 1), Precision::Fp32, 1, 8, 6);
+    cfg.accumulation = 60;
+    cfg.parallel = Parallel {
+        world_size,
+        shard,
+        ..Parallel::default()
+    };
+    cfg
+}
+
+/// Format version 5's whole-tensor hash, written out: XXH3-128 of the 16-byte little-endian
+/// XXH3-128 digests of the tensor's row-major bytes cut into 64 KiB blocks.
+fn block_hash(bytes: &[u8]) -> String {
+    let digests: Vec<u8> = bytes
+        .chunks(64 << 10)
+        .flat_map(|b| xxhash_rust::xxh3::xxh3_128(b).to_le_bytes())
+        .collect();
+    format!("{:032x}", xxhash_rust::xxh3::xxh3_128(&digests))
+}
+
+/// Every tensor of one device's checkpoint file `file` in `dir`: name and bytes.
+fn whole_tensors(dir: &Path, file: &str) -> Vec<(String, Vec<u8>)> {
+    let bytes = std::fs::read(dir.join(file)).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    st.tensors()
+        .into_iter()
+        .map(|(name, view)| (name, view.data().to_vec()))
+        .collect()
+}
+
+#[test]
+fn a_whole_tensor_hash_is_its_blocks_and_the_same_at_every_world_size() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_, one) = trained(&blocks_cfg(1, Shard::None), 1, &tmp.path().join("one"));
+    let mut want = std::collections::BTreeMap::new();
+    for file in [MODEL_FILE, checkpoint::OPTIMIZER_FILE] {
+        for (name, bytes) in whole_tensors(&one, file) {
+            want.insert(name, block_hash(&bytes));
+        }
+    }
+    let embed = &want["model.embed_tokens.weight"];
+    for world in 2..=5 {
+        let run = tmp.path().join(format!("world-{world}"));
+        let (_, dir) = trained(&blocks_cfg(world, Shard::Optimizer), 1, &run);
+        let index = index(&dir);
+        assert_eq!(index.world_size, world);
+        let found: std::collections::BTreeMap<String, String> = index
+            .model
+            .iter()
+            .chain(&index.optimizer)
+            .map(|t| (t.name.clone(), t.xxh3_128.clone()))
+            .collect();
+        assert_eq!(found, want, "world size {world}");
+        assert_eq!(&found["model.embed_tokens.weight"], embed);
+    }
+}
+
+/// Two chunks of a tensor of several hash blocks trade places (rows 250..500 and 500..750 of
+/// 1000): resumed on 3 ranks from 4, rank 1 hashes the blocks inside its rows 334..668 as it
+/// reads them, and the whole hash fails, naming the tensor; damage in a chunk inside one rank's
+/// rows names the chunk.
+#[test]
+fn a_chunk_swapped_or_damaged_inside_ranks_rows_fails_its_whole_hash() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let (_, dir) = trained(&blocks_cfg(4, Shard::Full), 1, &run);
+    let resumed = blocks_cfg(3, Shard::Full);
+    let name = "model.embed_tokens.weight.exp_avg";
+    let mut swapped = index(&dir);
+    let tensor = swapped
+        .optimizer
+        .iter_mut()
+        .find(|t| t.name == name)
+        .unwrap();
+    assert_eq!(tensor.chunks.len(), 4);
+    let (a, b) = (tensor.chunks[1].clone(), tensor.chunks[2].clone());
+    assert_eq!(a.sizes, b.sizes);
+    tensor.chunks[1] = ckpt_engine::checkpoint::shards::ChunkIndex {
+        offsets: a.offsets.clone(),
+        ..b.clone()
+    };
+    tensor.chunks[2] = ckpt_engine::checkpoint::shards::ChunkIndex {
+        offsets: b.offsets,
+        ..a
+    };
+    let saved = index(&dir);
+    rewrite_index(&dir, &swapped);
+    let e = resume_error(&resumed, &run);
+    assert!(
+        e.contains(&format!("{name} assembled from its chunks has XXH3-128")),
+        "{e}"
+    );
+    assert!(e.contains("a chunk is out of place"), "{e}");
+    rewrite_index(&dir, &saved);
+    Trainer::resume(resumed.clone(), dev(), &run).unwrap();
+
+    // Rows 0..250 of 1000, saved by rank 0 of 4, lie inside rank 0 of 3's rows 0..334.
+    let chunk = saved
+        .optimizer
+        .iter()
+        .find(|t| t.name == name)
+        .unwrap()
+        .chunks[0]
+        .clone();
+    assert_eq!((chunk.offsets[0], chunk.sizes[0]), (0, 250));
+    let file = dir.join(&chunk.file);
+    let mut bytes = std::fs::read(&file).unwrap();
+    bytes[chunk.byte_range[0] as usize + 1000] ^= 0x20;
+    std::fs::write(&file, &bytes).unwrap();
+    let e = resume_error(&resumed, &run);
+    let [begin, end] = chunk.byte_range;
+    assert!(
+        e.contains(&format!(
+            "checksum mismatch: the chunk of {name} (rows 0..250) at bytes {begin}..{end} does not match its hash"
+        )),
+        "{e}"
+    );
+    assert!(e.contains(&rank_file_name(0, 4)), "{e}");
+}
+
+/// A sharded checkpoint of format version 4, whose whole-tensor hashes are the XXH3-128 of the
+/// tensors' bytes, still loads on 3 ranks, on one device, in `verify` and the digests, to the
+/// state version 5 holds; labelled version 5, the same hashes are refused.
+#[test]
+fn a_version_4_sharded_checkpoint_with_plain_hashes_still_loads() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let saved = blocks_cfg(4, Shard::Full);
+    let (_, dir) = trained(&saved, 1, &run);
+    let digests = checkpoint::tensor_digests(&dir).unwrap();
+    let resumed = blocks_cfg(3, Shard::Full);
+    let want = Trainer::resume(resumed.clone(), dev(), &run)
+        .unwrap()
+        .state_digest()
+        .unwrap();
+
+    let one = tmp.path().join("one");
+    let mut gathered = saved.clone();
+    gathered.parallel.checkpoints = Checkpoints::Gathered;
+    let (_, whole) = trained(&gathered, 1, &one);
+    let mut plain = std::collections::BTreeMap::new();
+    for file in [MODEL_FILE, checkpoint::OPTIMIZER_FILE] {
+        for (name, bytes) in whole_tensors(&whole, file) {
+            let hash = format!("{:032x}", xxhash_rust::xxh3::xxh3_128(&bytes));
+            plain.insert(name, hash);
+        }
+    }
+    let mut v4 = index(&dir);
+    for t in v4.model.iter_mut().chain(&mut v4.optimizer) {
+        assert_ne!(t.xxh3_128, plain[&t.name]);
+        t.xxh3_128 = plain[&t.name].clone();
+    }
+    rewrite_index(&dir, &v4);
+    let e = resume_error(&resumed, &run);
+    assert!(e.contains("assembled from its chunks has XXH3-128"), "{e}");
+
+    set_format_version(&dir, 4);
+    let got = Trainer::resume(resumed.clone(), dev(), &run).unwrap();
+    assert_eq!(got.state_digest().unwrap(), want);
+    let mut single = saved.clone();
+    single.parallel = Parallel::default();
+    Trainer::resume(single, dev(), &run).unwrap();
+    assert_eq!(checkpoint::tensor_digests(&dir).unwrap(), digests);
+    assert!(problems(&dir).is_empty(), "{:?}", problems(&dir));
+}
+
+/// Sets the format version `trainer_state.json` records, its checksum updated.
+fn set_format_version(dir: &Path, version: u32) {
+    let state_path = dir.join(STATE_FILE);
+    let mut state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&state_path).unwrap()).unwrap();
+    state["format_version"] = version.into();
+    let bytes = serde_json::to_vec(&state).unwrap();
+    std::fs::write(&state_path, &bytes).unwrap();
+    let sum = format!("{}  {STATE_FILE}\n", files::sha256_hex(&bytes));
+    std::fs::write(dir.join(STATE_SUM_FILE), sum).unwrap();
+}

@@ -33,8 +33,8 @@ pub fn export(from: &Path, out: &Path) -> Result<PathBuf> {
     let config = files::read_checked(&dir.join(CONFIG_FILE), record(CONFIG_FILE)?, EARLIER)?;
     let mut tensors = Vec::new();
     if state.files.contains_key(SHARDS_FILE) {
-        let index = shards::read_index(&dir, &state.files, EARLIER)?;
-        shards::each_whole(&dir, &index.model, |t, whole| {
+        let index = shards::read_index(&dir, &state, EARLIER)?;
+        shards::each_whole(&dir, index.tensor_hash, &index.model, |t, whole| {
             tensors.push(Entry {
                 name: t.name.clone(),
                 dtype: t.dtype,

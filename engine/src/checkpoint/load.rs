@@ -134,7 +134,7 @@ pub fn load(host: &MemoryTracker, dir: &Path, req: &LoadRequest<'_>) -> Result<L
     let source = if sharded {
         Source::Sharded {
             path: dir.join(SHARDS_FILE),
-            index: shards::read_index(&dir, &state.files, EARLIER)?,
+            index: shards::read_index(&dir, &state, EARLIER)?,
         }
     } else {
         Source::Whole {
@@ -212,14 +212,15 @@ pub fn load(host: &MemoryTracker, dir: &Path, req: &LoadRequest<'_>) -> Result<L
             return Err(checksum_mismatch(path, record, damaged));
         }
     }
-    if let Source::Sharded { path, .. } = &source {
+    if let Source::Sharded { path, index } = &source {
         let loaded = master
             .tensors_mut()
             .into_iter()
             .chain(moments.iter_mut().flatten().flat_map(|m| m.tensors_mut()));
         for (place, t) in places.iter().zip(loaded) {
             if let Place::Chunks(tensor) = place {
-                shards::check_whole(path, tensor, bytemuck::cast_slice(t.as_mut_slice()))?;
+                let whole = bytemuck::cast_slice(t.as_slice());
+                shards::check_whole(path, index.tensor_hash, tensor, whole)?;
             }
         }
     }

@@ -30,6 +30,7 @@ mod recover;
 pub mod shards;
 pub mod state;
 pub mod state_file;
+pub mod tensor_hash;
 #[cfg(test)]
 mod testing;
 mod verify;
@@ -51,6 +52,7 @@ pub use shards::{Chunk, RankChunks, SHARDS_FILE};
 use state::{FileRecord, TrainerState, SHARDED_FORMAT_VERSION};
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
+use tensor_hash::TensorHash;
 pub use verify::{verify, FileVerdict};
 
 /// The weights file, in Hugging Face's layout.
@@ -152,10 +154,10 @@ pub fn tensor_digests(dir: &Path) -> Result<[String; 2]> {
 fn sharded_digests(dir: &Path) -> Result<[String; 2]> {
     use sha2::{Digest, Sha256};
     let state = state_file::read(dir)?.state;
-    let index = shards::read_index(dir, &state.files, "use an earlier checkpoint")?;
+    let index = shards::read_index(dir, &state, "use an earlier checkpoint")?;
     let digest = |list: &[shards::TensorIndex]| -> Result<String> {
         let mut h = Sha256::new();
-        shards::each_whole(dir, list, |t, whole| {
+        shards::each_whole(dir, index.tensor_hash, list, |t, whole| {
             h.update(format!("{}:{}:{:?}:", t.name, t.dtype, t.shape).as_bytes());
             h.update(whole);
             Ok(())
@@ -383,7 +385,10 @@ fn write_and_publish(
         }
         Tensors::Sharded(ranks) => {
             state.format_version = state.format_version.max(SHARDED_FORMAT_VERSION);
-            state.files.extend(shards::write(tmp_path, ranks)?);
+            let tensor_hash = TensorHash::of_version(state.format_version);
+            state
+                .files
+                .extend(shards::write(tmp_path, ranks, tensor_hash)?);
         }
     }
     let config = serde_json::to_vec_pretty(&req.config.to_hf_json()).expect("plain JSON");

@@ -1,20 +1,23 @@
 //! Loading a sharded checkpoint onto several ranks, each rank reading only its rows. A rank
 //! reads, of every chunk that overlaps the rows it holds of a tensor, the overlapping byte
-//! range, straight into its own tensor; a chunk that lies whole inside those rows is checked
-//! against its hash as it arrives, and rows that continue a tensor's whole hash (a rank's rows
-//! starting where the rows hashed so far end, as rank 0's always do) are fed to it while they
-//! are in cache. Once every rank holds its rows, each tensor's whole hash is finished in row
-//! order, each row taken from the first rank that holds it (rows no rank holds are read from
-//! the files for it): a chunk read into the wrong place, or
-//! damage in a chunk two ranks share, fails it. Only then are the shared chunks read again and
-//! checked against their own hashes, so that damage names its file, tensor, rows and bytes; a
-//! clean load hashes each byte once, as one device's does. No rank ever holds a whole tensor
-//! it does not keep.
+//! range, straight into its own tensor, and hashes the tensor's hash blocks (format version 5
+//! on, see [`super::tensor_hash`]) that lie whole inside those rows while they are in cache.
+//! Once every rank holds its rows, the blocks no rank hashed (those straddling two ranks' rows,
+//! or in rows no rank holds) are hashed, each byte taken from the first rank that holds it
+//! (rows no rank holds are read from the files for it), and each tensor's whole hash is
+//! finished from its blocks' digests: a chunk read into the wrong place, or damage anywhere in
+//! the tensor, fails it. A checkpoint of an earlier version, whose whole hash can only be fed
+//! in row order, has it computed then from the ranks' rows in the same way. Only after a whole
+//! hash fails are the tensor's chunks read again and checked against their own hashes, so that
+//! damage names its file, tensor, rows and bytes, and with every chunk intact the error says one
+//! is out of place: a clean load hashes each byte once, as one device's does. No rank ever holds
+//! a whole tensor it does not keep.
 
 use super::load::{match_spec, open, LoadRequest, EARLIER};
 use super::reading::read_at;
 use super::shards::{self, read_index, TensorIndex};
 use super::state::TrainerState;
+use super::tensor_hash::{self, TensorHash};
 use crate::error::{EngineError, Result};
 use crate::model::param_specs;
 use crate::parallel::source::{Placed, RowSource, Which};
@@ -23,7 +26,7 @@ use std::fs::File;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::OnceLock;
 use xxhash_rust::xxh3::Xxh3Default;
 
 /// Bytes read, and hashed, at a time.
@@ -40,17 +43,24 @@ pub struct RankReads {
     pub moments: bool,
     dir: PathBuf,
     index_path: PathBuf,
+    tensor_hash: TensorHash,
     files: BTreeMap<String, File>,
     /// The tensors the ranks read, by `(which, param)`.
     tensors: BTreeMap<(Which, usize), Read>,
 }
 
-/// One whole tensor the ranks read, which of its chunks a rank has checked whole, and its
-/// whole hash over the rows fed so far (the row it has reached).
+/// One whole tensor the ranks read and, under [`TensorHash::Blocks`], its hash blocks' digests
+/// as ranks hash them.
 struct Read {
     tensor: TensorIndex,
-    checked: Vec<AtomicBool>,
-    stream: Mutex<(usize, Xxh3Default)>,
+    blocks: Vec<Block>,
+}
+
+/// One hash block of a tensor: whether a rank has taken it to hash, and its digest once hashed.
+#[derive(Default)]
+struct Block {
+    taken: AtomicBool,
+    digest: OnceLock<u128>,
 }
 
 impl RankReads {
@@ -62,7 +72,7 @@ impl RankReads {
             return Ok(None);
         }
         let (dir, state) = (opened.dir, opened.state);
-        let index = read_index(&dir, &state.files, EARLIER)?;
+        let index = read_index(&dir, &state, EARLIER)?;
         let index_path = dir.join(super::SHARDS_FILE);
         let specs = param_specs(req.config);
         let (master_list, suffix) = if req.master_in_optimizer {
@@ -105,20 +115,12 @@ impl RankReads {
                 }
             }
             for (which, tensor) in wanted {
-                let checked = tensor
-                    .chunks
-                    .iter()
-                    .map(|_| AtomicBool::new(false))
-                    .collect();
-                let stream = Mutex::new((0, Xxh3Default::new()));
-                tensors.insert(
-                    (which, i),
-                    Read {
-                        tensor,
-                        checked,
-                        stream,
-                    },
-                );
+                let blocks = match index.tensor_hash {
+                    TensorHash::Blocks => tensor_hash::block_count(tensor.bytes() as usize),
+                    TensorHash::Plain => 0,
+                };
+                let blocks = (0..blocks).map(|_| Block::default()).collect();
+                tensors.insert((which, i), Read { tensor, blocks });
             }
         }
         let mut files = BTreeMap::new();
@@ -138,6 +140,7 @@ impl RankReads {
             moments,
             dir,
             index_path,
+            tensor_hash: index.tensor_hash,
             files,
             tensors,
         }))
@@ -182,81 +185,136 @@ impl RankReads {
         checked.into_iter().try_for_each(|(_, r)| r)
     }
 
-    /// Streams `read`'s tensor in row order through its whole hash, each row from the first of
-    /// `pieces` that holds it, or from the files. When it does not match, the chunks no rank
-    /// checked are read again and checked, so that damage names its chunk; with every chunk
-    /// intact, one is out of place.
+    /// Finishes `read`'s whole hash, the bytes no rank hashed as it read them taken from the
+    /// first of `pieces` that holds them, or from the files. When it does not match, its chunks
+    /// are read again and checked, so that damage names its chunk; with every chunk intact, one
+    /// is out of place.
     fn check_whole(&self, read: &Read, pieces: &Placed<'_>) -> Result<()> {
         let tensor = &read.tensor;
-        let row = tensor.row_bytes();
-        let rows = tensor.shape.first().copied().unwrap_or(1);
-        let (mut next, mut whole) = read
-            .stream
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        let mut gap = Vec::new();
-        for (held, bytes) in pieces {
-            if held.end <= next {
-                continue;
-            }
-            if held.start > next {
-                gap.resize((held.start - next) * row, 0);
-                self.read_into(read, next..held.start, &mut gap)?;
-                whole.update(&gap);
-                next = held.start;
-            }
-            whole.update(&bytes[(next - held.start) * row..]);
-            next = held.end;
-        }
-        if next < rows {
-            gap.resize((rows - next) * row, 0);
-            self.read_into(read, next..rows, &mut gap)?;
-            whole.update(&gap);
-        }
-        let found = format!("{:032x}", whole.digest128());
-        if found != tensor.xxh3_128 {
-            for (chunk, checked) in tensor.chunks.iter().zip(&read.checked) {
-                if !checked.load(Ordering::Relaxed) {
-                    let held = chunk.rows();
-                    gap.resize(held.len() * row, 0);
-                    self.read_into(read, held, &mut gap)?;
+        let bytes = tensor.bytes() as usize;
+        let found = match self.tensor_hash {
+            TensorHash::Blocks => {
+                let mut block = Vec::new();
+                let mut digests = Vec::with_capacity(read.blocks.len());
+                for (b, done) in read.blocks.iter().enumerate() {
+                    let digest = match done.digest.get() {
+                        Some(&digest) => digest,
+                        None => {
+                            block.clear();
+                            let at = tensor_hash::block_bytes(b, bytes);
+                            self.walk(read, pieces, at, |s| block.extend_from_slice(s))?;
+                            tensor_hash::block_digest(&block)
+                        }
+                    };
+                    digests.push(digest);
                 }
+                tensor_hash::finish(digests)
             }
+            TensorHash::Plain => {
+                let mut whole = TensorHash::Plain.hasher();
+                self.walk(read, pieces, 0..bytes, |s| whole.update(s))?;
+                whole.hex()
+            }
+        };
+        if found != tensor.xxh3_128 {
+            self.check_chunks(tensor)?;
         }
         shards::check_found(&self.index_path, tensor, &found)
     }
 
-    /// Reads rows `rows` of `read`'s tensor into `dst` (exactly those rows), checking each chunk
-    /// that lies whole inside them against its hash.
-    fn read_into(&self, read: &Read, rows: Range<usize>, dst: &mut [u8]) -> Result<()> {
+    /// Reads every chunk of `tensor` again, a piece at a time, and fails naming the first whose
+    /// bytes do not match its hash.
+    fn check_chunks(&self, tensor: &TensorIndex) -> Result<()> {
+        let mut piece = Vec::new();
+        for chunk in &tensor.chunks {
+            let path = self.dir.join(&chunk.file);
+            let [mut at, end] = chunk.byte_range;
+            let mut hasher = Xxh3Default::new();
+            while at < end {
+                piece.resize((end - at).min(PIECE as u64) as usize, 0);
+                read_at(&self.files[&chunk.file], &mut piece, at)
+                    .map_err(|e| EngineError::io(&path, e))?;
+                hasher.update(&piece);
+                at += piece.len() as u64;
+            }
+            if format!("{:032x}", hasher.digest128()) != chunk.xxh3_128 {
+                return Err(self.damaged(tensor, chunk));
+            }
+        }
+        Ok(())
+    }
+
+    /// Hands `read`'s tensor's bytes `bytes` to `each` in order, each byte from the first of
+    /// `pieces` that holds it, or read from the files where none does.
+    fn walk(
+        &self,
+        read: &Read,
+        pieces: &Placed<'_>,
+        bytes: Range<usize>,
+        mut each: impl FnMut(&[u8]),
+    ) -> Result<()> {
+        let row = read.tensor.row_bytes();
+        let mut gap = Vec::new();
+        let mut at = bytes.start;
+        while at < bytes.end {
+            let holder = pieces
+                .iter()
+                .find(|(held, _)| held.start * row <= at && at < held.end * row);
+            if let Some((held, data)) = holder {
+                let end = (held.end * row).min(bytes.end);
+                let first = held.start * row;
+                each(&data[at - first..end - first]);
+                at = end;
+                continue;
+            }
+            let next = pieces
+                .iter()
+                .map(|(held, _)| held.start * row)
+                .filter(|&start| start > at)
+                .fold(bytes.end, usize::min);
+            let rows = at / row..next.div_ceil(row);
+            gap.resize(rows.len() * row, 0);
+            self.read_into(read, rows.clone(), &mut gap, false)?;
+            let first = rows.start * row;
+            each(&gap[at - first..next - first]);
+            at = next;
+        }
+        Ok(())
+    }
+
+    /// Reads rows `rows` of `read`'s tensor into `dst` (exactly those rows); with `hash_blocks`,
+    /// hashes each of the tensor's hash blocks that lies whole inside them, and that no other
+    /// rank has taken, as soon as it is read.
+    fn read_into(
+        &self,
+        read: &Read,
+        rows: Range<usize>,
+        dst: &mut [u8],
+        hash_blocks: bool,
+    ) -> Result<()> {
         let tensor = &read.tensor;
         let row = tensor.row_bytes();
-        for (chunk, checked) in tensor.chunks.iter().zip(&read.checked) {
+        let first_byte = rows.start * row;
+        let mut blocks = match hash_blocks && !read.blocks.is_empty() {
+            true => tensor_hash::blocks_within(first_byte..rows.end * row, tensor.bytes() as usize),
+            false => 0..0,
+        };
+        for chunk in &tensor.chunks {
             let held = chunk.rows();
             let (from, to) = (held.start.max(rows.start), held.end.min(rows.end));
             if from >= to {
                 continue;
             }
-            let whole = from == held.start && to == held.end;
-            let mut hasher = whole.then(Xxh3Default::new);
-            let at = chunk.byte_range[0] + ((from - held.start) * row) as u64;
-            let into = &mut dst[(from - rows.start) * row..(to - rows.start) * row];
             let path = self.dir.join(&chunk.file);
             let file = &self.files[&chunk.file];
-            let mut offset = at;
-            for piece in into.chunks_mut(PIECE) {
+            let mut offset = chunk.byte_range[0] + ((from - held.start) * row) as u64;
+            let (mut at, end) = ((from - rows.start) * row, (to - rows.start) * row);
+            while at < end {
+                let piece = &mut dst[at..end.min(at + PIECE)];
                 read_at(file, piece, offset).map_err(|e| EngineError::io(&path, e))?;
-                if let Some(h) = &mut hasher {
-                    h.update(piece);
-                }
                 offset += piece.len() as u64;
-            }
-            if let Some(h) = hasher {
-                if format!("{:032x}", h.digest128()) != chunk.xxh3_128 {
-                    return Err(self.damaged(tensor, chunk));
-                }
-                checked.store(true, Ordering::Relaxed);
+                at += piece.len();
+                hash_inside(read, &mut blocks, &dst[..at], first_byte);
             }
         }
         Ok(())
@@ -289,20 +347,35 @@ impl RowSource for RankReads {
             // Moments a fresh start goes without: the rank's zeros stay.
             return Ok(());
         };
-        self.read_into(read, rows.clone(), dst)?;
-        // Rows that continue the whole hash are fed to it while they are in cache, if no other
-        // rank is feeding it; the rest wait for `check_placed`.
-        if let (true, Ok(mut stream)) = (kept && !rows.is_empty(), read.stream.try_lock()) {
-            if stream.0 == rows.start {
-                stream.1.update(dst);
-                stream.0 = rows.end;
-            }
-        }
+        // The hash blocks inside rows the rank keeps are hashed as they arrive; the rest wait
+        // for `check_placed`.
+        self.read_into(read, rows, dst, kept)?;
         if cfg!(target_endian = "big") {
             for x in dst.chunks_exact_mut(4) {
                 x.reverse();
             }
         }
         Ok(())
+    }
+}
+
+/// Hashes the blocks of `read`'s tensor from the start of `blocks` that `filled` (the
+/// tensor's bytes from `first_byte` on, as read so far) holds whole, and moves past them.
+fn hash_inside(read: &Read, blocks: &mut Range<usize>, filled: &[u8], first_byte: usize) {
+    let bytes = read.tensor.bytes() as usize;
+    while blocks.start < blocks.end {
+        let b = blocks.start;
+        let at = tensor_hash::block_bytes(b, bytes);
+        if at.end > first_byte + filled.len() {
+            return;
+        }
+        let block = &read.blocks[b];
+        if !block.taken.swap(true, Ordering::Relaxed) {
+            let digest =
+                tensor_hash::block_digest(&filled[at.start - first_byte..at.end - first_byte]);
+            // Taken by this rank alone: nobody else sets it.
+            let _ = block.digest.set(digest);
+        }
+        blocks.start += 1;
     }
 }

@@ -1,7 +1,7 @@
 //! Sharded checkpoints: what several ranks save without gathering. Each rank writes its rows of
 //! every tensor into a file of its own (`rank-RRRRR-of-NNNNN.safetensors`, one safetensors
 //! tensor per chunk, under the tensor's name); `shards.json` lists, for every tensor, its name,
-//! dtype and whole shape, the XXH3-128 of the whole logical tensor, and its chunks: their rows
+//! dtype and whole shape, the hash of the whole logical tensor ([`super::tensor_hash`]), and its chunks: their rows
 //! in the tensor's own coordinates (`offsets`, `sizes`), the file and byte range holding them and
 //! their own XXH3-128 (as PyTorch's distributed checkpoint keeps `.metadata` beside per-rank
 //! files). The tensors keep the single-device checkpoint's two lists, `model` (the weights the
@@ -15,7 +15,8 @@
 //! place fails loudly, naming the tensor.
 
 use super::files::{self, write_synced};
-use super::state::FileRecord;
+use super::state::{FileRecord, TrainerState};
+use super::tensor_hash::TensorHash;
 use super::{write_safetensors, Entry};
 use crate::error::{EngineError, Result};
 use crate::parallel::plan::shard_shape;
@@ -122,6 +123,10 @@ pub struct Index {
     /// Master weights and moments, in the order a single-device `optimizer.safetensors` holds
     /// them.
     pub optimizer: Vec<TensorIndex>,
+    /// How the tensors' whole hashes are defined: not in the file, [`read_index`] takes it from
+    /// the checkpoint's format version.
+    #[serde(skip)]
+    pub tensor_hash: TensorHash,
 }
 
 /// One tensor of a sharded checkpoint.
@@ -134,7 +139,10 @@ pub struct TensorIndex {
     pub dtype: Dtype,
     /// Its whole dimensions.
     pub shape: Vec<usize>,
-    /// Hex XXH3-128 of the whole tensor's row-major bytes.
+    /// Hex hash of the whole tensor's row-major bytes, as [`Index::tensor_hash`] defines it:
+    /// from format version 5 the XXH3-128 of the XXH3-128 digests of its
+    /// [`super::tensor_hash::HASH_BLOCK`]-byte (64 KiB) blocks, before it the XXH3-128 of the
+    /// bytes.
     pub xxh3_128: String,
     /// Its non-empty chunks, in row order.
     pub chunks: Vec<ChunkIndex>,
@@ -187,13 +195,18 @@ fn xxh3_hex(parts: &[&[u8]]) -> String {
 }
 
 /// Writes every rank's file and the index into the temporary directory `dir`, each fsynced,
-/// and returns the files' records by name. The ranks' files are written concurrently, as
-/// ranks of their own would. Nothing is written when the chunks do not tile their tensors.
-pub fn write(dir: &Path, ranks: &[RankChunks<'_>]) -> Result<Vec<(String, FileRecord)>> {
+/// and returns the files' records by name; the whole tensors are hashed as `tensor_hash`
+/// defines it. The ranks' files are written concurrently, as ranks of their own would. Nothing
+/// is written when the chunks do not tile their tensors.
+pub fn write(
+    dir: &Path,
+    ranks: &[RankChunks<'_>],
+    tensor_hash: TensorHash,
+) -> Result<Vec<(String, FileRecord)>> {
     let world = ranks.len();
     let index_path = dir.join(SHARDS_FILE);
-    let model = whole_tensors(&index_path, ranks, |r| &r.model)?;
-    let optimizer = whole_tensors(&index_path, ranks, |r| &r.optimizer)?;
+    let model = whole_tensors(&index_path, ranks, tensor_hash, |r| &r.model)?;
+    let optimizer = whole_tensors(&index_path, ranks, tensor_hash, |r| &r.optimizer)?;
     let written: Vec<Result<(FileRecord, Vec<[u64; 2]>)>> = std::thread::scope(|scope| {
         let running: Vec<_> = ranks
             .iter()
@@ -234,6 +247,7 @@ pub fn write(dir: &Path, ranks: &[RankChunks<'_>]) -> Result<Vec<(String, FileRe
         world_size: world,
         model,
         optimizer,
+        tensor_hash,
     };
     // Each rank's file holds its non-empty chunks in list order: the byte ranges come back in it.
     for (i, tensor) in index
@@ -270,11 +284,12 @@ pub fn write(dir: &Path, ranks: &[RankChunks<'_>]) -> Result<Vec<(String, FileRe
 }
 
 /// The index entries of one list of tensors (`list` picks it from each rank's chunks), with
-/// their whole hashes and no chunks yet; an error, naming the tensor and rows, when the ranks'
+/// their whole hashes (as `tensor_hash` defines them) and no chunks yet; an error, naming the tensor and rows, when the ranks'
 /// chunks do not tile a tensor in rank order or do not fill their rows.
 fn whole_tensors<'c>(
     index_path: &Path,
     ranks: &'c [RankChunks<'c>],
+    tensor_hash: TensorHash,
     list: impl Fn(&'c RankChunks<'c>) -> &'c Vec<Chunk<'c>>,
 ) -> Result<Vec<TensorIndex>> {
     let first = list(&ranks[0]);
@@ -286,7 +301,7 @@ fn whole_tensors<'c>(
     };
     let mut tensors = Vec::with_capacity(first.len());
     for (i, lead) in first.iter().enumerate() {
-        let mut hasher = Xxh3Default::new();
+        let mut hasher = tensor_hash.hasher();
         let mut next_row = 0;
         for (rank, chunks) in ranks.iter().enumerate() {
             let Some(chunk) = list(chunks).get(i).filter(|c| c.name == lead.name) else {
@@ -339,7 +354,7 @@ fn whole_tensors<'c>(
             name: lead.name.clone(),
             dtype: lead.dtype,
             shape: lead.shape.clone(),
-            xxh3_128: format!("{:032x}", hasher.digest128()),
+            xxh3_128: hasher.hex(),
             chunks: Vec::new(),
         });
     }
@@ -347,10 +362,12 @@ fn whole_tensors<'c>(
 }
 
 /// Reads and checks the index of the sharded checkpoint in `dir`, whose files (the index among
-/// them) are recorded in `files`: its checksum (a mismatch's error ends with `fix`), its format,
+/// them) are recorded in `state`: its checksum (a mismatch's error ends with `fix`), its format,
 /// and that every tensor's chunks tile it and lie inside files the checkpoint lists, no two
 /// overlapping. So a tensor's whole bytes, which loading allocates, are at most the files'.
-pub fn read_index(dir: &Path, files: &BTreeMap<String, FileRecord>, fix: &str) -> Result<Index> {
+/// Its [`Index::tensor_hash`] is the one of `state`'s format version.
+pub fn read_index(dir: &Path, state: &TrainerState, fix: &str) -> Result<Index> {
+    let files = &state.files;
     let path = dir.join(SHARDS_FILE);
     let record = files.get(SHARDS_FILE).ok_or_else(|| {
         EngineError::bad_file(
@@ -359,8 +376,9 @@ pub fn read_index(dir: &Path, files: &BTreeMap<String, FileRecord>, fix: &str) -
         )
     })?;
     let bytes = files::read_checked(&path, record, fix)?;
-    let index: Index = serde_json::from_slice(&bytes)
+    let mut index: Index = serde_json::from_slice(&bytes)
         .map_err(|e| EngineError::bad_file(&path, format!("not a shard index: {e}")))?;
+    index.tensor_hash = TensorHash::of_version(state.format_version);
     if index.format != SHARDS_FORMAT {
         return Err(EngineError::bad_file(
             &path,
@@ -494,13 +512,19 @@ pub fn regions<'w>(tensor: &TensorIndex, whole: &'w mut [u8]) -> Vec<(String, u6
     out
 }
 
-/// Fails unless `whole`, assembled from `tensor`'s chunks, has the whole tensor's hash: a chunk
-/// read into the wrong place, or the wrong chunk, is named here.
-pub fn check_whole(index_path: &Path, tensor: &TensorIndex, whole: &[u8]) -> Result<()> {
-    check_found(index_path, tensor, &xxh3_hex(&[whole]))
+/// Fails unless `whole`, assembled from `tensor`'s chunks, has the whole tensor's hash (as
+/// `tensor_hash` defines it): a chunk read into the wrong place, or the wrong chunk, is named
+/// here.
+pub fn check_whole(
+    index_path: &Path,
+    tensor_hash: TensorHash,
+    tensor: &TensorIndex,
+    whole: &[u8],
+) -> Result<()> {
+    check_found(index_path, tensor, &tensor_hash.hex(whole))
 }
 
-/// Fails unless `found`, the hex XXH3-128 of `tensor` assembled from its chunks, is the whole
+/// Fails unless `found`, the hex hash of `tensor` assembled from its chunks, is the whole
 /// tensor's hash.
 pub fn check_found(index_path: &Path, tensor: &TensorIndex, found: &str) -> Result<()> {
     if found == tensor.xxh3_128 {
@@ -516,10 +540,11 @@ pub fn check_found(index_path: &Path, tensor: &TensorIndex, found: &str) -> Resu
 }
 
 /// Every tensor of `list`, whole, read from the checkpoint in `dir` (chunk by chunk, each
-/// checked against its own hash, then the whole tensor against its hash), handed to `each` in
-/// order.
+/// checked against its own hash, then the whole tensor against its hash as `tensor_hash`
+/// defines it), handed to `each` in order.
 pub fn each_whole(
     dir: &Path,
+    tensor_hash: TensorHash,
     list: &[TensorIndex],
     mut each: impl FnMut(&TensorIndex, &[u8]) -> Result<()>,
 ) -> Result<()> {
@@ -550,8 +575,78 @@ pub fn each_whole(
             }
             dst.copy_from_slice(src);
         }
-        check_whole(&dir.join(SHARDS_FILE), tensor, &whole)?;
+        check_whole(&dir.join(SHARDS_FILE), tensor_hash, tensor, &whole)?;
         each(tensor, &whole)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::tensor_hash::HASH_BLOCK;
+    use crate::parallel::plan;
+
+    /// A tensor of `rows` rows of `row` f32 elements, each byte from its place.
+    fn entry(name: &str, rows: usize, row: usize) -> Entry<'static> {
+        let data = (0..rows * row * 4)
+            .map(|i| (i.wrapping_mul(2654435761) >> 11) as u8)
+            .collect();
+        Entry {
+            name: name.into(),
+            dtype: Dtype::F32,
+            shape: vec![rows, row],
+            data: Cow::Owned(data),
+        }
+    }
+
+    /// The definition written out: XXH3-128 of the 16-byte little-endian XXH3-128 digests of
+    /// the 64 KiB blocks of the row-major bytes.
+    fn by_definition(bytes: &[u8]) -> String {
+        let digests: Vec<u8> = bytes
+            .chunks(HASH_BLOCK)
+            .flat_map(|b| xxhash_rust::xxh3::xxh3_128(b).to_le_bytes())
+            .collect();
+        format!("{:032x}", xxhash_rust::xxh3::xxh3_128(&digests))
+    }
+
+    #[test]
+    fn a_block_hashed_tensor_has_one_hash_at_every_world_size() {
+        // Rows of 300 bytes: no rank's rows start or end on a block boundary.
+        let tensors = [
+            entry("a", 1001, 75),
+            entry("b", 7, 3),
+            entry("c", 450, 1024),
+        ];
+        let tmp = tempfile::tempdir().unwrap();
+        let mut hashes = Vec::new();
+        for world in 1..=5 {
+            let ranks: Vec<RankChunks<'_>> = (0..world)
+                .map(|rank| RankChunks {
+                    model: tensors
+                        .iter()
+                        .map(|t| Chunk::rows_of(t, plan::rows(t.shape[0], world, rank)))
+                        .collect(),
+                    optimizer: Vec::new(),
+                })
+                .collect();
+            let dir = tmp.path().join(format!("world-{world}"));
+            std::fs::create_dir(&dir).unwrap();
+            write(&dir, &ranks, TensorHash::Blocks).unwrap();
+            let index: Index =
+                serde_json::from_slice(&std::fs::read(dir.join(SHARDS_FILE)).unwrap()).unwrap();
+            assert_eq!(index.world_size, world);
+            let found: Vec<String> = index.model.iter().map(|t| t.xxh3_128.clone()).collect();
+            hashes.push(found);
+        }
+        let direct: Vec<String> = tensors.iter().map(|t| by_definition(&t.data)).collect();
+        for (world, found) in (1..).zip(&hashes) {
+            assert_eq!(found, &direct, "world size {world}");
+        }
+        let plain: Vec<String> = tensors
+            .iter()
+            .map(|t| TensorHash::Plain.hex(&t.data))
+            .collect();
+        assert_ne!(plain, direct, "the two definitions differ");
+    }
 }

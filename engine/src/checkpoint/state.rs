@@ -12,7 +12,9 @@ use std::collections::BTreeMap;
 /// the sharded layout, version 4 records each file by its XXH3-128 alone: sha256 is
 /// computed on demand (`verify`) instead of on every save, and version 5 records each file by
 /// the XXH3-128 of each of its segments ([`Segments`]), so that a load checks the segments on
-/// every core at once, each while it is in cache.
+/// every core at once, each while it is in cache, and hashes a sharded checkpoint's whole
+/// tensors over fixed blocks of the tensor ([`super::tensor_hash`]), so that ranks hash their
+/// own rows while they read them.
 pub const FORMAT_VERSION: u32 = 5;
 
 /// The version of a checkpoint saved by several ranks without gathering: its tensors are in a

@@ -134,10 +134,11 @@ fn checkpoint_of(path: &Path) -> Result<std::result::Result<PathBuf, String>> {
 /// intact, as `Err`: chunks that do not tile their tensors, or a tensor assembled from its
 /// chunks that is not the tensor saved.
 fn shard_problem(dir: &Path, state: &TrainerState) -> std::result::Result<(), String> {
-    let index = shards::read_index(dir, &state.files, "use an earlier checkpoint")
-        .map_err(|e| e.to_string())?;
+    let index =
+        shards::read_index(dir, state, "use an earlier checkpoint").map_err(|e| e.to_string())?;
     for list in [&index.model, &index.optimizer] {
-        shards::each_whole(dir, list, |_, _| Ok(())).map_err(|e| e.to_string())?;
+        shards::each_whole(dir, index.tensor_hash, list, |_, _| Ok(()))
+            .map_err(|e| e.to_string())?;
     }
     Ok(())
 }

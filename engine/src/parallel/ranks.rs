@@ -500,6 +500,24 @@ fn build_rank<D: Device>(
                 true,
             )
         })?),
+        // The compute weights hold the master rows: read once, into the master, and rounded.
+        Precision::Bf16Mixed if matches!(cfg.parallel.shard, Shard::Full | Shard::None) => {
+            let masters = each_param(model, |i, s| {
+                place(&dev, master(i), &s.shape, shard(&s.shape), category, true)
+            })?;
+            let compute = each_param(model, |i, s| {
+                let shape = shard_shape(&s.shape, weight_rows(&s.shape).len());
+                let mut compute = dev.zeros::<bf16>(&shape, Category::Params)?;
+                dev.round(masters.get(i), &mut compute)?;
+                Ok(compute)
+            })?;
+            Weights::Bf16Mixed {
+                master: masters,
+                compute,
+            }
+        }
+        // The compute weights hold every row, the master this rank's: the rows are read whole
+        // for the compute weights, then the master's again.
         Precision::Bf16Mixed => Weights::Bf16Mixed {
             compute: each_param(model, |i, s| {
                 let rows = weight_rows(&s.shape);

@@ -1,0 +1,229 @@
+//! The hash of a whole tensor of a sharded checkpoint (`TensorIndex::xxh3_128`), which checks
+//! that its chunks were put together in their places. Up to format version 4 it is the XXH3-128
+//! of the tensor's row-major bytes, which can only be fed in row order. From
+//! [`BLOCK_HASHED_FROM`] it is the XXH3-128 of the XXH3-128 digests (16 bytes each, the `u128`
+//! little-endian) of the tensor's bytes cut into blocks of [`HASH_BLOCK`] bytes (the last one
+//! shorter), in order: the blocks are in the tensor's own coordinates, so the hash is the same
+//! at every world size, and each block can be hashed on its own, by whichever rank holds it,
+//! while it is in cache. [`TensorHash::of_version`] picks the definition from the checkpoint's
+//! format version; everything that computes or checks a whole tensor's hash goes through it.
+
+use std::ops::Range;
+use xxhash_rust::xxh3::{xxh3_128, Xxh3Default};
+
+/// Bytes of one hash block of a whole tensor (format version [`BLOCK_HASHED_FROM`] on).
+pub const HASH_BLOCK: usize = 64 << 10;
+
+/// The first format version whose whole-tensor hashes are over [`HASH_BLOCK`]-byte blocks.
+pub const BLOCK_HASHED_FROM: u32 = 5;
+
+/// How a checkpoint's whole-tensor hashes are defined.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TensorHash {
+    /// XXH3-128 of the tensor's bytes (format versions up to 4).
+    Plain,
+    /// XXH3-128 of the digests of its [`HASH_BLOCK`]-byte blocks (format version 5 on).
+    #[default]
+    Blocks,
+}
+
+impl TensorHash {
+    /// The definition a checkpoint of format version `format_version` uses.
+    pub fn of_version(format_version: u32) -> Self {
+        if format_version >= BLOCK_HASHED_FROM {
+            TensorHash::Blocks
+        } else {
+            TensorHash::Plain
+        }
+    }
+
+    /// The hex hash of the whole tensor `bytes`.
+    pub fn hex(self, bytes: &[u8]) -> String {
+        match self {
+            TensorHash::Plain => hex(xxh3_128(bytes)),
+            TensorHash::Blocks => finish(bytes.chunks(HASH_BLOCK).map(xxh3_128)),
+        }
+    }
+
+    /// A hasher fed the tensor's bytes in order, in pieces of any length.
+    pub fn hasher(self) -> TensorHasher {
+        TensorHasher {
+            hash: self,
+            outer: Box::default(),
+            block: Box::default(),
+            filled: 0,
+        }
+    }
+}
+
+/// A whole tensor's hash fed its bytes in order (see [`TensorHash::hasher`]).
+pub struct TensorHasher {
+    hash: TensorHash,
+    /// The whole hash: of the bytes (plain), or of the finished blocks' digests.
+    outer: Box<Xxh3Default>,
+    /// The block being filled.
+    block: Box<Xxh3Default>,
+    /// Its bytes so far.
+    filled: usize,
+}
+
+impl TensorHasher {
+    /// Feeds the next `bytes` of the tensor.
+    pub fn update(&mut self, mut bytes: &[u8]) {
+        if self.hash == TensorHash::Plain {
+            self.outer.update(bytes);
+            return;
+        }
+        while !bytes.is_empty() {
+            let take = (HASH_BLOCK - self.filled).min(bytes.len());
+            if self.filled == 0 && take == HASH_BLOCK {
+                self.outer.update(&xxh3_128(&bytes[..take]).to_le_bytes());
+            } else {
+                self.block.update(&bytes[..take]);
+                self.filled += take;
+                if self.filled == HASH_BLOCK {
+                    self.end_block();
+                }
+            }
+            bytes = &bytes[take..];
+        }
+    }
+
+    /// The hex hash of the bytes fed.
+    pub fn hex(mut self) -> String {
+        if self.filled > 0 {
+            self.end_block();
+        }
+        hex(self.outer.digest128())
+    }
+
+    fn end_block(&mut self) {
+        self.outer.update(&self.block.digest128().to_le_bytes());
+        self.block.reset();
+        self.filled = 0;
+    }
+}
+
+/// The number of hash blocks of a tensor of `bytes` bytes.
+pub fn block_count(bytes: usize) -> usize {
+    bytes.div_ceil(HASH_BLOCK)
+}
+
+/// The bytes of block `block` of a tensor of `bytes` bytes.
+pub fn block_bytes(block: usize, bytes: usize) -> Range<usize> {
+    block * HASH_BLOCK..((block + 1) * HASH_BLOCK).min(bytes)
+}
+
+/// The blocks of a tensor of `bytes` bytes that lie wholly inside its bytes `inside`.
+pub fn blocks_within(inside: Range<usize>, bytes: usize) -> Range<usize> {
+    let first = inside.start.div_ceil(HASH_BLOCK);
+    let end = if inside.end >= bytes {
+        block_count(bytes)
+    } else {
+        inside.end / HASH_BLOCK
+    };
+    first..end.max(first)
+}
+
+/// The digest of one block's bytes.
+pub fn block_digest(bytes: &[u8]) -> u128 {
+    xxh3_128(bytes)
+}
+
+/// The hex whole-tensor hash ([`TensorHash::Blocks`]) from its blocks' digests, in order.
+pub fn finish(digests: impl IntoIterator<Item = u128>) -> String {
+    let mut outer = Xxh3Default::new();
+    digests
+        .into_iter()
+        .for_each(|d| outer.update(&d.to_le_bytes()));
+    hex(outer.digest128())
+}
+
+fn hex(digest: u128) -> String {
+    format!("{digest:032x}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bytes(n: usize) -> Vec<u8> {
+        (0..n)
+            .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+            .collect()
+    }
+
+    /// The definition written out: XXH3-128 over the blocks' 16-byte little-endian digests.
+    fn by_definition(data: &[u8]) -> String {
+        let mut digests = Vec::new();
+        for block in data.chunks(HASH_BLOCK) {
+            digests.extend_from_slice(&xxh3_128(block).to_le_bytes());
+        }
+        format!("{:032x}", xxh3_128(&digests))
+    }
+
+    #[test]
+    fn the_version_picks_the_definition() {
+        assert_eq!(TensorHash::of_version(3), TensorHash::Plain);
+        assert_eq!(TensorHash::of_version(4), TensorHash::Plain);
+        assert_eq!(TensorHash::of_version(5), TensorHash::Blocks);
+        let data = bytes(3 * HASH_BLOCK + 100);
+        assert_eq!(
+            TensorHash::Plain.hex(&data),
+            format!("{:032x}", xxh3_128(&data))
+        );
+        assert_eq!(TensorHash::Blocks.hex(&data), by_definition(&data));
+        assert_ne!(TensorHash::Blocks.hex(&data), TensorHash::Plain.hex(&data));
+    }
+
+    #[test]
+    fn fed_in_any_pieces_the_hash_is_the_whole_bytes_one() {
+        for len in [
+            0,
+            1,
+            HASH_BLOCK - 1,
+            HASH_BLOCK,
+            HASH_BLOCK + 1,
+            5 * HASH_BLOCK + 333,
+        ] {
+            let data = bytes(len);
+            for hash in [TensorHash::Plain, TensorHash::Blocks] {
+                let want = hash.hex(&data);
+                for piece in [1, 7, 4096, HASH_BLOCK - 3, HASH_BLOCK, 3 * HASH_BLOCK + 5] {
+                    let mut h = hash.hasher();
+                    data.chunks(piece).for_each(|p| h.update(p));
+                    assert_eq!(h.hex(), want, "{hash:?}, {len} bytes fed {piece} at a time");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn blocks_within_a_range_are_those_it_holds_whole() {
+        let b = HASH_BLOCK;
+        let total = 4 * b + 10;
+        assert_eq!(blocks_within(0..total, total), 0..5);
+        assert_eq!(blocks_within(1..total, total), 1..5);
+        assert_eq!(blocks_within(b..3 * b, total), 1..3);
+        assert_eq!(blocks_within(b + 1..3 * b - 1, total), 2..2);
+        assert_eq!(blocks_within(10..20, total), 1..1);
+        assert_eq!(blocks_within(4 * b..total, total), 4..5);
+        assert_eq!(block_bytes(4, total), 4 * b..total);
+        // Every block lies inside exactly one of ranges that tile the tensor, or straddles.
+        let cuts = [0, 3, b + 7, 2 * b, 2 * b + 1, total];
+        let inside: usize = cuts
+            .windows(2)
+            .map(|w| blocks_within(w[0]..w[1], total).len())
+            .sum();
+        assert_eq!(
+            inside, 2,
+            "blocks 3 and 4 lie inside the last range; 0, 1 and 2 straddle two"
+        );
+        assert_eq!(
+            finish(
+                (0..block_count(total)).map(|i| block_digest(&bytes(total)[block_bytes(i, total)]))
+            ),
+            TensorHash::Blocks.hex(&bytes(total))
+        );
+    }
+}
