@@ -15,8 +15,32 @@ use std::path::{Path, PathBuf};
 
 /// A Llama with a 37-token vocabulary (neither 3 nor 4 divides it) and 12 micro-batches a step.
 fn cfg(world_size: usize, shard: Shard) -> TrainConfig {
-    let mut cfg = common::train_config(common::llama(37, 16, 2), Precision::Bf16Mixed, 1, 8, 6);
-    cfg.accumulation = 12;
+    let cfg = common::train_config(common::llama(37, 16, 2), Precision::Bf16Mixed, 1, 8, 6);
+    on_ranks(cfg, 12, world_size, shard)
+}
+
+/// Makes chunks `i` and `j` of `tensor` (of equal size) trade places in the file: each keeps
+/// its rows, the other's bytes.
+fn swap_chunks(tensor: &mut ckpt_engine::checkpoint::shards::TensorIndex, i: usize, j: usize) {
+    let (a, b) = (tensor.chunks[i].clone(), tensor.chunks[j].clone());
+    tensor.chunks[i] = ckpt_engine::checkpoint::shards::ChunkIndex {
+        offsets: a.offsets.clone(),
+        ..b.clone()
+    };
+    tensor.chunks[j] = ckpt_engine::checkpoint::shards::ChunkIndex {
+        offsets: b.offsets,
+        ..a
+    };
+}
+
+/// `cfg` at `accumulation` micro-batches a step on `world_size` ranks sharded by `shard`.
+fn on_ranks(
+    mut cfg: TrainConfig,
+    accumulation: usize,
+    world_size: usize,
+    shard: Shard,
+) -> TrainConfig {
+    cfg.accumulation = accumulation;
     cfg.parallel = Parallel {
         world_size,
         shard,
@@ -204,15 +228,7 @@ fn a_chunk_out_of_place_is_refused_naming_its_tensor() {
         .find(|t| t.name == "model.embed_tokens.weight.exp_avg")
         .unwrap();
     // Two chunks of equal size trade places: each is intact, the tensor is not.
-    let (a, b) = (tensor.chunks[0].clone(), tensor.chunks[1].clone());
-    tensor.chunks[0] = ckpt_engine::checkpoint::shards::ChunkIndex {
-        offsets: a.offsets.clone(),
-        ..b.clone()
-    };
-    tensor.chunks[1] = ckpt_engine::checkpoint::shards::ChunkIndex {
-        offsets: b.offsets,
-        ..a
-    };
+    swap_chunks(tensor, 0, 1);
     rewrite_index(&dir, &swapped);
     let e = resume_error(&sharded, &run);
     assert!(
@@ -568,14 +584,8 @@ fn a_checkpoint_missing_its_last_uneven_shard_is_refused_naming_the_rows() {
 /// A Llama whose embedding and head span several 64 KiB hash blocks (1000 rows of 256 bytes),
 /// in fp32, on 60 micro-batches a step (every world size from 1 to 5 divides them).
 fn blocks_cfg(world_size: usize, shard: Shard) -> TrainConfig {
-    let mut cfg = common::train_config(common::llama(1000, 64, 1), Precision::Fp32, 1, 8, 6);
-    cfg.accumulation = 60;
-    cfg.parallel = Parallel {
-        world_size,
-        shard,
-        ..Parallel::default()
-    };
-    cfg
+    let cfg = common::train_config(common::llama(1000, 64, 1), Precision::Fp32, 1, 8, 6);
+    on_ranks(cfg, 60, world_size, shard)
 }
 
 /// Format version 5's whole-tensor hash, written out: XXH3-128 of the 16-byte little-endian
@@ -643,16 +653,8 @@ fn a_chunk_swapped_or_damaged_inside_ranks_rows_fails_its_whole_hash() {
         .find(|t| t.name == name)
         .unwrap();
     assert_eq!(tensor.chunks.len(), 4);
-    let (a, b) = (tensor.chunks[1].clone(), tensor.chunks[2].clone());
-    assert_eq!(a.sizes, b.sizes);
-    tensor.chunks[1] = ckpt_engine::checkpoint::shards::ChunkIndex {
-        offsets: a.offsets.clone(),
-        ..b.clone()
-    };
-    tensor.chunks[2] = ckpt_engine::checkpoint::shards::ChunkIndex {
-        offsets: b.offsets,
-        ..a
-    };
+    assert_eq!(tensor.chunks[1].sizes, tensor.chunks[2].sizes);
+    swap_chunks(tensor, 1, 2);
     let saved = index(&dir);
     rewrite_index(&dir, &swapped);
     let e = resume_error(&resumed, &run);

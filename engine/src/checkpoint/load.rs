@@ -629,8 +629,14 @@ mod tests {
         let path = Path::new("dir/optimizer.safetensors");
         let whole = checksum_mismatch(path, &record, 0..100).to_string();
         assert!(whole.contains("optimizer.safetensors"), "{whole}");
-        assert!(whole.contains("checksum mismatch: the file changed"), "{whole}");
+        assert!(
+            whole.contains("checksum mismatch: the file changed"),
+            "{whole}"
+        );
         let part = checksum_mismatch(path, &record, 16..32).to_string();
-        assert!(part.contains("checksum mismatch in bytes 16..32: the file changed"), "{part}");
+        assert!(
+            part.contains("checksum mismatch in bytes 16..32: the file changed"),
+            "{part}"
+        );
     }
 }
