@@ -6,8 +6,12 @@
 //! capacity is an [`OutOfMemory`] value, never an abort. An [`AllocationObserver`], off by
 //! default, sees every allocation, free and refusal in the order the tracker counts them.
 
+mod kept;
 mod spares;
 
+pub(crate) use kept::{Chunk, Kept};
+#[cfg(test)]
+pub(crate) use kept::{KEPT_FROM, KEPT_UP_TO};
 use serde::{Deserialize, Serialize};
 pub(crate) use spares::{Mapping, Spares, HUGE_PAGE};
 use std::fmt;
@@ -296,6 +300,7 @@ impl State {
 pub struct MemoryTracker {
     state: Arc<Mutex<State>>,
     spares: Arc<Spares>,
+    kept: Arc<Kept>,
 }
 
 impl MemoryTracker {
@@ -312,6 +317,7 @@ impl MemoryTracker {
                 observer: None,
             })),
             spares: Arc::default(),
+            kept: Arc::default(),
         }
     }
 
@@ -414,6 +420,11 @@ impl MemoryTracker {
     /// The host buffers of freed tensors kept for the next tensors of the same size.
     pub(crate) fn spares(&self) -> &Spares {
         &self.spares
+    }
+
+    /// Where mid-sized tensors kept for the run are carved from.
+    pub(crate) fn kept(&self) -> &Kept {
+        &self.kept
     }
 
     /// Bytes held now and the peak of the current window.

@@ -94,12 +94,35 @@ impl<E: Elem> Tensor<E> {
         shape: &[usize],
         category: Category,
     ) -> Result<Self, OutOfMemory> {
+        Self::leased(tracker, shape, category, Buffer::zeroed)
+    }
+
+    /// [`Tensor::zeros`] for a tensor kept for the run (weights, master weights, optimizer
+    /// moments): a mid-sized one is carved from the tracker's huge-page chunks instead of coming
+    /// from the allocator in small pages (see [`crate::memory`]'s kept chunks), which a load
+    /// writing every byte of it pays for several times over.
+    pub fn zeros_kept(
+        tracker: &MemoryTracker,
+        shape: &[usize],
+        category: Category,
+    ) -> Result<Self, OutOfMemory> {
+        Self::leased(tracker, shape, category, Buffer::zeroed_kept)
+    }
+
+    /// A tensor of `shape` whose bytes the tracker leases under `category` and `buffer` gives
+    /// (zeroed, for that many elements), or the refusal of either.
+    fn leased(
+        tracker: &MemoryTracker,
+        shape: &[usize],
+        category: Category,
+        buffer: impl FnOnce(usize, &MemoryTracker) -> Option<Buffer<E>>,
+    ) -> Result<Self, OutOfMemory> {
         let Some(bytes) = bytes_of::<E>(shape) else {
             return Err(tracker.refuse(u64::MAX, category));
         };
         let numel = bytes / E::DTYPE.size();
         let lease = tracker.allocate(bytes as u64, category)?;
-        let Some(data) = Buffer::zeroed(numel, tracker) else {
+        let Some(data) = buffer(numel, tracker) else {
             drop(lease);
             return Err(tracker.refuse(bytes as u64, category));
         };

@@ -172,7 +172,8 @@ pub fn load(host: &MemoryTracker, dir: &Path, req: &LoadRequest<'_>) -> Result<L
     };
 
     // Every tensor is allocated in its final place, then each file is read once into them.
-    let zeros = |category: Category| move |s: &ParamSpec| Tensor::zeros(host, &s.shape, category);
+    let zeros =
+        |category: Category| move |s: &ParamSpec| Tensor::zeros_kept(host, &s.shape, category);
     let mut master = Params::try_new(req.config, zeros(req.master_category))?;
     let fresh_moments = state.optimizer_step > 0 && moments_at.is_none();
     let mut moments = if moments_at.is_some() || fresh_moments {

@@ -580,7 +580,10 @@ fn place<D: Device>(
     let Some((source, which, param)) = from else {
         return dev.zeros::<f32>(&placed, category);
     };
-    let mut host = Tensor::<f32>::zeros(&dev.host(), &placed, category)?;
+    let mut host = match kept {
+        true => Tensor::<f32>::zeros_kept(&dev.host(), &placed, category)?,
+        false => Tensor::<f32>::zeros(&dev.host(), &placed, category)?,
+    };
     let bytes = bytemuck::cast_slice_mut(host.as_mut_slice());
     source.read_rows(which, param, rows, kept, bytes)?;
     dev.upload(host)

@@ -1,9 +1,11 @@
 //! A tensor's zero-filled host storage: large buffers are the tracker's mappings
 //! ([`crate::memory`]'s spares, reused from freed tensors where one of the size is kept, zeroed
-//! again), small ones come from the allocator.
+//! again), mid-sized ones kept for the run are carved from shared huge-page mappings
+//! ([`crate::memory`]'s kept chunks), small ones come from the allocator.
 
-use crate::memory::{Mapping, MemoryTracker, HUGE_PAGE};
+use crate::memory::{Chunk, Mapping, MemoryTracker, HUGE_PAGE};
 use crate::tensor::Elem;
+use std::sync::Arc;
 
 /// The smallest buffer that is mapped rather than allocated: one huge page.
 const MAP_FROM: usize = HUGE_PAGE;
@@ -15,6 +17,13 @@ pub(crate) enum Buffer<E: Elem> {
     /// An anonymous mapping: `len` elements from a huge-page boundary.
     Mapped {
         map: Mapping,
+        len: usize,
+        _elem: std::marker::PhantomData<E>,
+    },
+    /// `len` elements from byte `offset` of a kept chunk, which no other buffer overlaps.
+    Carved {
+        chunk: Arc<Chunk>,
+        offset: usize,
         len: usize,
         _elem: std::marker::PhantomData<E>,
     },
@@ -45,6 +54,21 @@ impl<E: Elem> Buffer<E> {
         })
     }
 
+    /// `len` zeroed elements for a tensor kept for the run: carved from `tracker`'s kept
+    /// chunks where their size is in the chunks' range, else as [`Buffer::zeroed`] gives them.
+    pub(crate) fn zeroed_kept(len: usize, tracker: &MemoryTracker) -> Option<Self> {
+        let bytes = len.checked_mul(size_of::<E>())?;
+        match tracker.kept().carve(bytes) {
+            Some((chunk, offset)) => Some(Buffer::Carved {
+                chunk,
+                offset,
+                len,
+                _elem: std::marker::PhantomData,
+            }),
+            None => Self::zeroed(len, tracker),
+        }
+    }
+
     /// Gives a mapped buffer's memory to `tracker`'s spares.
     pub(crate) fn recycle(self, tracker: &MemoryTracker) {
         if let Buffer::Mapped { map, .. } = self {
@@ -59,6 +83,13 @@ impl<E: Elem> Buffer<E> {
             Buffer::Mapped { map, len, .. } => {
                 bytemuck::cast_slice(map.bytes(len * size_of::<E>()))
             }
+            Buffer::Carved {
+                chunk, offset, len, ..
+            } => {
+                // SAFETY: the place was carved for this buffer alone, page-aligned, `len`
+                // elements long, inside the chunk, which the buffer keeps alive.
+                unsafe { std::slice::from_raw_parts(chunk.at(*offset) as *const E, *len) }
+            }
         }
     }
 
@@ -68,6 +99,12 @@ impl<E: Elem> Buffer<E> {
             Buffer::Heap(v) => v,
             Buffer::Mapped { map, len, .. } => {
                 bytemuck::cast_slice_mut(map.bytes_mut(*len * size_of::<E>()))
+            }
+            Buffer::Carved {
+                chunk, offset, len, ..
+            } => {
+                // SAFETY: as in `as_slice`; `&mut self` makes this the only view of the place.
+                unsafe { std::slice::from_raw_parts_mut(chunk.at(*offset) as *mut E, *len) }
             }
         }
     }
@@ -106,6 +143,32 @@ mod tests {
         let b = Buffer::<bf16>::zeroed(MAP_FROM, &tracker).unwrap();
         assert_eq!(b.as_slice().as_ptr() as usize % HUGE_PAGE, 0);
         assert!(b.as_slice().iter().all(|x| x.to_f32() == 0.0));
+    }
+
+    #[test]
+    fn kept_buffers_of_middle_sizes_are_carved_apart_and_others_are_not() {
+        use crate::memory::{KEPT_FROM, KEPT_UP_TO};
+        let tracker = MemoryTracker::unlimited();
+        let cases = [
+            (KEPT_FROM / 4 - 1, false),
+            (KEPT_FROM / 4, true),
+            (HUGE_PAGE / 4 + 3, true),
+            (KEPT_UP_TO / 4, true),
+            (KEPT_UP_TO / 4 + 1, false),
+        ];
+        let mut held = Vec::new();
+        for (i, (len, carved)) in cases.into_iter().enumerate() {
+            let mut b = Buffer::<f32>::zeroed_kept(len, &tracker).unwrap();
+            assert_eq!(matches!(b, Buffer::Carved { .. }), carved, "{len}");
+            assert_eq!(b.as_slice().len(), len);
+            assert!(b.as_slice().iter().all(|&x| x == 0.0), "{len}");
+            b.as_mut_slice().fill(i as f32 + 1.0);
+            held.push(b);
+        }
+        for (i, b) in held.iter().enumerate() {
+            assert!(b.as_slice().iter().all(|&x| x == i as f32 + 1.0), "{i}");
+        }
+        assert_eq!(tracker.spares().held(), 0);
     }
 
     #[test]
