@@ -19,12 +19,13 @@ fn xxh3_hex(hasher: &Xxh3Default) -> String {
     format!("{:032x}", hasher.digest128())
 }
 
-/// Hashes a file's bytes in order, as they are written or read, into its [`Segments`].
+/// Hashes a stream of bytes in order, as it is written or read, into the XXH3-128 of each of
+/// its fixed-size segments: a file's [`Segments`], or a sharded tensor's hash blocks.
 pub struct SegmentHasher {
     size: u64,
     filled: u64,
     current: Box<Xxh3Default>,
-    done: Vec<String>,
+    done: Vec<u128>,
 }
 
 impl Default for SegmentHasher {
@@ -45,7 +46,7 @@ impl SegmentHasher {
         }
     }
 
-    /// Hashes the next `bytes` of the file.
+    /// Hashes the next `bytes` of the stream.
     pub fn update(&mut self, mut bytes: &[u8]) {
         while !bytes.is_empty() {
             let room = (self.size - self.filled).min(bytes.len() as u64) as usize;
@@ -53,7 +54,7 @@ impl SegmentHasher {
             self.current.update(now);
             self.filled += room as u64;
             if self.filled == self.size {
-                self.done.push(xxh3_hex(&self.current));
+                self.done.push(self.current.digest128());
                 self.current.reset();
                 self.filled = 0;
             }
@@ -61,15 +62,19 @@ impl SegmentHasher {
         }
     }
 
-    /// The segments' checksums (none for an empty file).
-    pub fn finish(mut self) -> Segments {
+    /// Each segment's digest, in order (none for an empty stream).
+    pub fn digests(mut self) -> Vec<u128> {
         if self.filled > 0 {
-            self.done.push(xxh3_hex(&self.current));
+            self.done.push(self.current.digest128());
         }
-        Segments {
-            bytes: self.size,
-            xxh3_128: self.done,
-        }
+        self.done
+    }
+
+    /// The segments' checksums, as a file's record keeps them.
+    pub fn finish(self) -> Segments {
+        let bytes = self.size;
+        let xxh3_128 = self.digests().iter().map(|d| format!("{d:032x}")).collect();
+        Segments { bytes, xxh3_128 }
     }
 }
 

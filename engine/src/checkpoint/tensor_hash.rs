@@ -8,6 +8,7 @@
 //! while it is in cache. [`TensorHash::of_version`] picks the definition from the checkpoint's
 //! format version; everything that computes or checks a whole tensor's hash goes through it.
 
+use super::checksum::SegmentHasher;
 use std::ops::Range;
 use xxhash_rust::xxh3::{xxh3_128, Xxh3Default};
 
@@ -47,60 +48,37 @@ impl TensorHash {
 
     /// A hasher fed the tensor's bytes in order, in pieces of any length.
     pub fn hasher(self) -> TensorHasher {
-        TensorHasher {
-            hash: self,
-            outer: Box::default(),
-            block: Box::default(),
-            filled: 0,
+        match self {
+            TensorHash::Plain => TensorHasher::Plain(Box::default()),
+            TensorHash::Blocks => TensorHasher::Blocks(SegmentHasher::new(HASH_BLOCK as u64)),
         }
     }
 }
 
-/// A whole tensor's hash fed its bytes in order (see [`TensorHash::hasher`]).
-pub struct TensorHasher {
-    hash: TensorHash,
-    /// The whole hash: of the bytes (plain), or of the finished blocks' digests.
-    outer: Box<Xxh3Default>,
-    /// The block being filled.
-    block: Box<Xxh3Default>,
-    /// Its bytes so far.
-    filled: usize,
+/// A whole tensor's hash fed its bytes in order (see [`TensorHash::hasher`]): of the bytes
+/// (plain), or of its blocks, whose digests are hashed when it is finished.
+pub enum TensorHasher {
+    /// [`TensorHash::Plain`].
+    Plain(Box<Xxh3Default>),
+    /// [`TensorHash::Blocks`].
+    Blocks(SegmentHasher),
 }
 
 impl TensorHasher {
     /// Feeds the next `bytes` of the tensor.
-    pub fn update(&mut self, mut bytes: &[u8]) {
-        if self.hash == TensorHash::Plain {
-            self.outer.update(bytes);
-            return;
-        }
-        while !bytes.is_empty() {
-            let take = (HASH_BLOCK - self.filled).min(bytes.len());
-            if self.filled == 0 && take == HASH_BLOCK {
-                self.outer.update(&xxh3_128(&bytes[..take]).to_le_bytes());
-            } else {
-                self.block.update(&bytes[..take]);
-                self.filled += take;
-                if self.filled == HASH_BLOCK {
-                    self.end_block();
-                }
-            }
-            bytes = &bytes[take..];
+    pub fn update(&mut self, bytes: &[u8]) {
+        match self {
+            TensorHasher::Plain(h) => h.update(bytes),
+            TensorHasher::Blocks(h) => h.update(bytes),
         }
     }
 
     /// The hex hash of the bytes fed.
-    pub fn hex(mut self) -> String {
-        if self.filled > 0 {
-            self.end_block();
+    pub fn hex(self) -> String {
+        match self {
+            TensorHasher::Plain(h) => hex(h.digest128()),
+            TensorHasher::Blocks(h) => finish(h.digests()),
         }
-        hex(self.outer.digest128())
-    }
-
-    fn end_block(&mut self) {
-        self.outer.update(&self.block.digest128().to_le_bytes());
-        self.block.reset();
-        self.filled = 0;
     }
 }
 
