@@ -228,6 +228,14 @@ pub trait Device: Clone + Send + Sync + 'static {
     /// A zero-filled tensor of `shape`, counted under `category`.
     fn zeros<E: Elem>(&self, shape: &[usize], category: Category) -> Result<Self::Tensor<E>>;
 
+    /// [`Device::zeros`] for a tensor its rank keeps for the run (weights, gradients, optimizer
+    /// state), which a device may place where long-lived tensors cost less to set up: the CPU
+    /// carves mid-sized ones from huge-page chunks that the kernel zeroes on first touch,
+    /// instead of clearing recycled heap memory.
+    fn zeros_kept<E: Elem>(&self, shape: &[usize], category: Category) -> Result<Self::Tensor<E>> {
+        self.zeros(shape, category)
+    }
+
     /// A tensor of `shape`, counted under `category`, that its user writes in full before it
     /// reads any of it: a kernel's output, not its accumulator. Its contents are whatever the
     /// device leaves there (the GPU writes nothing; the CPU writes NaN where debug assertions are

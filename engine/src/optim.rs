@@ -195,7 +195,8 @@ impl<D: Device> AdamW<D> {
         mut shape: impl FnMut(&ParamSpec) -> Vec<usize>,
     ) -> Result<(AdamWArgs, &mut Moments<D>)> {
         if self.moments.is_none() {
-            let mut zeros = |spec: &ParamSpec| dev.zeros::<f32>(&shape(spec), Category::Optimizer);
+            let mut zeros =
+                |spec: &ParamSpec| dev.zeros_kept::<f32>(&shape(spec), Category::Optimizer);
             self.moments = Some(Moments {
                 exp_avg: Params::try_new(cfg, &mut zeros)?,
                 exp_avg_sq: Params::try_new(cfg, &mut zeros)?,

@@ -57,7 +57,7 @@ pub fn rounded<D: Device, E: Elem>(
 ) -> Result<Params<D::Tensor<E>>> {
     let mut src = master.tensors().into_iter();
     Params::try_new(cfg, |spec| {
-        let mut t = dev.zeros::<E>(&spec.shape, Category::Params)?;
+        let mut t = dev.zeros_kept::<E>(&spec.shape, Category::Params)?;
         dev.round(src.next().expect("same layout"), &mut t)?;
         Ok(t)
     })
@@ -119,7 +119,9 @@ impl<D: Device> State<D> {
     ) -> Result<Self> {
         let grads = match grads {
             Some(grads) => grads,
-            None => Params::try_new(&cfg.model, |s| dev.zeros::<f32>(&s.shape, Category::Grads))?,
+            None => Params::try_new(&cfg.model, |s| {
+                dev.zeros_kept::<f32>(&s.shape, Category::Grads)
+            })?,
         };
         let mut optimizer = AdamW::new(cfg.optimizer.clone());
         if let Some((moments, step)) = moments {

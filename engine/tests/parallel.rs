@@ -547,7 +547,7 @@ impl RowSource for CountedRows {
         which: Which,
         param: usize,
         rows: std::ops::Range<usize>,
-        _kept: bool,
+        _keep: std::ops::Range<usize>,
         dst: &mut [u8],
     ) -> ckpt_engine::Result<()> {
         self.read[which as usize].fetch_add(dst.len() as u64, std::sync::atomic::Ordering::Relaxed);
@@ -562,9 +562,10 @@ impl RowSource for CountedRows {
     }
 }
 
-/// Under bf16-mixed, ranks whose compute weights hold exactly their master rows (fully sharded,
-/// or not sharded) read each master row once and round the compute weights from it; with the
-/// optimizer state sharded, the compute weights' whole rows are read besides the master's.
+/// Under bf16-mixed, each rank reads each row of the master weights it needs once: fully
+/// sharded, or not sharded, its master rows, which the compute weights are rounded from; with
+/// the optimizer state or the gradients sharded, the compute weights' whole rows, which its
+/// master rows are copied out of.
 #[test]
 fn bf16_mixed_ranks_read_their_master_rows_once() {
     let cfg = dense(Precision::Bf16Mixed);
@@ -576,7 +577,8 @@ fn bf16_mixed_ranks_read_their_master_rows_once() {
     for (shard, master_reads) in [
         (Shard::Full, whole),
         (Shard::None, 3 * whole),
-        (Shard::Optimizer, 3 * whole + whole),
+        (Shard::Optimizer, 3 * whole),
+        (Shard::Gradients, 3 * whole),
     ] {
         let cfg = with(&cfg, 3, shard, &[]);
         let source = CountedRows::default();
@@ -598,7 +600,7 @@ fn bf16_mixed_ranks_read_their_master_rows_once() {
             {
                 let m = m.as_slice();
                 let c = c.as_slice();
-                if shard != Shard::Optimizer {
+                if matches!(shard, Shard::Full | Shard::None) {
                     let rounded: Vec<half::bf16> =
                         m.iter().map(|&x| half::bf16::from_f32(x)).collect();
                     assert_eq!(c, rounded, "{shard:?} rank {rank} param {i}");
@@ -622,6 +624,19 @@ fn bf16_mixed_ranks_read_their_master_rows_once() {
                     })
                     .collect();
                 assert_eq!(c, expected, "{shard:?} rank {rank} param {i}: {first} rows");
+                let held = match shard {
+                    Shard::None => 0..specs[i].shape[0],
+                    _ => ckpt_engine::parallel::plan::rows(specs[i].shape[0], 3, rank),
+                };
+                let master_rows: Vec<f32> = held
+                    .flat_map(|r| {
+                        (0..row).map(move |at| CountedRows::value(Which::Master, i, r, at))
+                    })
+                    .collect();
+                assert_eq!(
+                    m, master_rows,
+                    "{shard:?} rank {rank} param {i}: master rows"
+                );
             }
         }
     }

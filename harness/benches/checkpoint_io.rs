@@ -8,7 +8,8 @@
 //!
 //! `CKPT_BENCH_HIDDEN`, `CKPT_BENCH_LAYERS`, `CKPT_BENCH_VOCAB` size the model (default ≈ 58M
 //! parameters, ≈ 700 MB per checkpoint with AdamW moments); `CKPT_BENCH_REPEATS` (default 3)
-//! sets how many times each is measured (best of).
+//! sets how many times each is measured (best of), a save and the plain write in turn, a load
+//! and the plain reads in turn.
 //!
 //! The same state saved by one device and sharded by 4 ranks is resumed: one device's checkpoint
 //! on one device, the sharded one on 3 fully sharded ranks, each reading only its rows
@@ -111,8 +112,18 @@ fn sharded_against_single(cfg: &TrainConfig, dir: &Path, repeats: usize) -> [(u6
     [0, 1].map(|i| (dir_bytes(&resumes[i].0), seconds[i]))
 }
 
-fn best(repeats: usize, mut f: impl FnMut() -> f64) -> f64 {
-    (0..repeats).map(|_| f()).fold(f64::INFINITY, f64::min)
+/// The best of `repeats` seconds of each of `timed`, which are run in turn each round.
+fn best_in_turn<const K: usize>(
+    repeats: usize,
+    timed: &mut [&mut dyn FnMut() -> f64; K],
+) -> [f64; K] {
+    let mut best = [f64::INFINITY; K];
+    for _ in 0..repeats {
+        for (f, b) in timed.iter_mut().zip(&mut best) {
+            *b = b.min(f());
+        }
+    }
+    best
 }
 
 fn main() {
@@ -169,38 +180,54 @@ fn main() {
     let mut trainer = Trainer::new(cfg.clone(), CpuDevice::new(2, u64::MAX).unwrap()).unwrap();
     trainer.step().unwrap();
     let run = tmp.path().join("run");
-    let mut ckpt = std::path::PathBuf::new();
-    let save_s = best(repeats, || {
-        let t = Instant::now();
-        ckpt = trainer.save(&run, Some(1)).unwrap();
-        t.elapsed().as_secs_f64()
-    });
-    drop(trainer);
-    let bytes = dir_bytes(&ckpt);
-    let load_s = best(repeats, || {
-        let t = Instant::now();
-        let resumed =
-            Trainer::resume(cfg.clone(), CpuDevice::new(2, u64::MAX).unwrap(), &run).unwrap();
-        let s = t.elapsed().as_secs_f64();
-        drop(resumed);
-        s
-    });
     let plain = tmp.path().join("plain.bin");
-    let write_s = best(repeats, || {
-        let t = Instant::now();
-        plain_write(&plain, bytes);
-        t.elapsed().as_secs_f64()
-    });
-    let read_s = best(repeats, || {
-        let t = Instant::now();
-        assert_eq!(plain_read(&plain), bytes);
-        t.elapsed().as_secs_f64()
-    });
-    let stream_s = best(repeats, || {
-        let t = Instant::now();
-        assert_eq!(stream_read(&plain), bytes);
-        t.elapsed().as_secs_f64()
-    });
+    let mut ckpt = std::path::PathBuf::new();
+    let bytes = std::cell::Cell::new(0);
+    // Each figure and the plain I/O it is compared with are timed in turn, so that a drift of
+    // the machine's speed during the run moves both.
+    let [save_s, write_s] = best_in_turn(
+        repeats,
+        &mut [
+            &mut || {
+                let t = Instant::now();
+                ckpt = trainer.save(&run, Some(1)).unwrap();
+                let s = t.elapsed().as_secs_f64();
+                bytes.set(dir_bytes(&ckpt));
+                s
+            },
+            &mut || {
+                let t = Instant::now();
+                plain_write(&plain, bytes.get());
+                t.elapsed().as_secs_f64()
+            },
+        ],
+    );
+    drop(trainer);
+    let bytes = bytes.get();
+    let [load_s, read_s, stream_s] = best_in_turn(
+        repeats,
+        &mut [
+            &mut || {
+                let t = Instant::now();
+                let resumed =
+                    Trainer::resume(cfg.clone(), CpuDevice::new(2, u64::MAX).unwrap(), &run)
+                        .unwrap();
+                let s = t.elapsed().as_secs_f64();
+                drop(resumed);
+                s
+            },
+            &mut || {
+                let t = Instant::now();
+                assert_eq!(plain_read(&plain), bytes);
+                t.elapsed().as_secs_f64()
+            },
+            &mut || {
+                let t = Instant::now();
+                assert_eq!(stream_read(&plain), bytes);
+                t.elapsed().as_secs_f64()
+            },
+        ],
+    );
     let [single, sharded] = sharded_against_single(&cfg, tmp.path(), repeats);
     let gbs = |s: f64| bytes as f64 / s / 1e9;
     let rate = |(bytes, s): (u64, f64)| bytes as f64 / s / 1e9;

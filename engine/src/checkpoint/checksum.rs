@@ -9,14 +9,14 @@
 use super::state::{FileRecord, Segments};
 use sha2::{Digest, Sha256};
 use std::ops::Range;
-use xxhash_rust::xxh3::Xxh3Default;
+use twox_hash::XxHash3_128;
 
 /// Bytes of a segment in the files this build writes: enough segments in a checkpoint for every
 /// core to take its share, few enough that a 200 GB state lists about 12,000 of them.
 pub const SEGMENT: u64 = 16 << 20;
 
-fn xxh3_hex(hasher: &Xxh3Default) -> String {
-    format!("{:032x}", hasher.digest128())
+fn xxh3_hex(hasher: &XxHash3_128) -> String {
+    format!("{:032x}", hasher.finish_128())
 }
 
 /// Hashes a stream of bytes in order, as it is written or read, into the XXH3-128 of each of
@@ -24,7 +24,7 @@ fn xxh3_hex(hasher: &Xxh3Default) -> String {
 pub struct SegmentHasher {
     size: u64,
     filled: u64,
-    current: Box<Xxh3Default>,
+    current: Box<XxHash3_128>,
     done: Vec<u128>,
 }
 
@@ -51,11 +51,11 @@ impl SegmentHasher {
         while !bytes.is_empty() {
             let room = (self.size - self.filled).min(bytes.len() as u64) as usize;
             let (now, rest) = bytes.split_at(room);
-            self.current.update(now);
+            self.current.write(now);
             self.filled += room as u64;
             if self.filled == self.size {
-                self.done.push(self.current.digest128());
-                self.current.reset();
+                self.done.push(self.current.finish_128());
+                *self.current = XxHash3_128::new();
                 self.filled = 0;
             }
             bytes = rest;
@@ -65,7 +65,7 @@ impl SegmentHasher {
     /// Each segment's digest, in order (none for an empty stream).
     pub fn digests(mut self) -> Vec<u128> {
         if self.filled > 0 {
-            self.done.push(self.current.digest128());
+            self.done.push(self.current.finish_128());
         }
         self.done
     }
@@ -88,7 +88,7 @@ pub(super) struct Verifier {
 }
 
 enum Hasher {
-    Xxh3(Box<Xxh3Default>),
+    Xxh3(Box<XxHash3_128>),
     Sha256(Sha256),
 }
 
@@ -139,7 +139,7 @@ impl Verifier {
     /// Feeds the range's next `bytes`.
     pub(super) fn update(&mut self, bytes: &[u8]) {
         match &mut self.hasher {
-            Hasher::Xxh3(h) => h.update(bytes),
+            Hasher::Xxh3(h) => h.write(bytes),
             Hasher::Sha256(h) => h.update(bytes),
         }
     }

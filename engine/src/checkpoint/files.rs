@@ -18,7 +18,7 @@ use sha2::{Digest, Sha256};
 use std::fs::File;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use xxhash_rust::xxh3::Xxh3Default;
+use twox_hash::XxHash3_128;
 
 /// Hex sha256 of `bytes`.
 pub fn sha256_hex(bytes: &[u8]) -> String {
@@ -68,7 +68,7 @@ pub fn checksums(path: &Path, segment_bytes: u64) -> Result<FileRecord> {
     let io = |e| EngineError::io(path, e);
     let (file, len) = regular_file::open(path, CHECKPOINT_FILE)?;
     let mut file = file.take(len);
-    let (mut sha256, mut xxh3) = (Sha256::new(), Xxh3Default::new());
+    let (mut sha256, mut xxh3) = (Sha256::new(), XxHash3_128::new());
     let mut segments = SegmentHasher::new(segment_bytes);
     let mut piece = vec![0u8; PIECE];
     let mut bytes = 0u64;
@@ -78,14 +78,14 @@ pub fn checksums(path: &Path, segment_bytes: u64) -> Result<FileRecord> {
             break;
         }
         sha256.update(&piece[..n]);
-        xxh3.update(&piece[..n]);
+        xxh3.write(&piece[..n]);
         segments.update(&piece[..n]);
         bytes += n as u64;
     }
     Ok(FileRecord {
         bytes,
         sha256: Some(hex(&sha256.finalize())),
-        xxh3_128: Some(format!("{:032x}", xxh3.digest128())),
+        xxh3_128: Some(format!("{:032x}", xxh3.finish_128())),
         segments: Some(segments.finish()),
     })
 }

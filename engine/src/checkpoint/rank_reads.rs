@@ -27,7 +27,7 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::OnceLock;
-use xxhash_rust::xxh3::Xxh3Default;
+use twox_hash::XxHash3_128;
 
 /// Bytes read, and hashed, at a time.
 const PIECE: usize = 1 << 20;
@@ -229,15 +229,15 @@ impl RankReads {
         for chunk in &tensor.chunks {
             let path = self.dir.join(&chunk.file);
             let [mut at, end] = chunk.byte_range;
-            let mut hasher = Xxh3Default::new();
+            let mut hasher = XxHash3_128::new();
             while at < end {
                 piece.resize((end - at).min(PIECE as u64) as usize, 0);
                 read_at(&self.files[&chunk.file], &mut piece, at)
                     .map_err(|e| EngineError::io(&path, e))?;
-                hasher.update(&piece);
+                hasher.write(&piece);
                 at += piece.len() as u64;
             }
-            if format!("{:032x}", hasher.digest128()) != chunk.xxh3_128 {
+            if format!("{:032x}", hasher.finish_128()) != chunk.xxh3_128 {
                 return Err(self.damaged(tensor, chunk));
             }
         }
@@ -274,7 +274,7 @@ impl RankReads {
                 .fold(bytes.end, usize::min);
             let rows = at / row..next.div_ceil(row);
             gap.resize(rows.len() * row, 0);
-            self.read_into(read, rows.clone(), &mut gap, false)?;
+            self.read_into(read, rows.clone(), &mut gap, 0..0)?;
             let first = rows.start * row;
             each(&gap[at - first..next - first]);
             at = next;
@@ -282,22 +282,25 @@ impl RankReads {
         Ok(())
     }
 
-    /// Reads rows `rows` of `read`'s tensor into `dst` (exactly those rows); with `hash_blocks`,
-    /// hashes each of the tensor's hash blocks that lies whole inside them, and that no other
-    /// rank has taken, as soon as it is read.
+    /// Reads rows `rows` of `read`'s tensor into `dst` (exactly those rows), and hashes each of
+    /// the tensor's hash blocks that lies whole inside rows `keep` (inside `rows`, the rows the
+    /// rank keeps), and that no other rank has taken, as soon as it is read.
     fn read_into(
         &self,
         read: &Read,
         rows: Range<usize>,
         dst: &mut [u8],
-        hash_blocks: bool,
+        keep: Range<usize>,
     ) -> Result<()> {
         let tensor = &read.tensor;
         let row = tensor.row_bytes();
         let first_byte = rows.start * row;
-        let mut blocks = match hash_blocks && !read.blocks.is_empty() {
-            true => tensor_hash::blocks_within(first_byte..rows.end * row, tensor.bytes() as usize),
-            false => 0..0,
+        let mut blocks = match keep.is_empty() || read.blocks.is_empty() {
+            true => 0..0,
+            false => tensor_hash::blocks_within(
+                keep.start * row..keep.end * row,
+                tensor.bytes() as usize,
+            ),
         };
         for chunk in &tensor.chunks {
             let held = chunk.rows();
@@ -340,7 +343,7 @@ impl RowSource for RankReads {
         which: Which,
         param: usize,
         rows: Range<usize>,
-        kept: bool,
+        keep: Range<usize>,
         dst: &mut [u8],
     ) -> Result<()> {
         let Some(read) = self.tensors.get(&(which, param)) else {
@@ -349,7 +352,7 @@ impl RowSource for RankReads {
         };
         // The hash blocks inside rows the rank keeps are hashed as they arrive; the rest wait
         // for `check_placed`.
-        self.read_into(read, rows, dst, kept)?;
+        self.read_into(read, rows, dst, keep)?;
         if cfg!(target_endian = "big") {
             for x in dst.chunks_exact_mut(4) {
                 x.reverse();

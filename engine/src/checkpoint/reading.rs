@@ -355,7 +355,7 @@ mod tests {
                 (None, Some(h.finish()))
             }
             None => {
-                let xxh3 = xxhash_rust::xxh3::xxh3_128(bytes);
+                let xxh3 = twox_hash::XxHash3_128::oneshot(bytes);
                 (Some(format!("{xxh3:032x}")), None)
             }
         };

@@ -26,7 +26,7 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::Path;
-use xxhash_rust::xxh3::Xxh3Default;
+use twox_hash::XxHash3_128;
 
 /// The index of a sharded checkpoint.
 pub const SHARDS_FILE: &str = "shards.json";
@@ -189,9 +189,9 @@ fn row_bytes(shape: &[usize], dtype: Dtype) -> usize {
 }
 
 fn xxh3_hex(parts: &[&[u8]]) -> String {
-    let mut h = Xxh3Default::new();
-    parts.iter().for_each(|p| h.update(p));
-    format!("{:032x}", h.digest128())
+    let mut h = XxHash3_128::new();
+    parts.iter().for_each(|p| h.write(p));
+    format!("{:032x}", h.finish_128())
 }
 
 /// Writes every rank's file and the index into the temporary directory `dir`, each fsynced,
@@ -605,9 +605,9 @@ mod tests {
     fn by_definition(bytes: &[u8]) -> String {
         let digests: Vec<u8> = bytes
             .chunks(HASH_BLOCK)
-            .flat_map(|b| xxhash_rust::xxh3::xxh3_128(b).to_le_bytes())
+            .flat_map(|b| XxHash3_128::oneshot(b).to_le_bytes())
             .collect();
-        format!("{:032x}", xxhash_rust::xxh3::xxh3_128(&digests))
+        format!("{:032x}", XxHash3_128::oneshot(&digests))
     }
 
     #[test]

@@ -1,10 +1,12 @@
-//! Host memory for tensors kept for a whole run (weights, master weights, optimizer moments)
-//! that are too small for a mapping of their own, carved one after another from shared
+//! Host memory for tensors kept for a whole run (weights, master weights, gradients, optimizer
+//! moments) that are too small for a mapping of their own, carved one after another from shared
 //! huge-page mappings.
 //!
 //! A tensor under one huge page would come from the allocator, in 4 KiB pages, each faulted in
 //! and cleared on its own: several times a huge page's cost per byte, and a checkpoint load
-//! writes every byte of them (a model's attention projections, a rank's shard of most tensors).
+//! writes every byte of them (a model's attention projections, a rank's shard of most tensors);
+//! recycled heap memory is cleared with `memset` when it is allocated, even where the first
+//! step writes it anyway (a rank's gradient shards).
 //! One of a few huge pages would have a mapping of its own whose last huge page the kernel
 //! clears whole, mostly for nothing. Kept tensors of [`KEPT_FROM`] to [`KEPT_UP_TO`] bytes
 //! instead take consecutive places in a [`CHUNK`]-byte mapping in huge pages; only the huge

@@ -286,6 +286,14 @@ pub struct Params<T> {
     tensors: Vec<T>,
 }
 
+impl<A, B> Params<(A, B)> {
+    /// The pairs' first and second parts, each as a [`Params`] of its own.
+    pub fn unzip(self) -> (Params<A>, Params<B>) {
+        let (a, b) = self.tensors.into_iter().unzip();
+        (Params { tensors: a }, Params { tensors: b })
+    }
+}
+
 impl<T> Params<T> {
     /// Builds every parameter with `make`, called once per [`param_specs`] entry, in order.
     pub fn try_new<E>(

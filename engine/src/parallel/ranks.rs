@@ -507,7 +507,7 @@ fn build_rank<D: Device>(
             })?;
             let compute = each_param(model, |i, s| {
                 let shape = shard_shape(&s.shape, weight_rows(&s.shape).len());
-                let mut compute = dev.zeros::<bf16>(&shape, Category::Params)?;
+                let mut compute = dev.zeros_kept::<bf16>(&shape, Category::Params)?;
                 dev.round(masters.get(i), &mut compute)?;
                 Ok(compute)
             })?;
@@ -516,21 +516,16 @@ fn build_rank<D: Device>(
                 compute,
             }
         }
-        // The compute weights hold every row, the master this rank's: the rows are read whole
-        // for the compute weights, then the master's again.
-        Precision::Bf16Mixed => Weights::Bf16Mixed {
-            compute: each_param(model, |i, s| {
+        // The compute weights hold every row, the master this rank's: the rows are read once,
+        // whole, for the compute weights, and this rank's copied out of them for the master.
+        Precision::Bf16Mixed => {
+            let (compute, master) = each_param(model, |i, s| {
                 let rows = weight_rows(&s.shape);
-                let shape = shard_shape(&s.shape, rows.len());
-                let whole = place(&dev, master(i), &s.shape, rows, category, false)?;
-                let mut compute = dev.zeros::<bf16>(&shape, Category::Params)?;
-                dev.round(&whole, &mut compute)?;
-                Ok(compute)
-            })?,
-            master: each_param(model, |i, s| {
-                place(&dev, master(i), &s.shape, shard(&s.shape), category, true)
-            })?,
-        },
+                place_split(&dev, master(i), &s.shape, (rows, shard(&s.shape)), category)
+            })?
+            .unzip();
+            Weights::Bf16Mixed { master, compute }
+        }
     };
     let moments = match moments_at {
         Some(step) => {
@@ -559,7 +554,7 @@ fn build_rank<D: Device>(
     };
     let grads = each_param(model, |_, s| {
         let shape = shard_shape(&s.shape, grad_rows(&s.shape).len());
-        dev.zeros::<f32>(&shape, Category::Grads)
+        dev.zeros_kept::<f32>(&shape, Category::Grads)
     })?;
     State::with_weights(cfg, dev, weights, grads, moments)
 }
@@ -578,15 +573,57 @@ fn place<D: Device>(
 ) -> Result<D::Tensor<f32>> {
     let placed = shard_shape(shape, rows.len());
     let Some((source, which, param)) = from else {
-        return dev.zeros::<f32>(&placed, category);
+        return match kept {
+            true => dev.zeros_kept::<f32>(&placed, category),
+            false => dev.zeros::<f32>(&placed, category),
+        };
     };
     let mut host = match kept {
         true => Tensor::<f32>::zeros_kept(&dev.host(), &placed, category)?,
         false => Tensor::<f32>::zeros(&dev.host(), &placed, category)?,
     };
+    let keep = if kept {
+        rows.clone()
+    } else {
+        rows.start..rows.start
+    };
     let bytes = bytemuck::cast_slice_mut(host.as_mut_slice());
-    source.read_rows(which, param, rows, kept, bytes)?;
+    source.read_rows(which, param, rows, keep, bytes)?;
     dev.upload(host)
+}
+
+/// A bf16 compute weight of rows `rows` of a master weight of `shape` on `dev`, and the f32
+/// master rows `keep` (inside `rows`) that the rank keeps: the rows are read from the source
+/// once (zeros where there is none), rounded for the one and copied out for the other.
+fn place_split<D: Device>(
+    dev: &D,
+    from: Option<(&dyn RowSource, Which, usize)>,
+    shape: &[usize],
+    (rows, keep): (Range<usize>, Range<usize>),
+    category: Category,
+) -> Result<(D::Tensor<bf16>, D::Tensor<f32>)> {
+    let compute_shape = shard_shape(shape, rows.len());
+    let Some((source, which, param)) = from else {
+        let master = dev.zeros_kept::<f32>(&shard_shape(shape, keep.len()), category)?;
+        return Ok((
+            dev.zeros_kept::<bf16>(&compute_shape, Category::Params)?,
+            master,
+        ));
+    };
+    let mut whole = Tensor::<f32>::zeros(&dev.host(), &compute_shape, category)?;
+    let bytes = bytemuck::cast_slice_mut(whole.as_mut_slice());
+    source.read_rows(which, param, rows.clone(), keep.clone(), bytes)?;
+    let mut master =
+        Tensor::<f32>::zeros_kept(&dev.host(), &shard_shape(shape, keep.len()), category)?;
+    let row = whole.numel() / rows.len().max(1);
+    let from_row = |r: usize| (r - rows.start) * row;
+    master
+        .as_mut_slice()
+        .copy_from_slice(&whole.as_slice()[from_row(keep.start)..from_row(keep.end)]);
+    let whole = dev.upload(whole)?;
+    let mut compute = dev.zeros_kept::<bf16>(&compute_shape, Category::Params)?;
+    dev.round(&whole, &mut compute)?;
+    Ok((compute, dev.upload(master)?))
 }
 
 /// One rank's part of a step.

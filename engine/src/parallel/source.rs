@@ -31,14 +31,14 @@ pub type Placed<'a> = Vec<(Range<usize>, Cow<'a, [u8]>)>;
 /// The rows of the whole tensors the ranks are built from.
 pub trait RowSource: Sync {
     /// Writes rows `rows` of parameter `param`'s `which` tensor into `dst`, which holds exactly
-    /// those rows (native-endian f32 bytes) and which the rank keeps, or, not `kept`, frees once
-    /// used (a bf16 compute weight's f32 rows).
+    /// those rows (native-endian f32 bytes). The rank keeps rows `keep` of them (inside `rows`;
+    /// the rest, such as a bf16 compute weight's f32 rows, are freed once used).
     fn read_rows(
         &self,
         which: Which,
         param: usize,
         rows: Range<usize>,
-        kept: bool,
+        keep: Range<usize>,
         dst: &mut [u8],
     ) -> Result<()>;
 }
@@ -57,7 +57,7 @@ impl RowSource for HostTensors<'_> {
         which: Which,
         param: usize,
         rows: Range<usize>,
-        _kept: bool,
+        _keep: Range<usize>,
         dst: &mut [u8],
     ) -> Result<()> {
         let params = match (which, self.moments) {

@@ -62,6 +62,10 @@ impl Device for CpuDevice {
         Ok(CpuDevice::zeros(self, shape, category)?)
     }
 
+    fn zeros_kept<E: Elem>(&self, shape: &[usize], category: Category) -> Result<Tensor<E>> {
+        Ok(Tensor::zeros_kept(&self.tracker, shape, category)?)
+    }
+
     fn uninit<E: Elem>(&self, shape: &[usize], category: Category) -> Result<Tensor<E>> {
         let mut t = CpuDevice::zeros(self, shape, category)?;
         if cfg!(debug_assertions) {
