@@ -491,19 +491,12 @@ fn build_rank<D: Device>(
     let master = |i: usize| from(Which::Master, i);
     let weights = match cfg.precision {
         Precision::Fp32 => Weights::Fp32(each_param(model, |i, s| {
-            place(
-                &dev,
-                master(i),
-                &s.shape,
-                weight_rows(&s.shape),
-                category,
-                true,
-            )
+            place(&dev, master(i), &s.shape, weight_rows(&s.shape), category)
         })?),
         // The compute weights hold the master rows: read once, into the master, and rounded.
         Precision::Bf16Mixed if matches!(cfg.parallel.shard, Shard::Full | Shard::None) => {
             let masters = each_param(model, |i, s| {
-                place(&dev, master(i), &s.shape, shard(&s.shape), category, true)
+                place(&dev, master(i), &s.shape, shard(&s.shape), category)
             })?;
             let compute = each_param(model, |i, s| {
                 let shape = shard_shape(&s.shape, weight_rows(&s.shape).len());
@@ -532,14 +525,7 @@ fn build_rank<D: Device>(
             let moment = |which: Which| {
                 each_param(model, |i, s| {
                     let rows = shard(&s.shape);
-                    place(
-                        &dev,
-                        from(which, i),
-                        &s.shape,
-                        rows,
-                        Category::Optimizer,
-                        true,
-                    )
+                    place(&dev, from(which, i), &s.shape, rows, Category::Optimizer)
                 })
             };
             Some((
@@ -559,36 +545,23 @@ fn build_rank<D: Device>(
     State::with_weights(cfg, dev, weights, grads, moments)
 }
 
-/// Rows `rows` of a tensor of `shape` on `dev`, counted under `category`: read from the
-/// source's `(which, param)` tensor into a host tensor of the rows (the tensor itself on the
-/// CPU) and uploaded, or zeros where there is no source; `kept` unless the rank frees it once
-/// used.
+/// Rows `rows` of a tensor of `shape` on `dev` that the rank keeps for the run, counted under
+/// `category`: read from the source's `(which, param)` tensor into a host tensor of the rows
+/// (the tensor itself on the CPU) and uploaded, or zeros where there is no source.
 fn place<D: Device>(
     dev: &D,
     from: Option<(&dyn RowSource, Which, usize)>,
     shape: &[usize],
     rows: Range<usize>,
     category: Category,
-    kept: bool,
 ) -> Result<D::Tensor<f32>> {
     let placed = shard_shape(shape, rows.len());
     let Some((source, which, param)) = from else {
-        return match kept {
-            true => dev.zeros_kept::<f32>(&placed, category),
-            false => dev.zeros::<f32>(&placed, category),
-        };
+        return dev.zeros_kept::<f32>(&placed, category);
     };
-    let mut host = match kept {
-        true => Tensor::<f32>::zeros_kept(&dev.host(), &placed, category)?,
-        false => Tensor::<f32>::zeros(&dev.host(), &placed, category)?,
-    };
-    let keep = if kept {
-        rows.clone()
-    } else {
-        rows.start..rows.start
-    };
+    let mut host = Tensor::<f32>::zeros_kept(&dev.host(), &placed, category)?;
     let bytes = bytemuck::cast_slice_mut(host.as_mut_slice());
-    source.read_rows(which, param, rows, keep, bytes)?;
+    source.read_rows(which, param, rows.clone(), rows, bytes)?;
     dev.upload(host)
 }
 
