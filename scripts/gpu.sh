@@ -71,11 +71,15 @@ for line in sys.stdin:
 }
 
 # Puts the CUDA toolkit's lib64 ($CUDA_HOME, default /usr/local/cuda) on the loader's path and
-# its bin (ncu) on the path.
+# its bin (ncu) on the path; then, after everything else on the loader's path, the NCCL that
+# PyTorch's wheels bring, where the toolkit has none.
 cuda_libraries() {
-    local cuda="${CUDA_HOME:-/usr/local/cuda}"
+    local cuda="${CUDA_HOME:-/usr/local/cuda}" nccl
     if [[ -d "$cuda/lib64" ]]; then
         export LD_LIBRARY_PATH="$cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    fi
+    if nccl=$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0] + "/lib")' 2>/dev/null); then
+        export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$nccl"
     fi
     [[ -d "$cuda/bin" ]] && export PATH="$PATH:$cuda/bin"
     return 0

@@ -9,6 +9,7 @@
 mod common;
 
 use ckpt_engine::backend::count::Like;
+use ckpt_engine::backend::cuda::nccl::{self, Nccl};
 use ckpt_engine::backend::cuda::nvrtc;
 use ckpt_engine::config::{Init, Precision, TrainConfig};
 use ckpt_engine::estimate::{estimate, EstimateConfig};
@@ -92,8 +93,18 @@ fn main() {
         ),
         on_gpu(
             "ranks_sharing_the_gpu_train_the_bits_of_one_and_the_memory_model_s",
-            ranks_on_one_gpu,
+            || ranks_train_one_devices_bits(Cards::Shared),
         ),
+        Trial::test(
+            "ranks_on_gpus_of_their_own_train_the_bits_of_one_and_the_memory_model_s",
+            || {
+                let _one = GPU.lock().unwrap_or_else(|e| e.into_inner());
+                ranks_train_one_devices_bits(Cards::OwnEach)
+            },
+        )
+        .with_ignored_flag(CudaDevice::count() < 2),
+        Trial::test("nccl_loads_under_its_soname", nccl_loads)
+            .with_ignored_flag(Nccl::get().is_err()),
     ];
     libtest_mimic::run(&args, trials).exit();
 }
@@ -714,18 +725,48 @@ fn model_level_faults() -> Outcome {
 /// gradient norms and the final state are one device's bits, and every rank's step peaks and
 /// bytes by category are the CUDA memory model's for that rank. A Llama with grouped-query
 /// attention, a vocabulary neither 3 nor 4 divides, 12 micro-batches a step.
-fn ranks_on_one_gpu() -> Outcome {
+/// Where the ranks of [`ranks_train_one_devices_bits`] run.
+#[derive(Clone, Copy, Debug)]
+enum Cards {
+    /// On the machine's last GPU, which no rank after the first has a GPU beyond to take.
+    Shared,
+    /// From GPU 0, a GPU each (world sizes up to the machine's GPUs).
+    OwnEach,
+}
+
+/// The same run on 2, 3 and 4 ranks at every stage trains one device's bits, each rank's peaks
+/// the CUDA memory model's, the ranks on the GPUs `cards` gives them.
+fn ranks_train_one_devices_bits(cards: Cards) -> Outcome {
+    let gpus = CudaDevice::count();
+    let (first, worlds): (usize, Vec<usize>) = match cards {
+        Cards::Shared => (gpus - 1, vec![2, 3, 4]),
+        Cards::OwnEach => (0, (2..=4).filter(|&w| w <= gpus).collect()),
+    };
+    let open = || CudaDevice::new(first, None);
+    for &world in &worlds {
+        let ordinals: Vec<usize> = open()?.ranks(world)?.iter().map(|d| d.ordinal()).collect();
+        let want: Vec<usize> = match cards {
+            Cards::Shared => vec![first; world],
+            Cards::OwnEach => (0..world).collect(),
+        };
+        if ordinals != want {
+            return Err(format!(
+                "{world} ranks ({cards:?}) run on GPUs {ordinals:?}, not {want:?}"
+            )
+            .into());
+        }
+    }
     for precision in [Precision::Fp32, Precision::Bf16Mixed] {
         let mut base = common::train_config(common::llama(37, 64, 2), precision, 1, 16, 6);
         base.accumulation = 12;
         base.optimizer.grad_clip = Some(0.5);
         let run = |cfg: &TrainConfig| -> Result<(Vec<(u32, u64)>, String), Failed> {
-            let mut t = Trainer::new(cfg.clone(), CudaDevice::new(0, None)?)?;
+            let mut t = Trainer::new(cfg.clone(), open()?)?;
             let steps = train(&mut t, 3)?;
             Ok((bits(&steps), format!("{:?}", t.state_digest()?)))
         };
         let one = run(&base)?;
-        for world_size in [2, 3, 4] {
+        for &world_size in &worlds {
             for shard in [Shard::None, Shard::Optimizer, Shard::Gradients, Shard::Full] {
                 let cfg = TrainConfig {
                     parallel: Parallel {
@@ -735,12 +776,12 @@ fn ranks_on_one_gpu() -> Outcome {
                     },
                     ..base.clone()
                 };
-                let at = format!("{precision:?}, {world_size} ranks, {shard:?}");
+                let at = format!("{precision:?}, {world_size} ranks ({cards:?}), {shard:?}");
                 if run(&cfg)? != one {
                     return Err(format!("{at}: the bits differ from one device's").into());
                 }
                 let model = estimate(&EstimateConfig::from_train(&cfg, Like::Cuda))?;
-                let mut t = Trainer::new(cfg, CudaDevice::new(0, None)?)?;
+                let mut t = Trainer::new(cfg, open()?)?;
                 for s in train(&mut t, 2)? {
                     for (rank, (got, want)) in s.rank_memory.iter().zip(&model.ranks).enumerate() {
                         let want = &want[s.step.min(1) as usize];
@@ -756,6 +797,18 @@ fn ranks_on_one_gpu() -> Outcome {
             }
         }
     }
-    eprintln!("ranks sharing the GPU: 2, 3 and 4 ranks at every stage train one device's bits, each rank's peaks the model's");
+    eprintln!("ranks ({cards:?}): world sizes {worlds:?} at every stage train one device's bits, each rank's peaks the model's");
+    Ok(())
+}
+
+/// NCCL opens under the name its packages install (`libnccl.so.2`, the only name PyTorch's
+/// wheels ship it under: CI runs this with that directory alone on the loader's path, where
+/// cudarc's own names find nothing) and is a version the engine takes.
+fn nccl_loads() -> Outcome {
+    let nccl = Nccl::get()?;
+    if nccl.version() < nccl::OLDEST {
+        return Err(format!("{nccl:?} loaded, older than {}", nccl::OLDEST).into());
+    }
+    eprintln!("{nccl:?}");
     Ok(())
 }

@@ -14,6 +14,7 @@ use cudarc::driver::{
 use serde::Serialize;
 use std::collections::HashMap;
 use std::ffi::c_void;
+use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 /// The memory pool's and the driver's figures, in bytes.
@@ -44,6 +45,14 @@ pub(crate) fn libraries_missing() -> Option<String> {
         return Some("libcublas could not be loaded; install cuBLAS (libcublas.so.13) and put its directory on LD_LIBRARY_PATH".into());
     }
     nvrtc::available().err()
+}
+
+/// The GPUs of ranks `0..world` opened on GPU `first` of a machine with `gpus`: one each,
+/// `first..first + world`, when there are that many from `first` on; else `None`, and they
+/// share `first`. The ranks exchange through the host either way, so on GPUs of one model where
+/// they run moves no bit of a step.
+pub(crate) fn cards_of_ranks(world: usize, first: usize, gpus: usize) -> Option<Range<usize>> {
+    (world > 1 && first + world <= gpus).then_some(first..first + world)
 }
 
 fn cuda_err(what: &str) -> impl FnOnce(drv::DriverError) -> EngineError + '_ {
@@ -225,9 +234,50 @@ impl CudaDevice {
             .collect()
     }
 
+    /// The devices of `world` data-parallel ranks, a GPU each where the machine has enough GPUs
+    /// from this one on ([`cards_of_ranks`]), else sharing this one ([`CudaDevice::share`]).
+    pub(crate) fn ranks(&self, world: usize) -> Result<Vec<Self>> {
+        self.bind()?;
+        match cards_of_ranks(world, self.ordinal(), CudaDevice::count()) {
+            Some(cards) => {
+                let capacity = Some(self.inner.tracker.stats().capacity);
+                let mut ranks = self.share(1)?;
+                for ordinal in cards.skip(1) {
+                    let rank = CudaDevice::new(ordinal, capacity)?;
+                    if rank.name() != self.name() {
+                        return Err(EngineError::Config(format!(
+                            "the ranks would run on GPU {} ({}) and GPU {ordinal} ({}): GPUs of \
+                             different models do not compute the same bits; list GPUs of one \
+                             model in CUDA_VISIBLE_DEVICES",
+                            self.ordinal(),
+                            self.name(),
+                            rank.name()
+                        )));
+                    }
+                    ranks.push(rank);
+                }
+                Ok(ranks)
+            }
+            None => self.share(world),
+        }
+    }
+
     /// The tracker counting this device's bytes.
     pub fn tracker(&self) -> &MemoryTracker {
         &self.inner.tracker
+    }
+
+    /// The GPU's index among the machine's.
+    pub fn ordinal(&self) -> usize {
+        self.inner.ctx.ordinal()
+    }
+
+    /// How many GPUs the driver sees; 0 where the CUDA backend cannot run.
+    pub fn count() -> usize {
+        if libraries_missing().is_some() || drv::init().is_err() {
+            return 0;
+        }
+        drv::device::get_count().map_or(0, |n| n.max(0) as usize)
     }
 
     /// The GPU's name.
@@ -489,5 +539,19 @@ impl CudaDevice {
         self.bind()?;
         let guard = self.inner.blas.lock().unwrap_or_else(|e| e.into_inner());
         f(guard.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cards_of_ranks;
+
+    #[test]
+    fn ranks_get_cards_of_their_own_only_where_there_are_enough_from_the_first() {
+        assert_eq!(cards_of_ranks(4, 0, 8), Some(0..4));
+        assert_eq!(cards_of_ranks(3, 5, 8), Some(5..8));
+        assert_eq!(cards_of_ranks(4, 5, 8), None);
+        assert_eq!(cards_of_ranks(2, 0, 1), None);
+        assert_eq!(cards_of_ranks(1, 0, 8), None);
     }
 }

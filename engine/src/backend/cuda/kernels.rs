@@ -241,7 +241,7 @@ impl Device for CudaDevice {
     fn ranks(&self, world: usize) -> Result<Vec<Self>> {
         match world {
             1 => Ok(vec![self.clone()]),
-            _ => self.share(world),
+            _ => CudaDevice::ranks(self, world),
         }
     }
 

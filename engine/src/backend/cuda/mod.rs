@@ -10,6 +10,7 @@ mod device;
 mod env;
 mod gemm;
 mod kernels;
+pub mod nccl;
 pub mod nvrtc;
 mod tensor;
 
