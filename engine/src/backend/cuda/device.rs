@@ -234,32 +234,27 @@ impl CudaDevice {
             .collect()
     }
 
-    /// The devices of `world` data-parallel ranks, a GPU each where the machine has enough GPUs
-    /// from this one on ([`cards_of_ranks`]), else sharing this one ([`CudaDevice::share`]).
-    pub(crate) fn ranks(&self, world: usize) -> Result<Vec<Self>> {
-        self.bind()?;
-        match cards_of_ranks(world, self.ordinal(), CudaDevice::count()) {
-            Some(cards) => {
-                let capacity = Some(self.inner.tracker.stats().capacity);
-                let mut ranks = self.share(1)?;
-                for ordinal in cards.skip(1) {
-                    let rank = CudaDevice::new(ordinal, capacity)?;
-                    if rank.name() != self.name() {
-                        return Err(EngineError::Config(format!(
-                            "the ranks would run on GPU {} ({}) and GPU {ordinal} ({}): GPUs of \
-                             different models do not compute the same bits; list GPUs of one \
-                             model in CUDA_VISIBLE_DEVICES",
-                            self.ordinal(),
-                            self.name(),
-                            rank.name()
-                        )));
-                    }
-                    ranks.push(rank);
-                }
-                Ok(ranks)
+    /// The devices of data-parallel ranks on GPUs `cards` ([`cards_of_ranks`]), a GPU each,
+    /// the first this one: each with a tracker of this device's capacity. GPUs of another model
+    /// than this one are refused: cuBLAS picks its kernels by GPU, so their bits would differ.
+    pub(crate) fn on_cards(&self, cards: Range<usize>) -> Result<Vec<Self>> {
+        let capacity = Some(self.inner.tracker.stats().capacity);
+        let mut ranks = self.share(1)?;
+        for ordinal in cards.skip(1) {
+            let rank = CudaDevice::new(ordinal, capacity)?;
+            if rank.name() != self.name() {
+                return Err(EngineError::Config(format!(
+                    "the ranks would run on GPU {} ({}) and GPU {ordinal} ({}): GPUs of \
+                     different models do not compute the same bits; list GPUs of one model in \
+                     CUDA_VISIBLE_DEVICES",
+                    self.ordinal(),
+                    self.name(),
+                    rank.name()
+                )));
             }
-            None => self.share(world),
+            ranks.push(rank);
         }
+        Ok(ranks)
     }
 
     /// The tracker counting this device's bytes.

@@ -6,7 +6,7 @@ use super::attention::{
     attention_delta, attention_tiles, check_attention, dkv_shared, dq_shared, forward_shared,
     tensor_core_keys, tensor_core_shared, Attn, BLOCK, TC_ROWS, TC_THREADS,
 };
-use super::device::CudaDevice;
+use super::device::{cards_of_ranks, CudaDevice};
 use super::gemm;
 use super::tensor::{from_bytes, Buffer, CudaTensor};
 use crate::device::{AdamWArgs, AttnShape, Device, DeviceTensor, Operand, Out};
@@ -241,7 +241,10 @@ impl Device for CudaDevice {
     fn ranks(&self, world: usize) -> Result<Vec<Self>> {
         match world {
             1 => Ok(vec![self.clone()]),
-            _ => CudaDevice::ranks(self, world),
+            _ => match cards_of_ranks(world, self.ordinal(), CudaDevice::count()) {
+                Some(cards) => self.on_cards(cards),
+                None => self.share(world),
+            },
         }
     }
 

@@ -64,7 +64,7 @@ pub const OLDEST: NcclVersion = NcclVersion {
 
 type GetVersion = unsafe extern "C" fn(*mut c_int) -> ncclResult_t;
 
-/// The NCCL library opened, and the entries the engine calls.
+/// The NCCL library opened, and its version.
 pub struct Nccl {
     /// The name it was opened under.
     name: String,
