@@ -23,7 +23,9 @@
 #
 # On an H200 (2026-11-26) `run` took about 45 s (the first NVRTC compile 25 s of it, cached in
 # $CKPT_HARNESS_CACHE after) besides the Hugging Face check, `bench` with BENCH_STEPS=3
-# BENCH_WARMUP=1 170 s and `profile` 10 s.
+# BENCH_WARMUP=1 170 s and `profile` 10 s; on an H100 the same day 50 s, 154 s and 9 s. In
+# `nightly` the PyTorch trainers' suites run one trial after another, about 45 s a Hugging Face
+# Trainer trial and 30 s a plain-loop one there: some 7 minutes for the ten.
 #
 # The scripts find CUDA's libraries through the loader's path; when the toolkit sits in
 # /usr/local/cuda (or $CUDA_HOME) its lib64 and bin are added. Exit status: 0 when everything

@@ -1,6 +1,7 @@
 """A plain PyTorch training loop that writes its run record: a tiny model with tied weights and
 dropout, AdamW with a warmup-then-cosine schedule, a seeded shuffled dataset, checkpoints that
-hold the model, optimizer, schedule, every generator and the data position.
+hold the model, optimizer, schedule, every generator and the data position. The model trains
+on the CPU unless `CKPT_EXAMPLE_DEVICE=cuda`.
 
 `ckpt-harness` runs it through its phases from a suite's `engine: {command}` (see
 `harness/python/suites/`); `--fault` breaks its resume the ways trainers do, for the negative
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import random
 from pathlib import Path
 from typing import Any
@@ -73,6 +75,36 @@ def schedule(horizon: int) -> Any:
     return factor
 
 
+def device() -> torch.device:
+    """Where the model trains: `CKPT_EXAMPLE_DEVICE` (`cpu` or `cuda`), the CPU by default."""
+    return torch.device(os.environ.get("CKPT_EXAMPLE_DEVICE", "cpu"))
+
+
+def rng_states() -> dict[str, Any]:
+    """Every generator a step draws from: Python's, NumPy's, torch's on the CPU and, where the
+    model trains on CUDA, torch's on its GPU (dropout draws there)."""
+    states: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if device().type == "cuda":
+        states["torch_cuda"] = torch.cuda.get_rng_state(device())
+    return states
+
+
+def restore_rng(ckpt: dict[str, Any], fault: str) -> None:
+    """Puts back the generators `rng_states` saved in `ckpt`; torch's stay as seeded under the
+    `rng_not_restored` fault."""
+    random.setstate(ckpt["python"])
+    np.random.set_state(ckpt["numpy"])
+    if fault == "rng_not_restored":
+        return
+    torch.set_rng_state(ckpt["torch"])
+    if "torch_cuda" in ckpt:
+        torch.cuda.set_rng_state(ckpt["torch_cuda"], device())
+
+
 def checkpoint(run_dir: Path, step: int) -> Path:
     """The checkpoint file of `step` steps in `run_dir`."""
     return run_dir / f"step-{step}.pt"
@@ -96,7 +128,7 @@ def train(
     random.seed(SEED)
     np.random.seed(SEED)
     torch.manual_seed(SEED)
-    model = Tiny()
+    model = Tiny().to(device())
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule(horizon))
     epoch, position = 0, 0
@@ -107,6 +139,7 @@ def train(
         resumed_from=start if start else None,
         checkpoint=f"step-{start}" if start else None,
         planned={"from": start, "end": end, "horizon": horizon},
+        device=device(),
     )
     if start:
         assert resume_dir is not None, "a resumed phase needs --resume"
@@ -115,10 +148,7 @@ def train(
         if fault != "optimizer_not_restored":
             opt.load_state_dict(ckpt["optimizer"])
         sched.load_state_dict(ckpt["scheduler"])
-        random.setstate(ckpt["python"])
-        np.random.set_state(ckpt["numpy"])
-        if fault != "rng_not_restored":
-            torch.set_rng_state(ckpt["torch"])
+        restore_rng(ckpt, fault)
         if fault != "data_position_lost":
             epoch, position = ckpt["data"]
         rec.resume(
@@ -128,7 +158,7 @@ def train(
             scheduler=sched,
             data={"epoch": epoch, "position": position},
         )
-    data = dataset()
+    data = dataset().to(device())
     for step in range(start, end):
         samples, epoch, position = batch_at(data, epoch, position)
         rows = data[[i for _, i in samples]]
@@ -155,9 +185,7 @@ def train(
                     "model": model.state_dict(),
                     "optimizer": opt.state_dict(),
                     "scheduler": sched.state_dict(),
-                    "python": random.getstate(),
-                    "numpy": np.random.get_state(),
-                    "torch": torch.get_rng_state(),
+                    **rng_states(),
                     "data": (epoch, position),
                 },
                 checkpoint(run_dir, step + 1),

@@ -53,6 +53,7 @@ def test_a_model_kept_past_its_phase_is_counted_and_a_released_one_is_not(tmp_pa
 def test_optimizer_state_and_tied_weights_count_once() -> None:
     before = live.by_category()
     model, opt = trained()
+    assert isinstance(model.weight, torch.Tensor)
     alias = torch.nn.Parameter(model.weight.data)
     now = live.by_category()
     # exp_avg and exp_avg_sq of both tensors (160 bytes) and their float32 step counts (8 bytes).

@@ -95,3 +95,13 @@ def test_the_loss_is_written_as_the_exact_float(tmp_path: Path) -> None:
     assert step["loss"] == third.item() and step["loss"] != 1 / 3
     assert step["loss_dtype"] == "float32"
     assert step["grad_norm"] is None
+
+
+def test_the_device_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU unless `CKPT_EXAMPLE_DEVICE` names another; on the CPU the saved generators are
+    the three a CPU step draws from."""
+    monkeypatch.delenv("CKPT_EXAMPLE_DEVICE", raising=False)
+    assert plain_loop.device() == torch.device("cpu")
+    assert set(plain_loop.rng_states()) == {"python", "numpy", "torch"}
+    monkeypatch.setenv("CKPT_EXAMPLE_DEVICE", "cuda")
+    assert plain_loop.device() == torch.device("cuda")

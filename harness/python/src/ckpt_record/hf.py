@@ -118,7 +118,7 @@ class CkptRecordCallback(TrainerCallback):
 
             def load_rng_state(checkpoint: str | None) -> None:
                 load_rng(checkpoint)
-                if trainer.optimizer is not None:
+                if trainer.optimizer is not None and trainer.model is not None:
                     self._write_resume(
                         trainer.state.global_step,
                         trainer.model,
