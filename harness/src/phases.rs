@@ -569,13 +569,14 @@ fn rank_trackers<D: Device>(trainer: &Trainer<D>) -> Vec<MemoryTracker> {
 }
 
 /// The memory model of every rank at each world size `planned` runs at, in order of first
-/// use, when any phase runs on more than one rank (a rank's device has `1 / N` of the
-/// `capacity`, as [`Device::ranks`] shares it out); empty otherwise.
-fn world_models(
+/// use, when any phase runs on more than one rank; empty otherwise. A rank's capacity is its
+/// device's as [`Device::ranks`] makes it from `dev`: an equal share of one device's, or a whole
+/// GPU's where each rank has its own.
+fn world_models<D: Device>(
     suite: &Suite,
     like: Like,
     planned: &[PlannedPhase],
-    capacity: u64,
+    dev: &D,
 ) -> Result<Vec<WorldModel>> {
     if planned.iter().all(|p| p.world_size == 1) {
         return Ok(Vec::new());
@@ -605,9 +606,15 @@ fn world_models(
                 &suite.train_at(world_size),
                 like,
             ))?;
-            let capacity = capacity / world_size as u64;
-            let ranks = (0..world_size)
-                .map(|r| {
+            let capacities: Vec<u64> = dev
+                .ranks(world_size)?
+                .iter()
+                .map(|d| d.tracker().capacity())
+                .collect();
+            let ranks = capacities
+                .into_iter()
+                .enumerate()
+                .map(|(r, capacity)| {
                     let predicted = pair(&model.ranks, &model.first_step, &model.later_step, r);
                     RankModel {
                         predicted_load: predicted[1].start.total(),
@@ -722,7 +729,7 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
             )
         });
         let planned = plan(suite);
-        let worlds = world_models(suite, like, &planned, tracker.capacity())?;
+        let worlds = world_models(suite, like, &planned, &dev)?;
         if devices::warms_up(kind) {
             let world_size = planned.first().map_or(1, |p| p.world_size);
             warm_up(suite, world_size, warm_up_steps(suite, end), &dev);

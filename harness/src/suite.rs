@@ -821,7 +821,7 @@ impl Suite {
                 None => 1,
             } + 1;
             let accumulation = t.accumulation.unwrap_or(1);
-            p.validate(path, places, accumulation, resumes, &devices.value)?;
+            p.validate(path, places, accumulation, resumes)?;
         }
         expectations::check(path, places, file)
     }
