@@ -20,6 +20,13 @@
 #                                    attention kernels
 #   DIR/scripts/gpu.sh profile [OUT] one step of that shape cut to 2 layers under Nsight Compute:
 #                                    each kernel's time, summed by kernel, in OUT/profile.txt
+#   DIR/scripts/gpu.sh lease [OUT]   for a card lent for minutes: the CUDA tests with each
+#                                    attention kernel, the CI tier on cuda, the same with --bless
+#                                    (this GPU's snapshots, copied to OUT/golden-cuda), `bench`
+#                                    with 3 steps after 1 warm-up, `profile`, and the PyTorch
+#                                    trainers' two suites on the GPU without their controls; each
+#                                    under a time limit, most needed first, with a line a step in
+#                                    OUT/timeline.txt (seconds since the start, exit status)
 #
 # On an H200 (2026-11-26) `run` took about 45 s (the first NVRTC compile 25 s of it, cached in
 # $CKPT_HARNESS_CACHE after) besides the Hugging Face check, `bench` with BENCH_STEPS=3
@@ -33,7 +40,7 @@
 set -euo pipefail
 
 usage() {
-    sed -n '2,30p' "$0" >&2
+    sed -n '2,39p' "$0" >&2
     exit 2
 }
 
@@ -160,6 +167,44 @@ for name, ns in sorted(total.items(), key=lambda kv: -kv[1]):
 PY
 }
 
+# Runs "$@" under a limit of $1 seconds with its output in $out/$name.log, where name is $2
+# and the command the rest; adds a line to $out/timeline.txt. Fails as the command did.
+step() {
+    local limit="$1" name="$2" rc=0
+    shift 2
+    timeout "$limit" "$@" >"$out/$name.log" 2>&1 || rc=$?
+    echo "[$((SECONDS - started))s] $name: exit $rc$([[ $rc == 124 ]] && echo " (past its $limit s)")" |
+        tee -a "$out/timeline.txt"
+    return "$rc"
+}
+
+lease() {
+    local root status=0
+    root="$(cd "$(dirname "$0")/.." && pwd)"
+    out="${1:-$root/report-gpu}"
+    mkdir -p "$out"
+    rm -f "$out/timeline.txt"
+    cuda_libraries
+    export CKPT_REPO_ROOT="$root" CKPT_GOLDEN_DIR="$root/golden" PYTHONUNBUFFERED=1
+    cd "$root"
+    started=$SECONDS
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt" ||
+        status=1
+    step 120 test-cuda bin/test-cuda --test-threads 1 || status=1
+    step 90 test-cuda-tiled env CKPT_CUDA_ATTENTION=tiled bin/test-cuda --test-threads 1 || status=1
+    step 120 suites bin/ckpt-harness run suites --device cuda --report "$out/suites" \
+        --junit "$out/suites/junit.xml" || status=1
+    step 120 bless bin/ckpt-harness run suites --device cuda --bless || status=1
+    rm -rf "$out/golden-cuda" && cp -r golden/cuda "$out/golden-cuda"
+    step 240 bench env BENCH_STEPS=3 BENCH_WARMUP=1 "$0" bench "$out/bench" || status=1
+    step 60 profile "$0" profile "$out/profile" || status=1
+    step 150 trainers env CKPT_EXAMPLE_DEVICE=cuda PYTHONPATH="$root/python/src${PYTHONPATH:+:$PYTHONPATH}" \
+        bin/ckpt-harness run python/suites/hf-trainer.yaml python/suites/plain-loop.yaml \
+        --report "$out/trainers" || status=1
+    echo "gpu.sh lease: $([[ $status == 0 ]] && echo passed || echo FAILED); logs in $out"
+    return "$status"
+}
+
 # The first number after "key": in a line of JSON.
 json_number() {
     sed -nE "s/.*\"$1\": *([-0-9.eE+]+).*/\1/p" <<<"$2" | head -n 1
@@ -231,5 +276,6 @@ run) shift; run "$@" ;;
 nightly) shift; nightly "$@" ;;
 bench) shift; bench "$@" ;;
 profile) shift; profile "$@" ;;
+lease) shift; lease "$@" ;;
 *) usage ;;
 esac
