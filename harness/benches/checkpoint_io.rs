@@ -11,9 +11,12 @@
 //! sets how many times each is measured (best of), a save and the plain write in turn, a load
 //! and the plain reads in turn.
 //!
-//! The same state saved by one device and sharded by 4 ranks is resumed: one device's checkpoint
-//! on one device, the sharded one on 3 fully sharded ranks, each reading only its rows
-//! (`sharded_vs_single_device_read`: 1 or more when the sharded resume is no slower per byte).
+//! The same state saved by one device and sharded by 4 ranks is resumed, each checkpoint on one
+//! device and on 3 fully sharded ranks (each reading only its rows), the four in turn each round.
+//! `sharded_vs_single_device_read_on_one_device` and `..._on_3_ranks` compare the two
+//! checkpoints resumed onto the same ranks (1 or more when the sharded checkpoint loads no slower
+//! per byte); `sharded_vs_single_device_read` compares the sharded one on 3 ranks with one
+//! device's on one device, which adds the cost of resuming on more ranks than cores.
 
 use ckpt_engine::config::{Init, Precision, TrainConfig};
 use ckpt_engine::data::DataConfig;
@@ -73,12 +76,12 @@ fn stream_read(path: &Path) -> u64 {
     total
 }
 
-/// The bytes and seconds (best of `repeats`, the two taken in turn) of resuming one step of
-/// `cfg` (at 12 micro-batches a step) saved by one device on one device, and of the same state
-/// saved sharded by 4 ranks (optimizer state sharded) on 3 ranks under `shard: full`: each rank
-/// reads its rows of every tensor, and the ranks between them hold the checkpoint's bytes once,
-/// as one device does.
-fn sharded_against_single(cfg: &TrainConfig, dir: &Path, repeats: usize) -> [(u64, f64); 2] {
+/// The bytes and seconds (best of `repeats`, the four taken in turn) of resuming one step of
+/// `cfg` (at 12 micro-batches a step), by checkpoint (saved by one device; sharded by 4 ranks
+/// with the optimizer state sharded) and by where it resumes (one device; 3 ranks under `shard:
+/// full`, each reading its rows of every tensor, the ranks between them holding the
+/// checkpoint's bytes once, as one device does).
+fn sharded_against_single(cfg: &TrainConfig, dir: &Path, repeats: usize) -> [[(u64, f64); 2]; 2] {
     let mut cfg = cfg.clone();
     cfg.accumulation = 12;
     let at = |world_size, shard| {
@@ -90,26 +93,30 @@ fn sharded_against_single(cfg: &TrainConfig, dir: &Path, repeats: usize) -> [(u6
         };
         at
     };
-    let resumes = [(1, at(1, Shard::None)), (4, at(3, Shard::Full))].map(|(saving, resumed)| {
-        let saving = at(saving, Shard::Optimizer);
-        let mut t = Trainer::new(saving, CpuDevice::new(2, u64::MAX).unwrap()).unwrap();
+    let saved = [1, 4].map(|saving| {
+        let mut t = Trainer::new(
+            at(saving, Shard::Optimizer),
+            CpuDevice::new(2, u64::MAX).unwrap(),
+        )
+        .unwrap();
         t.step().unwrap();
-        let world = t.ranks().len();
-        let saved = t.save(&dir.join(format!("world-{world}")), None).unwrap();
-        (saved, resumed)
+        t.save(&dir.join(format!("world-{saving}")), None).unwrap()
     });
-    let mut seconds = [f64::INFINITY; 2];
+    let targets = [at(1, Shard::None), at(3, Shard::Full)];
+    let mut seconds = [[f64::INFINITY; 2]; 2];
     for _ in 0..repeats {
-        for ((saved, resumed), best) in resumes.iter().zip(&mut seconds) {
-            let t = Instant::now();
-            let loaded =
-                Trainer::resume(resumed.clone(), CpuDevice::new(2, u64::MAX).unwrap(), saved)
-                    .unwrap();
-            *best = best.min(t.elapsed().as_secs_f64());
-            drop(loaded);
+        for (ckpt, row) in saved.iter().zip(&mut seconds) {
+            for (resumed, best) in targets.iter().zip(row.iter_mut()) {
+                let t = Instant::now();
+                let loaded =
+                    Trainer::resume(resumed.clone(), CpuDevice::new(2, u64::MAX).unwrap(), ckpt)
+                        .unwrap();
+                *best = best.min(t.elapsed().as_secs_f64());
+                drop(loaded);
+            }
         }
     }
-    [0, 1].map(|i| (dir_bytes(&resumes[i].0), seconds[i]))
+    [0, 1].map(|c| [0, 1].map(|r| (dir_bytes(&saved[c]), seconds[c][r])))
 }
 
 /// The best of `repeats` seconds of each of `timed`, which are run in turn each round.
@@ -228,7 +235,8 @@ fn main() {
             },
         ],
     );
-    let [single, sharded] = sharded_against_single(&cfg, tmp.path(), repeats);
+    let [[single, single_on_3], [sharded_on_1, sharded]] =
+        sharded_against_single(&cfg, tmp.path(), repeats);
     let gbs = |s: f64| bytes as f64 / s / 1e9;
     let rate = |(bytes, s): (u64, f64)| bytes as f64 / s / 1e9;
     println!(
@@ -247,6 +255,8 @@ fn main() {
             "single_device_read_gb_s": rate(single),
             "sharded_read_gb_s": rate(sharded),
             "sharded_vs_single_device_read": rate(sharded) / rate(single),
+            "sharded_vs_single_device_read_on_one_device": rate(sharded_on_1) / rate(single),
+            "sharded_vs_single_device_read_on_3_ranks": rate(sharded) / rate(single_on_3),
         })
     );
 }

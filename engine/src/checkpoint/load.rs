@@ -2,9 +2,12 @@
 //! (names, dtypes, shapes), then every tensor allocated in its final place and each file read
 //! once straight into them while its checksum is verified.
 
+use super::cores::map_on_cores;
 use super::files::{self, MappedFile};
 use super::reading::{self, FileRead};
+use super::shards::TensorIndex;
 use super::state::{comparable, first_difference, FileRecord, TrainerState};
+use super::tensor_hash::TensorHash;
 use super::{
     fingerprint, resolve, shards, state_file, step_of_dir_name, CONFIG_FILE, MODEL_FILE,
     OPTIMIZER_FILE, SHARDS_FILE, STATE_FILE,
@@ -218,12 +221,14 @@ pub fn load(host: &MemoryTracker, dir: &Path, req: &LoadRequest<'_>) -> Result<L
             .tensors_mut()
             .into_iter()
             .chain(moments.iter_mut().flatten().flat_map(|m| m.tensors_mut()));
-        for (place, t) in places.iter().zip(loaded) {
-            if let Place::Chunks(tensor) = place {
-                let whole = bytemuck::cast_slice(t.as_slice());
-                shards::check_whole(path, index.tensor_hash, tensor, whole)?;
-            }
-        }
+        let assembled = places
+            .iter()
+            .zip(loaded)
+            .filter_map(|(place, t)| match place {
+                Place::Chunks(tensor) => Some((*tensor, bytemuck::cast_slice(t.as_slice()))),
+                Place::At(..) => None,
+            });
+        check_assembled(path, index.tensor_hash, assembled.collect())?;
     }
     if cfg!(target_endian = "big") {
         let tensors = master
@@ -249,6 +254,26 @@ pub fn load(host: &MemoryTracker, dir: &Path, req: &LoadRequest<'_>) -> Result<L
 }
 
 /// Fails unless the checkpoint at `dir`, whose state is `state`, belongs to a run of `identity`.
+/// Checks each tensor assembled from its chunks against its whole hash
+/// ([`shards::check_whole`]), on every core, largest first; the error of the first tensor in
+/// order wins.
+fn check_assembled(
+    index_path: &Path,
+    tensor_hash: TensorHash,
+    assembled: Vec<(&TensorIndex, &[u8])>,
+) -> Result<()> {
+    let mut work: Vec<_> = assembled.into_iter().enumerate().collect();
+    work.sort_by_key(|(_, (_, whole))| std::cmp::Reverse(whole.len()));
+    let mut checked = map_on_cores(&work, |&(at, (tensor, whole))| {
+        (
+            at,
+            shards::check_whole(index_path, tensor_hash, tensor, whole),
+        )
+    });
+    checked.sort_by_key(|(at, _)| *at);
+    checked.into_iter().try_for_each(|(_, r)| r)
+}
+
 pub(crate) fn check_identity(
     dir: &Path,
     state: &TrainerState,

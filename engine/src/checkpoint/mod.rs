@@ -18,6 +18,7 @@
 //! crash while it is written leaves the previous checkpoint as `latest`.
 
 mod checksum;
+mod cores;
 mod export;
 mod fallback;
 pub mod files;

@@ -13,6 +13,7 @@
 //! is out of place: a clean load hashes each byte once, as one device's does. No rank ever holds
 //! a whole tensor it does not keep.
 
+use super::cores::map_on_cores;
 use super::load::{match_spec, open, LoadRequest, EARLIER};
 use super::reading::read_at;
 use super::shards::{self, read_index, TensorIndex};
@@ -25,7 +26,7 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 use twox_hash::XxHash3_128;
 
@@ -160,26 +161,8 @@ impl RankReads {
             work.push((at, read, placed(which, param)?));
         }
         work.sort_by_key(|(_, read, _)| std::cmp::Reverse(read.tensor.bytes()));
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let next = AtomicUsize::new(0);
-        let mut checked: Vec<(usize, Result<()>)> = std::thread::scope(|scope| {
-            let running: Vec<_> = (0..threads.min(work.len()))
-                .map(|_| {
-                    scope.spawn(|| {
-                        let mut done = Vec::new();
-                        while let Some((at, read, pieces)) =
-                            work.get(next.fetch_add(1, Ordering::Relaxed))
-                        {
-                            done.push((*at, self.check_whole(read, pieces)));
-                        }
-                        done
-                    })
-                })
-                .collect();
-            running
-                .into_iter()
-                .flat_map(|h| h.join().expect("hashing does not panic"))
-                .collect()
+        let mut checked = map_on_cores(&work, |(at, read, pieces)| {
+            (*at, self.check_whole(read, pieces))
         });
         checked.sort_by_key(|(at, _)| *at);
         checked.into_iter().try_for_each(|(_, r)| r)
