@@ -275,8 +275,12 @@ pub trait Device: Clone + Send + Sync + 'static {
     ) -> Result<()>;
 
     /// The devices of `world` data-parallel ranks on this machine, each with its own tracker
-    /// (this device itself for one rank).
+    /// of [`Device::rank_capacity`] bytes (this device itself for one rank).
     fn ranks(&self, world: usize) -> Result<Vec<Self>>;
+
+    /// The capacity in bytes of each of the devices [`Device::ranks`] makes for `world` ranks,
+    /// without making them.
+    fn rank_capacity(&self, world: usize) -> u64;
 
     /// Sets every element of `t` to zero.
     fn fill_zero(&self, t: &mut Self::Tensor<f32>) -> Result<()>;

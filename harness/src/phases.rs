@@ -569,9 +569,9 @@ fn rank_trackers<D: Device>(trainer: &Trainer<D>) -> Vec<MemoryTracker> {
 }
 
 /// The memory model of every rank at each world size `planned` runs at, in order of first
-/// use, when any phase runs on more than one rank; empty otherwise. A rank's capacity is its
-/// device's as [`Device::ranks`] makes it from `dev`: an equal share of one device's, or a whole
-/// GPU's where each rank has its own.
+/// use, when any phase runs on more than one rank; empty otherwise. A rank's capacity is the one
+/// [`Device::ranks`] gives it on `dev` ([`Device::rank_capacity`]): an equal share of one
+/// device's, or a whole GPU's where each rank has its own.
 fn world_models<D: Device>(
     suite: &Suite,
     like: Like,
@@ -606,15 +606,9 @@ fn world_models<D: Device>(
                 &suite.train_at(world_size),
                 like,
             ))?;
-            let capacities: Vec<u64> = dev
-                .ranks(world_size)?
-                .iter()
-                .map(|d| d.tracker().capacity())
-                .collect();
-            let ranks = capacities
-                .into_iter()
-                .enumerate()
-                .map(|(r, capacity)| {
+            let capacity = dev.rank_capacity(world_size);
+            let ranks = (0..world_size)
+                .map(|r| {
                     let predicted = pair(&model.ranks, &model.first_step, &model.later_step, r);
                     RankModel {
                         predicted_load: predicted[1].start.total(),

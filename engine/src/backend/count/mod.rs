@@ -341,6 +341,14 @@ impl Device for CountingDevice {
         Ok(Vec::new())
     }
 
+    /// This device's for one rank; a rank's counting device has no limit.
+    fn rank_capacity(&self, world: usize) -> u64 {
+        match world {
+            1 => self.tracker.stats().capacity,
+            _ => MemoryTracker::unlimited().stats().capacity,
+        }
+    }
+
     fn ranks(&self, world: usize) -> Result<Vec<Self>> {
         if world == 1 {
             return Ok(vec![self.clone()]);

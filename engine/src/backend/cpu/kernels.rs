@@ -102,10 +102,15 @@ impl Device for CpuDevice {
         if world == 1 {
             return Ok(vec![self.clone()]);
         }
-        let capacity = self.tracker().stats().capacity / world.max(1) as u64;
+        let capacity = self.rank_capacity(world);
         (0..world)
             .map(|_| CpuDevice::new((self.threads() / world).max(1), capacity))
             .collect()
+    }
+
+    /// An equal share of this device's: the ranks share the host's memory.
+    fn rank_capacity(&self, world: usize) -> u64 {
+        self.tracker().stats().capacity / world.max(1) as u64
     }
 
     fn copy<E: Elem>(&self, src: &Tensor<E>, dst: &mut Tensor<E>) -> Result<()> {
@@ -605,6 +610,21 @@ mod tests {
     /// Tests run with debug assertions, so an output tensor reads as NaN until it is written:
     /// a model op that reads one (an accumulator taken with `uninit` in place of `zeros`) turns
     /// the loss and gradients NaN. Outside tests it is zero-filled memory like `zeros`.
+    #[test]
+    fn each_rank_gets_the_capacity_rank_capacity_says() {
+        let dev = CpuDevice::new(4, 1_000_000).unwrap();
+        for world in [1, 3, 4] {
+            let got: Vec<u64> = dev
+                .ranks(world)
+                .unwrap()
+                .iter()
+                .map(|d| d.tracker().stats().capacity)
+                .collect();
+            assert_eq!(got, vec![dev.rank_capacity(world); world]);
+        }
+        assert_eq!(dev.rank_capacity(3), 333_333);
+    }
+
     #[test]
     fn uninit_tensors_read_as_nan_under_debug_assertions() {
         let dev = CpuDevice::new(1, u64::MAX).unwrap();

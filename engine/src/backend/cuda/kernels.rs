@@ -248,6 +248,15 @@ impl Device for CudaDevice {
         }
     }
 
+    /// This device's where each rank has a GPU of its own; else an equal share of it.
+    fn rank_capacity(&self, world: usize) -> u64 {
+        let capacity = self.tracker().stats().capacity;
+        match cards_of_ranks(world, self.ordinal(), CudaDevice::count()) {
+            Some(_) => capacity,
+            None => capacity / world.max(1) as u64,
+        }
+    }
+
     fn copy<E: Elem>(&self, src: &CudaTensor<E>, dst: &mut CudaTensor<E>) -> Result<()> {
         CudaDevice::copy(self, src.ptr(), dst.ptr(), dst.bytes() as usize)
     }
