@@ -720,11 +720,6 @@ fn model_level_faults() -> Outcome {
     Ok(())
 }
 
-/// Data-parallel ranks sharing the one GPU (each its own stream, cuBLAS handle and tracker):
-/// at world sizes 2, 3 and 4 and every sharding stage, in both precisions, the steps' losses and
-/// gradient norms and the final state are one device's bits, and every rank's step peaks and
-/// bytes by category are the CUDA memory model's for that rank. A Llama with grouped-query
-/// attention, a vocabulary neither 3 nor 4 divides, 12 micro-batches a step.
 /// Where the ranks of [`ranks_train_one_devices_bits`] run.
 #[derive(Clone, Copy, Debug)]
 enum Cards {
@@ -734,8 +729,12 @@ enum Cards {
     OwnEach,
 }
 
-/// The same run on 2, 3 and 4 ranks at every stage trains one device's bits, each rank's peaks
-/// the CUDA memory model's, the ranks on the GPUs `cards` gives them.
+/// Data-parallel ranks (each its own stream, cuBLAS handle and tracker) on the GPUs `cards`
+/// gives them: at world sizes 2, 3 and 4 (up to the machine's GPUs for `OwnEach`) and every
+/// sharding stage, in both precisions, the steps' losses and gradient norms and the final state
+/// are one device's bits, and every rank's step peaks and bytes by category are the CUDA memory
+/// model's for that rank. A Llama with grouped-query attention, a vocabulary neither 3 nor 4
+/// divides, 12 micro-batches a step.
 fn ranks_train_one_devices_bits(cards: Cards) -> Outcome {
     let gpus = CudaDevice::count();
     let (first, worlds): (usize, Vec<usize>) = match cards {

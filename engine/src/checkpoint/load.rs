@@ -228,7 +228,7 @@ pub fn load(host: &MemoryTracker, dir: &Path, req: &LoadRequest<'_>) -> Result<L
                 Place::Chunks(tensor) => Some((*tensor, bytemuck::cast_slice(t.as_slice()))),
                 Place::At(..) => None,
             });
-        check_assembled(path, index.tensor_hash, assembled.collect())?;
+        check_assembled(path, index.tensor_hash, &assembled.collect::<Vec<_>>())?;
     }
     if cfg!(target_endian = "big") {
         let tensors = master
@@ -253,27 +253,23 @@ pub fn load(host: &MemoryTracker, dir: &Path, req: &LoadRequest<'_>) -> Result<L
     })
 }
 
-/// Fails unless the checkpoint at `dir`, whose state is `state`, belongs to a run of `identity`.
 /// Checks each tensor assembled from its chunks against its whole hash
 /// ([`shards::check_whole`]), on every core, largest first; the error of the first tensor in
 /// order wins.
 fn check_assembled(
     index_path: &Path,
     tensor_hash: TensorHash,
-    assembled: Vec<(&TensorIndex, &[u8])>,
+    assembled: &[(&TensorIndex, &[u8])],
 ) -> Result<()> {
-    let mut work: Vec<_> = assembled.into_iter().enumerate().collect();
-    work.sort_by_key(|(_, (_, whole))| std::cmp::Reverse(whole.len()));
-    let mut checked = map_on_cores(&work, |&(at, (tensor, whole))| {
-        (
-            at,
-            shards::check_whole(index_path, tensor_hash, tensor, whole),
-        )
-    });
-    checked.sort_by_key(|(at, _)| *at);
-    checked.into_iter().try_for_each(|(_, r)| r)
+    let check = |&(tensor, whole): &(&TensorIndex, &[u8])| {
+        shards::check_whole(index_path, tensor_hash, tensor, whole)
+    };
+    map_on_cores(assembled, |(_, whole)| whole.len(), check)
+        .into_iter()
+        .collect()
 }
 
+/// Fails unless the checkpoint at `dir`, whose state is `state`, belongs to a run of `identity`.
 pub(crate) fn check_identity(
     dir: &Path,
     state: &TrainerState,

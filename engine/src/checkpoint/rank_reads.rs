@@ -157,15 +157,13 @@ impl RankReads {
         mut placed: impl FnMut(Which, usize) -> Result<Placed<'p>>,
     ) -> Result<()> {
         let mut work = Vec::with_capacity(self.tensors.len());
-        for (at, (&(which, param), read)) in self.tensors.iter().enumerate() {
-            work.push((at, read, placed(which, param)?));
+        for (&(which, param), read) in &self.tensors {
+            work.push((read, placed(which, param)?));
         }
-        work.sort_by_key(|(_, read, _)| std::cmp::Reverse(read.tensor.bytes()));
-        let mut checked = map_on_cores(&work, |(at, read, pieces)| {
-            (*at, self.check_whole(read, pieces))
-        });
-        checked.sort_by_key(|(at, _)| *at);
-        checked.into_iter().try_for_each(|(_, r)| r)
+        let cost = |(read, _): &(&Read, Placed<'_>)| read.tensor.bytes();
+        map_on_cores(&work, cost, |(read, pieces)| self.check_whole(read, pieces))
+            .into_iter()
+            .collect()
     }
 
     /// Finishes `read`'s whole hash, the bytes no rank hashed as it read them taken from the
