@@ -638,13 +638,20 @@ fn a_whole_tensor_hash_is_its_blocks_and_the_same_at_every_world_size() {
 /// Two chunks of a tensor of several hash blocks trade places (rows 250..500 and 500..750 of
 /// 1000): resumed on 3 ranks from 4, rank 1 hashes the blocks inside its rows 334..668 as it
 /// reads them, and the whole hash fails, naming the tensor; damage in a chunk inside one rank's
-/// rows names the chunk.
+/// rows names the chunk. On one device, which reads the chunks without their files' checksums
+/// and hashes the blocks as they arrive, the same.
 #[test]
 fn a_chunk_swapped_or_damaged_inside_ranks_rows_fails_its_whole_hash() {
+    for resumed in [blocks_cfg(3, Shard::Full), blocks_cfg(1, Shard::None)] {
+        a_chunk_swapped_or_damaged_fails_on(resumed);
+    }
+}
+
+fn a_chunk_swapped_or_damaged_fails_on(resumed: TrainConfig) {
+    let world = resumed.parallel.world_size;
     let tmp = tempfile::tempdir().unwrap();
     let run = tmp.path().join("run");
     let (_, dir) = trained(&blocks_cfg(4, Shard::Full), 1, &run);
-    let resumed = blocks_cfg(3, Shard::Full);
     let name = "model.embed_tokens.weight.exp_avg";
     let mut swapped = index(&dir);
     let tensor = swapped
@@ -660,9 +667,12 @@ fn a_chunk_swapped_or_damaged_inside_ranks_rows_fails_its_whole_hash() {
     let e = resume_error(&resumed, &run);
     assert!(
         e.contains(&format!("{name} assembled from its chunks has XXH3-128")),
-        "{e}"
+        "world size {world}: {e}"
     );
-    assert!(e.contains("a chunk is out of place"), "{e}");
+    assert!(
+        e.contains("a chunk is out of place"),
+        "world size {world}: {e}"
+    );
     rewrite_index(&dir, &saved);
     Trainer::resume(resumed.clone(), dev(), &run).unwrap();
 
@@ -685,9 +695,9 @@ fn a_chunk_swapped_or_damaged_inside_ranks_rows_fails_its_whole_hash() {
         e.contains(&format!(
             "checksum mismatch: the chunk of {name} (rows 0..250) at bytes {begin}..{end} does not match its hash"
         )),
-        "{e}"
+        "world size {world}: {e}"
     );
-    assert!(e.contains(&rank_file_name(0, 4)), "{e}");
+    assert!(e.contains(&rank_file_name(0, 4)), "world size {world}: {e}");
 }
 
 /// A sharded checkpoint of format version 4, whose whole-tensor hashes are the XXH3-128 of the

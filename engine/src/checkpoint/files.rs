@@ -10,7 +10,7 @@
 
 use super::checksum::{self, SegmentHasher};
 pub(crate) use super::reading::CHECKPOINT_FILE;
-use super::reading::{self, FileRead, PIECE};
+use super::reading::{self, FileRead, Region, PIECE};
 use super::state::FileRecord;
 use crate::error::{EngineError, Result};
 use crate::regular_file;
@@ -102,7 +102,11 @@ pub fn read_verified(
     let read = FileRead {
         path,
         record,
-        regions,
+        checksummed: true,
+        regions: regions
+            .into_iter()
+            .map(|(offset, into)| Region::plain(offset, into))
+            .collect(),
     };
     reading::read_all(vec![read])
         .pop()

@@ -4,10 +4,10 @@
 
 use super::cores::map_on_cores;
 use super::files::{self, MappedFile};
-use super::reading::{self, FileRead};
+use super::reading::{self, FileRead, Region};
 use super::shards::TensorIndex;
 use super::state::{comparable, first_difference, FileRecord, TrainerState};
-use super::tensor_hash::TensorHash;
+use super::tensor_hash::{self, BlockSlots, TensorHash};
 use super::{
     fingerprint, resolve, shards, state_file, step_of_dir_name, CONFIG_FILE, MODEL_FILE,
     OPTIMIZER_FILE, SHARDS_FILE, STATE_FILE,
@@ -21,6 +21,8 @@ use safetensors::{Dtype, SafeTensors};
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use twox_hash::XxHash3_128;
 
 /// A verified checkpoint, tensors loaded onto a device.
 pub struct Loaded {
@@ -187,19 +189,30 @@ pub fn load(host: &MemoryTracker, dir: &Path, req: &LoadRequest<'_>) -> Result<L
     } else {
         None
     };
+    let read_moments = moments_at.is_some();
     let mut places = master_at;
-    let mut regions: BTreeMap<String, Vec<(u64, &mut [u8])>> = BTreeMap::new();
-    for (place, bytes) in places.iter().zip(byte_slices(&mut master)) {
-        place.add_regions(bytes, &mut regions);
+    places.extend(moments_at.into_iter().flatten().flatten());
+    // Under block hashes a sharded checkpoint's chunks are checked by their tensors' whole
+    // hashes, each block hashed as it is read; the rank files' own checksums would hash every
+    // byte a second time.
+    let block_hashed =
+        matches!(&source, Source::Sharded { index, .. } if index.tensor_hash == TensorHash::Blocks);
+    let slots: Vec<Vec<OnceLock<u128>>> = places
+        .iter()
+        .map(|place| match place {
+            Place::Chunks(tensor) if block_hashed => {
+                tensor_hash::empty_slots(tensor.bytes() as usize)
+            }
+            _ => Vec::new(),
+        })
+        .collect();
+    let mut targets = byte_slices(&mut master);
+    if let (true, Some([avg, sq])) = (read_moments, moments.as_mut()) {
+        targets.extend(byte_slices(avg).into_iter().chain(byte_slices(sq)));
     }
-    if let (Some([avg, sq]), Some([avg_at, sq_at])) = (moments.as_mut(), moments_at) {
-        for (place, bytes) in avg_at.iter().zip(byte_slices(avg)) {
-            place.add_regions(bytes, &mut regions);
-        }
-        for (place, bytes) in sq_at.iter().zip(byte_slices(sq)) {
-            place.add_regions(bytes, &mut regions);
-        }
-        places.extend(avg_at.into_iter().chain(sq_at));
+    let mut regions: BTreeMap<String, Vec<Region<'_>>> = BTreeMap::new();
+    for ((place, bytes), slots) in places.iter().zip(targets).zip(&slots) {
+        place.add_regions(bytes, slots, &mut regions);
     }
     let reads: Vec<_> = mapped
         .iter()
@@ -207,6 +220,7 @@ pub fn load(host: &MemoryTracker, dir: &Path, req: &LoadRequest<'_>) -> Result<L
         .map(|(name, (path, _))| FileRead {
             path,
             record: &state.files[name],
+            checksummed: !block_hashed,
             regions: regions.remove(name.as_str()).unwrap_or_default(),
         })
         .collect();
@@ -224,11 +238,17 @@ pub fn load(host: &MemoryTracker, dir: &Path, req: &LoadRequest<'_>) -> Result<L
         let assembled = places
             .iter()
             .zip(loaded)
-            .filter_map(|(place, t)| match place {
-                Place::Chunks(tensor) => Some((*tensor, bytemuck::cast_slice(t.as_slice()))),
+            .zip(&slots)
+            .filter_map(|((place, t), slots)| match place {
+                Place::Chunks(tensor) => Some(Assembled {
+                    tensor,
+                    whole: bytemuck::cast_slice(t.as_slice()),
+                    slots,
+                }),
                 Place::At(..) => None,
             });
-        check_assembled(path, index.tensor_hash, &assembled.collect::<Vec<_>>())?;
+        let assembled: Vec<_> = assembled.collect();
+        check_assembled(&dir, path, index.tensor_hash, &mapped, &assembled)?;
     }
     if cfg!(target_endian = "big") {
         let tensors = master
@@ -253,18 +273,44 @@ pub fn load(host: &MemoryTracker, dir: &Path, req: &LoadRequest<'_>) -> Result<L
     })
 }
 
-/// Checks each tensor assembled from its chunks against its whole hash
-/// ([`shards::check_whole`]), on every core, largest first; the error of the first tensor in
-/// order wins.
+/// A tensor assembled from its chunks: its index entry, its bytes and (under block hashes) the
+/// digests of the blocks hashed as they were read.
+struct Assembled<'a> {
+    tensor: &'a TensorIndex,
+    whole: &'a [u8],
+    slots: &'a [OnceLock<u128>],
+}
+
+/// Checks each tensor assembled from its chunks against its whole hash, on every core, largest
+/// first; the error of the first tensor in order wins. Under block hashes, a tensor's chunks
+/// were read without their files' checksums: when its whole hash fails, each chunk is checked
+/// against its own hash in the mapped files of the checkpoint in `dir`, so that damage names its
+/// file, rows and bytes; with every chunk intact, one is out of place.
 fn check_assembled(
+    dir: &Path,
     index_path: &Path,
     tensor_hash: TensorHash,
-    assembled: &[(&TensorIndex, &[u8])],
+    mapped: &BTreeMap<String, (PathBuf, MappedFile)>,
+    assembled: &[Assembled<'_>],
 ) -> Result<()> {
-    let check = |&(tensor, whole): &(&TensorIndex, &[u8])| {
-        shards::check_whole(index_path, tensor_hash, tensor, whole)
+    let check = |a: &Assembled<'_>| {
+        let found = match tensor_hash {
+            TensorHash::Blocks => tensor_hash::finish_slots(a.slots, a.whole),
+            TensorHash::Plain => tensor_hash.hex(a.whole),
+        };
+        if found != a.tensor.xxh3_128 && tensor_hash == TensorHash::Blocks {
+            for chunk in &a.tensor.chunks {
+                let [begin, end] = chunk.byte_range.map(|b| b as usize);
+                let bytes = mapped[&chunk.file].1.bytes().get(begin..end);
+                let hash = bytes.map(|b| format!("{:032x}", XxHash3_128::oneshot(b)));
+                if hash.as_ref() != Some(&chunk.xxh3_128) {
+                    return Err(shards::damaged_chunk(dir, a.tensor, chunk, EARLIER));
+                }
+            }
+        }
+        shards::check_found(index_path, a.tensor, &found)
     };
-    map_on_cores(assembled, |(_, whole)| whole.len(), check)
+    map_on_cores(assembled, |a| a.whole.len(), check)
         .into_iter()
         .collect()
 }
@@ -391,20 +437,34 @@ enum Place<'i> {
 }
 
 impl Place<'_> {
-    /// Adds the reads that fill `bytes` from this place to `regions` (by file).
+    /// Adds the reads that fill `bytes` from this place to `regions` (by file), each chunk's
+    /// hash blocks hashed into `slots` as it is read where there are slots.
     fn add_regions<'b>(
         &self,
         bytes: &'b mut [u8],
-        regions: &mut BTreeMap<String, Vec<(u64, &'b mut [u8])>>,
+        slots: &'b [OnceLock<u128>],
+        regions: &mut BTreeMap<String, Vec<Region<'b>>>,
     ) {
         match self {
             Place::At(file, offset) => regions
                 .entry(file.to_string())
                 .or_default()
-                .push((*offset, bytes)),
+                .push(Region::plain(*offset, bytes)),
             Place::Chunks(tensor) => {
-                for (file, offset, dst) in shards::regions(tensor, bytes) {
-                    regions.entry(file).or_default().push((offset, dst));
+                let whole = bytes.len();
+                let mut at = 0;
+                for (file, offset, into) in shards::regions(tensor, bytes) {
+                    let blocks = (!slots.is_empty()).then_some(BlockSlots {
+                        at,
+                        bytes: whole,
+                        digests: slots,
+                    });
+                    at += into.len();
+                    regions.entry(file).or_default().push(Region {
+                        offset,
+                        into,
+                        blocks,
+                    });
                 }
             }
         }

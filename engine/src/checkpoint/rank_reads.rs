@@ -219,7 +219,7 @@ impl RankReads {
                 at += piece.len() as u64;
             }
             if format!("{:032x}", hasher.finish_128()) != chunk.xxh3_128 {
-                return Err(self.damaged(tensor, chunk));
+                return Err(shards::damaged_chunk(&self.dir, tensor, chunk, EARLIER));
             }
         }
         Ok(())
@@ -302,19 +302,6 @@ impl RankReads {
             }
         }
         Ok(())
-    }
-
-    /// The error for `chunk` of `tensor`, whose bytes do not match its hash.
-    fn damaged(&self, tensor: &TensorIndex, chunk: &shards::ChunkIndex) -> EngineError {
-        let [begin, end] = chunk.byte_range;
-        let rows = chunk.rows();
-        EngineError::bad_file(
-            self.dir.join(&chunk.file),
-            format!(
-                "checksum mismatch: the chunk of {} (rows {}..{}) at bytes {begin}..{end} does not match its hash: the file changed after it was written (corruption?); restore it or {EARLIER}",
-                tensor.name, rows.start, rows.end
-            ),
-        )
     }
 }
 

@@ -12,9 +12,15 @@
 //! after it that other workers have read already; a worker that reads a piece ahead of its turn
 //! leaves it for that one and goes on, so no worker waits for another. Nothing is read twice
 //! and nothing is kept outside the tensors.
+//!
+//! A file whose bytes are checked another way (the chunks of a sharded checkpoint, by their
+//! tensors' whole hashes) is read without its checksums: only its regions, each piece on its
+//! own. Either way, a region that is a stretch of a whole tensor has the tensor's hash blocks
+//! that lie inside each piece hashed right after the piece is read ([`BlockSlots`]).
 
 use super::checksum::{Streams, Verifier};
 use super::state::FileRecord;
+use super::tensor_hash::{BlockSlots, HASH_BLOCK};
 use crate::error::{EngineError, Result};
 use crate::regular_file;
 use std::collections::BTreeMap;
@@ -32,41 +38,83 @@ pub(crate) const CHECKPOINT_FILE: &str =
 /// cache when it is hashed.
 pub(super) const PIECE: usize = 4 << 20;
 
-/// One file to read: its path, its record (size and checksums) and where its tensors' bytes go,
-/// each region's bytes starting at its file offset.
+const _: () = assert!(
+    PIECE % HASH_BLOCK == 0,
+    "pieces cut on a tensor's hash-block grid"
+);
+
+/// One file to read: its path, its record (size and checksums) and where its tensors' bytes go.
 pub struct FileRead<'a> {
     /// The file.
     pub path: &'a Path,
     /// Its size and checksums, as written.
     pub record: &'a FileRecord,
-    /// `(offset, destination)`: the file's bytes from `offset` fill `destination`.
-    pub regions: Vec<(u64, &'a mut [u8])>,
+    /// Whether its checksums are verified (every byte read); if not, only its regions are read
+    /// and their bytes must be checked another way.
+    pub checksummed: bool,
+    /// Where its bytes go.
+    pub regions: Vec<Region<'a>>,
 }
 
-/// Reads every file of `reads` once, start to end (up to its recorded size), on up to one
-/// worker per core, and says for each, in order, whether its content matches its record: `None`
-/// when it does, else the first range of its bytes whose checksum does not match (the whole
-/// file where the record holds one checksum of it). The regions of a file must not overlap and
-/// must lie within its recorded size; bytes outside them are checksummed and dropped.
+/// Bytes of a file read straight into their place.
+pub struct Region<'a> {
+    /// The file offset of the first byte.
+    pub offset: u64,
+    /// Where the bytes from `offset` go.
+    pub into: &'a mut [u8],
+    /// Where `into` lies in a whole tensor whose hash blocks are hashed as it is read, if so.
+    pub blocks: Option<BlockSlots<'a>>,
+}
+
+impl<'a> Region<'a> {
+    /// The file's bytes from `offset` filling `into`, no tensor's blocks hashed.
+    pub fn plain(offset: u64, into: &'a mut [u8]) -> Self {
+        Region {
+            offset,
+            into,
+            blocks: None,
+        }
+    }
+}
+
+/// Reads every file of `reads` once (a checksummed file start to end, up to its recorded size;
+/// another, its regions alone) on up to one worker per core, and says for each, in order,
+/// whether its content matches its record: `None` when it does (or is not checksummed), else
+/// the first range of its bytes whose checksum does not match (the whole file where the record
+/// holds one checksum of it). The regions of a file must not overlap and must lie within its
+/// recorded size; bytes outside them are checksummed and dropped.
 pub fn read_all(reads: Vec<FileRead<'_>>) -> Vec<Result<Option<Range<u64>>>> {
     let mut files = Vec::with_capacity(reads.len());
     let mut work = Vec::new();
     for (i, read) in reads.into_iter().enumerate() {
         let path = read.path;
-        let planned = Verifier::streams(read.record)
-            .map_err(|m| {
+        let streams = match read.checksummed {
+            true => Verifier::streams(read.record).map_err(|m| {
                 EngineError::bad_file(
                     path,
                     format!("{m}; restore the checkpoint or resume from an earlier one"),
                 )
-            })
-            .and_then(|streams| {
-                let (handle, _) = regular_file::open(path, CHECKPOINT_FILE)?;
-                let ranges: Vec<Range<u64>> = streams.iter().map(|(r, _)| r.clone()).collect();
-                let pieces = plan(i, path, read.record.bytes, &ranges, read.regions)?;
-                queue_up(pieces, read.record.segments.is_some(), &mut work);
-                Ok((handle, streams))
-            });
+            }),
+            false => Ok(Vec::new()),
+        };
+        let planned = streams.and_then(|streams| {
+            let (handle, _) = regular_file::open(path, CHECKPOINT_FILE)?;
+            let ranges: Vec<Range<u64>> = match read.checksummed {
+                true => streams.iter().map(|(r, _)| r.clone()).collect(),
+                false => std::iter::once(0..read.record.bytes).collect(),
+            };
+            let pieces = plan(
+                i,
+                path,
+                read.record.bytes,
+                &ranges,
+                read.regions,
+                read.checksummed,
+            )?;
+            let in_segments = read.checksummed && read.record.segments.is_some();
+            queue_up(pieces, in_segments, &mut work);
+            Ok((handle, streams))
+        });
         files.push(Reading::new(path, planned));
     }
     let queue = Mutex::new(work.into_iter());
@@ -81,17 +129,18 @@ pub fn read_all(reads: Vec<FileRead<'_>>) -> Vec<Result<Option<Range<u64>>>> {
     files.into_iter().map(Reading::finish).collect()
 }
 
-/// Where one piece's bytes go: into a tensor, or into a buffer of their own (bytes no tensor
-/// holds, checksummed and dropped).
+/// Where one piece's bytes go: into a tensor (with the stretch of the tensor whose hash blocks
+/// it fills, if they are hashed), or into a buffer of their own (bytes no tensor holds,
+/// checksummed and dropped).
 enum Dest<'a> {
-    Tensor(&'a mut [u8]),
+    Tensor(&'a mut [u8], Option<BlockSlots<'a>>),
     Scratch(usize),
 }
 
 impl<'a> Dest<'a> {
     fn len(&self) -> usize {
         match self {
-            Dest::Tensor(dst) => dst.len(),
+            Dest::Tensor(dst, _) => dst.len(),
             Dest::Scratch(n) => *n,
         }
     }
@@ -99,9 +148,10 @@ impl<'a> Dest<'a> {
     /// The first `at` bytes and the rest.
     fn split(self, at: usize) -> (Self, Self) {
         match self {
-            Dest::Tensor(dst) => {
+            Dest::Tensor(dst, blocks) => {
                 let (head, tail) = dst.split_at_mut(at);
-                (Dest::Tensor(head), Dest::Tensor(tail))
+                let later = blocks.map(|b| b.after(at));
+                (Dest::Tensor(head, blocks), Dest::Tensor(tail, later))
             }
             Dest::Scratch(n) => (Dest::Scratch(at), Dest::Scratch(n - at)),
         }
@@ -119,19 +169,25 @@ struct Piece<'a> {
 }
 
 /// The pieces of file number `file` (at `path`, `len` bytes, checksummed in `streams`, which
-/// cover it in order): its regions cut into pieces, and the bytes around them, none crossing
-/// the end of a stream.
+/// cover it in order): its regions cut into pieces, and (where it is `checksummed`) the bytes
+/// around them, none crossing the end of a stream.
 fn plan<'a>(
     file: usize,
     path: &Path,
     len: u64,
     streams: &[Range<u64>],
-    mut regions: Vec<(u64, &'a mut [u8])>,
+    mut regions: Vec<Region<'a>>,
+    checksummed: bool,
 ) -> Result<Vec<Piece<'a>>> {
-    regions.sort_by_key(|r| r.0);
+    regions.sort_by_key(|r| r.offset);
     let mut order: Vec<(u64, Dest<'a>)> = Vec::new();
     let mut pos = 0u64;
-    for (offset, dst) in regions {
+    for Region {
+        offset,
+        into: dst,
+        blocks,
+    } in regions
+    {
         if offset < pos {
             return Err(EngineError::bad_file(
                 path,
@@ -144,12 +200,27 @@ fn plan<'a>(
                 format!("has a tensor's bytes at offset {offset} past its recorded size of {len} bytes (its header or index is inconsistent); restore it or resume from an earlier checkpoint"),
             ));
         }
-        pass(&mut order, pos, offset);
+        if checksummed {
+            pass(&mut order, pos, offset);
+        }
         pos = offset + dst.len() as u64;
-        let starts = (offset..).step_by(PIECE);
-        order.extend(starts.zip(dst.chunks_mut(PIECE).map(Dest::Tensor)));
+        // A stretch of a tensor whose blocks are hashed is cut on the blocks' grid, so that
+        // only the blocks at its ends can straddle two pieces.
+        let mut first = PIECE - blocks.map_or(0, |b| b.at % HASH_BLOCK);
+        let (mut at, mut rest) = (0, dst);
+        while !rest.is_empty() {
+            let (piece, after) = rest.split_at_mut(first.min(rest.len()));
+            let len = piece.len();
+            order.push((
+                offset + at as u64,
+                Dest::Tensor(piece, blocks.map(|b| b.after(at))),
+            ));
+            (at, rest, first) = (at + len, after, PIECE);
+        }
     }
-    pass(&mut order, pos, len);
+    if checksummed {
+        pass(&mut order, pos, len);
+    }
     let mut pieces: Vec<Piece<'a>> = Vec::with_capacity(order.len());
     let mut stream = 0;
     for (mut offset, mut into) in order {
@@ -208,7 +279,12 @@ fn work_through<'a>(queue: &Mutex<std::vec::IntoIter<Vec<Piece<'a>>>>, files: &[
                 continue;
             };
             let read = match piece.into {
-                Dest::Tensor(dst) => read_at(handle, dst, piece.offset).map(|()| Read::Tensor(dst)),
+                Dest::Tensor(dst, blocks) => read_at(handle, dst, piece.offset).map(|()| {
+                    if let Some(blocks) = blocks {
+                        blocks.hash_read(dst);
+                    }
+                    Read::Tensor(dst)
+                }),
                 Dest::Scratch(n) => {
                     let mut bytes = vec![0; n];
                     read_at(handle, &mut bytes, piece.offset).map(|()| Read::Owned(bytes))
@@ -251,11 +327,13 @@ pub(super) fn read_at(file: &File, buf: &mut [u8], offset: u64) -> std::io::Resu
 }
 
 /// One file being read: its handle and its checksummed ranges, each taking its pieces in order
-/// (or why it cannot be read).
+/// (none where it is not checksummed), the first error reading a piece of it that is not, or
+/// why it cannot be read.
 struct Reading<'f, 'a> {
     path: &'f Path,
     handle: Option<File>,
     streams: Vec<(Range<u64>, Mutex<Turn<'a>>)>,
+    unchecked_error: Mutex<Option<EngineError>>,
     refused: Option<EngineError>,
 }
 
@@ -290,18 +368,27 @@ impl<'f, 'a> Reading<'f, 'a> {
             path,
             handle,
             streams,
+            unchecked_error: Mutex::new(None),
             refused,
         }
     }
 
     /// Hands piece `index` of range `stream` (its bytes, or its error) to that range's
     /// checksum: when it is the piece's turn, they are hashed at once, and so is every piece
-    /// after it already read; otherwise they wait for the worker whose piece is in turn.
+    /// after it already read; otherwise they wait for the worker whose piece is in turn. A file
+    /// that is not checksummed keeps only the first error.
     fn checksum_in_turn(&self, stream: usize, index: usize, read: std::io::Result<Read<'a>>) {
-        let mut turn = self.streams[stream]
-            .1
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let Some((_, turn)) = self.streams.get(stream) else {
+            if let Err(e) = read {
+                let mut error = self
+                    .unchecked_error
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                error.get_or_insert(EngineError::io(self.path, e));
+            }
+            return;
+        };
+        let mut turn = turn.lock().unwrap_or_else(PoisonError::into_inner);
         let read = read.unwrap_or_else(|e| {
             turn.error.get_or_insert(EngineError::io(self.path, e));
             Read::Owned(Vec::new())
@@ -323,6 +410,10 @@ impl<'f, 'a> Reading<'f, 'a> {
     /// first error reading it.
     fn finish(self) -> Result<Option<Range<u64>>> {
         if let Some(e) = self.refused {
+            return Err(e);
+        }
+        let unchecked_error = self.unchecked_error.into_inner();
+        if let Some(e) = unchecked_error.unwrap_or_else(PoisonError::into_inner) {
             return Err(e);
         }
         let mut damaged = None;
@@ -386,15 +477,18 @@ mod tests {
             .step_by(segment as usize)
             .map(|s| s..(s + segment).min(len))
             .collect();
-        let regions = vec![(b_at, &mut b[..]), (a_at, &mut a[..])];
-        let pieces = plan(7, Path::new("f"), len, &streams, regions).unwrap();
+        let regions = vec![
+            Region::plain(b_at, &mut b[..]),
+            Region::plain(a_at, &mut a[..]),
+        ];
+        let pieces = plan(7, Path::new("f"), len, &streams, regions, true).unwrap();
         let mut pos = 0;
         let mut index = [0; 4];
         for p in &pieces {
             assert_eq!((p.file, p.index, p.offset), (7, index[p.stream], pos));
             index[p.stream] += 1;
             let n = p.into.len();
-            if let Dest::Tensor(_) = &p.into {
+            if let Dest::Tensor(..) = &p.into {
                 let at = p.offset;
                 let in_a = at >= a_at && at + n as u64 <= a_at + 2 * PIECE as u64 + 3;
                 let in_b = at == b_at && n == 5;
@@ -417,7 +511,8 @@ mod tests {
             Path::new("f"),
             len,
             &streams,
-            vec![(len - 4, &mut late[..])],
+            vec![Region::plain(len - 4, &mut late[..])],
+            true,
         )
         .err()
         .unwrap()
@@ -439,17 +534,20 @@ mod tests {
             FileRead {
                 path: &big_path,
                 record: &big_record,
-                regions: vec![(PIECE as u64 + 9, &mut x[..])],
+                checksummed: true,
+                regions: vec![Region::plain(PIECE as u64 + 9, &mut x[..])],
             },
             FileRead {
                 path: &small_path,
                 record: &small_record,
-                regions: vec![(50, &mut y[..])],
+                checksummed: true,
+                regions: vec![Region::plain(50, &mut y[..])],
             },
             FileRead {
                 path: &legacy_path,
                 record: &legacy_record,
-                regions: vec![(2 * PIECE as u64 - 3, &mut z[..])],
+                checksummed: true,
+                regions: vec![Region::plain(2 * PIECE as u64 - 3, &mut z[..])],
             },
         ];
         let results: Vec<_> = read_all(reads).into_iter().map(|r| r.unwrap()).collect();
@@ -476,6 +574,7 @@ mod tests {
                 .map(|(path, record, _)| FileRead {
                     path,
                     record,
+                    checksummed: true,
                     regions: Vec::new(),
                 })
                 .into();
@@ -494,6 +593,7 @@ mod tests {
             let reads = vec![FileRead {
                 path,
                 record,
+                checksummed: true,
                 regions: Vec::new(),
             }];
             let damaged = read_all(reads).pop().unwrap().unwrap();
@@ -510,10 +610,75 @@ mod tests {
         let reads = vec![FileRead {
             path: &path,
             record: &edited,
+            checksummed: true,
             regions: Vec::new(),
         }];
         let e = read_all(reads).pop().unwrap().unwrap_err().to_string();
         assert!(e.contains(&*path.to_string_lossy()), "{e}");
         assert!(e.contains("lists 3 segments of 30 bytes"), "{e}");
+    }
+
+    #[test]
+    fn a_file_read_without_its_checksums_fills_its_regions_and_hashes_their_tensors_blocks() {
+        use super::super::tensor_hash::{self, TensorHash, HASH_BLOCK};
+        let dir = tempfile::tempdir().unwrap();
+        let len = 2 * PIECE + 3 * HASH_BLOCK;
+        let (path, bytes) = written(dir.path(), "rank", len + 100, 3);
+        // The record no longer matches: bytes outside the regions are not read, and nothing is
+        // checksummed.
+        let stale = record(b"another file's bytes", Some(4096));
+        let stale = FileRecord {
+            bytes: bytes.len() as u64,
+            ..stale
+        };
+        // One tensor, its two halves at two places of the file, the second half first.
+        let (cut, from) = (PIECE + 77, 40u64);
+        let mut tensor = vec![0u8; len];
+        let slots = tensor_hash::empty_slots(len);
+        let (first, second) = tensor.split_at_mut(cut);
+        let region = |offset, into, at| Region {
+            offset,
+            into,
+            blocks: Some(BlockSlots {
+                at,
+                bytes: len,
+                digests: &slots,
+            }),
+        };
+        let second_at = from + cut as u64 + 30;
+        let reads = vec![FileRead {
+            path: &path,
+            record: &stale,
+            checksummed: false,
+            regions: vec![region(second_at, second, cut), region(from, first, 0)],
+        }];
+        assert_eq!(read_all(reads).pop().unwrap().unwrap(), None);
+        let mut want = bytes[from as usize..from as usize + cut].to_vec();
+        want.extend_from_slice(&bytes[second_at as usize..second_at as usize + len - cut]);
+        assert_eq!(tensor, want);
+        let hashed = slots.iter().filter(|s| s.get().is_some()).count();
+        // Pieces are cut on the blocks' grid: only the block across the two halves waits.
+        assert_eq!(
+            hashed,
+            slots.len() - 1,
+            "{hashed} of {} blocks",
+            slots.len()
+        );
+        assert_eq!(
+            tensor_hash::finish_slots(&slots, &tensor),
+            TensorHash::Blocks.hex(&tensor)
+        );
+
+        // A file shorter than its record fails the read, naming it.
+        std::fs::write(&path, &bytes[..PIECE]).unwrap();
+        let mut into = vec![0u8; 10];
+        let reads = vec![FileRead {
+            path: &path,
+            record: &stale,
+            checksummed: false,
+            regions: vec![Region::plain(PIECE as u64 + 5, &mut into)],
+        }];
+        let e = read_all(reads).pop().unwrap().unwrap_err().to_string();
+        assert!(e.contains(&*path.to_string_lossy()), "{e}");
     }
 }

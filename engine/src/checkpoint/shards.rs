@@ -539,6 +539,25 @@ pub fn check_found(index_path: &Path, tensor: &TensorIndex, found: &str) -> Resu
     ))
 }
 
+/// The error for `chunk` of `tensor`, in the checkpoint at `dir`, whose bytes do not match its
+/// hash: its file, rows and bytes, then `fix`.
+pub fn damaged_chunk(
+    dir: &Path,
+    tensor: &TensorIndex,
+    chunk: &ChunkIndex,
+    fix: &str,
+) -> EngineError {
+    let [begin, end] = chunk.byte_range;
+    let rows = chunk.rows();
+    EngineError::bad_file(
+        dir.join(&chunk.file),
+        format!(
+            "checksum mismatch: the chunk of {} (rows {}..{}) at bytes {begin}..{end} does not match its hash: the file changed after it was written (corruption?); restore it or {fix}",
+            tensor.name, rows.start, rows.end
+        ),
+    )
+}
+
 /// Every tensor of `list`, whole, read from the checkpoint in `dir` (chunk by chunk, each
 /// checked against its own hash, then the whole tensor against its hash as `tensor_hash`
 /// defines it), handed to `each` in order.

@@ -10,6 +10,7 @@
 
 use super::checksum::SegmentHasher;
 use std::ops::Range;
+use std::sync::OnceLock;
 use twox_hash::XxHash3_128;
 
 /// Bytes of one hash block of a whole tensor (format version [`BLOCK_HASHED_FROM`] on).
@@ -117,6 +118,56 @@ pub fn finish(digests: impl IntoIterator<Item = u128>) -> String {
     hex(outer.finish_128())
 }
 
+/// A stretch of a whole tensor's bytes on its way in from a file, whose hash blocks
+/// ([`TensorHash::Blocks`]) are hashed as it is read, while in cache: each block lying whole
+/// inside what is read gets its digest in its slot.
+#[derive(Clone, Copy)]
+pub struct BlockSlots<'a> {
+    /// Where the stretch starts in the tensor's bytes.
+    pub at: usize,
+    /// The tensor's length in bytes.
+    pub bytes: usize,
+    /// One slot per hash block of the tensor, holding its digest once hashed.
+    pub digests: &'a [OnceLock<u128>],
+}
+
+impl BlockSlots<'_> {
+    /// The same tensor's stretch `n` bytes further on.
+    pub fn after(self, n: usize) -> Self {
+        BlockSlots {
+            at: self.at + n,
+            ..self
+        }
+    }
+
+    /// Hashes the blocks lying whole inside `read`, the tensor's bytes from `at` on, into their
+    /// slots.
+    pub fn hash_read(&self, read: &[u8]) {
+        for b in blocks_within(self.at..self.at + read.len(), self.bytes) {
+            let bytes = block_bytes(b, self.bytes);
+            let digest = block_digest(&read[bytes.start - self.at..bytes.end - self.at]);
+            // Stretches of one tensor do not overlap: each block is hashed by one of them.
+            let _ = self.digests[b].set(digest);
+        }
+    }
+}
+
+/// Empty digest slots, one per hash block of a tensor of `bytes` bytes (see [`BlockSlots`]).
+pub fn empty_slots(bytes: usize) -> Vec<OnceLock<u128>> {
+    (0..block_count(bytes)).map(|_| OnceLock::new()).collect()
+}
+
+/// The hex whole-tensor hash ([`TensorHash::Blocks`]) of the tensor `whole`, each block's digest
+/// taken from its slot in `digests` (see [`BlockSlots`]), or hashed from `whole` where it has
+/// none.
+pub fn finish_slots(digests: &[OnceLock<u128>], whole: &[u8]) -> String {
+    finish(digests.iter().enumerate().map(|(b, slot)| {
+        slot.get()
+            .copied()
+            .unwrap_or_else(|| block_digest(&whole[block_bytes(b, whole.len())]))
+    }))
+}
+
 fn hex(digest: u128) -> String {
     format!("{digest:032x}")
 }
@@ -204,5 +255,47 @@ mod tests {
             ),
             TensorHash::Blocks.hex(&bytes(total))
         );
+    }
+
+    #[test]
+    fn slots_filled_by_stretches_in_any_order_give_the_whole_hash_or_a_wrong_place_fails_it() {
+        let total = 6 * HASH_BLOCK + 123;
+        let data = bytes(total);
+        let want = TensorHash::Blocks.hex(&data);
+        // Stretches that tile the tensor, cut off the blocks' grid, hashed last first.
+        let cuts = [
+            0,
+            5,
+            HASH_BLOCK + 9,
+            3 * HASH_BLOCK,
+            5 * HASH_BLOCK - 1,
+            total,
+        ];
+        let slots = empty_slots(total);
+        for w in cuts.windows(2).rev() {
+            let stretch = BlockSlots {
+                at: w[0],
+                bytes: total,
+                digests: &slots,
+            };
+            stretch.hash_read(&data[w[0]..w[1]]);
+        }
+        let hashed = slots.iter().filter(|s| s.get().is_some()).count();
+        assert_eq!(hashed, 4, "blocks 2, 3, 5 and 6 lie whole inside a stretch");
+        assert_eq!(finish_slots(&slots, &data), want);
+        assert_eq!(finish_slots(&empty_slots(total), &data), want);
+
+        // A stretch hashed as if it sat one block further on: its bytes are hashed into
+        // another block's slot, and the whole hash no longer matches.
+        let slots = empty_slots(total);
+        let stretch = BlockSlots {
+            at: HASH_BLOCK,
+            bytes: total,
+            digests: &slots,
+        };
+        stretch.hash_read(&data[0..2 * HASH_BLOCK]);
+        assert_ne!(finish_slots(&slots, &data), want);
+        let later = stretch.after(HASH_BLOCK);
+        assert_eq!(later.at, 2 * HASH_BLOCK);
     }
 }
