@@ -1,6 +1,7 @@
 //! The layering docs/ARCHITECTURE.md describes, checked on the engine's source: no module imports
 //! another that imports it back (a device and its tensor type excepted), and the code written
-//! once (model, optimizer, state, checkpoints, data, the trainer) never names a backend.
+//! once (model, optimizer, state, checkpoints, data, the trainer) never names a backend; and on
+//! the harness's: no import cycle either.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -272,4 +273,16 @@ fn the_import_reader_sees_plain_grouped_and_relative_paths() {
     .map(|(m, t)| (m.to_string(), t.into_iter().map(str::to_string).collect()))
     .collect();
     assert_eq!(edges_on_cycles(&graph), ["a -> b", "b -> c", "c -> a"]);
+}
+
+#[test]
+fn no_module_of_the_harness_imports_one_that_imports_it_back() {
+    let modules = modules(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../harness/src"));
+    assert!(modules.contains_key("phases") && modules.contains_key("checks::golden"));
+    let cycles = edges_on_cycles(&import_graph(&modules));
+    assert!(
+        cycles.is_empty(),
+        "import cycles in the harness (docs/ARCHITECTURE.md: move what both sides use into a \
+         leaf module, as checks_spec and changes are): {cycles:?}"
+    );
 }

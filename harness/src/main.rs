@@ -4,17 +4,16 @@ use anyhow::Result;
 use ckpt_engine::optim::AdamWConfig;
 use ckpt_engine::{DeviceKind, Precision};
 use ckpt_harness::bench::Bench;
+use ckpt_harness::cli::{estimate, eval, judge, run, train};
 use ckpt_harness::plan::{self, DeviceChoice, TierFilter};
 use ckpt_harness::progress::Style;
 use ckpt_harness::report::Summary;
 use ckpt_harness::suite::Suite;
-use ckpt_harness::{error_text, eval, exit_codes, judge_cmd, merge, run_cmd, train_cmd};
+use ckpt_harness::{error_text, exit_codes, merge};
 use clap::{Parser, Subcommand};
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-
-mod estimate_cmd;
 
 #[derive(Parser)]
 #[command(
@@ -154,7 +153,7 @@ enum Command {
     },
     /// Predicted memory of a training step, part by part and phase by phase.
     #[command(after_help = exit_codes::estimate_help())]
-    Estimate(estimate_cmd::EstimateArgs),
+    Estimate(estimate::EstimateArgs),
     /// Checks checkpoints' files against their recorded sizes and checksums (XXH3-128, and sha256
     /// where recorded), printing each intact file's sha256.
     #[command(after_help = exit_codes::verify_help())]
@@ -422,7 +421,7 @@ fn dispatch(command: Command) -> Result<u8> {
         } => {
             let stdout = std::io::stdout();
             let progress = Style::detect(stdout.is_terminal(), std::env::var_os("CI").as_deref());
-            let opts = run_cmd::RunOptions {
+            let opts = run::RunOptions {
                 paths: default_paths(paths),
                 device,
                 tier,
@@ -436,7 +435,7 @@ fn dispatch(command: Command) -> Result<u8> {
                 bench,
                 repeat: repeat.into(),
             };
-            let summary = run_cmd::run(&opts, &mut stdout.lock())?;
+            let summary = run::run(&opts, &mut stdout.lock())?;
             Ok(run_status(&summary, reports.fail_on_regression))
         }
         Command::Judge {
@@ -458,7 +457,7 @@ fn dispatch(command: Command) -> Result<u8> {
             records: Some(records),
             reports,
         } => {
-            let opts = judge_cmd::JudgeOptions {
+            let opts = judge::JudgeOptions {
                 paths: default_paths(paths),
                 records,
                 report: reports.report,
@@ -466,12 +465,12 @@ fn dispatch(command: Command) -> Result<u8> {
                 golden: reports.golden,
                 baseline: reports.baseline.as_deref().map(summary_file),
             };
-            let summary = judge_cmd::judge(&opts, &mut std::io::stdout().lock())?;
+            let summary = judge::judge(&opts, &mut std::io::stdout().lock())?;
             Ok(run_status(&summary, reports.fail_on_regression))
         }
         Command::Diff { old, new } => {
             let (old, new) = (summary_file(&old), summary_file(&new));
-            let trends = run_cmd::trends(&old, &Summary::read(&old)?, &Summary::read(&new)?);
+            let trends = run::trends(&old, &Summary::read(&old)?, &Summary::read(&new)?);
             write!(
                 std::io::stdout(),
                 "{}",
@@ -503,11 +502,11 @@ fn dispatch(command: Command) -> Result<u8> {
             }
             let mut text = summary.table();
             if let Some((file, old)) = &old {
-                let t = run_cmd::trends(file, old, &summary);
+                let t = run::trends(file, old, &summary);
                 text.push_str(&t.text());
                 summary.trends = Some(t);
             }
-            run_cmd::write_reports(&summary, &out, junit.as_deref())?;
+            run::write_reports(&summary, &out, junit.as_deref())?;
             write!(std::io::stdout(), "{}", error_text::printable(&text))?;
             Ok(run_status(&summary, fail_on_regression))
         }
@@ -526,18 +525,18 @@ fn dispatch(command: Command) -> Result<u8> {
             device,
         } => {
             let suite = Suite::load(&suite)?;
-            let opts = train_cmd::TrainOptions {
+            let opts = train::TrainOptions {
                 out: &out,
                 resume: resume.as_deref(),
                 steps,
                 overwrite,
                 device,
             };
-            train_cmd::run(&suite, &opts)?;
+            train::run(&suite, &opts)?;
             Ok(exit_codes::SUCCESS)
         }
         Command::Estimate(args) => {
-            let report = estimate_cmd::table(&args)?;
+            let report = estimate::table(&args)?;
             write!(std::io::stdout(), "{}", report.text)?;
             Ok(if report.within_budget {
                 exit_codes::SUCCESS
@@ -570,7 +569,7 @@ fn main() -> ExitCode {
                 "error: {}",
                 error_text::printable(&error_text::one_line(&e))
             );
-            let stopped = e.downcast_ref::<train_cmd::Stopped>().is_some();
+            let stopped = e.downcast_ref::<train::Stopped>().is_some();
             ExitCode::from(if stopped {
                 exit_codes::FAILED
             } else {

@@ -8,9 +8,10 @@
 //! between phases and the device's bytes read before and after. A [`Watch`] is told as each
 //! phase and step starts and ends (progress, memory traces).
 
+pub mod rank_record;
+
 use crate::devices::{self, DeviceKind, OnDevice};
 use crate::host_memory;
-use crate::rank_record::{RankModel, RankPhase, RankStep, WorldModel};
 use crate::record_fields::RecordField;
 use crate::saves::{SaveRecord, Saver};
 use crate::suite::Suite;
@@ -22,6 +23,7 @@ use ckpt_engine::data::SampleId;
 use ckpt_engine::estimate::{estimate, routed_rank_steps, EstimateConfig, StepEstimate};
 use ckpt_engine::memory::{Breakdown, MemoryTracker, OutOfMemory};
 use ckpt_engine::{Device, EngineError, EnvChange, MemoryStats, StateDigest, StepStats, Trainer};
+use rank_record::{RankModel, RankPhase, RankStep, WorldModel};
 use serde::{Deserialize, Deserializer, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -887,7 +889,7 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
             }
         }
         Ok(RunRecord {
-            name: crate::trial::name(suite, kind),
+            name: suite.trial_name(kind),
             suite: suite.file.name.clone(),
             device: kind.name().into(),
             layers: suite.train.model.num_hidden_layers,

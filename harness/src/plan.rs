@@ -172,7 +172,7 @@ pub fn plan(
             out.push(Planned {
                 suite: i,
                 device: d,
-                name: crate::trial::name(s, d),
+                name: s.trial_name(d),
                 skip,
             });
         }

@@ -2,8 +2,8 @@
 //! merges) and JUnit XML.
 
 use crate::bench::Bench;
+use crate::changes::Trends;
 use crate::checks::{golden, Check, Status};
-use crate::trends::Trends;
 use crate::trial::TrialResult;
 use anyhow::Result;
 use ckpt_engine::regular_file;

@@ -1,7 +1,7 @@
 //! Suites: one YAML file per model configuration, describing a training run and how the
 //! harness exercises it. Every error names `file:line:column` and what to write instead.
 
-use crate::checks::Check;
+use crate::checks_spec::Check;
 use crate::devices::DeviceKind;
 use anyhow::{bail, Result};
 use ckpt_engine::config::{Init, Precision, TrainConfig};
@@ -13,171 +13,28 @@ use ckpt_engine::parallel::Parallel;
 use ckpt_engine::{regular_file, Checkpointing, EngineError, LlamaConfig};
 use engine::CommandEngine;
 use places::{key_path_place, location, model_error_place, place, place_of, yaml_error, Places};
-use serde::de::{self, MapAccess, Visitor};
+use serde::de;
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_saphyr::{Location, Spanned};
-use std::fmt;
 use std::path::{Path, PathBuf};
 
 pub mod engine;
 mod expectations;
+mod memory;
+mod model;
 mod parallel;
 mod places;
 mod size;
+mod training;
 
+pub use crate::checks_spec::{ChecksSpec, Continuity, ContinuitySetting, Tolerance};
+pub use memory::{Budget, MemorySpec};
+pub use model::ModelSpec;
 pub use parallel::ParallelSpec;
-
-/// The model: written inline, or a Hugging Face `config.json` path relative to the suite.
-#[derive(Clone, Debug)]
-pub enum ModelSpec {
-    /// A path to a Hugging Face `config.json`.
-    Path(PathBuf),
-    /// The shape written out.
-    Inline(LlamaConfig),
-}
-
-/// A path is a string, an inline model a mapping: each read as what it is, so that a mistyped
-/// key inside an inline model is named at its place.
-impl<'de> Deserialize<'de> for ModelSpec {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = ModelSpec;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("the path of a Hugging Face config.json relative to the suite, or the model's keys such as {vocab_size: 64, hidden_size: 32, ...}")
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<ModelSpec, E> {
-                Ok(ModelSpec::Path(PathBuf::from(v)))
-            }
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<ModelSpec, A::Error> {
-                LlamaConfig::deserialize(de::value::MapAccessDeserializer::new(map))
-                    .map(ModelSpec::Inline)
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
-/// Learning-rate warmup and decay; the harness pins the decay's horizon at `max_steps`.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ScheduleSpec {
-    /// Steps of linear warmup.
-    #[serde(default)]
-    pub warmup_steps: u64,
-    /// Final learning rate as a fraction of the peak.
-    #[serde(default)]
-    pub min_lr_ratio: f64,
-}
-
-/// How long to train and where to save.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Training {
-    /// Steps of the nominal run (the schedule's horizon).
-    pub max_steps: Spanned<u64>,
-    /// Steps trained past `max_steps` after resuming from its checkpoint.
-    #[serde(default = "default_extra")]
-    pub extra_steps: u64,
-    /// The mid-run checkpoint to resume from, or a chain of them (each resume saves the next
-    /// one); `max_steps / 2` when absent.
-    #[serde(default)]
-    pub resume_from: Option<Spanned<ResumeFrom>>,
-    /// Also save every this many steps (at least 1).
-    #[serde(default, deserialize_with = "save_every")]
-    pub save_every: Option<u64>,
-    /// Checkpoints to keep (at least 1).
-    #[serde(default, deserialize_with = "keep_last")]
-    pub keep_last: Option<usize>,
-    /// Micro-batches of `batch_size` rows per optimizer step (at least 1); 1 when absent.
-    #[serde(default, deserialize_with = "accumulation")]
-    pub accumulation: Option<usize>,
-    /// Save the reference phase's checkpoints in the background (`Trainer::save_async`):
-    /// the state is staged in host buffers, training goes on, and a writer thread writes it.
-    #[serde(default)]
-    pub async_save: bool,
-}
-
-/// `training.resume_from`: one step, or a strictly increasing list of steps: the reference's
-/// checkpoint at the first is resumed, that run saves at the second and is resumed there, and
-/// so on.
-#[derive(Clone, Debug)]
-pub enum ResumeFrom {
-    /// One resume point.
-    Step(u64),
-    /// A chain of resume points, each written where it is.
-    Chain(Vec<Spanned<u64>>),
-}
+pub use training::{ResumeFrom, ScheduleSpec, Training};
 
 /// What a suite path must be, for the message refusing a FIFO, a device or a directory.
 const SUITE_FILE: &str = "the path of a suite file (YAML)";
-
-const RESUME_FROM_HINT: &str =
-    "a step such as resume_from: 4, or a strictly increasing list of steps such as resume_from: [3, 5, 7]";
-
-impl<'de> Deserialize<'de> for ResumeFrom {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = ResumeFrom;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str(RESUME_FROM_HINT)
-            }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<ResumeFrom, E> {
-                Ok(ResumeFrom::Step(v))
-            }
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<ResumeFrom, E> {
-                u64::try_from(v).map(ResumeFrom::Step).map_err(|_| {
-                    E::custom(format!(
-                        "resume_from ({v}) is negative; write {RESUME_FROM_HINT}"
-                    ))
-                })
-            }
-            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<ResumeFrom, A::Error> {
-                let mut steps = Vec::new();
-                while let Some(step) = seq.next_element::<Spanned<u64>>()? {
-                    steps.push(step);
-                }
-                Ok(ResumeFrom::Chain(steps))
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
-/// A count of at least 1, or absent; `zero` says what to write instead of 0.
-fn at_least_one<'de, D, T>(d: D, zero: &str) -> Result<Option<T>, D::Error>
-where
-    D: Deserializer<'de>,
-    T: Deserialize<'de> + Default + PartialEq,
-{
-    let n = Option::<T>::deserialize(d)?;
-    if n == Some(T::default()) {
-        return Err(de::Error::custom(zero));
-    }
-    Ok(n)
-}
-
-fn save_every<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
-    at_least_one(
-        d,
-        "save_every is 0; write save_every: 1 or more, or leave it out to save only at resume_from and max_steps",
-    )
-}
-
-fn keep_last<'de, D: Deserializer<'de>>(d: D) -> Result<Option<usize>, D::Error> {
-    at_least_one(
-        d,
-        "keep_last is 0, but the newest checkpoint is always kept; write keep_last: 1 or more, or leave it out to keep every checkpoint",
-    )
-}
-
-fn accumulation<'de, D: Deserializer<'de>>(d: D) -> Result<Option<usize>, D::Error> {
-    at_least_one(
-        d,
-        "accumulation is 0; write the micro-batches per optimizer step, accumulation: 1 or more, or leave it out for one batch per step",
-    )
-}
 
 /// A suite name, which names trials and golden snapshot files: `[A-Za-z0-9._-]+`.
 fn suite_name<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
@@ -191,9 +48,6 @@ fn suite_name<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
     Ok(name)
 }
 
-fn default_extra() -> u64 {
-    3
-}
 /// The most worker threads a suite may ask for: more than the cores of any machine it runs on,
 /// far fewer than would take minutes to start.
 const MAX_THREADS: usize = 1024;
@@ -208,10 +62,6 @@ fn default_devices() -> Spanned<Vec<DeviceKind>> {
         Location::UNKNOWN,
     )
 }
-fn on() -> bool {
-    true
-}
-
 /// Which runs a suite belongs to.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -221,271 +71,6 @@ pub enum Tier {
     Ci,
     /// The nightly run only.
     Nightly,
-}
-
-/// A per-step memory budget: bytes, or a fraction of the device's capacity.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Budget {
-    /// Bytes.
-    Bytes(u64),
-    /// A fraction in (0, 1] of the device's capacity.
-    Fraction(f64),
-}
-
-impl Budget {
-    /// The budget in bytes on a device of `capacity` bytes.
-    pub fn bytes(self, capacity: u64) -> u64 {
-        match self {
-            Budget::Bytes(b) => b,
-            Budget::Fraction(f) => (capacity as f64 * f).floor() as u64,
-        }
-    }
-}
-
-const BUDGET_HINT: &str = "bytes (an integer such as 67108864) or a fraction of the device capacity in quotes such as \"0.5\"";
-
-fn fraction<E: de::Error>(f: f64) -> Result<Budget, E> {
-    if f.is_finite() && f > 0.0 && f <= 1.0 {
-        Ok(Budget::Fraction(f))
-    } else {
-        Err(E::custom(format!(
-            "budget fraction {f} is outside (0, 1]; write {BUDGET_HINT}"
-        )))
-    }
-}
-
-impl<'de> Deserialize<'de> for Budget {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl Visitor<'_> for V {
-            type Value = Budget;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str(BUDGET_HINT)
-            }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Budget, E> {
-                Ok(Budget::Bytes(v))
-            }
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Budget, E> {
-                u64::try_from(v)
-                    .map(Budget::Bytes)
-                    .map_err(|_| E::custom(format!("budget {v} is negative; write {BUDGET_HINT}")))
-            }
-            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Budget, E> {
-                fraction(v)
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Budget, E> {
-                match v.trim().parse::<f64>() {
-                    Ok(f) => fraction(f),
-                    Err(_) => Err(E::custom(format!(
-                        "budget {v:?} is not a number; write {BUDGET_HINT}"
-                    ))),
-                }
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
-/// Memory settings of a suite.
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct MemorySpec {
-    /// Capacity of the device in bytes: simulated on the CPU (unlimited when absent), a cap
-    /// under the card's own on CUDA.
-    #[serde(default)]
-    pub capacity: Option<Spanned<u64>>,
-    /// Every step's peak, and checkpoint loading's, must stay at or under this.
-    #[serde(default)]
-    pub budget: Option<Spanned<Budget>>,
-    /// The resident host bytes each phase may add: its peak above the resident bytes at its
-    /// start must stay at or under this many bytes.
-    #[serde(default)]
-    pub rss_budget: Option<u64>,
-}
-
-/// How closely resumed steps must follow the reference.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Continuity {
-    /// Bit for bit (the default).
-    Bitwise,
-    /// `|resumed - reference| <= atol + rtol * |reference|`.
-    Within(Tolerance),
-}
-
-/// An absolute and a relative tolerance.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Tolerance {
-    /// Absolute tolerance.
-    #[serde(default)]
-    pub atol: f64,
-    /// Relative tolerance, a fraction of the reference value.
-    #[serde(default)]
-    pub rtol: f64,
-}
-
-impl Tolerance {
-    /// The `tight` profile: a few float32 ulps of a loss.
-    pub const TIGHT: Tolerance = Tolerance {
-        atol: 1e-7,
-        rtol: 1e-6,
-    };
-    /// The `loose` profile: agreement to about three significant digits.
-    pub const LOOSE: Tolerance = Tolerance {
-        atol: 1e-5,
-        rtol: 1e-3,
-    };
-
-    /// Whether `got` is within the tolerance of `want`: a difference exactly at the limit passes.
-    pub fn accepts(&self, want: f64, got: f64) -> bool {
-        (got - want).abs() <= self.limit(want)
-    }
-
-    /// The largest difference accepted around `want`.
-    pub fn limit(&self, want: f64) -> f64 {
-        self.atol + self.rtol * want.abs()
-    }
-}
-
-/// The `loss_continuity` setting: `true`/`false`, a profile name, or `{atol, rtol}`.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct ContinuitySetting(pub Option<Continuity>);
-
-const CONTINUITY_HINT: &str =
-    "true, false, bitwise, tight, loose, or explicit tolerances such as {atol: 1e-6, rtol: 1e-5}";
-
-impl<'de> Deserialize<'de> for ContinuitySetting {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = ContinuitySetting;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str(CONTINUITY_HINT)
-            }
-            fn visit_bool<E: de::Error>(self, v: bool) -> Result<Self::Value, E> {
-                Ok(ContinuitySetting(v.then_some(Continuity::Bitwise)))
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
-                Ok(ContinuitySetting(Some(match v {
-                    "bitwise" => Continuity::Bitwise,
-                    "tight" => Continuity::Within(Tolerance::TIGHT),
-                    "loose" => Continuity::Within(Tolerance::LOOSE),
-                    other => {
-                        return Err(E::custom(format!(
-                            "unknown tolerance profile {other:?}; write {CONTINUITY_HINT}"
-                        )))
-                    }
-                })))
-            }
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
-                let t = Tolerance::deserialize(de::value::MapAccessDeserializer::new(map))?;
-                let ok = |x: f64| x.is_finite() && x >= 0.0;
-                if !ok(t.atol) || !ok(t.rtol) {
-                    return Err(de::Error::custom(format!(
-                        "tolerances must be finite and not negative, got atol {} rtol {}; write {CONTINUITY_HINT}",
-                        t.atol, t.rtol
-                    )));
-                }
-                Ok(ContinuitySetting(Some(Continuity::Within(t))))
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
-impl Default for ContinuitySetting {
-    fn default() -> Self {
-        ContinuitySetting(Some(Continuity::Bitwise))
-    }
-}
-
-/// Which checks run, and their settings; every check is on by default.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ChecksSpec {
-    /// Resumed steps against the reference.
-    #[serde(default)]
-    pub loss_continuity: ContinuitySetting,
-    /// State digests at the first resumed step.
-    #[serde(default = "on")]
-    pub state_digest: bool,
-    /// Every phase's samples, joined at its resume point, the reference's; no sample skipped
-    /// or repeated within an epoch.
-    #[serde(default = "on")]
-    pub data_ledger: bool,
-    /// Bytes returned when a trainer is dropped.
-    #[serde(default = "on")]
-    pub memory_reclaimed: bool,
-    /// Resumed step peaks at most the reference's same step's.
-    #[serde(default = "on")]
-    pub memory_parity: bool,
-    /// Peaks under `memory.budget` and `memory.rss_budget`.
-    #[serde(default = "on")]
-    pub peak_budget: bool,
-    /// Allocated bytes flat at step boundaries.
-    #[serde(default = "on")]
-    pub no_leak: bool,
-    /// Every block recomputed under activation checkpointing.
-    #[serde(default = "on")]
-    pub ac_coverage: bool,
-    /// Measured peaks equal to the memory model's.
-    #[serde(default = "on")]
-    pub memory_model: bool,
-    /// No refused allocation.
-    #[serde(default = "on")]
-    pub oom_free: bool,
-    /// The reference trajectory equal to its snapshot in `golden/`.
-    #[serde(default = "on")]
-    pub golden: bool,
-    /// Every step's loss and gradient norm finite.
-    #[serde(default = "on")]
-    pub finite: bool,
-    /// Every checkpoint on disk holds the state of its step, and an asynchronous save's files
-    /// are a synchronous save's.
-    #[serde(default = "on")]
-    pub checkpoint_equivalence: bool,
-}
-
-impl Default for ChecksSpec {
-    fn default() -> Self {
-        ChecksSpec {
-            loss_continuity: ContinuitySetting::default(),
-            state_digest: true,
-            data_ledger: true,
-            memory_reclaimed: true,
-            memory_parity: true,
-            peak_budget: true,
-            no_leak: true,
-            ac_coverage: true,
-            memory_model: true,
-            oom_free: true,
-            golden: true,
-            finite: true,
-            checkpoint_equivalence: true,
-        }
-    }
-}
-
-impl ChecksSpec {
-    /// Whether `check` runs.
-    pub fn enabled(&self, check: Check) -> bool {
-        match check {
-            Check::LossContinuity => self.loss_continuity.0.is_some(),
-            Check::StateDigest => self.state_digest,
-            Check::DataLedger => self.data_ledger,
-            Check::MemoryReclaimed => self.memory_reclaimed,
-            Check::MemoryParity => self.memory_parity,
-            Check::PeakBudget => self.peak_budget,
-            Check::NoLeak => self.no_leak,
-            Check::AcCoverage => self.ac_coverage,
-            Check::MemoryModel => self.memory_model,
-            Check::OomFree => self.oom_free,
-            Check::Golden => self.golden,
-            Check::Finite => self.finite,
-            Check::CheckpointEquivalence => self.checkpoint_equivalence,
-        }
-    }
 }
 
 /// A suite file as written.
@@ -592,6 +177,21 @@ fn in_report_order(list: &Option<Spanned<Vec<Check>>>) -> Vec<Check> {
 }
 
 impl Suite {
+    /// Its trial name on `device`: `cpu::tiny-fp32`; suites in a `faults` directory are
+    /// `cpu::faults::<name>`.
+    pub fn trial_name(&self, device: DeviceKind) -> String {
+        let in_faults = self
+            .path
+            .parent()
+            .and_then(|p| p.file_name())
+            .is_some_and(|n| n == "faults");
+        if in_faults {
+            format!("{device}::faults::{}", self.file.name)
+        } else {
+            format!("{device}::{}", self.file.name)
+        }
+    }
+
     /// Reads and validates a suite file (a regular file: a FIFO or a device is refused unread).
     pub fn load(path: &Path) -> Result<Self> {
         let bytes = regular_file::read(path, SUITE_FILE)?;

@@ -6,14 +6,13 @@
 //! figures measured on one side only) are said too.
 
 use crate::bench::{Bench, Figure};
+pub use crate::changes::{Change, Kind, Trends};
 use crate::checks::Status;
 use crate::phases::{Phase, RunRecord};
 use crate::report::Summary;
 use crate::trial::TrialResult;
 use ckpt_engine::memory::human_bytes;
-use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::fmt;
 
 /// A step peak this much above the baseline's (a fraction) is a regression.
 pub const PEAK_RISE: f64 = 0.02;
@@ -26,116 +25,6 @@ pub const FIGURE_DROP: f64 = 0.10;
 /// What the changes of the benchmarks' figures name in place of a trial (and the id of the
 /// report's benchmarks section).
 pub const BENCHMARKS: &str = "benchmarks";
-
-/// What kind of change.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Kind {
-    /// A check, or a trial without checks, fails now and did not.
-    NewlyFailing,
-    /// A check has no verdict now (not run, off), or a trial did not run, and it had one.
-    NewlySkipped,
-    /// A step's peak rose more than [`PEAK_RISE`].
-    PeakUp,
-    /// The median step time rose more than [`TIME_RISE`].
-    StepTimeUp,
-    /// The reference trajectory's losses differ.
-    LossMoved,
-    /// One of the engine's benchmark figures fell more than [`FIGURE_DROP`].
-    FigureDown,
-    /// A trial passes now and failed before.
-    NewlyPassing,
-    /// A trial the baseline does not have.
-    NewTrial,
-    /// Benchmark figures measured on one side only (a run with `--no-bench`, a figure renamed),
-    /// so not compared.
-    FigureNotCompared,
-}
-
-impl Kind {
-    /// Whether the change is for the worse.
-    pub fn regression(self) -> bool {
-        !matches!(
-            self,
-            Kind::NewlyPassing | Kind::NewTrial | Kind::FigureNotCompared
-        )
-    }
-
-    /// How the report names it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Kind::NewlyFailing => "newly failing",
-            Kind::NewlySkipped => "newly skipped",
-            Kind::PeakUp => "step peak up",
-            Kind::StepTimeUp => "step time up",
-            Kind::LossMoved => "loss moved",
-            Kind::FigureDown => "figure down",
-            Kind::NewlyPassing => "newly passing",
-            Kind::NewTrial => "new trial",
-            Kind::FigureNotCompared => "figure not compared",
-        }
-    }
-}
-
-/// One change.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Change {
-    /// What kind.
-    pub kind: Kind,
-    /// The trial.
-    pub trial: String,
-    /// What changed: a check, a phase and step.
-    pub what: String,
-    /// In the baseline.
-    pub before: String,
-    /// Now.
-    pub after: String,
-}
-
-impl fmt::Display for Change {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mark = if self.kind.regression() {
-            "REGRESSION"
-        } else {
-            "change"
-        };
-        write!(
-            f,
-            "{mark}: {} {}: {}: {} -> {}",
-            self.trial,
-            self.kind.name(),
-            self.what,
-            self.before,
-            self.after
-        )
-    }
-}
-
-/// The changes against one baseline.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Trends {
-    /// The baseline's summary file, as given.
-    pub baseline: String,
-    /// Every change, regressions first.
-    pub changes: Vec<Change>,
-}
-
-impl Trends {
-    /// The changes of `now` against `baseline`, read from the file named `file`.
-    pub fn new(file: &str, baseline: &Summary, now: &Summary) -> Self {
-        let mut changes = compare(baseline, now);
-        changes.sort_by_key(|c| !c.kind.regression());
-        Trends {
-            baseline: file.into(),
-            changes,
-        }
-    }
-
-    /// How many changes are regressions.
-    pub fn regressions(&self) -> usize {
-        self.changes.iter().filter(|c| c.kind.regression()).count()
-    }
-}
 
 /// A status as the reports write it.
 pub fn status_name(s: Status) -> &'static str {
@@ -417,6 +306,16 @@ fn figure_changes(b: Option<&Bench>, t: Option<&Bench>) -> Vec<Change> {
 }
 
 impl Trends {
+    /// The changes of `now` against `baseline`, read from the file named `file`.
+    pub fn new(file: &str, baseline: &Summary, now: &Summary) -> Self {
+        let mut changes = compare(baseline, now);
+        changes.sort_by_key(|c| !c.kind.regression());
+        Trends {
+            baseline: file.into(),
+            changes,
+        }
+    }
+
     /// The changes as lines for a terminal, after a heading naming the baseline.
     pub fn text(&self) -> String {
         let mut out = format!(

@@ -106,21 +106,6 @@ impl TrialResult {
     }
 }
 
-/// The trial name of `suite` on `device`: `cpu::tiny-fp32`; suites in a `faults` directory are
-/// `cpu::faults::<name>`.
-pub fn name(suite: &Suite, device: DeviceKind) -> String {
-    let in_faults = suite
-        .path
-        .parent()
-        .and_then(|p| p.file_name())
-        .is_some_and(|n| n == "faults");
-    if in_faults {
-        format!("{device}::faults::{}", suite.file.name)
-    } else {
-        format!("{device}::{}", suite.file.name)
-    }
-}
-
 /// The checks of `outcomes` with `status`, in their order.
 fn with_status(outcomes: &[Outcome], status: Status) -> Vec<Check> {
     outcomes
@@ -313,7 +298,7 @@ fn result(
     started: Instant,
 ) -> TrialResult {
     TrialResult {
-        name: name(suite, device),
+        name: suite.trial_name(device),
         suite: suite.file.name.clone(),
         path: suite.path.clone(),
         device,
@@ -353,7 +338,7 @@ pub fn judge(
     golden_dir: &Path,
 ) -> TrialResult {
     let started = Instant::now();
-    record.name = name(suite, device);
+    record.name = suite.trial_name(device);
     record.suite.clone_from(&suite.file.name);
     record.device = device.to_string();
     record.planned = phases::plan(suite);

@@ -6,7 +6,7 @@
 use ckpt_engine::model::weights;
 use ckpt_engine::optim::AdamWConfig;
 use ckpt_engine::Precision;
-use ckpt_harness::eval::{run, EvalRequest};
+use ckpt_harness::cli::eval::{run, EvalRequest};
 use std::path::{Path, PathBuf};
 
 const LLAMA: &str = "llama_tiny";

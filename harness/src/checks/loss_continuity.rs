@@ -3,8 +3,8 @@
 //! resumed in another execution environment than its checkpoint's names what differed.
 
 use super::{Check, Failure, Outcome};
+use crate::checks_spec::Continuity;
 use crate::phases::{Phase, PhaseRecord, RunRecord};
-use crate::suite::Continuity;
 use ckpt_engine::environment;
 
 fn same(c: Continuity, want: f64, got: f64, bits_equal: bool) -> bool {
@@ -105,7 +105,7 @@ pub fn check(r: &RunRecord, c: Continuity) -> Outcome {
 mod tests {
     use super::*;
     use crate::checks::fixtures;
-    use crate::suite::Tolerance;
+    use crate::checks_spec::Tolerance;
     use ckpt_engine::EnvChange;
     use proptest::prelude::*;
 

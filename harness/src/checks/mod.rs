@@ -2,9 +2,10 @@
 //! and the failures it found; every failure names the check, suite, device, phase and step, and
 //! what was expected against what was seen.
 
+pub use crate::checks_spec::Check;
+use crate::checks_spec::{ChecksSpec, Continuity};
 use crate::phases::{Phase, RunRecord};
 use crate::record_fields::RecordField;
-use crate::suite::{ChecksSpec, Continuity};
 use ckpt_engine::memory::{human_bytes, Breakdown, Category};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -24,84 +25,6 @@ pub mod oom_free;
 pub mod peak_budget;
 pub mod per_rank;
 pub mod state_digest;
-
-/// A check's name.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Check {
-    /// Resumed steps equal the reference's (bitwise, or within a tolerance).
-    LossContinuity,
-    /// Weights, optimizer state, step, learning rate and batch equal at the first resumed step.
-    StateDigest,
-    /// Every phase's samples, joined at its resume point, are the reference's; none skipped or
-    /// repeated within an epoch.
-    DataLedger,
-    /// Every byte comes back when a trainer is dropped.
-    MemoryReclaimed,
-    /// Every resumed step's peak at most the reference's same step's.
-    MemoryParity,
-    /// Every step's peak, and checkpoint loading's, under the budget.
-    PeakBudget,
-    /// Allocated bytes flat at step boundaries.
-    NoLeak,
-    /// Every block recomputed under activation checkpointing.
-    AcCoverage,
-    /// Measured step peaks equal the memory model's.
-    MemoryModel,
-    /// No allocation refused.
-    OomFree,
-    /// The reference trajectory equals its snapshot.
-    Golden,
-    /// Every step's loss and gradient norm are finite.
-    Finite,
-    /// Every checkpoint on disk holds the state of its step; an asynchronous save's files are a
-    /// synchronous save's.
-    CheckpointEquivalence,
-}
-
-impl Check {
-    /// Every check, in report order.
-    pub const ALL: [Check; 13] = [
-        Check::LossContinuity,
-        Check::StateDigest,
-        Check::DataLedger,
-        Check::MemoryReclaimed,
-        Check::MemoryParity,
-        Check::PeakBudget,
-        Check::NoLeak,
-        Check::AcCoverage,
-        Check::MemoryModel,
-        Check::OomFree,
-        Check::Golden,
-        Check::Finite,
-        Check::CheckpointEquivalence,
-    ];
-
-    /// The name used in suites and reports.
-    pub fn name(self) -> &'static str {
-        match self {
-            Check::LossContinuity => "loss_continuity",
-            Check::StateDigest => "state_digest",
-            Check::DataLedger => "data_ledger",
-            Check::MemoryReclaimed => "memory_reclaimed",
-            Check::MemoryParity => "memory_parity",
-            Check::PeakBudget => "peak_budget",
-            Check::NoLeak => "no_leak",
-            Check::AcCoverage => "ac_coverage",
-            Check::MemoryModel => "memory_model",
-            Check::OomFree => "oom_free",
-            Check::Golden => "golden",
-            Check::Finite => "finite",
-            Check::CheckpointEquivalence => "checkpoint_equivalence",
-        }
-    }
-}
-
-impl fmt::Display for Check {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
 
 /// One failed expectation.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -440,10 +363,10 @@ pub fn bytes(n: u64) -> String {
 pub(crate) mod fixtures {
     //! Hand-made records: a faithful run that every check passes.
 
+    use crate::phases::rank_record::{RankModel, RankPhase, RankStep, WorldModel};
     use crate::phases::{
         Oom, Phase, PhaseRecord, PlannedPhase, PredictedStep, RunRecord, StepRecord, Window,
     };
-    use crate::rank_record::{RankModel, RankPhase, RankStep, WorldModel};
     use crate::saves::{SaveRecord, SavedState};
     use ckpt_engine::checkpoint::state::RngState;
     use ckpt_engine::data::{LoaderState, SampleId};
@@ -689,7 +612,7 @@ pub(crate) mod fixtures {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::suite::ChecksSpec;
+    use crate::checks_spec::ChecksSpec;
 
     /// Every check over `r`, with its own trajectory as the snapshot.
     fn outcomes(r: &RunRecord) -> Vec<Outcome> {

@@ -3,8 +3,8 @@
 //! model's predictions, the planned phases, the tracker's counters), so that its record reads
 //! back into the same `RunRecord`.
 
+use crate::phases::rank_record::{RankPhase, RankStep, WorldModel};
 use crate::phases::{PlannedPhase, PredictedStep};
-use crate::rank_record::{RankPhase, RankStep, WorldModel};
 use ckpt_engine::memory::Breakdown;
 use serde::{Deserialize, Serialize};
 

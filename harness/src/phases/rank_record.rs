@@ -7,7 +7,7 @@
 //! judges every rank of every world size a trial ran at. A MoE step carries each rank's own
 //! prediction, at the routing of the micro-batches that rank trained.
 
-use crate::phases::{PhaseRecord, PredictedStep, RunRecord, Window};
+use super::{PhaseRecord, PredictedStep, RunRecord, Window};
 use ckpt_engine::memory::Breakdown;
 use ckpt_engine::MemoryStats;
 use serde::{Deserialize, Serialize};

@@ -3,6 +3,8 @@
 //! loss switched on one at a time and together, for the CPU or the CUDA backend; a suite's
 //! budget checked against it; optionally next to the peaks measured on this machine's CPU.
 
+use crate::checks::bytes as exact_bytes;
+use crate::suite::{Budget, Suite};
 use anyhow::{bail, Context, Result};
 use ckpt_engine::backend::count::{Like, Routes};
 use ckpt_engine::data::DataConfig;
@@ -13,8 +15,6 @@ use ckpt_engine::optim::{AdamWConfig, Schedule};
 use ckpt_engine::parallel::Shard;
 use ckpt_engine::{Checkpointing, CpuDevice, DeviceKind, Init, LlamaConfig, Precision};
 use ckpt_engine::{TrainConfig, Trainer};
-use ckpt_harness::checks::bytes as exact_bytes;
-use ckpt_harness::suite::{Budget, Suite};
 use clap::{Args, ValueEnum};
 use std::path::PathBuf;
 

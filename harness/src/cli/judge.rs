@@ -4,12 +4,12 @@
 //! trial's record is `DIR/<trial>.jsonl` (`cpu::tiny` is `cpu.tiny.jsonl`); a check whose inputs
 //! the record lacks is reported not applicable, with the reason.
 
+use super::run as run_cmd;
 use crate::checks::golden;
 use crate::error_text::printable;
 use crate::plan;
 use crate::record::{self, to_run};
 use crate::report::{Skipped, Summary};
-use crate::run_cmd;
 use crate::trial;
 use anyhow::{bail, Context, Result};
 use std::collections::BTreeSet;
@@ -56,7 +56,7 @@ pub fn judge(opts: &JudgeOptions, out: &mut impl Write) -> Result<Summary> {
             .unwrap_or_else(|| golden::dir_for(&suite.path));
         let mut found = false;
         for &device in suite.devices() {
-            let name = trial::name(suite, device);
+            let name = suite.trial_name(device);
             let file = record::file(&opts.records, &name);
             if !file.is_file() {
                 continue;
@@ -80,7 +80,7 @@ pub fn judge(opts: &JudgeOptions, out: &mut impl Write) -> Result<Summary> {
                 .devices()
                 .iter()
                 .map(|&d| {
-                    record::file(&opts.records, &trial::name(suite, d))
+                    record::file(&opts.records, &suite.trial_name(d))
                         .display()
                         .to_string()
                 })
@@ -95,7 +95,7 @@ pub fn judge(opts: &JudgeOptions, out: &mut impl Write) -> Result<Summary> {
                 ));
             } else {
                 skipped.push(Skipped {
-                    name: trial::name(suite, device),
+                    name: suite.trial_name(device),
                     reason: format!("no record ({wanted})"),
                 });
             }
