@@ -276,6 +276,12 @@ fn a_damaged_rank_file_is_refused_naming_it_and_verify_finds_it() {
     let bad = problems(&dir);
     assert_eq!(bad.len(), 1, "{bad:?}");
     assert_eq!(bad[0].0, rank_file_name(2, 3));
+    // The whole tensors read for the digests (as for `export`) name the chunk too.
+    let e = checkpoint::tensor_digests(&dir).unwrap_err().to_string();
+    assert!(
+        e.contains("checksum mismatch: the chunk of lm_head.weight.exp_avg_sq (rows 26..37)"),
+        "{e}"
+    );
 }
 
 /// Ranks whose optimizer shards start a row late ([`Fault::ShardBoundaryOffByOne`]) leave a

@@ -22,7 +22,6 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
-use twox_hash::XxHash3_128;
 
 /// A verified checkpoint, tensors loaded onto a device.
 pub struct Loaded {
@@ -300,12 +299,8 @@ fn check_assembled(
         };
         if found != a.tensor.xxh3_128 && tensor_hash == TensorHash::Blocks {
             for chunk in &a.tensor.chunks {
-                let [begin, end] = chunk.byte_range.map(|b| b as usize);
-                let bytes = mapped[&chunk.file].1.bytes().get(begin..end);
-                let hash = bytes.map(|b| format!("{:032x}", XxHash3_128::oneshot(b)));
-                if hash.as_ref() != Some(&chunk.xxh3_128) {
-                    return Err(shards::damaged_chunk(dir, a.tensor, chunk, EARLIER));
-                }
+                let file = mapped[&chunk.file].1.bytes();
+                shards::checked_chunk(dir, a.tensor, chunk, file, EARLIER)?;
             }
         }
         shards::check_found(index_path, a.tensor, &found)

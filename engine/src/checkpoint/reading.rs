@@ -82,7 +82,7 @@ impl<'a> Region<'a> {
 /// whether its content matches its record: `None` when it does (or is not checksummed), else
 /// the first range of its bytes whose checksum does not match (the whole file where the record
 /// holds one checksum of it). The regions of a file must not overlap and must lie within its
-/// recorded size; bytes outside them are checksummed and dropped.
+/// recorded size; of a checksummed file, the bytes outside them are checksummed and dropped.
 pub fn read_all(reads: Vec<FileRead<'_>>) -> Vec<Result<Option<Range<u64>>>> {
     let mut files = Vec::with_capacity(reads.len());
     let mut work = Vec::new();

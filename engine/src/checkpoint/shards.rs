@@ -558,6 +558,37 @@ pub fn damaged_chunk(
     )
 }
 
+/// The bytes of `chunk` of `tensor` in `file`, the bytes of its rank file in the checkpoint at
+/// `dir`, once they match the chunk's hash; otherwise an error naming the chunk's file, rows and
+/// bytes ([`damaged_chunk`]), `fix` ending it.
+pub fn checked_chunk<'f>(
+    dir: &Path,
+    tensor: &TensorIndex,
+    chunk: &ChunkIndex,
+    file: &'f [u8],
+    fix: &str,
+) -> Result<&'f [u8]> {
+    let [begin, end] = chunk.byte_range;
+    let src = file.get(begin as usize..end as usize).ok_or_else(|| {
+        EngineError::bad_file(
+            dir.join(&chunk.file),
+            format!(
+                "is {} bytes, shorter than the chunk of {} at {begin}..{end}; restore it or {fix}",
+                file.len(),
+                tensor.name
+            ),
+        )
+    })?;
+    if xxh3_hex(&[src]) != chunk.xxh3_128 {
+        return Err(damaged_chunk(dir, tensor, chunk, fix));
+    }
+    Ok(src)
+}
+
+/// What to do about a damaged chunk that [`each_whole`] reads (for `verify`, the digests and
+/// `export`).
+const WHOLE_FIX: &str = "use an earlier checkpoint";
+
 /// Every tensor of `list`, whole, read from the checkpoint in `dir` (chunk by chunk, each
 /// checked against its own hash, then the whole tensor against its hash as `tensor_hash`
 /// defines it), handed to `each` in order.
@@ -574,24 +605,7 @@ pub fn each_whole(
             if !maps.contains_key(&file) {
                 maps.insert(file.clone(), files::MappedFile::open(&dir.join(&file))?);
             }
-            let bytes = maps[&file].bytes();
-            let [begin, end] = chunk.byte_range;
-            let src = bytes.get(begin as usize..end as usize).ok_or_else(|| {
-                EngineError::bad_file(
-                    dir.join(&file),
-                    format!(
-                        "is {} bytes, shorter than the chunk of {} at {begin}..{end}",
-                        bytes.len(),
-                        tensor.name
-                    ),
-                )
-            })?;
-            if xxh3_hex(&[src]) != chunk.xxh3_128 {
-                return Err(EngineError::bad_file(
-                    dir.join(&file),
-                    format!("the chunk of {} at bytes {begin}..{end} does not match its hash: the file changed after it was written (corruption?)", tensor.name),
-                ));
-            }
+            let src = checked_chunk(dir, tensor, chunk, maps[&file].bytes(), WHOLE_FIX)?;
             dst.copy_from_slice(src);
         }
         check_whole(&dir.join(SHARDS_FILE), tensor_hash, tensor, &whole)?;
