@@ -21,18 +21,22 @@
 #   DIR/scripts/gpu.sh profile [OUT] one step of that shape cut to 2 layers under Nsight Compute:
 #                                    each kernel's time, summed by kernel, in OUT/profile.txt
 #   DIR/scripts/gpu.sh lease [OUT]   for a card lent for minutes: the CUDA tests with each
-#                                    attention kernel, the CI tier on cuda, the same with --bless
-#                                    (this GPU's snapshots, copied to OUT/golden-cuda), `bench`
-#                                    with 3 steps after 1 warm-up, `profile`, and the PyTorch
-#                                    trainers' two suites on the GPU without their controls; each
-#                                    under a time limit, most needed first, with a line a step in
+#                                    attention kernel, the CI tier on cuda with --bless (its
+#                                    checks and negative controls, and this GPU's snapshots,
+#                                    copied to OUT/golden-cuda), then the nightly tier's 1B
+#                                    suites on cuda one after another while the PyTorch trainers'
+#                                    suites and negative controls run on the GPU beside them, a
+#                                    process each; everything ends by $LEASE_SECONDS (default
+#                                    540) after the start, with a line a step in
 #                                    OUT/timeline.txt (seconds since the start, exit status)
 #
 # On an H200 (2026-11-26) `run` took about 45 s (the first NVRTC compile 25 s of it, cached in
 # $CKPT_HARNESS_CACHE after) besides the Hugging Face check, `bench` with BENCH_STEPS=3
 # BENCH_WARMUP=1 170 s and `profile` 10 s; on an H100 the same day 50 s, 154 s and 9 s. In
 # `nightly` the PyTorch trainers' suites run one trial after another, about 45 s a Hugging Face
-# Trainer trial and 30 s a plain-loop one there: some 7 minutes for the ten.
+# Trainer trial and 30 s a plain-loop one there: some 7 minutes for the ten. `lease` on an H200
+# (2026-11-26): the CUDA tests 52 s with both kernels, the CI tier 21 s, the ten trainers' trials
+# side by side 64 s, `long-batch-cuda` 284 s; a 1B suite takes about 5 minutes.
 #
 # The scripts find CUDA's libraries through the loader's path; when the toolkit sits in
 # /usr/local/cuda (or $CUDA_HOME) its lib64 and bin are added. Exit status: 0 when everything
@@ -40,7 +44,7 @@
 set -euo pipefail
 
 usage() {
-    sed -n '2,39p' "$0" >&2
+    sed -n '2,40p' "$0" >&2
     exit 2
 }
 
@@ -179,7 +183,7 @@ step() {
 }
 
 lease() {
-    local root status=0
+    local root status=0 deadline left suite name file
     root="$(cd "$(dirname "$0")/.." && pwd)"
     out="${1:-$root/report-gpu}"
     mkdir -p "$out"
@@ -188,19 +192,35 @@ lease() {
     export CKPT_REPO_ROOT="$root" CKPT_GOLDEN_DIR="$root/golden" PYTHONUNBUFFERED=1
     cd "$root"
     started=$SECONDS
+    deadline=$((started + ${LEASE_SECONDS:-540}))
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt" ||
         status=1
-    step 120 test-cuda bin/test-cuda --test-threads 1 || status=1
-    step 90 test-cuda-tiled env CKPT_CUDA_ATTENTION=tiled bin/test-cuda --test-threads 1 || status=1
-    step 120 suites bin/ckpt-harness run suites --device cuda --report "$out/suites" \
+    step 100 test-cuda bin/test-cuda --test-threads 1 || status=1
+    step 40 test-cuda-tiled env CKPT_CUDA_ATTENTION=tiled bin/test-cuda --test-threads 1 || status=1
+    step 120 suites bin/ckpt-harness run suites --device cuda --bless --report "$out/suites" \
         --junit "$out/suites/junit.xml" || status=1
-    step 120 bless bin/ckpt-harness run suites --device cuda --bless || status=1
     rm -rf "$out/golden-cuda" && cp -r golden/cuda "$out/golden-cuda"
-    step 240 bench env BENCH_STEPS=3 BENCH_WARMUP=1 "$0" bench "$out/bench" || status=1
-    step 60 profile "$0" profile "$out/profile" || status=1
-    step 150 trainers env CKPT_EXAMPLE_DEVICE=cuda PYTHONPATH="$root/python/src${PYTHONPATH:+:$PYTHONPATH}" \
-        bin/ckpt-harness run python/suites/hf-trainer.yaml python/suites/plain-loop.yaml \
-        --report "$out/trainers" || status=1
+    # Each trainer's trial in a process of its own: their memory figures are the process's own
+    # (torch.cuda), so they neither see nor disturb the engine's beside them.
+    local trainers=()
+    for file in python/suites/*.yaml python/suites/faults/*.yaml; do
+        name="trainer-$(basename "$file" .yaml)"
+        step $((deadline - SECONDS)) "$name" env CKPT_EXAMPLE_DEVICE=cuda \
+            PYTHONPATH="$root/python/src${PYTHONPATH:+:$PYTHONPATH}" \
+            bin/ckpt-harness run "$file" --report "$out/trainers/$name" &
+        trainers+=("$!")
+    done
+    # Those that have not yet passed on a card first (long-batch-cuda passed on an H200).
+    for suite in tied-1b-cuda long-seq-8k-cuda llama-1b-cuda long-batch-cuda; do
+        left=$((deadline - SECONDS))
+        if ((left < 30)); then
+            echo "[$((SECONDS - started))s] nightly-$suite: not run, $left s left" | tee -a "$out/timeline.txt"
+            continue
+        fi
+        step "$left" "nightly-$suite" bin/ckpt-harness run "suites/$suite.yaml" --device cuda \
+            --report "$out/nightly/$suite" || status=1
+    done
+    for pid in "${trainers[@]}"; do wait "$pid" || status=1; done
     echo "gpu.sh lease: $([[ $status == 0 ]] && echo passed || echo FAILED); logs in $out"
     return "$status"
 }

@@ -119,15 +119,9 @@ fn needs_snapshot(suite: &Suite, device: &str) -> bool {
 /// The snapshots that a suite needs and that only its device can write, not blessed yet (a new
 /// CI suite's CUDA trajectory, to be blessed on a GPU with `ckpt-harness run --device cuda
 /// --bless`). Each must still be missing: the test fails once one is written, so that its entry
-/// goes. The data-parallel suites' CUDA trajectories: the harness runs CUDA ranks since the
-/// engine's first ran on a card (an H100, 2026-11-26).
-const AWAITING_THEIR_DEVICE: [(&str, &str); 5] = [
-    ("cuda", "parallel-full"),
-    ("cuda", "parallel-moe"),
-    ("cuda", "parallel-resharded"),
-    ("cuda", "parallel-tied-full"),
-    ("cuda", "parallel-widened"),
-];
+/// goes. None now: the data-parallel suites' CUDA trajectories were blessed on an H200
+/// (2026-11-26).
+const AWAITING_THEIR_DEVICE: [(&str, &str); 0] = [];
 
 /// Whether `device`/`suite` is listed in [`AWAITING_THEIR_DEVICE`].
 fn awaits_its_device(device: &str, suite: &str) -> bool {

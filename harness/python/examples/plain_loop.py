@@ -105,6 +105,30 @@ def restore_rng(ckpt: dict[str, Any], fault: str) -> None:
         torch.cuda.set_rng_state(ckpt["torch_cuda"], device())
 
 
+def restore(
+    path: Path,
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    sched: Any,
+    fault: str,
+) -> tuple[int, int]:
+    """Loads the checkpoint at `path` into `model`, `opt` (not under the
+    `optimizer_not_restored` fault) and `sched`, puts back the generators, and returns the data
+    position (the first epoch's start under `data_position_lost`). The file is read onto the CPU
+    and dropped on return: a checkpoint loaded onto the GPU and kept would hold a second copy of
+    the weights there for the whole phase."""
+    ckpt: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=False)
+    model.load_state_dict(ckpt["model"])
+    if fault != "optimizer_not_restored":
+        opt.load_state_dict(ckpt["optimizer"])
+    sched.load_state_dict(ckpt["scheduler"])
+    restore_rng(ckpt, fault)
+    if fault == "data_position_lost":
+        return 0, 0
+    epoch, position = ckpt["data"]
+    return int(epoch), int(position)
+
+
 def checkpoint(run_dir: Path, step: int) -> Path:
     """The checkpoint file of `step` steps in `run_dir`."""
     return run_dir / f"step-{step}.pt"
@@ -143,14 +167,7 @@ def train(
     )
     if start:
         assert resume_dir is not None, "a resumed phase needs --resume"
-        ckpt: dict[str, Any] = torch.load(checkpoint(resume_dir, start), weights_only=False)
-        model.load_state_dict(ckpt["model"])
-        if fault != "optimizer_not_restored":
-            opt.load_state_dict(ckpt["optimizer"])
-        sched.load_state_dict(ckpt["scheduler"])
-        restore_rng(ckpt, fault)
-        if fault != "data_position_lost":
-            epoch, position = ckpt["data"]
+        epoch, position = restore(checkpoint(resume_dir, start), model, opt, sched, fault)
         rec.resume(
             start,
             model,
