@@ -273,3 +273,60 @@ impl ChecksSpec {
 fn on() -> bool {
     true
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn setting(yaml: &str) -> Result<Option<Continuity>, String> {
+        serde_saphyr::from_str::<ContinuitySetting>(yaml)
+            .map(|s| s.0)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn each_form_of_the_continuity_setting_reads_as_written() {
+        assert_eq!(setting("true"), Ok(Some(Continuity::Bitwise)));
+        assert_eq!(setting("false"), Ok(None));
+        assert_eq!(setting("bitwise"), Ok(Some(Continuity::Bitwise)));
+        assert_eq!(
+            setting("loose"),
+            Ok(Some(Continuity::Within(Tolerance::LOOSE)))
+        );
+        assert_eq!(
+            setting("{atol: 0.5, rtol: 0}"),
+            Ok(Some(Continuity::Within(Tolerance {
+                atol: 0.5,
+                rtol: 0.0
+            })))
+        );
+    }
+
+    #[test]
+    fn a_tolerance_negative_or_infinite_in_either_field_is_refused_with_the_forms_accepted() {
+        for bad in [
+            "{atol: -1e-6, rtol: 0}",
+            "{atol: 0, rtol: -1e-6}",
+            "{atol: .inf, rtol: 0}",
+            "{atol: 0, rtol: .inf}",
+        ] {
+            let err = setting(bad).unwrap_err();
+            assert!(
+                err.contains("tolerances must be finite and not negative")
+                    && err.contains(CONTINUITY_HINT),
+                "{bad}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_setting_of_another_type_names_the_forms_accepted() {
+        let err = setting("3").unwrap_err();
+        assert!(err.contains(CONTINUITY_HINT), "{err}");
+        let err = setting("strict").unwrap_err();
+        assert!(
+            err.contains("unknown tolerance profile \"strict\""),
+            "{err}"
+        );
+    }
+}
