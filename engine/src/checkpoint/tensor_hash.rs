@@ -120,7 +120,8 @@ pub fn finish(digests: impl IntoIterator<Item = u128>) -> String {
 
 /// A stretch of a whole tensor's bytes on its way in from a file, whose hash blocks
 /// ([`TensorHash::Blocks`]) are hashed as it is read, while in cache: each block lying whole
-/// inside what is read gets its digest in its slot.
+/// inside what is read gets its digest in its slot, and a block across its ends is carried on
+/// to the stretch read next ([`OpenBlock`]).
 #[derive(Clone, Copy)]
 pub struct BlockSlots<'a> {
     /// Where the stretch starts in the tensor's bytes.
@@ -131,7 +132,16 @@ pub struct BlockSlots<'a> {
     pub digests: &'a [OnceLock<u128>],
 }
 
-impl BlockSlots<'_> {
+/// A hash block that the stretches read so far began and did not finish: its tensor's slots,
+/// its number, where in the tensor the next byte of it starts, and its digest so far.
+pub struct OpenBlock<'a> {
+    digests: &'a [OnceLock<u128>],
+    block: usize,
+    next: usize,
+    hasher: XxHash3_128,
+}
+
+impl<'a> BlockSlots<'a> {
     /// The same tensor's stretch `n` bytes further on.
     pub fn after(self, n: usize) -> Self {
         BlockSlots {
@@ -141,13 +151,42 @@ impl BlockSlots<'_> {
     }
 
     /// Hashes the blocks lying whole inside `read`, the tensor's bytes from `at` on, into their
-    /// slots.
-    pub fn hash_read(&self, read: &[u8]) {
-        for b in blocks_within(self.at..self.at + read.len(), self.bytes) {
+    /// slots. `open` is the block the stretch read just before left unfinished: where `read`
+    /// goes on with it (the same tensor, from the byte it stopped at), `read` finishes it, or
+    /// carries it on if it ends first; otherwise it is dropped, and that block is left to
+    /// [`finish_slots`]. On return, `open` holds the block `read` ends inside of, if `read` began
+    /// it or carried it.
+    pub fn hash_read(&self, read: &[u8], open: &mut Option<OpenBlock<'a>>) {
+        let (start, end) = (self.at, self.at + read.len());
+        if let Some(mut carried) = open.take() {
+            if std::ptr::eq(carried.digests, self.digests) && carried.next == start {
+                let block_end = block_bytes(carried.block, self.bytes).end;
+                let upto = block_end.min(end);
+                carried.hasher.write(&read[..upto - start]);
+                carried.next = upto;
+                if upto < block_end {
+                    *open = Some(carried);
+                    return;
+                }
+                // Blocks are hashed by one stretch each: a set slot is never set again.
+                let _ = self.digests[carried.block].set(carried.hasher.finish_128());
+            }
+        }
+        for b in blocks_within(start..end, self.bytes) {
             let bytes = block_bytes(b, self.bytes);
-            let digest = block_digest(&read[bytes.start - self.at..bytes.end - self.at]);
-            // Stretches of one tensor do not overlap: each block is hashed by one of them.
+            let digest = block_digest(&read[bytes.start - start..bytes.end - start]);
             let _ = self.digests[b].set(digest);
+        }
+        let block = end / HASH_BLOCK;
+        if end < self.bytes && end % HASH_BLOCK != 0 && block * HASH_BLOCK >= start {
+            let mut hasher = XxHash3_128::new();
+            hasher.write(&read[block * HASH_BLOCK - start..]);
+            *open = Some(OpenBlock {
+                digests: self.digests,
+                block,
+                next: end,
+                hasher,
+            });
         }
     }
 }
@@ -166,6 +205,17 @@ pub fn finish_slots(digests: &[OnceLock<u128>], whole: &[u8]) -> String {
             .copied()
             .unwrap_or_else(|| block_digest(&whole[block_bytes(b, whole.len())]))
     }))
+}
+
+/// The bytes of a tensor of `bytes` bytes whose blocks have no digest in `digests` yet: what
+/// [`finish_slots`] hashes from the whole.
+pub fn unhashed_bytes(digests: &[OnceLock<u128>], bytes: usize) -> usize {
+    digests
+        .iter()
+        .enumerate()
+        .filter(|(_, slot)| slot.get().is_none())
+        .map(|(b, _)| block_bytes(b, bytes).len())
+        .sum()
 }
 
 fn hex(digest: u128) -> String {
@@ -272,13 +322,14 @@ mod tests {
             total,
         ];
         let slots = empty_slots(total);
+        let mut open = None;
         for w in cuts.windows(2).rev() {
             let stretch = BlockSlots {
                 at: w[0],
                 bytes: total,
                 digests: &slots,
             };
-            stretch.hash_read(&data[w[0]..w[1]]);
+            stretch.hash_read(&data[w[0]..w[1]], &mut open);
         }
         let hashed = slots.iter().filter(|s| s.get().is_some()).count();
         assert_eq!(hashed, 4, "blocks 2, 3, 5 and 6 lie whole inside a stretch");
@@ -293,9 +344,92 @@ mod tests {
             bytes: total,
             digests: &slots,
         };
-        stretch.hash_read(&data[0..2 * HASH_BLOCK]);
+        stretch.hash_read(&data[0..2 * HASH_BLOCK], &mut None);
         assert_ne!(finish_slots(&slots, &data), want);
         let later = stretch.after(HASH_BLOCK);
         assert_eq!(later.at, 2 * HASH_BLOCK);
+    }
+
+    /// Hashes `stretches` (the tensor's bytes from each offset to the next) in the order given,
+    /// each carrying on the block the one before left open; the blocks hashed, and the hash
+    /// with the others hashed from `data`.
+    fn carried(data: &[u8], stretches: &[(usize, usize)]) -> (usize, String) {
+        let slots = empty_slots(data.len());
+        let mut open = None;
+        for &(from, to) in stretches {
+            let stretch = BlockSlots {
+                at: from,
+                bytes: data.len(),
+                digests: &slots,
+            };
+            stretch.hash_read(&data[from..to], &mut open);
+        }
+        let hashed = slots.iter().filter(|s| s.get().is_some()).count();
+        (hashed, finish_slots(&slots, data))
+    }
+
+    #[test]
+    fn a_block_across_stretches_read_one_after_another_is_carried_from_one_to_the_next() {
+        let total = 4 * HASH_BLOCK + 123;
+        let data = bytes(total);
+        let want = TensorHash::Blocks.hex(&data);
+        let blocks = block_count(total);
+        // Off the grid, a block across three stretches (two of a few bytes), and the short
+        // last block across two.
+        let cuts = [
+            0,
+            HASH_BLOCK + 9,
+            HASH_BLOCK + 20,
+            HASH_BLOCK + 21,
+            3 * HASH_BLOCK,
+            4 * HASH_BLOCK + 5,
+            total,
+        ];
+        let in_order: Vec<(usize, usize)> = cuts.windows(2).map(|w| (w[0], w[1])).collect();
+        assert_eq!(carried(&data, &in_order), (blocks, want.clone()));
+
+        // Out of order, nothing follows on from what was read before it: the blocks across
+        // two stretches are left to be hashed from the whole.
+        let reversed: Vec<(usize, usize)> = in_order.iter().rev().copied().collect();
+        let (hashed, found) = carried(&data, &reversed);
+        assert_eq!((hashed, found), (3, want.clone()), "blocks 0, 2 and 3 only");
+
+        // A stretch that does not start where the open block stopped does not go on with it,
+        // even one of the same tensor: a gap of one byte leaves block 1 to the whole.
+        let gapped = [(0, HASH_BLOCK + 9), (HASH_BLOCK + 10, total)];
+        assert_eq!(carried(&data, &gapped).0, blocks - 1);
+
+        // Another tensor's stretch at the offset the open block stopped at drops it.
+        let other = bytes(total);
+        let (slots, other_slots) = (empty_slots(total), empty_slots(total));
+        let mut open = None;
+        let first = BlockSlots {
+            at: 0,
+            bytes: total,
+            digests: &slots,
+        };
+        first.hash_read(&data[..HASH_BLOCK + 9], &mut open);
+        let elsewhere = BlockSlots {
+            at: HASH_BLOCK + 9,
+            bytes: total,
+            digests: &other_slots,
+        };
+        elsewhere.hash_read(&other[HASH_BLOCK + 9..], &mut open);
+        assert!(slots[1].get().is_none() && other_slots[1].get().is_none());
+
+        // Bytes carried into the wrong place of a block fail the whole hash.
+        let mut swapped = data.clone();
+        swapped.swap(HASH_BLOCK + 9, HASH_BLOCK + 20);
+        let slots = empty_slots(total);
+        let mut open = None;
+        for &(from, to) in &in_order {
+            let stretch = BlockSlots {
+                at: from,
+                bytes: total,
+                digests: &slots,
+            };
+            stretch.hash_read(&swapped[from..to], &mut open);
+        }
+        assert_ne!(finish_slots(&slots, &data), want);
     }
 }
