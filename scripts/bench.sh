@@ -116,6 +116,10 @@ printf 'save %.2f GB/s, plain write + fsync %.2f GB/s: %.2fx (target >= 0.80x)\n
     "$(io_median save_gb_s)" "$(io_median plain_write_gb_s)" "$(io_median save_vs_plain)"
 printf 'load %.2f GB/s, plain read into memory %.2f GB/s: %.2fx; streaming read %.2f GB/s: %.2fx (target >= 0.50x)\n' \
     "$(io_median load_gb_s)" "$(io_median plain_read_gb_s)" "$(io_median load_vs_plain)" "$(io_median stream_read_gb_s)" "$(io_median load_vs_stream)"
+printf 'sharded save (4 ranks) %.2f GB/s: %.2fx a plain write + fsync (target >= 0.80x)\n' \
+    "$(io_median sharded_save_gb_s)" "$(io_median sharded_save_vs_plain)"
+printf 'sharded checkpoint read / one device'"'"'s, per byte: %.2fx on one device, %.2fx on 3 ranks (target >= 1x)\n' \
+    "$(io_median sharded_vs_single_device_read_on_one_device)" "$(io_median sharded_vs_single_device_read_on_3_ranks)"
 [[ $rounds == 1 ]] || echo "(checkpoint figures: medians of $rounds runs)"
 figure "checkpoint save" GB/s "$(io_median save_gb_s)"
 figure "plain write + fsync" GB/s "$(io_median plain_write_gb_s)" reference
@@ -125,6 +129,9 @@ figure "plain read into memory" GB/s "$(io_median plain_read_gb_s)" reference
 figure "streaming read" GB/s "$(io_median stream_read_gb_s)" reference
 figure "checkpoint load / plain read" x "$(io_median load_vs_plain)"
 figure "checkpoint load / streaming read" x "$(io_median load_vs_stream)"
+figure "sharded checkpoint save / plain write + fsync" x "$(io_median sharded_save_vs_plain)"
+figure "sharded checkpoint read / one device's, on one device" x "$(io_median sharded_vs_single_device_read_on_one_device)"
+figure "sharded checkpoint read / one device's, on 3 ranks" x "$(io_median sharded_vs_single_device_read_on_3_ranks)"
 
 if [[ -n $json ]]; then
     cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -n 1)

@@ -11,8 +11,10 @@
 //! sets how many times each is measured (best of), a save and the plain write in turn, a load
 //! and the plain reads in turn.
 //!
-//! The same state saved by one device and sharded by 4 ranks is resumed, each checkpoint on one
-//! device and on 3 fully sharded ranks (each reading only its rows), the four in turn each round.
+//! The same state is saved sharded by 4 ranks, timed in turn with a plain write + fsync of its
+//! bytes (`sharded_save_vs_plain`). It and one device's save of that state are resumed, each
+//! checkpoint on one device and on 3 fully sharded ranks (each reading only its rows), the four
+//! in turn each round.
 //! `sharded_vs_single_device_read_on_one_device` and `..._on_3_ranks` compare the two
 //! checkpoints resumed onto the same ranks (1 or more when the sharded checkpoint loads no slower
 //! per byte); `sharded_vs_single_device_read` compares the sharded one on 3 ranks with one
@@ -76,12 +78,57 @@ fn stream_read(path: &Path) -> u64 {
     total
 }
 
+/// What [`sharded_against_single`] measures.
+struct Sharded {
+    /// Bytes and seconds of each resume: by checkpoint (one device's, the sharded one), then by
+    /// where it resumes (one device, 3 ranks).
+    reads: [[(u64, f64); 2]; 2],
+    /// The sharded checkpoint's bytes.
+    bytes: u64,
+    /// Seconds of the 4 ranks' save.
+    save_s: f64,
+    /// Seconds of a plain write + fsync of as many bytes.
+    write_s: f64,
+}
+
+/// A save of `trainer` into the run directory `run` and a plain write + fsync of as many bytes
+/// into `plain`, timed in turn (best of `repeats`, so that a drift of the machine's speed during
+/// the run moves both): the checkpoint, its bytes, and the save's and the write's seconds.
+fn save_against_plain<D: ckpt_engine::Device>(
+    trainer: &mut Trainer<D>,
+    run: &Path,
+    plain: &Path,
+    repeats: usize,
+) -> (std::path::PathBuf, u64, f64, f64) {
+    let mut ckpt = std::path::PathBuf::new();
+    let bytes = std::cell::Cell::new(0);
+    let [save_s, write_s] = best_in_turn(
+        repeats,
+        &mut [
+            &mut || {
+                let t = Instant::now();
+                ckpt = trainer.save(run, Some(1)).unwrap();
+                let s = t.elapsed().as_secs_f64();
+                bytes.set(dir_bytes(&ckpt));
+                s
+            },
+            &mut || {
+                let t = Instant::now();
+                plain_write(plain, bytes.get());
+                t.elapsed().as_secs_f64()
+            },
+        ],
+    );
+    (ckpt, bytes.get(), save_s, write_s)
+}
+
 /// The bytes and seconds (best of `repeats`, the four taken in turn) of resuming one step of
 /// `cfg` (at 12 micro-batches a step), by checkpoint (saved by one device; sharded by 4 ranks
 /// with the optimizer state sharded) and by where it resumes (one device; 3 ranks under `shard:
 /// full`, each reading its rows of every tensor, the ranks between them holding the
-/// checkpoint's bytes once, as one device does).
-fn sharded_against_single(cfg: &TrainConfig, dir: &Path, repeats: usize) -> [[(u64, f64); 2]; 2] {
+/// checkpoint's bytes once, as one device does); and the 4 ranks' save, with a plain write +
+/// fsync of its bytes into `plain` (bytes, save's and write's seconds).
+fn sharded_against_single(cfg: &TrainConfig, dir: &Path, plain: &Path, repeats: usize) -> Sharded {
     let mut cfg = cfg.clone();
     cfg.accumulation = 12;
     let at = |world_size, shard| {
@@ -93,6 +140,7 @@ fn sharded_against_single(cfg: &TrainConfig, dir: &Path, repeats: usize) -> [[(u
         };
         at
     };
+    let mut sharded_save = (0, 0.0, 0.0);
     let saved = [1, 4].map(|saving| {
         let mut t = Trainer::new(
             at(saving, Shard::Optimizer),
@@ -100,7 +148,16 @@ fn sharded_against_single(cfg: &TrainConfig, dir: &Path, repeats: usize) -> [[(u
         )
         .unwrap();
         t.step().unwrap();
-        t.save(&dir.join(format!("world-{saving}")), None).unwrap()
+        let run = dir.join(format!("world-{saving}"));
+        match saving {
+            1 => t.save(&run, None).unwrap(),
+            _ => {
+                let (ckpt, bytes, save_s, write_s) =
+                    save_against_plain(&mut t, &run, plain, repeats);
+                sharded_save = (bytes, save_s, write_s);
+                ckpt
+            }
+        }
     });
     let targets = [at(1, Shard::None), at(3, Shard::Full)];
     let mut seconds = [[f64::INFINITY; 2]; 2];
@@ -116,7 +173,13 @@ fn sharded_against_single(cfg: &TrainConfig, dir: &Path, repeats: usize) -> [[(u
             }
         }
     }
-    [0, 1].map(|c| [0, 1].map(|r| (dir_bytes(&saved[c]), seconds[c][r])))
+    let (bytes, save_s, write_s) = sharded_save;
+    Sharded {
+        reads: [0, 1].map(|c| [0, 1].map(|r| (dir_bytes(&saved[c]), seconds[c][r]))),
+        bytes,
+        save_s,
+        write_s,
+    }
 }
 
 /// The best of `repeats` seconds of each of `timed`, which are run in turn each round.
@@ -188,29 +251,10 @@ fn main() {
     trainer.step().unwrap();
     let run = tmp.path().join("run");
     let plain = tmp.path().join("plain.bin");
-    let mut ckpt = std::path::PathBuf::new();
-    let bytes = std::cell::Cell::new(0);
     // Each figure and the plain I/O it is compared with are timed in turn, so that a drift of
     // the machine's speed during the run moves both.
-    let [save_s, write_s] = best_in_turn(
-        repeats,
-        &mut [
-            &mut || {
-                let t = Instant::now();
-                ckpt = trainer.save(&run, Some(1)).unwrap();
-                let s = t.elapsed().as_secs_f64();
-                bytes.set(dir_bytes(&ckpt));
-                s
-            },
-            &mut || {
-                let t = Instant::now();
-                plain_write(&plain, bytes.get());
-                t.elapsed().as_secs_f64()
-            },
-        ],
-    );
+    let (_, bytes, save_s, write_s) = save_against_plain(&mut trainer, &run, &plain, repeats);
     drop(trainer);
-    let bytes = bytes.get();
     let [load_s, read_s, stream_s] = best_in_turn(
         repeats,
         &mut [
@@ -235,8 +279,8 @@ fn main() {
             },
         ],
     );
-    let [[single, single_on_3], [sharded_on_1, sharded]] =
-        sharded_against_single(&cfg, tmp.path(), repeats);
+    let shards = sharded_against_single(&cfg, tmp.path(), &plain, repeats);
+    let [[single, single_on_3], [sharded_on_1, sharded]] = shards.reads;
     let gbs = |s: f64| bytes as f64 / s / 1e9;
     let rate = |(bytes, s): (u64, f64)| bytes as f64 / s / 1e9;
     println!(
@@ -247,6 +291,8 @@ fn main() {
             "save_gb_s": gbs(save_s),
             "plain_write_gb_s": gbs(write_s),
             "save_vs_plain": write_s / save_s,
+            "sharded_save_gb_s": rate((shards.bytes, shards.save_s)),
+            "sharded_save_vs_plain": shards.write_s / shards.save_s,
             "load_gb_s": gbs(load_s),
             "plain_read_gb_s": gbs(read_s),
             "load_vs_plain": read_s / load_s,
