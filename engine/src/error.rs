@@ -53,6 +53,20 @@ pub enum EngineError {
         /// The rank that stopped.
         peer: usize,
     },
+    /// A data-parallel rank waited longer than its transport allows for a peer to meet it: under
+    /// rendezvous sends a message waits for the receive that takes it, so ranks that all send
+    /// before they receive wait on each other for ever.
+    #[error(
+        "rank {rank}: waited {seconds} s for rank {peer}, which never met it: each was sending (or receiving) while the other did the same; the message schedule needs sends that return at once, which NCCL's point-to-point does not give without a receive kept posted"
+    )]
+    Stalled {
+        /// The rank that waited.
+        rank: usize,
+        /// The rank it waited for.
+        peer: usize,
+        /// How long it waited.
+        seconds: f64,
+    },
     /// A checkpoint could not be saved. `message` says which step, why (the unfinished copy,
     /// already removed, is not named as if it were still there) and what the run's `latest`
     /// names now.

@@ -13,7 +13,7 @@ use ckpt_engine::model::loss::LossKind;
 use ckpt_engine::model::{Checkpointing, Family};
 use ckpt_engine::parallel::ranks::Ranks;
 use ckpt_engine::parallel::source::{RowSource, Which};
-use ckpt_engine::parallel::{Checkpoints, Parallel, Shard};
+use ckpt_engine::parallel::{Checkpoints, Parallel, Shard, Transport};
 use ckpt_engine::state::Weights;
 use ckpt_engine::{Category, CpuDevice, Fault, MemoryTracker, StateDigest, TrainConfig, Trainer};
 use proptest::prelude::*;
@@ -109,6 +109,32 @@ fn every_world_size_and_stage_trains_the_bits_of_one_rank() {
             for shard in [Shard::None, Shard::Optimizer, Shard::Gradients, Shard::Full] {
                 let got = run(&with(&cfg, world, shard, &[]), 3);
                 assert_eq!(got, one, "{name}, world size {world}, shard {shard:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn ranks_over_rendezvous_sends_train_the_bits_of_one_rank() {
+    // Each send waits for the receive that takes it, as NCCL's do. The ring of `gradients` and
+    // `full` hands a sum on before it receives the next, and an all-gather sends to every rank
+    // before it receives: this holds because every rank keeps a receive posted for each peer.
+    let cases = [
+        ("dense bf16-mixed", dense(Precision::Bf16Mixed)),
+        ("tied fp32", tied(Precision::Fp32)),
+        ("qwen3-moe", moe()),
+    ];
+    for (name, cfg) in cases {
+        let one = run(&cfg, 2);
+        for world in 2..=4 {
+            for shard in [Shard::None, Shard::Optimizer, Shard::Gradients, Shard::Full] {
+                let mut at = with(&cfg, world, shard, &[]);
+                at.parallel.transport = Transport::Rendezvous;
+                assert_eq!(
+                    run(&at, 2),
+                    one,
+                    "{name}, world size {world}, shard {shard:?}"
+                );
             }
         }
     }

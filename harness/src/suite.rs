@@ -274,6 +274,7 @@ impl Suite {
                     world_size: p.world_size,
                     shard: p.shard,
                     checkpoints: p.checkpoints,
+                    transport: p.transport,
                 }),
         };
         Ok(Suite {

@@ -3,6 +3,10 @@
 //!
 //! - [`collective`]: how ranks move bytes (never add them): the trait and the in-process group
 //!   CPU ranks use.
+//! - [`buffered`]: a rank's receiving ends kept open, over a transport whose sends wait for
+//!   their receive (NCCL's point-to-point).
+//! - [`rendezvous`]: such a transport in one process, which CPU ranks can run on
+//!   ([`Transport::Rendezvous`]).
 //! - [`experts`]: experts as an expert-parallel layout owns them, for the fault that saves
 //!   rank 0's experts in every rank's place.
 //! - [`plan`]: which rows of each tensor a rank holds (`ceil(d0 / N)` rows, the last shards
@@ -13,10 +17,12 @@
 //! The model never sees a rank; the trainer drives the ranks of a step. docs/PARALLEL.md has the
 //! design and why the reduction order does not depend on the world size.
 
+pub mod buffered;
 pub mod collective;
 pub mod experts;
 pub mod plan;
 pub mod ranks;
+pub mod rendezvous;
 pub mod source;
 
 use serde::{Deserialize, Serialize};
@@ -57,6 +63,21 @@ pub enum Checkpoints {
     Gathered,
 }
 
+/// How the ranks of one process pass their messages to each other.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
+pub enum Transport {
+    /// A channel for each ordered pair of ranks: a send returns at once ([`collective`]).
+    #[default]
+    Channels,
+    /// Each send waits until its peer takes the message, as NCCL's point-to-point does; each
+    /// rank keeps a receive posted for every peer on a thread of its own ([`rendezvous`],
+    /// [`buffered`]). The same bits as over channels: a run on it shows that a stage's messages
+    /// need nothing more of NCCL.
+    Rendezvous,
+}
+
 /// How a run is spread over ranks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -70,6 +91,9 @@ pub struct Parallel {
     /// How the ranks save checkpoints (a single rank always saves one device's layout).
     #[serde(default)]
     pub checkpoints: Checkpoints,
+    /// How the ranks pass their messages.
+    #[serde(default)]
+    pub transport: Transport,
 }
 
 fn one_rank() -> usize {
@@ -82,6 +106,7 @@ impl Default for Parallel {
             world_size: 1,
             shard: Shard::None,
             checkpoints: Checkpoints::Sharded,
+            transport: Transport::Channels,
         }
     }
 }

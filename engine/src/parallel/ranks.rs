@@ -22,8 +22,9 @@
 use super::collective::{thread_group, Collective};
 use super::experts;
 use super::plan::{self, shard_of, shard_shape};
+use super::rendezvous;
 use super::source::{Placed, RowSource, Which};
-use super::{Checkpoints, Parallel, Shard};
+use super::{Checkpoints, Parallel, Shard, Transport};
 use crate::checkpoint::{Chunk, Entry, RankChunks, Tensors};
 use crate::config::{Precision, TrainConfig};
 use crate::device::{Device, DeviceTensor, StepPhase};
@@ -197,11 +198,13 @@ impl<D: Device> Ranks<D> {
         }
         let (shard, faults, lost_at) = (self.parallel.shard, &self.faults, self.rng_lost_at);
         let (m, per_rank) = (batches.len(), batches.len() / world);
+        let transport = self.parallel.transport;
+        let (comms, gathers) = (group(transport, world)?, group(transport, world)?);
         let results: Vec<Result<(Vec<PassOutput>, f64)>> = std::thread::scope(|s| {
             let handles: Vec<_> = self
                 .states
                 .iter_mut()
-                .zip(thread_group(world).into_iter().zip(thread_group(world)))
+                .zip(comms.into_iter().zip(gathers))
                 .map(|(state, (comm, gather))| {
                     let rank = comm.rank();
                     let (mine, first) = match shard {
@@ -231,7 +234,7 @@ impl<D: Device> Ranks<D> {
                     };
                     std::thread::Builder::new()
                         .name(format!("rank-{rank}"))
-                        .spawn_scoped(s, move || step.run(state, (&comm, &gather), &mine))
+                        .spawn_scoped(s, move || step.run(state, (&*comm, &*gather), &mine))
                 })
                 .collect();
             handles
@@ -387,6 +390,20 @@ impl<D: Device> Ranks<D> {
         }
         Ok(())
     }
+}
+
+/// A group of `world` ranks over `transport`, one end per rank in rank order.
+fn group(transport: Transport, world: usize) -> Result<Vec<Box<dyn Collective>>> {
+    Ok(match transport {
+        Transport::Channels => thread_group(world)
+            .into_iter()
+            .map(|c| Box::new(c) as Box<dyn Collective>)
+            .collect(),
+        Transport::Rendezvous => rendezvous::group(world)?
+            .into_iter()
+            .map(|c| Box::new(c) as Box<dyn Collective>)
+            .collect(),
+    })
 }
 
 /// The parameter whose moment or master weight an optimizer entry holds.

@@ -2,7 +2,7 @@
 
 use super::places::{place, place_of, Places};
 use anyhow::{bail, Result};
-use ckpt_engine::parallel::{Checkpoints, Shard};
+use ckpt_engine::parallel::{Checkpoints, Shard, Transport};
 use serde::Deserialize;
 use serde_saphyr::Spanned;
 use std::path::Path;
@@ -23,6 +23,10 @@ pub struct ParallelSpec {
     /// default) or `gathered` (one device's layout).
     #[serde(default)]
     pub checkpoints: Checkpoints,
+    /// How the ranks pass their messages: `channels` (a send returns at once, the default) or
+    /// `rendezvous` (each send waits for its receive, as NCCL's do; the same bits).
+    #[serde(default)]
+    pub transport: Transport,
     /// The ranks of each resumed phase in run order: `resume-mid`, each later resume of a chain,
     /// then `resume-end`. Absent: every phase on `world_size` ranks.
     #[serde(default)]
@@ -95,6 +99,7 @@ fn divides(at: &str, key: &str, world: usize, accumulation: usize) -> Result<()>
 
 #[cfg(test)]
 mod tests {
+    use super::Transport;
     use crate::phases::plan;
     use crate::suite::Suite;
     use std::path::Path;
@@ -184,6 +189,21 @@ parallel: {world_size: 4, shard: optimizer, resume_world_sizes: [3, 1, 2]}
         let s = Suite::parse(Path::new("s.yaml"), &text).unwrap();
         let worlds: Vec<_> = plan(&s).iter().map(|p| p.world_size).collect();
         assert_eq!(worlds, [4, 3, 2]);
+    }
+
+    #[test]
+    fn the_transport_reaches_the_engine_and_a_misspelt_one_is_refused_at_its_place() {
+        let s = parse("training: {max_steps: 8, accumulation: 2}\nparallel: {world_size: 2, transport: rendezvous}\n").unwrap();
+        assert_eq!(s.train.parallel.transport, Transport::Rendezvous);
+        let s = parse("training: {max_steps: 8, accumulation: 2}\nparallel: {world_size: 2}\n")
+            .unwrap();
+        assert_eq!(s.train.parallel.transport, Transport::Channels);
+        let m = error("training: {max_steps: 8}\nparallel: {world_size: 1, transport: nccl}\n");
+        assert!(
+            m.starts_with("s.yaml:9:38: transport: unknown variant `nccl`"),
+            "{m}"
+        );
+        assert!(m.contains("rendezvous"), "{m}");
     }
 
     #[test]
