@@ -50,7 +50,7 @@ const _: () = assert!(
 /// pieces next to each other in memory: two workers writing next to each other would often
 /// fault the same fresh huge page at once, one waiting while the other's fault clears it (a
 /// sharded checkpoint's chunks, a quarter of a tensor from each of four files, resumed on one
-/// device: its reading took 8% longer in 4 MiB pieces taken one at a time, on two cores).
+/// device: its reading took 9% longer in 4 MiB pieces taken one at a time, on two cores).
 const UNIT: usize = 16 << 20;
 
 /// One file to read: its path, its record (size and checksums) and where its tensors' bytes go.

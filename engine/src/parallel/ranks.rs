@@ -394,15 +394,12 @@ impl<D: Device> Ranks<D> {
 
 /// A group of `world` ranks over `transport`, one end per rank in rank order.
 fn group(transport: Transport, world: usize) -> Result<Vec<Box<dyn Collective>>> {
+    fn boxed<C: Collective + 'static>(ends: Vec<C>) -> Vec<Box<dyn Collective>> {
+        ends.into_iter().map(|c| Box::new(c) as _).collect()
+    }
     Ok(match transport {
-        Transport::Channels => thread_group(world)
-            .into_iter()
-            .map(|c| Box::new(c) as Box<dyn Collective>)
-            .collect(),
-        Transport::Rendezvous => rendezvous::group(world)?
-            .into_iter()
-            .map(|c| Box::new(c) as Box<dyn Collective>)
-            .collect(),
+        Transport::Channels => boxed(thread_group(world)),
+        Transport::Rendezvous => boxed(rendezvous::group(world)?),
     })
 }
 

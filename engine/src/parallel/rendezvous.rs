@@ -48,7 +48,7 @@ impl Slot {
         }
         held.message = Some(bytes);
         self.changed.notify_all();
-        let (mut held, waited) = self
+        let (mut held, _) = self
             .changed
             .wait_timeout_while(held, limit, |h| h.message.is_some() && !h.receiver_gone)
             .unwrap_or_else(PoisonError::into_inner);
@@ -56,49 +56,27 @@ impl Slot {
             return Ok(());
         }
         held.message = None;
-        match waited.timed_out() && !held.receiver_gone {
-            true => Err(EngineError::Stalled {
+        match held.receiver_gone {
+            true => Err(gone),
+            false => Err(EngineError::Stalled {
                 rank,
                 peer: to,
                 seconds: limit.as_secs_f64(),
             }),
-            false => Err(gone),
         }
     }
 
-    /// The next message for `rank` from `from`, waiting for it (at most `limit`, if one is
-    /// given): `Ok(None)` once the sender has gone, an error when nothing came in time.
-    fn recv(
-        &self,
-        (rank, from): (usize, usize),
-        limit: Option<Duration>,
-    ) -> Result<Option<Vec<u8>>> {
+    /// The next message, waiting for it as long as the sender computes; `None` once the sender
+    /// has gone.
+    fn recv(&self) -> Option<Vec<u8>> {
         let held = self.lock();
-        let empty = |h: &mut Held| h.message.is_none() && !h.sender_gone;
-        let mut held = match limit {
-            None => self
-                .changed
-                .wait_while(held, empty)
-                .unwrap_or_else(PoisonError::into_inner),
-            Some(limit) => {
-                self.changed
-                    .wait_timeout_while(held, limit, empty)
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .0
-            }
-        };
-        if let Some(bytes) = held.message.take() {
-            self.changed.notify_all();
-            return Ok(Some(bytes));
-        }
-        match (held.sender_gone, limit) {
-            (false, Some(limit)) => Err(EngineError::Stalled {
-                rank,
-                peer: from,
-                seconds: limit.as_secs_f64(),
-            }),
-            _ => Ok(None),
-        }
+        let mut held = self
+            .changed
+            .wait_while(held, |h| h.message.is_none() && !h.sender_gone)
+            .unwrap_or_else(PoisonError::into_inner);
+        let bytes = held.message.take();
+        self.changed.notify_all();
+        bytes
     }
 
     fn close(&self, sender: bool) {
@@ -129,23 +107,18 @@ impl Drop for Sends {
     }
 }
 
-/// A rank's receiving end for one peer.
-struct Receives {
-    rank: usize,
-    from: usize,
-    slot: Arc<Slot>,
-}
+/// A rank's receiving end for one peer: the slot from it.
+struct Receives(Arc<Slot>);
 
 impl Inbox for Receives {
     fn recv(&mut self) -> Result<Option<Vec<u8>>> {
-        // A receiving end kept open waits as long as its peer computes.
-        self.slot.recv((self.rank, self.from), None)
+        Ok(self.0.recv())
     }
 }
 
 impl Drop for Receives {
     fn drop(&mut self) {
-        self.slot.close(false);
+        self.0.close(false);
     }
 }
 
@@ -168,13 +141,8 @@ pub fn group(world: usize) -> Result<Vec<BufferedRank>> {
             };
             let inboxes = (0..world)
                 .map(|from| {
-                    (from != rank).then(|| {
-                        Box::new(Receives {
-                            rank,
-                            from,
-                            slot: slots[from][rank].clone(),
-                        }) as Box<dyn Inbox>
-                    })
+                    (from != rank)
+                        .then(|| Box::new(Receives(slots[from][rank].clone())) as Box<dyn Inbox>)
                 })
                 .collect();
             buffered(rank, Box::new(sends), inboxes)
@@ -188,7 +156,7 @@ mod tests {
     use super::*;
 
     /// A rank over bare rendezvous sends, its receives taken only when it asks for them, each
-    /// wait at most `limit`: what a transport without kept-open receiving ends gives.
+    /// send waiting at most `limit`: what a transport without kept-open receiving ends gives.
     struct Bare {
         rank: usize,
         to: Vec<Arc<Slot>>,
@@ -207,12 +175,10 @@ mod tests {
             self.to[to].send((self.rank, to), bytes, self.limit)
         }
         fn recv(&self, from: usize) -> Result<Vec<u8>> {
-            self.from[from]
-                .recv((self.rank, from), Some(self.limit))?
-                .ok_or(EngineError::PeerStopped {
-                    rank: self.rank,
-                    peer: from,
-                })
+            self.from[from].recv().ok_or(EngineError::PeerStopped {
+                rank: self.rank,
+                peer: from,
+            })
         }
     }
 
