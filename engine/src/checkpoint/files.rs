@@ -16,7 +16,7 @@ use crate::error::{EngineError, Result};
 use crate::regular_file;
 use sha2::{Digest, Sha256};
 use std::fs::File;
-use std::io::{Read, Write};
+use std::io::{IoSlice, Read, Write};
 use std::path::{Path, PathBuf};
 use twox_hash::XxHash3_128;
 
@@ -42,15 +42,19 @@ pub fn record(bytes: &[u8]) -> FileRecord {
 }
 
 /// Writes `parts` (concatenated) to a new file at `path`, fsyncs it, and returns its record.
-/// Each piece is checksummed right after it is written, while it is still in cache, and the
-/// file is fsynced once at the end.
+/// The file is written a [`PIECE`] of its bytes at a time, on [`PIECE`] boundaries of the file
+/// whatever the parts' sizes (one vectored write gathers the small ones), and each piece is
+/// checksummed right after it is written, while it is still in cache; the file is fsynced once
+/// at the end. Large aligned writes matter past the save: the page cache keeps a file in the
+/// folios its writes made, and a rank file written a chunk at a time (hundreds of bytes for a
+/// norm's rows) was read back 4% slower than one device's file of large tensors.
 pub fn write_synced(path: &Path, parts: &[&[u8]]) -> Result<FileRecord> {
     let io = |e| EngineError::io(path, e);
     let mut file = File::create(path).map_err(io)?;
     let mut segments = SegmentHasher::default();
-    for piece in parts.iter().flat_map(|p| p.chunks(PIECE)) {
-        file.write_all(piece).map_err(io)?;
-        segments.update(piece);
+    for piece in pieces(parts, PIECE) {
+        write_all_vectored(&mut file, &piece).map_err(io)?;
+        piece.iter().for_each(|slice| segments.update(slice));
     }
     file.sync_all().map_err(io)?;
     Ok(FileRecord {
@@ -59,6 +63,39 @@ pub fn write_synced(path: &Path, parts: &[&[u8]]) -> Result<FileRecord> {
         xxh3_128: None,
         segments: Some(segments.finish()),
     })
+}
+
+/// `parts` (concatenated) cut every `size` bytes: each piece's slices, in order.
+fn pieces<'p>(parts: &[&'p [u8]], size: usize) -> Vec<Vec<&'p [u8]>> {
+    let mut pieces = vec![Vec::new()];
+    let mut room = size;
+    for mut part in parts.iter().copied() {
+        while !part.is_empty() {
+            if room == 0 {
+                pieces.push(Vec::new());
+                room = size;
+            }
+            let (head, tail) = part.split_at(room.min(part.len()));
+            pieces.last_mut().expect("never empty").push(head);
+            (room, part) = (room - head.len(), tail);
+        }
+    }
+    pieces
+}
+
+/// Writes every byte of `slices` to `file`, as few system calls as the platform allows.
+fn write_all_vectored(file: &mut File, slices: &[&[u8]]) -> std::io::Result<()> {
+    let mut slices: Vec<IoSlice<'_>> = slices.iter().map(|s| IoSlice::new(s)).collect();
+    let mut rest = &mut slices[..];
+    while !rest.is_empty() {
+        match file.write_vectored(rest) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => IoSlice::advance_slices(&mut rest, n),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// The size and every checksum of the regular file at `path` (sha256, XXH3-128, and the
@@ -202,6 +239,32 @@ mod tests {
         let path = dir.join("f");
         let record = write_synced(&path, &[&bytes[..10], &bytes[10..]]).unwrap();
         (path, bytes, record)
+    }
+
+    #[test]
+    fn parts_are_written_in_pieces_cut_on_the_files_own_boundaries() {
+        let bytes: Vec<u8> = (0..2 * PIECE + 700).map(|i| (i * 13 % 251) as u8).collect();
+        let cuts = [0, 3, 3, 512, PIECE - 1, PIECE + 9, 2 * PIECE + 700];
+        let parts: Vec<&[u8]> = cuts.windows(2).map(|w| &bytes[w[0]..w[1]]).collect();
+        let pieces = pieces(&parts, PIECE);
+        let lens: Vec<usize> = pieces
+            .iter()
+            .map(|p| p.iter().map(|s| s.len()).sum())
+            .collect();
+        assert_eq!(lens, [PIECE, PIECE, 700]);
+        assert_eq!(
+            pieces[0].len(),
+            4,
+            "the small parts gathered into the first piece"
+        );
+        assert_eq!(pieces.concat().concat(), bytes);
+        assert!(pieces.iter().flatten().all(|s| !s.is_empty()));
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let record = write_synced(&path, &parts).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), bytes);
+        assert_eq!(record, super::record(&bytes));
     }
 
     #[test]
