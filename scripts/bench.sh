@@ -4,12 +4,16 @@
 # one after the other in the same invocation; prints both and the ratio. Then checkpoint save and
 # load throughput next to a plain write + fsync and read of the same bytes (checkpoint_io bench).
 #
-#   scripts/bench.sh [--threads N] [--steps N] [--warmup N] [--rounds N] [--precision P] [--json FILE]
+#   scripts/bench.sh [--threads N] [--steps N] [--warmup N] [--rounds N] [--precision P]
+#                    [--kernels native|fma] [--json FILE]
 #
 # Environment: PYTHON picks the interpreter (default python3). With --rounds N > 1 the two
 # training benchmarks alternate N times, the checkpoint bench runs N times, and the medians are
 # compared, which steadies figures on a busy machine. --precision bf16-mixed (default fp32) trains
-# both in bf16-mixed: the engine's, and PyTorch's CPU autocast to bfloat16. --json FILE also writes the figures for
+# both in bf16-mixed: the engine's, and PyTorch's CPU autocast to bfloat16. --kernels fma holds
+# both to AVX2 and FMA on a CPU with AVX-512 (the engine built without its `avx512` feature;
+# PyTorch's ATen, MKL and oneDNN capped at AVX2), a stand-in for an AVX2 machine's instruction
+# set, though not for its caches or clock. --json FILE also writes the figures for
 # `ckpt-harness run --bench FILE` (the nightly job's summary.json): the engine's (tokens/s of each
 # configuration, save and load GB/s, and their ratios to PyTorch and to plain input/output),
 # which trends compare night to night, and the references they are held to.
@@ -17,7 +21,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 command="scripts/bench.sh${*:+ $*}"
-threads=2 steps=10 warmup=2 rounds=1 precision=fp32 json=""
+threads=2 steps=10 warmup=2 rounds=1 precision=fp32 kernels=native json=""
 while [[ $# -gt 0 ]]; do
     case "$1" in
     --threads) threads="$2" ;;
@@ -25,6 +29,7 @@ while [[ $# -gt 0 ]]; do
     --warmup) warmup="$2" ;;
     --rounds) rounds="$2" ;;
     --precision) precision="$2" ;;
+    --kernels) kernels="$2" ;;
     --json) json="$2" ;;
     *)
         echo "bench.sh: unknown argument $1" >&2
@@ -64,8 +69,23 @@ figure() {
     figures+=("    {\"name\": \"$1\", \"unit\": \"$2\", \"value\": $3$reference}")
 }
 
+# What holds each side to the kernels asked for: the engine's build features, PyTorch's
+# environment.
+engine_features=() torch_env=()
+case "$kernels" in
+native) ;;
+fma)
+    engine_features=(--no-default-features)
+    torch_env=(ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2)
+    ;;
+*)
+    echo "bench.sh: --kernels takes native or fma, not '$kernels'" >&2
+    exit 2
+    ;;
+esac
+
 echo "building the engine bench..." >&2
-cargo bench -p ckpt-engine --bench train_step --no-run --locked -q
+cargo bench -p ckpt-engine "${engine_features[@]}" --bench train_step --no-run --locked -q
 
 have_torch=0
 if command -v "$python" >/dev/null 2>&1 && "$python" -c "import torch, transformers" >/dev/null 2>&1; then
@@ -74,13 +94,13 @@ fi
 
 ours=() theirs=()
 for ((round = 1; round <= rounds; round++)); do
-    line=$(cargo bench -p ckpt-engine --bench train_step --locked -q -- \
+    line=$(cargo bench -p ckpt-engine "${engine_features[@]}" --bench train_step --locked -q -- \
         --threads "$threads" --steps "$steps" --warmup "$warmup" --checkpointing none \
         --precision "$precision" | tail -n 1)
     echo "engine:  $line"
     ours+=("$(json_number tokens_per_s "$line")")
     if [[ $have_torch == 1 ]]; then
-        line=$("$python" scripts/bench_torch.py --threads "$threads" --steps "$steps" --warmup "$warmup" \
+        line=$(env "${torch_env[@]}" "$python" scripts/bench_torch.py --threads "$threads" --steps "$steps" --warmup "$warmup" \
             --precision "$precision")
         echo "pytorch: $line"
         theirs+=("$(json_number tokens_per_s "$line")")
@@ -88,6 +108,7 @@ for ((round = 1; round <= rounds; round++)); do
 done
 
 config="$precision, $threads thread$([[ $threads == 1 ]] || echo s)"
+[[ $kernels == native ]] || config+=", $kernels kernels"
 ours_tps=$(printf '%s\n' "${ours[@]}" | median)
 printf 'engine tokens/s:  %.1f (%d thread(s), median of %d round(s))\n' "$ours_tps" "$threads" "$rounds"
 figure "training, engine ($config)" tokens/s "$ours_tps"

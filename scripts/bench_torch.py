@@ -88,6 +88,7 @@ def main():
                 "transformers": transformers.__version__,
                 "attn_implementation": model.config._attn_implementation,
                 "threads": torch.get_num_threads(),
+                "cpu_capability": torch.backends.cpu.get_cpu_capability(),
                 "precision": args.precision,
                 "steps": args.steps,
                 "warmup": args.warmup,

@@ -296,6 +296,7 @@ fn time_steps<D: Device>(
         "pool_reserved_high_bytes": pool.map(|p| p.reserved_high),
         "pool_used_high_bytes": pool.map(|p| p.used_high),
         "mfu": gpu.is_some().then(|| flops / step / (opts.peak_tflops * 1e12)),
+        "cpu_kernels": gpu.is_none().then(|| trainer.device().execution_env().cpu_kernels),
     }))
 }
 

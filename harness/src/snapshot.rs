@@ -1,7 +1,8 @@
 //! Snapshot files, the project's own reader and writer of the `.snap` layout insta introduced: a
 //! header between two `---` lines (`source:` the code that renders the text, `expression:` what
-//! the text shows, and where it was made in `environment:` when its numbers hold only there),
-//! then the text. Texts compare after [`normalise`], so a trailing newline or
+//! the text shows, and where it was made in `environment:` when its numbers hold only there:
+//! one execution environment, or several, comma-separated, that each gave the same text), then
+//! the text. Texts compare after [`normalise`], so a trailing newline or
 //! Windows line endings do not count.
 
 /// A snapshot file's content.
@@ -11,10 +12,10 @@ pub struct Snapshot {
     pub source: String,
     /// What the text shows.
     pub expression: String,
-    /// The execution environment the text's numbers were made in, where they hold only there
-    /// (on the CPU its matrix kernels, `x86_64 fma`); `None` in a snapshot that holds in every
-    /// environment it runs in.
-    pub environment: Option<String>,
+    /// The execution environments the text's numbers were made in, each giving the same text,
+    /// where they hold only there (on the CPU its matrix kernels, `x86_64 fma`); empty in a
+    /// snapshot that holds in every environment it runs in.
+    pub environments: Vec<String>,
     /// The snapshot text, normalised.
     pub text: String,
 }
@@ -37,7 +38,7 @@ impl Snapshot {
                 "line 1: expected `---`, the start of the header; {REWRITE}"
             ));
         }
-        let (mut source, mut expression, mut environment) = (None, None, None);
+        let (mut source, mut expression, mut environments) = (None, None, Vec::new());
         let mut closed = false;
         for (i, line) in lines.by_ref() {
             if fence(line) {
@@ -47,7 +48,9 @@ impl Snapshot {
             match line.trim_end().split_once(": ") {
                 Some(("source", v)) => source = Some(v.to_string()),
                 Some(("expression", v)) => expression = Some(v.to_string()),
-                Some(("environment", v)) => environment = Some(v.to_string()),
+                Some(("environment", v)) => {
+                    environments = v.split(", ").map(str::to_string).collect()
+                }
                 Some(("snapshot_kind", "text")) => {}
                 _ => {
                     return Err(format!(
@@ -70,17 +73,17 @@ impl Snapshot {
         Ok(Snapshot {
             source,
             expression,
-            environment,
+            environments,
             text: normalise(&text),
         })
     }
 
     /// The file's content.
     pub fn to_file(&self) -> String {
-        let environment = self
-            .environment
-            .as_ref()
-            .map_or(String::new(), |e| format!("environment: {e}\n"));
+        let environment = match self.environments.is_empty() {
+            true => String::new(),
+            false => format!("environment: {}\n", self.environments.join(", ")),
+        };
         format!(
             "---\nsource: {}\nexpression: {}\n{environment}---\n{}\n",
             self.source,
@@ -121,15 +124,19 @@ mod tests {
             Snapshot::parse("---\r\nsource: s\r\nexpression: e\r\n---\r\na\r\nb\r\n\r\n").unwrap();
         assert_eq!(snap.text, "a\nb");
         assert_eq!(snap.expression, "e");
-        assert_eq!(snap.environment, None);
+        assert!(snap.environments.is_empty());
     }
 
     #[test]
-    fn the_environment_reads_back_as_written() {
+    fn the_environments_read_back_as_written() {
         let file = "---\nsource: s\nexpression: e\nenvironment: x86_64 fma\n---\na\n";
         let snap = Snapshot::parse(file).unwrap();
-        assert_eq!(snap.environment.as_deref(), Some("x86_64 fma"));
+        assert_eq!(snap.environments, ["x86_64 fma"]);
         assert_eq!(snap.to_file(), file);
+        let both = file.replace("x86_64 fma", "x86_64 fma, NVIDIA H200");
+        let snap = Snapshot::parse(&both).unwrap();
+        assert_eq!(snap.environments, ["x86_64 fma", "NVIDIA H200"]);
+        assert_eq!(snap.to_file(), both);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Which job runs what: mutation testing (`scripts/mutants.sh`, hours of rebuilds) is part of the
 //! nightly job and of nothing CI runs; CI runs every tier's CPU suites, and the suites that judge
-//! other trainers; the nightly job's summary carries its benchmarks' figures.
+//! other trainers; the nightly job's summary carries its benchmarks' figures, and its workflow
+//! runs the CPU suites under the FMA kernels too.
 
 use std::path::{Path, PathBuf};
 
@@ -200,4 +201,23 @@ fn the_nightly_workflow_fails_on_a_regression_against_the_last_green_night() {
     );
     let nightly = line("scripts/nightly.sh \"${args[@]}\"");
     assert!(nightly > line("args=("), "{workflow:?}");
+}
+
+#[test]
+fn the_nightly_workflow_runs_every_cpu_suite_with_the_fma_kernels_too() {
+    let workflow = commands(".github/workflows/nightly.yml");
+    let line = |part: &str| workflow.iter().position(|l| l.contains(part));
+    let build = line("--no-default-features").map(|i| &workflow[i]);
+    assert!(
+        build.is_some_and(|l| l.contains("cargo build") && l.contains("--target-dir target/fma")),
+        "{workflow:?}"
+    );
+    let run = line("target/fma/release/ckpt-harness run suites --tier all --device cpu");
+    assert!(run > line("--no-default-features"), "{workflow:?}");
+    let manifest = std::fs::read_to_string(root().join("engine/Cargo.toml")).unwrap();
+    assert!(
+        manifest.contains("default = [\"avx512\"]")
+            && manifest.contains("avx512 = [\"gemm/x86-v4\"]"),
+        "the engine's AVX-512 kernels are a default feature the FMA build leaves out"
+    );
 }

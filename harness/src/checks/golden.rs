@@ -6,12 +6,14 @@
 //!
 //! A snapshot's losses are bits of the execution environment they were made in. One whose header
 //! names that environment (`environment: x86_64 fma`, the CPU's matrix kernels; `environment:
-//! NVIDIA H200`, the GPU) is compared in
-//! full only there; elsewhere everything but the losses is compared (learning rates, memory,
-//! tokens per expert; after the first step a MoE router sent tokens elsewhere, which the losses'
-//! last bits can do, the learning rates only), and the outcome says what was not and how to
-//! bless a snapshot of this environment: `<suite>.<environment>.snap` beside it (`NVIDIA-H200`), which
-//! then takes its place here. A snapshot without `environment:` holds everywhere.
+//! NVIDIA H200`, the GPU), or several that each gave the same text (`environment: x86_64
+//! avx512f, x86_64 fma`), is compared in full only there; elsewhere everything but the losses is
+//! compared (learning rates, memory, tokens per expert; after the first step a MoE router sent
+//! tokens elsewhere, which the losses' last bits can do, the learning rates only), and the
+//! outcome says what was not and how to bless a snapshot of this environment. Blessing there adds
+//! the environment to the header when the run gives the snapshot's text, and otherwise writes
+//! `<suite>.<environment>.snap` beside it (`NVIDIA-H200`), which then takes its place there. A
+//! snapshot without `environment:` holds everywhere.
 
 use super::{Check, Failure, GoldenInput, Outcome};
 use crate::phases::{Phase, RunRecord, StepRecord};
@@ -169,7 +171,7 @@ pub fn load(dir: &Path, device: &str, suite: &str) -> Result<GoldenInput> {
     let snap = read(&file)?;
     Ok(GoldenInput {
         file: file.display().to_string(),
-        made_in: snap.as_ref().and_then(|s| s.environment.clone()),
+        made_in: snap.as_ref().map_or(Vec::new(), |s| s.environments.clone()),
         stored: snap.map(|s| s.text),
         here,
         here_file: own.unwrap_or_else(|| file.clone()).display().to_string(),
@@ -178,24 +180,41 @@ pub fn load(dir: &Path, device: &str, suite: &str) -> Result<GoldenInput> {
 
 /// Writes the run's snapshot under `dir`, made in this machine's environment; returns its path.
 /// A snapshot of this environment whose text is the run's is left as it is (a snapshot that
-/// holds everywhere stays so); `<suite>.snap` made in another environment is kept, and this
-/// one's written beside it.
+/// holds everywhere stays so). `<suite>.snap` made in other environments is kept: where its
+/// text is the run's, this environment joins its header (and a snapshot of this environment
+/// beside it, which would take its place here, is removed); otherwise this one's is written
+/// beside it.
 pub fn bless(dir: &Path, r: &RunRecord) -> Result<PathBuf> {
     let here = environment(&r.device);
     let main = path(dir, &r.device, &r.suite);
-    let elsewhere = |s: &Snapshot| s.environment.is_some() && s.environment != here;
-    let file = match (read(&main)?, &here) {
-        (Some(s), Some(env)) if elsewhere(&s) => path_in(dir, &r.device, &r.suite, env),
-        _ => main,
+    let elsewhere = |s: &Snapshot| {
+        !s.environments.is_empty() && here.as_ref().is_none_or(|h| !s.environments.contains(h))
     };
     let text = render(r);
+    let file = match (read(&main)?, &here) {
+        (Some(mut s), Some(env)) if elsewhere(&s) => {
+            let own = path_in(dir, &r.device, &r.suite, env);
+            if s.text != text {
+                own
+            } else {
+                s.environments.push(env.clone());
+                crate::report_file::write(&main, s.to_file().as_bytes())?;
+                if own.exists() {
+                    std::fs::remove_file(&own)
+                        .with_context(|| format!("{}: cannot remove", own.display()))?;
+                }
+                return Ok(main);
+            }
+        }
+        _ => main,
+    };
     if read(&file)?.is_some_and(|s| s.text == text && !elsewhere(&s)) {
         return Ok(file);
     }
     let snap = Snapshot {
         source: "harness/src/checks/golden.rs".into(),
         expression: format!("reference trajectory of {}", r.trial()),
-        environment: here,
+        environments: here.into_iter().collect(),
         text,
     };
     crate::report_file::write(&file, snap.to_file().as_bytes())?;
@@ -298,15 +317,15 @@ fn first_difference(
 pub fn check(r: &RunRecord, golden: &GoldenInput) -> Outcome {
     let fresh = render(r);
     let fail = |what: &str| Failure::new(Check::Golden, r, what).phase(Phase::Reference);
-    let elsewhere = golden
-        .made_in
-        .as_ref()
-        .filter(|&m| Some(m) != golden.here.as_ref());
-    let rerouted = match (&golden.stored, elsewhere) {
+    let elsewhere = match &golden.here {
+        Some(here) if golden.made_in.contains(here) => None,
+        _ => Some(golden.made_in.join(" and ")).filter(|_| !golden.made_in.is_empty()),
+    };
+    let rerouted = match (&golden.stored, &elsewhere) {
         (Some(stored), Some(_)) => rerouted_at(stored, &fresh),
         _ => None,
     };
-    let failures = match (&golden.stored, elsewhere) {
+    let failures = match (&golden.stored, &elsewhere) {
         (None, _) => vec![fail("snapshot")
             .saw(&golden.file, "no such file")
             .detail("write it with `ckpt-harness run --bless` and commit it")],
@@ -402,7 +421,7 @@ mod tests {
         GoldenInput {
             file: "g.snap".into(),
             stored: Some(render(&fixtures::run())),
-            made_in: Some(made_in.into()),
+            made_in: vec![made_in.into()],
             here: Some(here.into()),
             here_file: "g.here.snap".into(),
         }
@@ -465,7 +484,7 @@ mod tests {
             "a learning rate after the reroute"
         );
         // In its own environment a reroute fails.
-        stored.made_in = Some("x86_64 fma".into());
+        stored.made_in = vec!["x86_64 fma".into()];
         let mut own = moe([2, 2]);
         own.phases[0].steps[3].tokens_per_expert = vec![vec![3, 1]];
         assert!(check(&own, &stored).failed());
@@ -478,10 +497,10 @@ mod tests {
         let r = fixtures::run();
         let main = bless(dir.path(), &r).unwrap();
         let snap = read(&main).unwrap().unwrap();
-        assert_eq!(snap.environment.as_deref(), Some(here.as_str()));
+        assert_eq!(snap.environments, std::slice::from_ref(&here));
         // A snapshot that holds everywhere and still matches is left as it is.
         let everywhere = Snapshot {
-            environment: None,
+            environments: Vec::new(),
             ..snap.clone()
         };
         std::fs::write(&main, everywhere.to_file()).unwrap();
@@ -490,7 +509,7 @@ mod tests {
         // One made in another environment is kept; this environment's is written beside it and
         // is the one loaded here.
         let other = Snapshot {
-            environment: Some("riscv64 scalar".into()),
+            environments: vec!["riscv64 scalar".into()],
             text: snap.text.replace("3.50000e0", "3.50001e0"),
             ..snap
         };
@@ -503,8 +522,67 @@ mod tests {
         assert!(!check(&r, &g).figures.contains_key(LOSSES_NOT_COMPARED));
         std::fs::remove_file(&own).unwrap();
         let g = load(dir.path(), "cpu", "s").unwrap();
-        assert_eq!(g.made_in.as_deref(), Some("riscv64 scalar"));
+        assert_eq!(g.made_in, ["riscv64 scalar"]);
         assert_eq!(g.here_file, own.display().to_string());
+    }
+
+    #[test]
+    fn blessing_the_same_text_in_another_environment_adds_it_to_the_header() {
+        let dir = tempfile::tempdir().unwrap();
+        let here = environment("cpu").unwrap();
+        let r = fixtures::run();
+        let main = bless(dir.path(), &r).unwrap();
+        let made_elsewhere = Snapshot {
+            environments: vec!["riscv64 scalar".into()],
+            ..read(&main).unwrap().unwrap()
+        };
+        std::fs::write(&main, made_elsewhere.to_file()).unwrap();
+        // A stale snapshot of this environment beside it would take its place here.
+        let own = path_in(dir.path(), "cpu", "s", &here);
+        let stale = Snapshot {
+            text: made_elsewhere.text.replace("3.50000e0", "3.50001e0"),
+            ..made_elsewhere.clone()
+        };
+        std::fs::write(&own, stale.to_file()).unwrap();
+        assert_eq!(bless(dir.path(), &r).unwrap(), main);
+        let joined = read(&main).unwrap().unwrap();
+        assert_eq!(
+            joined.environments,
+            ["riscv64 scalar".to_string(), here.clone()]
+        );
+        assert_eq!(joined.text, made_elsewhere.text);
+        assert!(
+            !own.exists(),
+            "the stale snapshot of this environment is removed"
+        );
+        // Compared in full in each of its environments, without its losses elsewhere, where
+        // the note names them all.
+        let g = load(dir.path(), "cpu", "s").unwrap();
+        assert_eq!(g.file, main.display().to_string());
+        let mut moved = r.clone();
+        moved.phases[0].steps[4].loss += 1e-3;
+        assert!(check(&moved, &g).failed());
+        let riscv = GoldenInput {
+            here: Some("riscv64 scalar".into()),
+            ..g.clone()
+        };
+        assert!(check(&moved, &riscv).failed());
+        let arm = GoldenInput {
+            here: Some("aarch64 neon".into()),
+            ..g
+        };
+        let o = check(&moved, &arm);
+        assert!(!o.failed(), "{:?}", o.failures);
+        let note = o.figures[LOSSES_NOT_COMPARED].as_str().unwrap();
+        assert!(
+            note.contains(&format!(
+                "made with riscv64 scalar and {here}, this run has aarch64 neon"
+            )),
+            "{note}"
+        );
+        // Blessing again in one of its environments leaves it as it is.
+        assert_eq!(bless(dir.path(), &r).unwrap(), main);
+        assert_eq!(read(&main).unwrap().unwrap(), joined);
     }
 
     #[test]

@@ -253,9 +253,9 @@ pub struct GoldenInput {
     pub file: String,
     /// Its content, normalised; `None` when there is none.
     pub stored: Option<String>,
-    /// The execution environment its numbers were made in (its `environment:`), where they
-    /// hold only there; `None` for a snapshot that holds everywhere.
-    pub made_in: Option<String>,
+    /// The execution environments its numbers were made in (its `environment:`), where they
+    /// hold only there; empty for a snapshot that holds everywhere.
+    pub made_in: Vec<String>,
     /// The execution environment of the device the run is compared on (see
     /// [`golden::environment`]).
     pub here: Option<String>,

@@ -113,14 +113,15 @@ fn strides(transposed: bool, cols: usize, rows: usize) -> (isize, isize) {
     }
 }
 
-/// The matrix kernels `gemm` picks on this CPU, as it picks them: `<arch> avx512f`,
-/// `<arch> fma` or `<arch> neon`, else `<arch> scalar`. Some small products (those it computes
+/// The matrix kernels `gemm` picks on this CPU, as it picks them: `<arch> avx512f` (only with
+/// the `avx512` feature, which builds them), `<arch> fma` or `<arch> neon`, else
+/// `<arch> scalar`. Some small products (those it computes
 /// as dot products across SIMD lanes) sum in another order with another lane width, so the bits
 /// of a run hold for the kernels it ran with. They hold whatever the CPU's caches: the blocking
 /// of the inner dimension is fixed (`depth_chunk`), so the record needs no cache sizes.
 pub fn kernels() -> String {
     #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-    let kernels = if std::arch::is_x86_feature_detected!("avx512f") {
+    let kernels = if cfg!(feature = "avx512") && std::arch::is_x86_feature_detected!("avx512f") {
         "avx512f"
     } else if std::arch::is_x86_feature_detected!("fma") {
         "fma"
