@@ -103,12 +103,28 @@ fn every_world_size_and_stage_trains_the_bits_of_one_rank() {
         ("tied bf16-mixed", tied(Precision::Bf16Mixed)),
         ("qwen3-moe", moe()),
     ];
+    each_stage_trains_the_bits_of_one_rank(&cases, 1..=4, 3, Transport::Channels);
+}
+
+/// Asserts that each of `cases`, at every world size of `worlds` and every stage over
+/// `transport`, gives the per-step figures and final state of one rank in `steps` steps.
+fn each_stage_trains_the_bits_of_one_rank(
+    cases: &[(&str, TrainConfig)],
+    worlds: std::ops::RangeInclusive<usize>,
+    steps: u64,
+    transport: Transport,
+) {
     for (name, cfg) in cases {
-        let one = run(&cfg, 3);
-        for world in 1..=4 {
+        let one = run(cfg, steps);
+        for world in worlds.clone() {
             for shard in [Shard::None, Shard::Optimizer, Shard::Gradients, Shard::Full] {
-                let got = run(&with(&cfg, world, shard, &[]), 3);
-                assert_eq!(got, one, "{name}, world size {world}, shard {shard:?}");
+                let mut at = with(cfg, world, shard, &[]);
+                at.parallel.transport = transport;
+                assert_eq!(
+                    run(&at, steps),
+                    one,
+                    "{name}, world size {world}, shard {shard:?}, {transport:?}"
+                );
             }
         }
     }
@@ -124,20 +140,7 @@ fn ranks_over_rendezvous_sends_train_the_bits_of_one_rank() {
         ("tied fp32", tied(Precision::Fp32)),
         ("qwen3-moe", moe()),
     ];
-    for (name, cfg) in cases {
-        let one = run(&cfg, 2);
-        for world in 2..=4 {
-            for shard in [Shard::None, Shard::Optimizer, Shard::Gradients, Shard::Full] {
-                let mut at = with(&cfg, world, shard, &[]);
-                at.parallel.transport = Transport::Rendezvous;
-                assert_eq!(
-                    run(&at, 2),
-                    one,
-                    "{name}, world size {world}, shard {shard:?}"
-                );
-            }
-        }
-    }
+    each_stage_trains_the_bits_of_one_rank(&cases, 2..=4, 2, Transport::Rendezvous);
 }
 
 #[test]

@@ -187,28 +187,18 @@ pub fn load(dir: &Path, device: &str, suite: &str) -> Result<GoldenInput> {
 pub fn bless(dir: &Path, r: &RunRecord) -> Result<PathBuf> {
     let here = environment(&r.device);
     let main = path(dir, &r.device, &r.suite);
-    let elsewhere = |s: &Snapshot| {
-        !s.environments.is_empty() && here.as_ref().is_none_or(|h| !s.environments.contains(h))
-    };
     let text = render(r);
     let file = match (read(&main)?, &here) {
-        (Some(mut s), Some(env)) if elsewhere(&s) => {
+        (Some(s), Some(env)) if !holds_in(&s.environments, Some(env)) => {
             let own = path_in(dir, &r.device, &r.suite, env);
-            if s.text != text {
-                own
-            } else {
-                s.environments.push(env.clone());
-                crate::report_file::write(&main, s.to_file().as_bytes())?;
-                if own.exists() {
-                    std::fs::remove_file(&own)
-                        .with_context(|| format!("{}: cannot remove", own.display()))?;
-                }
-                return Ok(main);
+            if s.text == text {
+                return add_environment(main, s, env, &own);
             }
+            own
         }
         _ => main,
     };
-    if read(&file)?.is_some_and(|s| s.text == text && !elsewhere(&s)) {
+    if read(&file)?.is_some_and(|s| s.text == text && holds_in(&s.environments, here.as_ref())) {
         return Ok(file);
     }
     let snap = Snapshot {
@@ -219,6 +209,23 @@ pub fn bless(dir: &Path, r: &RunRecord) -> Result<PathBuf> {
     };
     crate::report_file::write(&file, snap.to_file().as_bytes())?;
     Ok(file)
+}
+
+/// Whether a snapshot made in `made_in` (empty: made to hold everywhere) holds in the
+/// environment `here`, so that its losses are compared there.
+fn holds_in(made_in: &[String], here: Option<&String>) -> bool {
+    made_in.is_empty() || here.is_some_and(|h| made_in.contains(h))
+}
+
+/// Adds `env` to the environments of `snap`, the snapshot at `main` whose text a run there
+/// gives, and removes `own`, a snapshot of `env` beside it that would take its place there.
+fn add_environment(main: PathBuf, mut snap: Snapshot, env: &str, own: &Path) -> Result<PathBuf> {
+    snap.environments.push(env.to_string());
+    crate::report_file::write(&main, snap.to_file().as_bytes())?;
+    if own.exists() {
+        std::fs::remove_file(own).with_context(|| format!("{}: cannot remove", own.display()))?;
+    }
+    Ok(main)
 }
 
 /// Each line of `text` with the step it belongs to: a step's row and the tokens-per-expert line
@@ -317,10 +324,8 @@ fn first_difference(
 pub fn check(r: &RunRecord, golden: &GoldenInput) -> Outcome {
     let fresh = render(r);
     let fail = |what: &str| Failure::new(Check::Golden, r, what).phase(Phase::Reference);
-    let elsewhere = match &golden.here {
-        Some(here) if golden.made_in.contains(here) => None,
-        _ => Some(golden.made_in.join(" and ")).filter(|_| !golden.made_in.is_empty()),
-    };
+    let elsewhere =
+        (!holds_in(&golden.made_in, golden.here.as_ref())).then(|| golden.made_in.join(" and "));
     let rerouted = match (&golden.stored, &elsewhere) {
         (Some(stored), Some(_)) => rerouted_at(stored, &fresh),
         _ => None,
