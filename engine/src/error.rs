@@ -67,6 +67,25 @@ pub enum EngineError {
         /// How long it waited.
         seconds: f64,
     },
+    /// A data-parallel rank could not meet the other ranks over the sockets transport: `message`
+    /// says what was missing or wrong, and the fix.
+    #[error("rank {rank} could not join the other ranks: {message}")]
+    Join {
+        /// The rank that tried to join.
+        rank: usize,
+        /// What went wrong, and the fix.
+        message: String,
+    },
+    /// A data-parallel rank's connection to a peer broke in the middle of a message.
+    #[error("rank {rank}: the connection to rank {peer} broke: {message}")]
+    Link {
+        /// The rank that was receiving.
+        rank: usize,
+        /// The peer it was receiving from.
+        peer: usize,
+        /// What the operating system said, or how much of the message came.
+        message: String,
+    },
     /// A checkpoint could not be saved. `message` says which step, why (the unfinished copy,
     /// already removed, is not named as if it were still there) and what the run's `latest`
     /// names now.

@@ -135,12 +135,24 @@ fn ranks_over_rendezvous_sends_train_the_bits_of_one_rank() {
     // Each send waits for the receive that takes it, as NCCL's do. The ring of `gradients` and
     // `full` hands a sum on before it receives the next, and an all-gather sends to every rank
     // before it receives: this holds because every rank keeps a receive posted for each peer.
-    let cases = [
+    each_stage_trains_the_bits_of_one_rank(&transport_cases(), 2..=4, 2, Transport::Rendezvous);
+}
+
+/// The runs a transport other than channels is tried on: one of each precision, tied
+/// embeddings and a mixture of experts.
+fn transport_cases() -> [(&'static str, TrainConfig); 3] {
+    [
         ("dense bf16-mixed", dense(Precision::Bf16Mixed)),
         ("tied fp32", tied(Precision::Fp32)),
         ("qwen3-moe", moe()),
-    ];
-    each_stage_trains_the_bits_of_one_rank(&cases, 2..=4, 2, Transport::Rendezvous);
+    ]
+}
+
+#[test]
+fn ranks_over_sockets_train_the_bits_of_one_rank() {
+    // Every message is a frame on a TCP connection of its pair of ranks, as between ranks in
+    // processes of their own: the same bits as over channels.
+    each_stage_trains_the_bits_of_one_rank(&transport_cases(), 2..=4, 2, Transport::Sockets);
 }
 
 #[test]

@@ -127,37 +127,14 @@ impl Collective for ThreadRank {
 
 #[cfg(test)]
 mod tests {
+    use super::super::conformance::{
+        assert_a_stopped_rank_fails_its_peers, assert_every_collective_works, run,
+    };
     use super::*;
-
-    fn run<R: Send>(world: usize, f: impl Fn(ThreadRank) -> R + Sync) -> Vec<R> {
-        std::thread::scope(|s| {
-            let handles: Vec<_> = thread_group(world)
-                .into_iter()
-                .map(|comm| s.spawn(|| f(comm)))
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
-        })
-    }
 
     #[test]
     fn every_collective_moves_each_rank_s_bytes_where_they_belong() {
-        for world in 1..=4 {
-            let out = run(world, |c| {
-                let r = c.rank() as u8;
-                let gathered = c.all_gather(vec![r; r as usize + 1]).unwrap();
-                let root = c.broadcast(world - 1, vec![r, 7]).unwrap();
-                let sum = c.sum_u64(10 + c.rank() as u64).unwrap();
-                c.barrier().unwrap();
-                (gathered, root, sum)
-            });
-            for (gathered, root, sum) in out {
-                let want: Vec<Vec<u8>> =
-                    (0..world as u8).map(|r| vec![r; r as usize + 1]).collect();
-                assert_eq!(gathered, want);
-                assert_eq!(root, vec![world as u8 - 1, 7]);
-                assert_eq!(sum, (0..world as u64).map(|r| 10 + r).sum::<u64>());
-            }
-        }
+        assert_every_collective_works(thread_group);
     }
 
     /// A rank that counts the messages it sends.
@@ -186,7 +163,7 @@ mod tests {
     fn a_broadcast_reaches_every_rank_and_no_rank_sends_it_twice() {
         for world in 1..=5 {
             for root in 0..world {
-                let out = run(world, |inner| {
+                let out = run(thread_group(world), |inner| {
                     let c = Counted {
                         inner,
                         sent: 0.into(),
@@ -206,7 +183,7 @@ mod tests {
 
     #[test]
     fn messages_between_two_ranks_arrive_in_the_order_sent() {
-        let out = run(2, |c| match c.rank() {
+        let out = run(thread_group(2), |c| match c.rank() {
             0 => (0..5u8)
                 .map(|i| c.send(1, vec![i]))
                 .collect::<Result<Vec<_>>>()
@@ -218,21 +195,6 @@ mod tests {
 
     #[test]
     fn a_rank_that_stops_fails_its_peers_instead_of_hanging_them() {
-        let out = run(3, |c| match c.rank() {
-            1 => Err(EngineError::Config("rank 1 broke".into())),
-            _ => c.all_gather(vec![1]).map(drop),
-        });
-        for waiting in [0, 2] {
-            assert!(
-                matches!(out[waiting], Err(EngineError::PeerStopped { .. })),
-                "{:?}",
-                out[waiting]
-            );
-        }
-        assert!(
-            matches!(out[1], Err(EngineError::Config(_))),
-            "{:?}",
-            out[1]
-        );
+        assert_a_stopped_rank_fails_its_peers(thread_group);
     }
 }

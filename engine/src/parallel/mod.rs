@@ -7,6 +7,9 @@
 //!   their receive (NCCL's point-to-point).
 //! - [`rendezvous`]: such a transport in one process, which CPU ranks can run on
 //!   ([`Transport::Rendezvous`]).
+//! - [`sockets`]: a transport over TCP, a connection for each pair of ranks, wherever the
+//!   ranks run; CPU ranks in one process can run on it over the loopback
+//!   ([`Transport::Sockets`]).
 //! - [`experts`]: experts as an expert-parallel layout owns them, for the fault that saves
 //!   rank 0's experts in every rank's place.
 //! - [`plan`]: which rows of each tensor a rank holds (`ceil(d0 / N)` rows, the last shards
@@ -19,10 +22,13 @@
 
 pub mod buffered;
 pub mod collective;
+#[cfg(test)]
+mod conformance;
 pub mod experts;
 pub mod plan;
 pub mod ranks;
 pub mod rendezvous;
+pub mod sockets;
 pub mod source;
 
 use serde::{Deserialize, Serialize};
@@ -76,6 +82,10 @@ pub enum Transport {
     /// [`buffered`]). The same bits as over channels: a run on it shows that a stage's messages
     /// need nothing more of NCCL.
     Rendezvous,
+    /// A TCP connection for each pair of ranks, over the loopback, each message its length and
+    /// then its bytes ([`sockets`]): the transport ranks in processes of their own, or on other
+    /// machines, pass their messages over. The same bits as over channels.
+    Sockets,
 }
 
 /// How a run is spread over ranks.

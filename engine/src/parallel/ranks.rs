@@ -22,8 +22,8 @@
 use super::collective::{thread_group, Collective};
 use super::experts;
 use super::plan::{self, shard_of, shard_shape};
-use super::rendezvous;
 use super::source::{Placed, RowSource, Which};
+use super::{rendezvous, sockets};
 use super::{Checkpoints, Parallel, Shard, Transport};
 use crate::checkpoint::{Chunk, Entry, RankChunks, Tensors};
 use crate::config::{Precision, TrainConfig};
@@ -400,6 +400,7 @@ fn group(transport: Transport, world: usize) -> Result<Vec<Box<dyn Collective>>>
     Ok(match transport {
         Transport::Channels => boxed(thread_group(world)),
         Transport::Rendezvous => boxed(rendezvous::group(world)?),
+        Transport::Sockets => boxed(sockets::group(world)?),
     })
 }
 
@@ -447,7 +448,7 @@ fn shard_rows(
 }
 
 /// The ranks' results, or the first error that is a cause rather than a report of a peer that
-/// stopped.
+/// stopped (or whose connection broke as it stopped).
 fn first_cause<T>(results: Vec<Result<T>>) -> Result<Vec<T>> {
     let mut errors: Vec<EngineError> = Vec::new();
     let mut oks = Vec::new();
@@ -457,10 +458,12 @@ fn first_cause<T>(results: Vec<Result<T>>) -> Result<Vec<T>> {
             Err(e) => errors.push(e),
         }
     }
-    match errors
-        .iter()
-        .position(|e| !matches!(e, EngineError::PeerStopped { .. }))
-    {
+    match errors.iter().position(|e| {
+        !matches!(
+            e,
+            EngineError::PeerStopped { .. } | EngineError::Link { .. }
+        )
+    }) {
         Some(i) => Err(errors.swap_remove(i)),
         None => errors.into_iter().next().map_or(Ok(oks), Err),
     }
@@ -1182,5 +1185,26 @@ impl<D: Device> PassHooks<D, bf16> for RankHooks<'_, D> {
     }
     fn tied_head_last(&self) -> bool {
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_step_fails_with_the_rank_that_caused_it_not_the_peers_that_reported_it() {
+        let stopped = || EngineError::PeerStopped { rank: 0, peer: 1 };
+        let broken = || EngineError::Link {
+            rank: 2,
+            peer: 1,
+            message: "reset".into(),
+        };
+        let cause = || EngineError::Config("rank 1 broke".into());
+        let e = first_cause::<()>(vec![Err(stopped()), Err(broken()), Err(cause())]).unwrap_err();
+        assert!(matches!(e, EngineError::Config(_)), "{e}");
+        let e = first_cause::<()>(vec![Ok(()), Err(broken()), Err(stopped())]).unwrap_err();
+        assert!(matches!(e, EngineError::Link { .. }), "{e}");
+        assert_eq!(first_cause(vec![Ok(1), Ok(2)]).unwrap(), vec![1, 2]);
     }
 }

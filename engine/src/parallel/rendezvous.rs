@@ -153,6 +153,10 @@ pub fn group(world: usize) -> Result<Vec<BufferedRank>> {
 #[cfg(test)]
 mod tests {
     use super::super::collective::Collective;
+    use super::super::conformance::{
+        assert_a_stopped_rank_fails_its_peers, assert_every_collective_works, run,
+        sends_before_receives,
+    };
     use super::*;
 
     /// A rank over bare rendezvous sends, its receives taken only when it asks for them, each
@@ -194,24 +198,6 @@ mod tests {
             .collect()
     }
 
-    fn run<C: Collective, R: Send>(group: Vec<C>, f: impl Fn(C) -> R + Sync) -> Vec<R> {
-        std::thread::scope(|s| {
-            let f = &f;
-            let handles: Vec<_> = group.into_iter().map(|c| s.spawn(move || f(c))).collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
-        })
-    }
-
-    /// Two ranks that each send twice before they receive: the ring's order on two ranks.
-    fn sends_before_receives(c: &dyn Collective) -> Result<Vec<u8>> {
-        let peer = 1 - c.rank();
-        c.send(peer, vec![c.rank() as u8, 0])?;
-        c.send(peer, vec![c.rank() as u8, 1])?;
-        let first = c.recv(peer)?;
-        let second = c.recv(peer)?;
-        Ok([first, second].concat())
-    }
-
     #[test]
     fn bare_rendezvous_ranks_that_send_before_they_receive_are_reported_not_hung() {
         let out = run(bare_group(2, Duration::from_millis(200)), |c| {
@@ -229,41 +215,11 @@ mod tests {
 
     #[test]
     fn kept_open_receiving_ends_let_ranks_send_before_they_receive() {
-        let out = run(group(2).unwrap(), |c| sends_before_receives(&c));
-        assert_eq!(out[0].as_ref().unwrap(), &[1, 0, 1, 1]);
-        assert_eq!(out[1].as_ref().unwrap(), &[0, 0, 0, 1]);
-        for world in 1..=4 {
-            let out = run(group(world).unwrap(), |c| {
-                let r = c.rank() as u8;
-                let gathered = c.all_gather(vec![r; r as usize + 1])?;
-                let root = c.broadcast(world - 1, vec![r, 7])?;
-                let sum = c.sum_u64(10 + c.rank() as u64)?;
-                c.barrier()?;
-                Ok::<_, EngineError>((gathered, root, sum))
-            });
-            for result in out {
-                let (gathered, root, sum) = result.unwrap();
-                let want: Vec<Vec<u8>> =
-                    (0..world as u8).map(|r| vec![r; r as usize + 1]).collect();
-                assert_eq!(gathered, want);
-                assert_eq!(root, vec![world as u8 - 1, 7]);
-                assert_eq!(sum, (0..world as u64).map(|r| 10 + r).sum::<u64>());
-            }
-        }
+        assert_every_collective_works(|world| group(world).unwrap());
     }
 
     #[test]
     fn a_rank_that_stops_fails_its_peers_instead_of_hanging_them() {
-        let out = run(group(3).unwrap(), |c| match c.rank() {
-            1 => Err(EngineError::Config("rank 1 broke".into())),
-            _ => c.all_gather(vec![1; 1 << 16]).map(drop),
-        });
-        for waiting in [0, 2] {
-            assert!(
-                matches!(out[waiting], Err(EngineError::PeerStopped { peer: 1, .. })),
-                "{:?}",
-                out[waiting]
-            );
-        }
+        assert_a_stopped_rank_fails_its_peers(|world| group(world).unwrap());
     }
 }

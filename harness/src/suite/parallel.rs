@@ -195,6 +195,8 @@ parallel: {world_size: 4, shard: optimizer, resume_world_sizes: [3, 1, 2]}
     fn the_transport_reaches_the_engine_and_a_misspelt_one_is_refused_at_its_place() {
         let s = parse("training: {max_steps: 8, accumulation: 2}\nparallel: {world_size: 2, transport: rendezvous}\n").unwrap();
         assert_eq!(s.train.parallel.transport, Transport::Rendezvous);
+        let s = parse("training: {max_steps: 8, accumulation: 2}\nparallel: {world_size: 2, transport: sockets}\n").unwrap();
+        assert_eq!(s.train.parallel.transport, Transport::Sockets);
         let s = parse("training: {max_steps: 8, accumulation: 2}\nparallel: {world_size: 2}\n")
             .unwrap();
         assert_eq!(s.train.parallel.transport, Transport::Channels);
@@ -203,7 +205,7 @@ parallel: {world_size: 4, shard: optimizer, resume_world_sizes: [3, 1, 2]}
             m.starts_with("s.yaml:9:38: transport: unknown variant `nccl`"),
             "{m}"
         );
-        assert!(m.contains("rendezvous"), "{m}");
+        assert!(m.contains("rendezvous") && m.contains("sockets"), "{m}");
     }
 
     #[test]
