@@ -23,8 +23,10 @@ use crate::memory::{Category, Lease, MemoryStats, MemoryTracker};
 use crate::model::{weights, Batch, Dropout, Params};
 use crate::optim::Moments;
 use crate::parallel::ranks::Ranks;
+use crate::parallel::sockets::Meeting;
 use crate::parallel::source::HostTensors;
 use crate::state::State;
+use crate::tensor::Tensor;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
@@ -127,14 +129,7 @@ impl<D: Device> Trainer<D> {
     /// `parallel.world_size` above 1, one rank per device of [`Device::ranks`].
     pub fn new(cfg: TrainConfig, dev: D) -> Result<Self> {
         cfg.validate()?;
-        let host = dev.host();
-        let category = cfg.master_category();
-        let master = match &cfg.init {
-            Init::Random { seed, std } => {
-                weights::init_params(&host, &cfg.model, *seed, *std, category)?
-            }
-            Init::HfDir { path } => weights::load_hf_dir(&host, path, category)?.1,
-        };
+        let master = initial_weights(&cfg, &dev)?;
         let ranks = match cfg.parallel.world_size {
             1 => Ranks::single(State::new(
                 &cfg,
@@ -150,6 +145,28 @@ impl<D: Device> Trainer<D> {
                 Ranks::new(&cfg, dev.ranks(world)?, Some(&host), None)?
             }
         };
+        Self::assemble(cfg, ranks)
+    }
+
+    /// Builds rank `rank` of a fresh run whose `parallel.world_size` ranks are processes of
+    /// their own, each started with the same `cfg`: this process trains that rank on `dev`,
+    /// and meets the others through `meeting` (rank 0 listens; the others are given its
+    /// address). Every rank draws the same batches and takes the same steps; each step's
+    /// figures are the whole run's, with the bits of one device.
+    pub fn new_rank(cfg: TrainConfig, dev: D, rank: usize, meeting: Meeting) -> Result<Self> {
+        cfg.validate()?;
+        let world = cfg.parallel.world_size;
+        if world < 2 || rank >= world {
+            return Err(EngineError::Config(format!(
+                "rank {rank} of a run of {world} ranks: a rank of its own takes a world_size of 2 or more and a rank below it"
+            )));
+        }
+        let master = initial_weights(&cfg, &dev)?;
+        let source = HostTensors {
+            master: &master,
+            moments: None,
+        };
+        let ranks = Ranks::of_process(&cfg, dev, rank, meeting, Some(&source))?;
         Self::assemble(cfg, ranks)
     }
 
@@ -566,6 +583,18 @@ impl<D: Device> Trainer<D> {
         self.rng.offset += self.cfg.accumulation as u64;
         Ok(stats)
     }
+}
+
+/// A fresh run's f32 weights on the host: drawn from `cfg.init`'s seed, or read from its
+/// Hugging Face directory.
+fn initial_weights<D: Device>(cfg: &TrainConfig, dev: &D) -> Result<Params<Tensor<f32>>> {
+    let (host, category) = (dev.host(), cfg.master_category());
+    Ok(match &cfg.init {
+        Init::Random { seed, std } => {
+            weights::init_params(&host, &cfg.model, *seed, *std, category)?
+        }
+        Init::HfDir { path } => weights::load_hf_dir(&host, path, category)?.1,
+    })
 }
 
 /// Finishes an asynchronous save still in flight: its writer never outlives the trainer. Its

@@ -12,11 +12,16 @@ use ckpt_engine::model::config::MoeConfig;
 use ckpt_engine::model::loss::LossKind;
 use ckpt_engine::model::{Checkpointing, Family};
 use ckpt_engine::parallel::ranks::Ranks;
+use ckpt_engine::parallel::sockets::Meeting;
 use ckpt_engine::parallel::source::{RowSource, Which};
 use ckpt_engine::parallel::{Checkpoints, Parallel, Shard, Transport};
 use ckpt_engine::state::Weights;
-use ckpt_engine::{Category, CpuDevice, Fault, MemoryTracker, StateDigest, TrainConfig, Trainer};
+use ckpt_engine::{
+    Category, CpuDevice, EngineError, Fault, MemoryTracker, StateDigest, TrainConfig, Trainer,
+};
 use proptest::prelude::*;
+use std::net::{Ipv4Addr, TcpListener};
+use std::process::{Child, Command, Stdio};
 
 /// A vocabulary that neither 3 nor 4 divides.
 const VOCAB: usize = 37;
@@ -81,7 +86,12 @@ struct Run {
 }
 
 fn run(cfg: &TrainConfig, steps: u64) -> Run {
-    let mut t = Trainer::new(cfg.clone(), CpuDevice::new(4, u64::MAX).unwrap()).unwrap();
+    let t = Trainer::new(cfg.clone(), CpuDevice::new(4, u64::MAX).unwrap()).unwrap();
+    trained(t, steps)
+}
+
+/// What `t` shows of itself over `steps` steps.
+fn trained(mut t: Trainer<CpuDevice>, steps: u64) -> Run {
     let steps = (0..steps)
         .map(|_| {
             let s = t.step().unwrap();
@@ -153,6 +163,140 @@ fn ranks_over_sockets_train_the_bits_of_one_rank() {
     // Every message is a frame on a TCP connection of its pair of ranks, as between ranks in
     // processes of their own: the same bits as over channels.
     each_stage_trains_the_bits_of_one_rank(&transport_cases(), 2..=4, 2, Transport::Sockets);
+}
+
+/// Set in a child process of [`ranks_in_processes_of_their_own_train_the_bits_of_one_rank`]:
+/// the case, the rank it runs and rank 0's address.
+const AS_RANK: &str = "CKPT_TEST_AS_RANK";
+
+/// What a child rank prints before its run (on the line libtest began with the test's name).
+const RUN_LINE: &str = "rank's run: ";
+
+/// Steps each process's rank trains.
+const PROCESS_STEPS: u64 = 3;
+
+/// The runs split over processes: each stage, both precisions, tied embeddings and a mixture of
+/// experts, world sizes 2 to 4.
+fn process_cases() -> [(&'static str, TrainConfig); 4] {
+    [
+        (
+            "dense bf16-mixed, 3 ranks, full",
+            with(&dense(Precision::Bf16Mixed), 3, Shard::Full, &[]),
+        ),
+        (
+            "qwen3-moe, 2 ranks, gradients",
+            with(&moe(), 2, Shard::Gradients, &[]),
+        ),
+        (
+            "tied fp32, 4 ranks, optimizer",
+            with(&tied(Precision::Fp32), 4, Shard::Optimizer, &[]),
+        ),
+        (
+            "dense fp32, 2 ranks, none",
+            with(&dense(Precision::Fp32), 2, Shard::None, &[]),
+        ),
+    ]
+}
+
+/// Rank `rank` of `cfg` trained by this process, meeting the other ranks' processes through
+/// `meeting`.
+fn run_rank(cfg: &TrainConfig, rank: usize, meeting: Meeting) -> Run {
+    let dev = CpuDevice::new(1, u64::MAX).unwrap();
+    let t = Trainer::new_rank(cfg.clone(), dev, rank, meeting).unwrap();
+    trained(t, PROCESS_STEPS)
+}
+
+#[test]
+fn ranks_in_processes_of_their_own_train_the_bits_of_one_rank() {
+    // This test's own binary, started again with AS_RANK set, is each rank but 0: a process of
+    // its own, meeting rank 0 (this process) over TCP.
+    if let Ok(spec) = std::env::var(AS_RANK) {
+        let [case, rank, at]: [&str; 3] =
+            spec.splitn(3, ' ').collect::<Vec<_>>().try_into().unwrap();
+        let cfg = &process_cases()[case.parse::<usize>().unwrap()].1;
+        let run = run_rank(cfg, rank.parse().unwrap(), Meeting::At(at.parse().unwrap()));
+        println!("{RUN_LINE}{run:?}");
+        return;
+    }
+    let this = std::env::current_exe().unwrap();
+    for (case, (name, cfg)) in process_cases().iter().enumerate() {
+        let one = run(&with(cfg, 1, Shard::None, &[]), PROCESS_STEPS);
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let at = listener.local_addr().unwrap();
+        let children: Vec<Child> = (1..cfg.parallel.world_size)
+            .map(|rank| {
+                Command::new(&this)
+                    .args([
+                        "--exact",
+                        "ranks_in_processes_of_their_own_train_the_bits_of_one_rank",
+                    ])
+                    .args(["--nocapture", "--test-threads=1"])
+                    .env(AS_RANK, format!("{case} {rank} {at}"))
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(
+            run_rank(cfg, 0, Meeting::Host(listener)),
+            one,
+            "{name}: rank 0"
+        );
+        for (rank, child) in (1..).zip(children) {
+            let out = child.wait_with_output().unwrap();
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success(),
+                "{name}: rank {rank}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let line = (stdout.lines()).find_map(|l| l.split_once(RUN_LINE).map(|(_, run)| run));
+            assert_eq!(
+                line,
+                Some(format!("{one:?}").as_str()),
+                "{name}: rank {rank}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_rank_of_its_own_refuses_to_save_and_stops_when_a_peer_is_gone() {
+    let cfg = with(&dense(Precision::Fp32), 2, Shard::Optimizer, &[]);
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+    let at = listener.local_addr().unwrap();
+    let dev = || CpuDevice::new(1, u64::MAX).unwrap();
+    let (zero, one) = std::thread::scope(|s| {
+        let other = s.spawn(|| Trainer::new_rank(cfg.clone(), dev(), 1, Meeting::At(at)));
+        let zero = Trainer::new_rank(cfg.clone(), dev(), 0, Meeting::Host(listener));
+        (zero.unwrap(), other.join().unwrap().unwrap())
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let e = zero.save(dir.path(), None).unwrap_err().to_string();
+    assert!(
+        e.contains(
+            "rank 0 of 2: a run whose ranks are processes of their own cannot save checkpoints yet"
+        ),
+        "{e}"
+    );
+    drop(one);
+    let mut zero = zero;
+    let e = zero.step().unwrap_err();
+    assert!(
+        matches!(e, EngineError::PeerStopped { rank: 0, peer: 1 }),
+        "{e}"
+    );
+    let e = zero.step().unwrap_err().to_string();
+    assert!(e.contains("closed by an earlier failure"), "{e}");
+    let e = Trainer::new_rank(with(&cfg, 1, Shard::None, &[]), dev(), 0, Meeting::At(at))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("a rank of its own takes a world_size of 2 or more"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -10,6 +10,7 @@
 //! - [`sockets`]: a transport over TCP, a connection for each pair of ranks, wherever the
 //!   ranks run; CPU ranks in one process can run on it over the loopback
 //!   ([`Transport::Sockets`]).
+//! - [`wire`]: a rank's passes of a step as bytes, for ranks in processes of their own.
 //! - [`experts`]: experts as an expert-parallel layout owns them, for the fault that saves
 //!   rank 0's experts in every rank's place.
 //! - [`plan`]: which rows of each tensor a rank holds (`ceil(d0 / N)` rows, the last shards
@@ -30,6 +31,7 @@ pub mod ranks;
 pub mod rendezvous;
 pub mod sockets;
 pub mod source;
+pub mod wire;
 
 use serde::{Deserialize, Serialize};
 

@@ -19,11 +19,13 @@
 //!   to the rank of the next, tensor by tensor as the backward pass finishes with it; after the
 //!   last micro-batch each rank gets its rows, and the update runs as under `optimizer`.
 
+use super::buffered::BufferedRank;
 use super::collective::{thread_group, Collective};
 use super::experts;
 use super::plan::{self, shard_of, shard_shape};
+use super::sockets::Meeting;
 use super::source::{Placed, RowSource, Which};
-use super::{rendezvous, sockets};
+use super::{rendezvous, sockets, wire};
 use super::{Checkpoints, Parallel, Shard, Transport};
 use crate::checkpoint::{Chunk, Entry, RankChunks, Tensors};
 use crate::config::{Precision, TrainConfig};
@@ -56,6 +58,19 @@ pub struct Ranks<D: Device> {
     /// [`Fault::RngRestoredOnRankZeroOnly`]: the generator offset the resume restored, which
     /// every rank but the first draws its masks without.
     rng_lost_at: Option<u64>,
+    /// Where the ranks are processes of their own: this process's rank (its one state) and its
+    /// connections to the others.
+    process: Option<ProcessRank>,
+}
+
+/// This process's rank of a run whose ranks are processes of their own, and its connections to
+/// every other rank, which last the run: one for the chain, ring and collectives, one for the
+/// weight gathers of `shard: full` (as a step's two groups in one process).
+struct ProcessRank {
+    rank: usize,
+    world: usize,
+    /// `None` once a failed step has closed them: its peers learn that this rank stopped.
+    mesh: Option<(BufferedRank, BufferedRank)>,
 }
 
 impl<D: Device> Ranks<D> {
@@ -95,6 +110,44 @@ impl<D: Device> Ranks<D> {
             parallel: cfg.parallel,
             faults: cfg.faults.clone(),
             rng_lost_at: None,
+            process: None,
+        })
+    }
+
+    /// Rank `rank` of `cfg`'s ranks, run by this process on `dev`, the others by processes of
+    /// their own that meet it through `meeting` (rank 0 listens, the others are given its
+    /// address; see [`sockets::join`]). It is built from its rows of the whole f32 tensors
+    /// `source` holds, as [`Ranks::new`] builds each rank. Every rank must be started with the
+    /// same `cfg`.
+    pub fn of_process(
+        cfg: &TrainConfig,
+        dev: D,
+        rank: usize,
+        meeting: Meeting,
+        source: Option<&dyn RowSource>,
+    ) -> Result<Self> {
+        let world = cfg.parallel.world_size;
+        let again = meeting.again().map_err(|e| EngineError::Join {
+            rank,
+            message: e.to_string(),
+        })?;
+        let comm = sockets::join(rank, world, meeting, sockets::JOIN_LIMIT)?;
+        // Every rank has met every other on the first connections before any makes its
+        // second: no second connection reaches rank 0 while it still takes first ones.
+        comm.barrier()?;
+        let gather = sockets::join(rank, world, again, sockets::JOIN_LIMIT)?;
+        let state = build_rank(cfg, dev, (rank, world), source, None)?;
+        Ok(Ranks {
+            states: vec![state],
+            specs: param_specs(&cfg.model),
+            parallel: cfg.parallel,
+            faults: cfg.faults.clone(),
+            rng_lost_at: None,
+            process: Some(ProcessRank {
+                rank,
+                world,
+                mesh: Some((comm, gather)),
+            }),
         })
     }
 
@@ -102,10 +155,11 @@ impl<D: Device> Ranks<D> {
     /// rows in fp32, its master rows in bf16-mixed, its moment rows), in rank order; nothing of
     /// a kind the ranks do not hold (moments before the first update).
     pub fn placed(&self, which: Which, param: usize) -> Result<Placed<'_>> {
-        let world = self.states.len();
+        let world = self.world();
         let shape = &self.specs[param].shape;
-        let mut placed = Vec::with_capacity(world);
-        for (rank, state) in self.states.iter().enumerate() {
+        let first = self.process.as_ref().map_or(0, |p| p.rank);
+        let mut placed = Vec::with_capacity(self.states.len());
+        for (rank, state) in (first..).zip(&self.states) {
             let t = match which {
                 Which::Master => state.weights().master().tensors()[param],
                 Which::ExpAvg | Which::ExpAvgSq => {
@@ -137,6 +191,7 @@ impl<D: Device> Ranks<D> {
             parallel: Parallel::default(),
             faults: Faults::default(),
             rng_lost_at: None,
+            process: None,
         }
     }
 
@@ -147,7 +202,8 @@ impl<D: Device> Ranks<D> {
         self.rng_lost_at = Some(offset);
     }
 
-    /// Every rank's state, in rank order.
+    /// Every rank's state, in rank order; where the ranks are processes of their own, this
+    /// process's rank's alone.
     pub fn states(&self) -> &[State<D>] {
         &self.states
     }
@@ -186,7 +242,7 @@ impl<D: Device> Ranks<D> {
         dropout: Option<Dropout>,
         lr: f64,
     ) -> Result<(PassOutput, f64)> {
-        let world = self.states.len();
+        let world = self.world();
         if world == 1 {
             return self.states[0].train_step(batches, dropout, lr);
         }
@@ -196,8 +252,18 @@ impl<D: Device> Ranks<D> {
                 batches.len()
             )));
         }
-        let (shard, faults, lost_at) = (self.parallel.shard, &self.faults, self.rng_lost_at);
-        let (m, per_rank) = (batches.len(), batches.len() / world);
+        let parts = StepParts {
+            batches,
+            world,
+            dropout,
+            lr,
+            shard: self.parallel.shard,
+            faults: &self.faults,
+            lost_at: self.rng_lost_at,
+        };
+        if let Some(process) = &mut self.process {
+            return process.train_step(&mut self.states[0], &parts);
+        }
         let transport = self.parallel.transport;
         let (comms, gathers) = (group(transport, world)?, group(transport, world)?);
         let results: Vec<Result<(Vec<PassOutput>, f64)>> = std::thread::scope(|s| {
@@ -207,31 +273,7 @@ impl<D: Device> Ranks<D> {
                 .zip(comms.into_iter().zip(gathers))
                 .map(|(state, (comm, gather))| {
                     let rank = comm.rank();
-                    let (mine, first) = match shard {
-                        Shard::Gradients | Shard::Full => {
-                            (plan::micro_batches(shard, world, rank, m), rank)
-                        }
-                        _ if faults.has(Fault::MicroBatchesStrided) => {
-                            (plan::strided(world, rank, m), rank * per_rank)
-                        }
-                        _ => (plan::micro_batches(shard, world, rank, m), rank * per_rank),
-                    };
-                    let mine: Vec<Batch> = mine.into_iter().map(|i| batches[i].clone()).collect();
-                    let dropout = match (dropout, lost_at) {
-                        (Some(d), Some(at)) if rank > 0 => Some(Dropout {
-                            offset: d.offset - at,
-                            ..d
-                        }),
-                        _ => dropout,
-                    };
-                    let step = RankStep {
-                        first: first as u64,
-                        micro_batches: batches.len(),
-                        dropout,
-                        lr,
-                        shard,
-                        faults,
-                    };
+                    let (step, mine) = parts.of_rank(rank);
                     std::thread::Builder::new()
                         .name(format!("rank-{rank}"))
                         .spawn_scoped(s, move || step.run(state, (&*comm, &*gather), &mine))
@@ -252,9 +294,15 @@ impl<D: Device> Ranks<D> {
         first_cause(results).map(|ranks| {
             let norm = ranks.last().map_or(0.0, |r| r.1);
             let by_rank = ranks.into_iter().map(|r| r.0).collect();
-            let passes = in_global_order(by_rank, shard);
+            let passes = in_global_order(by_rank, parts.shard);
             (self.states[0].model().step_output(passes), norm)
         })
+    }
+
+    /// Ranks in the run: this process's states, or where the ranks are processes of their own,
+    /// every process's.
+    pub fn world(&self) -> usize {
+        self.process.as_ref().map_or(self.states.len(), |p| p.world)
     }
 
     /// The bytes of the tensors [`Ranks::checkpoint_entries`] returns, from their sizes alone:
@@ -275,6 +323,12 @@ impl<D: Device> Ranks<D> {
     /// [`Ranks::checkpoint_chunks`]); else every tensor gathered whole (see
     /// [`Ranks::checkpoint_entries`]).
     pub fn checkpoint_tensors(&self) -> Result<Tensors<'_>> {
+        if let Some(process) = &self.process {
+            return Err(EngineError::Config(format!(
+                "rank {} of {}: a run whose ranks are processes of their own cannot save checkpoints yet; run its ranks in one process (without a rank of its own) to save",
+                process.rank, process.world
+            )));
+        }
         if self.states.len() > 1 && self.parallel.checkpoints == Checkpoints::Sharded {
             return self.checkpoint_chunks().map(Tensors::Sharded);
         }
@@ -345,50 +399,76 @@ impl<D: Device> Ranks<D> {
     /// What a checkpoint of the ranks holds, as one device's checkpoint holds it: with sharded
     /// optimizer state each moment's (and bf16-mixed master weight's) rows gathered from the
     /// ranks that hold them, in rank order; under `shard: full` each weight's rows too; rank 0's
-    /// tensors where they are whole.
+    /// tensors where they are whole. Where the ranks are processes of their own, the rows come
+    /// over the connections, and every rank must ask at once.
     pub fn checkpoint_entries(&self) -> Result<(Vec<Entry<'_>>, Vec<Entry<'_>>)> {
         let (mut model, mut optimizer) = self.states[0].checkpoint_entries()?;
-        if self.parallel.shard == Shard::None || self.states.len() == 1 {
+        let shard = self.parallel.shard;
+        if shard == Shard::None || self.world() == 1 {
+            return Ok((model, optimizer));
+        }
+        if let Some(process) = &self.process {
+            let comm = process.connections()?.0;
+            let mut sharded = vec![&mut optimizer];
+            if shard == Shard::Full {
+                sharded.push(&mut model);
+            }
+            for entries in sharded {
+                for entry in entries.iter_mut() {
+                    let shards = comm.all_gather(entry.data.to_vec())?;
+                    let whole = self.whole(entry, shards.iter().map(Vec::as_slice))?;
+                    *entry = whole;
+                }
+            }
             return Ok((model, optimizer));
         }
         let others = self.states[1..]
             .iter()
             .map(State::checkpoint_entries)
             .collect::<Result<Vec<_>>>()?;
-        let optimizer_shards: Vec<&[Entry<'_>]> = others.iter().map(|o| &o.1[..]).collect();
-        self.gather_entries(&mut optimizer, &optimizer_shards)?;
-        if self.parallel.shard == Shard::Full {
-            let model_shards: Vec<&[Entry<'_>]> = others.iter().map(|o| &o.0[..]).collect();
-            self.gather_entries(&mut model, &model_shards)?;
+        for (i, entry) in optimizer.iter_mut().enumerate() {
+            let shards = std::iter::once(&*entry.data).chain(others.iter().map(|o| &*o.1[i].data));
+            *entry = self.whole(entry, shards)?;
+        }
+        if shard == Shard::Full {
+            for (i, entry) in model.iter_mut().enumerate() {
+                let shards =
+                    std::iter::once(&*entry.data).chain(others.iter().map(|o| &*o.0[i].data));
+                *entry = self.whole(entry, shards)?;
+            }
         }
         Ok((model, optimizer))
     }
 
-    /// Each of rank 0's `entries` made whole: every rank's rows (rank 0's, then each of
-    /// `others`' entry at the same place) written at their shard's offset.
-    fn gather_entries(&self, entries: &mut [Entry<'_>], others: &[&[Entry<'_>]]) -> Result<()> {
-        let world = self.states.len();
-        for (i, entry) in entries.iter_mut().enumerate() {
-            let spec = self.spec_of(&entry.name)?;
-            let elem = entry.dtype.bitsize() / 8;
-            let mut data = vec![0u8; spec.shape.iter().product::<usize>() * elem];
-            let shards = std::iter::once(&entry.data).chain(others.iter().map(|o| &o[i].data));
-            for (rank, shard) in shards.enumerate() {
-                let (rows, row) = shard_rows(&spec.shape, world, rank, &self.faults);
-                let at = rows.start * row * elem;
-                let into = data.get_mut(at..at + shard.len()).ok_or_else(|| {
-                    EngineError::Config(format!(
-                        "rank {rank}'s shard of {} ({} bytes from byte {at}) overruns the tensor",
-                        entry.name,
-                        shard.len()
-                    ))
-                })?;
-                into.copy_from_slice(shard);
-            }
-            entry.shape = spec.shape.clone();
-            entry.data = Cow::Owned(data);
+    /// `entry` made whole from every rank's rows of it (`shards`, in rank order), each written
+    /// at its shard's offset.
+    fn whole<'e, 's>(
+        &self,
+        entry: &Entry<'e>,
+        shards: impl Iterator<Item = &'s [u8]>,
+    ) -> Result<Entry<'e>> {
+        let world = self.world();
+        let spec = self.spec_of(&entry.name)?;
+        let elem = entry.dtype.bitsize() / 8;
+        let mut data = vec![0u8; spec.shape.iter().product::<usize>() * elem];
+        for (rank, shard) in shards.enumerate() {
+            let (rows, row) = shard_rows(&spec.shape, world, rank, &self.faults);
+            let at = rows.start * row * elem;
+            let into = data.get_mut(at..at + shard.len()).ok_or_else(|| {
+                EngineError::Config(format!(
+                    "rank {rank}'s shard of {} ({} bytes from byte {at}) overruns the tensor",
+                    entry.name,
+                    shard.len()
+                ))
+            })?;
+            into.copy_from_slice(shard);
         }
-        Ok(())
+        Ok(Entry {
+            name: entry.name.clone(),
+            dtype: entry.dtype,
+            shape: spec.shape.clone(),
+            data: Cow::Owned(data),
+        })
     }
 }
 
@@ -614,6 +694,92 @@ fn place_split<D: Device>(
     let mut compute = dev.zeros_kept::<bf16>(&compute_shape, Category::Params)?;
     dev.round(&whole, &mut compute)?;
     Ok((compute, dev.upload(master)?))
+}
+
+/// A step as every rank's part of it is cut from it.
+struct StepParts<'a> {
+    /// Every micro-batch of the step, in global order.
+    batches: &'a [Batch],
+    world: usize,
+    dropout: Option<Dropout>,
+    lr: f64,
+    shard: Shard,
+    faults: &'a Faults,
+    /// [`Fault::RngRestoredOnRankZeroOnly`]'s offset lost by every rank but the first.
+    lost_at: Option<u64>,
+}
+
+impl<'a> StepParts<'a> {
+    /// Rank `rank`'s part of the step, and its micro-batches.
+    fn of_rank(&self, rank: usize) -> (RankStep<'a>, Vec<Batch>) {
+        let (shard, faults, world) = (self.shard, self.faults, self.world);
+        let (m, per_rank) = (self.batches.len(), self.batches.len() / world);
+        let (mine, first) = match shard {
+            Shard::Gradients | Shard::Full => (plan::micro_batches(shard, world, rank, m), rank),
+            _ if faults.has(Fault::MicroBatchesStrided) => {
+                (plan::strided(world, rank, m), rank * per_rank)
+            }
+            _ => (plan::micro_batches(shard, world, rank, m), rank * per_rank),
+        };
+        let mine = mine.into_iter().map(|i| self.batches[i].clone()).collect();
+        let dropout = match (self.dropout, self.lost_at) {
+            (Some(d), Some(at)) if rank > 0 => Some(Dropout {
+                offset: d.offset - at,
+                ..d
+            }),
+            _ => self.dropout,
+        };
+        let step = RankStep {
+            first: first as u64,
+            micro_batches: m,
+            dropout,
+            lr: self.lr,
+            shard,
+            faults,
+        };
+        (step, mine)
+    }
+}
+
+impl ProcessRank {
+    /// The connections to the other ranks: for the step's chain, ring and collectives, and for
+    /// the weight gathers.
+    fn connections(&self) -> Result<(&BufferedRank, &BufferedRank)> {
+        let rank = self.rank;
+        self.mesh.as_ref().map(|(c, g)| (c, g)).ok_or_else(|| {
+            EngineError::Config(format!(
+                "rank {rank}'s connections to the other ranks were closed by an earlier failure; start the run again"
+            ))
+        })
+    }
+
+    /// This rank's part of a step, on `state`; then every rank's passes, gathered, make the
+    /// step's output in global micro-batch order. A failure closes the connections, so that
+    /// every other rank stops too instead of waiting for this one.
+    fn train_step<D: Device>(
+        &mut self,
+        state: &mut State<D>,
+        parts: &StepParts<'_>,
+    ) -> Result<(PassOutput, f64)> {
+        let (comm, gather) = self.connections()?;
+        let (step, mine) = parts.of_rank(self.rank);
+        let ran = step
+            .run(state, (comm, gather), &mine)
+            .and_then(|(passes, norm)| {
+                let all = comm.all_gather(wire::encode_passes(&passes))?;
+                let by_rank = (all.iter().enumerate())
+                    .map(|(from, bytes)| wire::decode_passes(from, bytes))
+                    .collect::<Result<Vec<_>>>()?;
+                Ok((in_global_order(by_rank, parts.shard), norm))
+            });
+        match ran {
+            Ok((passes, norm)) => Ok((state.model().step_output(passes), norm)),
+            Err(e) => {
+                self.mesh = None;
+                Err(e)
+            }
+        }
+    }
 }
 
 /// One rank's part of a step.

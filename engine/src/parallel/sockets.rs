@@ -68,6 +68,17 @@ pub enum Meeting {
     At(SocketAddr),
 }
 
+impl Meeting {
+    /// The same meeting place once more, for a second set of connections: rank 0's listener
+    /// shared, or the same address.
+    pub fn again(&self) -> std::io::Result<Meeting> {
+        Ok(match self {
+            Meeting::Host(listener) => Meeting::Host(listener.try_clone()?),
+            Meeting::At(at) => Meeting::At(*at),
+        })
+    }
+}
+
 /// What a rank says when it opens a connection: who it is, and (to rank 0) where it listens.
 #[derive(Debug, Serialize, Deserialize)]
 struct Hello {
