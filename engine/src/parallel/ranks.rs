@@ -407,34 +407,33 @@ impl<D: Device> Ranks<D> {
         if shard == Shard::None || self.world() == 1 {
             return Ok((model, optimizer));
         }
-        if let Some(process) = &self.process {
-            let comm = process.connections()?.0;
-            let mut sharded = vec![&mut optimizer];
-            if shard == Shard::Full {
-                sharded.push(&mut model);
-            }
-            for entries in sharded {
-                for entry in entries.iter_mut() {
-                    let shards = comm.all_gather(entry.data.to_vec())?;
-                    let whole = self.whole(entry, shards.iter().map(Vec::as_slice))?;
-                    *entry = whole;
-                }
-            }
-            return Ok((model, optimizer));
-        }
-        let others = self.states[1..]
-            .iter()
-            .map(State::checkpoint_entries)
-            .collect::<Result<Vec<_>>>()?;
-        for (i, entry) in optimizer.iter_mut().enumerate() {
-            let shards = std::iter::once(&*entry.data).chain(others.iter().map(|o| &*o.1[i].data));
-            *entry = self.whole(entry, shards)?;
-        }
+        // The other ranks' entries, where this process holds them.
+        let others = match self.process {
+            Some(_) => Vec::new(),
+            None => (self.states[1..].iter())
+                .map(State::checkpoint_entries)
+                .collect::<Result<Vec<_>>>()?,
+        };
+        let mut sharded = vec![(&mut optimizer, false)];
         if shard == Shard::Full {
-            for (i, entry) in model.iter_mut().enumerate() {
-                let shards =
-                    std::iter::once(&*entry.data).chain(others.iter().map(|o| &*o.0[i].data));
-                *entry = self.whole(entry, shards)?;
+            sharded.push((&mut model, true));
+        }
+        for (entries, of_model) in sharded {
+            for (i, entry) in entries.iter_mut().enumerate() {
+                *entry = match &self.process {
+                    Some(process) => {
+                        let comm = process.connections()?.0;
+                        let shards = comm.all_gather(entry.data.to_vec())?;
+                        self.whole(entry, shards.iter().map(Vec::as_slice))?
+                    }
+                    None => {
+                        let theirs = others.iter().map(|(model, optimizer)| match of_model {
+                            true => &*model[i].data,
+                            false => &*optimizer[i].data,
+                        });
+                        self.whole(entry, std::iter::once(&*entry.data).chain(theirs))?
+                    }
+                };
             }
         }
         Ok((model, optimizer))

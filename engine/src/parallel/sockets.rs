@@ -42,6 +42,9 @@ const RESERVED_UP_FRONT: u64 = 256 << 20;
 /// rank's connection.
 const RETRY: Duration = Duration::from_millis(20);
 
+/// How long one try to connect waits for an answer.
+const CONNECT: Duration = Duration::from_secs(1);
+
 /// The first pause between looks for a rank's connection, doubled at each look up to [`RETRY`]:
 /// ranks in one process connect within microseconds.
 const FIRST_PAUSE: Duration = Duration::from_micros(50);
@@ -168,13 +171,8 @@ pub fn group(world: usize) -> Result<Vec<BufferedRank>> {
         rank: 0,
         message: e.to_string(),
     })?;
-    let mut host = Some(listener);
-    let meetings: Vec<Meeting> = (0..world)
-        .map(|rank| match host.take().filter(|_| rank == 0) {
-            Some(listener) => Meeting::Host(listener),
-            None => Meeting::At(at),
-        })
-        .collect();
+    let mut meetings = vec![Meeting::Host(listener)];
+    meetings.extend((1..world).map(|_| Meeting::At(at)));
     let joined: Vec<Result<BufferedRank>> = std::thread::scope(|s| {
         let handles: Vec<_> = meetings
             .into_iter()
@@ -329,7 +327,7 @@ fn accept_from(
 /// A connection to `at`, tried again while nothing listens there yet, until `wait` runs out.
 fn connect(at: SocketAddr, wait: Wait) -> std::io::Result<TcpStream> {
     loop {
-        match TcpStream::connect_timeout(&at, RETRY.max(Duration::from_secs(1))) {
+        match TcpStream::connect_timeout(&at, CONNECT) {
             Ok(stream) => return Ok(stream),
             Err(e) if Instant::now() >= wait.until => return Err(e),
             Err(_) => std::thread::sleep(RETRY),
@@ -357,39 +355,54 @@ fn say_hello(
 fn read_meeting_frame(stream: &TcpStream, wait: Wait) -> std::io::Result<Vec<u8>> {
     let left = wait.until.saturating_duration_since(Instant::now());
     stream.set_read_timeout(Some(left.max(Duration::from_millis(1))))?;
-    let mut reading = stream;
+    read_frame(stream, MEETING_FRAME)?.ok_or_else(|| ErrorKind::UnexpectedEof.into())
+}
+
+/// The next frame from `stream`, of at most `most` bytes; `None` where the stream ends (or is
+/// reset) before a frame begins. A frame cut short, or longer than `most`, is an error saying
+/// so.
+fn read_frame(stream: &TcpStream, most: u64) -> std::io::Result<Option<Vec<u8>>> {
+    let broken = |kind, message: String| std::io::Error::new(kind, message);
     let mut len = [0; 8];
-    reading.read_exact(&mut len)?;
-    let len = u64::from_le_bytes(len);
-    if len > MEETING_FRAME {
-        return Err(std::io::Error::new(
-            ErrorKind::InvalidData,
-            format!("a meeting message of {len} bytes"),
-        ));
+    match read_full(stream, &mut len)? {
+        0 => return Ok(None),
+        8 => {}
+        n => {
+            let message = format!("its message's length ended after {n} of 8 bytes");
+            return Err(broken(ErrorKind::UnexpectedEof, message));
+        }
     }
-    let mut bytes = vec![0; len as usize];
-    reading.read_exact(&mut bytes)?;
-    Ok(bytes)
+    let len = u64::from_le_bytes(len);
+    if len > most {
+        let message = format!("a message of {len} bytes, where at most {most} are taken");
+        return Err(broken(ErrorKind::InvalidData, message));
+    }
+    // Room for the whole message up front, up to a bound: a length no peer would send (a
+    // broken one) allocates only as its bytes come.
+    let mut bytes = Vec::with_capacity(len.min(RESERVED_UP_FRONT) as usize);
+    let n = Read::take(stream, len).read_to_end(&mut bytes)?;
+    if n as u64 != len {
+        let message = format!("its message ended after {n} of {len} bytes");
+        return Err(broken(ErrorKind::UnexpectedEof, message));
+    }
+    Ok(Some(bytes))
 }
 
 /// Writes `bytes` to `stream` as one frame: its length, then the bytes, in one system call
 /// where the socket takes them all.
-fn write_frame(stream: &TcpStream, bytes: &[u8]) -> std::io::Result<()> {
-    let mut writing = stream;
+fn write_frame(mut stream: &TcpStream, bytes: &[u8]) -> std::io::Result<()> {
     let len = (bytes.len() as u64).to_le_bytes();
-    let mut written = loop {
-        match writing.write_vectored(&[IoSlice::new(&len), IoSlice::new(bytes)]) {
+    let mut slices = [IoSlice::new(&len), IoSlice::new(bytes)];
+    let mut left = &mut slices[..];
+    while !left.is_empty() {
+        match stream.write_vectored(left) {
             Ok(0) => return Err(ErrorKind::WriteZero.into()),
-            Ok(n) => break n,
+            Ok(n) => IoSlice::advance_slices(&mut left, n),
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
-    };
-    if written < len.len() {
-        writing.write_all(&len[written..])?;
-        written = len.len();
     }
-    writing.write_all(&bytes[written - len.len()..])
+    Ok(())
 }
 
 /// A rank's sending ends: the connection to each peer, in rank order (none to itself).
@@ -430,37 +443,17 @@ struct Receives {
 
 impl Inbox for Receives {
     fn recv(&mut self) -> Result<Option<Vec<u8>>> {
-        let mut len = [0; 8];
-        let link = |message: String| EngineError::Link {
+        read_frame(&self.stream, u64::MAX).map_err(|e| EngineError::Link {
             rank: self.rank,
             peer: self.peer,
-            message,
-        };
-        match read_full(&mut self.stream, &mut len) {
-            Ok(0) => return Ok(None),
-            Ok(8) => {}
-            Ok(n) => {
-                return Err(link(format!(
-                    "its message's length ended after {n} of 8 bytes"
-                )))
-            }
-            Err(e) => return Err(link(e.to_string())),
-        }
-        let len = u64::from_le_bytes(len);
-        // Room for the whole message up front, up to a bound: a length no peer would send
-        // (a broken one) allocates only as its bytes come.
-        let mut bytes = Vec::with_capacity(len.min(RESERVED_UP_FRONT) as usize);
-        match (&mut self.stream).take(len).read_to_end(&mut bytes) {
-            Ok(n) if n as u64 == len => Ok(Some(bytes)),
-            Ok(n) => Err(link(format!("its message ended after {n} of {len} bytes"))),
-            Err(e) => Err(link(e.to_string())),
-        }
+            message: e.to_string(),
+        })
     }
 }
 
 /// Reads into `buf` until it is full or the stream ends; the bytes read. A connection reset
 /// counts as its end.
-fn read_full(stream: &mut TcpStream, buf: &mut [u8]) -> std::io::Result<usize> {
+fn read_full(mut stream: &TcpStream, buf: &mut [u8]) -> std::io::Result<usize> {
     let mut done = 0;
     while done < buf.len() {
         match stream.read(&mut buf[done..]) {
