@@ -643,6 +643,18 @@ mod tests {
     }
 
     #[test]
+    fn a_frame_longer_than_its_reader_takes_is_refused_before_its_bytes_are_held() {
+        let (inbox, sender) = inbox_from_rank_one();
+        write_frame(&sender, &[0; 64]).unwrap();
+        let e = read_frame(&inbox.stream, 63).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidData);
+        assert_eq!(
+            e.to_string(),
+            "a message of 64 bytes, where at most 63 are taken"
+        );
+    }
+
+    #[test]
     fn a_peer_that_closes_between_messages_has_simply_stopped() {
         let (mut inbox, sender) = inbox_from_rank_one();
         write_frame(&sender, &[1, 2, 3]).unwrap();
