@@ -320,13 +320,20 @@ impl<D: Device> Trainer<D> {
     /// keeping the newest `keep_last`; returns its directory. It writes straight from the
     /// tensors, staging nothing; call [`Trainer::finish_saves`] first when an asynchronous save
     /// into the same run directory may still be in flight.
+    ///
+    /// Where the ranks are processes of their own, every rank calls it at once with the same
+    /// run directory, on a filesystem they share: each writes its own file and rank 0 commits
+    /// the checkpoint (see [`checkpoint::save_as_rank`]).
     pub fn save(&self, run_dir: &Path, keep_last: Option<usize>) -> Result<PathBuf> {
         let req = SaveRequest {
             config: &self.cfg.model,
             tensors: self.checkpoint_tensors()?,
             state: self.trainer_state(),
         };
-        checkpoint::save(run_dir, req, keep_last)
+        match self.ranks.connections()? {
+            Some(comm) => checkpoint::save_as_rank(run_dir, req, keep_last, comm),
+            None => checkpoint::save(run_dir, req, keep_last),
+        }
     }
 
     /// Saves a checkpoint of the current state under `run_dir` in the background, keeping the
@@ -340,6 +347,13 @@ impl<D: Device> Trainer<D> {
     /// then leaves the previous checkpoint as `latest`.
     pub fn save_async(&mut self, run_dir: &Path, keep_last: Option<usize>) -> Result<()> {
         self.finish_saves()?;
+        if self.ranks.connections()?.is_some() {
+            return Err(EngineError::Config(format!(
+                "rank {} of {}: a rank in a process of its own saves synchronously only (Trainer::save); its asynchronous save is not built yet",
+                self.ranks.rank(),
+                self.ranks.world()
+            )));
+        }
         let state = self.trainer_state();
         if self.cfg.faults.has(Fault::AsyncSaveReadsLiveWeights) {
             self.pending = Some(PendingSave::Deferred {

@@ -6,6 +6,7 @@
 mod common;
 
 use ckpt_engine::backend::count::{Like, Routes};
+use ckpt_engine::checkpoint::step_dir_name;
 use ckpt_engine::config::Precision;
 use ckpt_engine::estimate::{estimate, routed_rank_steps, EstimateConfig, StepEstimate};
 use ckpt_engine::model::config::MoeConfig;
@@ -20,7 +21,9 @@ use ckpt_engine::{
     Category, CpuDevice, EngineError, Fault, MemoryTracker, StateDigest, TrainConfig, Trainer,
 };
 use proptest::prelude::*;
+use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, TcpListener};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
 /// A vocabulary that neither 3 nor 4 divides.
@@ -86,12 +89,12 @@ struct Run {
 }
 
 fn run(cfg: &TrainConfig, steps: u64) -> Run {
-    let t = Trainer::new(cfg.clone(), CpuDevice::new(4, u64::MAX).unwrap()).unwrap();
-    trained(t, steps)
+    let mut t = Trainer::new(cfg.clone(), CpuDevice::new(4, u64::MAX).unwrap()).unwrap();
+    trained(&mut t, steps)
 }
 
 /// What `t` shows of itself over `steps` steps.
-fn trained(mut t: Trainer<CpuDevice>, steps: u64) -> Run {
+fn trained(t: &mut Trainer<CpuDevice>, steps: u64) -> Run {
     let steps = (0..steps)
         .map(|_| {
             let s = t.step().unwrap();
@@ -165,8 +168,8 @@ fn ranks_over_sockets_train_the_bits_of_one_rank() {
     each_stage_trains_the_bits_of_one_rank(&transport_cases(), 2..=4, 2, Transport::Sockets);
 }
 
-/// Set in a child process of [`ranks_in_processes_of_their_own_train_the_bits_of_one_rank`]:
-/// the case, the rank it runs and rank 0's address.
+/// Set in a child process of [`ranks_in_processes_of_their_own_train_and_save_as_one_process`]:
+/// the case, the rank it runs, rank 0's address and the run directory.
 const AS_RANK: &str = "CKPT_TEST_AS_RANK";
 
 /// What a child rank prints before its run (on the line libtest began with the test's name).
@@ -176,8 +179,10 @@ const RUN_LINE: &str = "rank's run: ";
 const PROCESS_STEPS: u64 = 3;
 
 /// The runs split over processes: each stage, both precisions, tied embeddings and a mixture of
-/// experts, world sizes 2 to 4.
+/// experts, world sizes 2 to 4, checkpoints sharded and gathered.
 fn process_cases() -> [(&'static str, TrainConfig); 4] {
+    let mut gathered = with(&dense(Precision::Fp32), 2, Shard::None, &[]);
+    gathered.parallel.checkpoints = Checkpoints::Gathered;
     [
         (
             "dense bf16-mixed, 3 ranks, full",
@@ -191,36 +196,62 @@ fn process_cases() -> [(&'static str, TrainConfig); 4] {
             "tied fp32, 4 ranks, optimizer",
             with(&tied(Precision::Fp32), 4, Shard::Optimizer, &[]),
         ),
-        (
-            "dense fp32, 2 ranks, none",
-            with(&dense(Precision::Fp32), 2, Shard::None, &[]),
-        ),
+        ("dense fp32, 2 ranks, none, gathered", gathered),
     ]
 }
 
+/// A CPU device of one thread, as each rank of a run in one process has.
+fn one_thread() -> CpuDevice {
+    CpuDevice::new(1, u64::MAX).unwrap()
+}
+
 /// Rank `rank` of `cfg` trained by this process, meeting the other ranks' processes through
-/// `meeting`.
-fn run_rank(cfg: &TrainConfig, rank: usize, meeting: Meeting) -> Run {
-    let dev = CpuDevice::new(1, u64::MAX).unwrap();
-    let t = Trainer::new_rank(cfg.clone(), dev, rank, meeting).unwrap();
-    trained(t, PROCESS_STEPS)
+/// `meeting`, then saved with theirs into the run directory `dir`.
+fn run_rank(cfg: &TrainConfig, rank: usize, meeting: Meeting, dir: &Path) -> Run {
+    let mut t = Trainer::new_rank(cfg.clone(), one_thread(), rank, meeting).unwrap();
+    let run = trained(&mut t, PROCESS_STEPS);
+    let saved = t.save(dir, None).unwrap();
+    assert_eq!(saved, dir.join(step_dir_name(PROCESS_STEPS)), "rank {rank}");
+    run
+}
+
+/// Every file of the run directory `dir` (its checkpoints' files under their directory's
+/// name), by path.
+fn files_of(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    let mut files = BTreeMap::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if path.is_dir() {
+            for (inner, bytes) in files_of(&path) {
+                files.insert(format!("{name}/{inner}"), bytes);
+            }
+        } else {
+            files.insert(name, std::fs::read(&path).unwrap());
+        }
+    }
+    files
 }
 
 #[test]
-fn ranks_in_processes_of_their_own_train_the_bits_of_one_rank() {
+fn ranks_in_processes_of_their_own_train_and_save_as_one_process() {
     // This test's own binary, started again with AS_RANK set, is each rank but 0: a process of
     // its own, meeting rank 0 (this process) over TCP.
     if let Ok(spec) = std::env::var(AS_RANK) {
-        let [case, rank, at]: [&str; 3] =
-            spec.splitn(3, ' ').collect::<Vec<_>>().try_into().unwrap();
+        let [case, rank, at, dir]: [&str; 4] =
+            spec.splitn(4, ' ').collect::<Vec<_>>().try_into().unwrap();
         let cfg = &process_cases()[case.parse::<usize>().unwrap()].1;
-        let run = run_rank(cfg, rank.parse().unwrap(), Meeting::At(at.parse().unwrap()));
+        let meeting = Meeting::At(at.parse().unwrap());
+        let run = run_rank(cfg, rank.parse().unwrap(), meeting, Path::new(dir));
         println!("{RUN_LINE}{run:?}");
         return;
     }
     let this = std::env::current_exe().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
     for (case, (name, cfg)) in process_cases().iter().enumerate() {
         let one = run(&with(cfg, 1, Shard::None, &[]), PROCESS_STEPS);
+        let dir = tmp.path().join(format!("processes-{case}"));
+        std::fs::create_dir(&dir).unwrap();
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
         let at = listener.local_addr().unwrap();
         let children: Vec<Child> = (1..cfg.parallel.world_size)
@@ -228,10 +259,10 @@ fn ranks_in_processes_of_their_own_train_the_bits_of_one_rank() {
                 Command::new(&this)
                     .args([
                         "--exact",
-                        "ranks_in_processes_of_their_own_train_the_bits_of_one_rank",
+                        "ranks_in_processes_of_their_own_train_and_save_as_one_process",
                     ])
                     .args(["--nocapture", "--test-threads=1"])
-                    .env(AS_RANK, format!("{case} {rank} {at}"))
+                    .env(AS_RANK, format!("{case} {rank} {at} {}", dir.display()))
                     .stdout(Stdio::piped())
                     .stderr(Stdio::piped())
                     .spawn()
@@ -239,7 +270,7 @@ fn ranks_in_processes_of_their_own_train_the_bits_of_one_rank() {
             })
             .collect();
         assert_eq!(
-            run_rank(cfg, 0, Meeting::Host(listener)),
+            run_rank(cfg, 0, Meeting::Host(listener), &dir),
             one,
             "{name}: rank 0"
         );
@@ -258,30 +289,99 @@ fn ranks_in_processes_of_their_own_train_the_bits_of_one_rank() {
                 "{name}: rank {rank}"
             );
         }
+        // The same ranks in one process save the same files, byte for byte.
+        let in_one = tmp.path().join(format!("one-process-{case}"));
+        let mut t = Trainer::new(cfg.clone(), one_thread()).unwrap();
+        trained(&mut t, PROCESS_STEPS);
+        t.save(&in_one, None).unwrap();
+        let (theirs, ours) = (files_of(&dir), files_of(&in_one));
+        let names = |files: &BTreeMap<String, Vec<u8>>| files.keys().cloned().collect::<Vec<_>>();
+        assert_eq!(names(&theirs), names(&ours), "{name}");
+        for (file, bytes) in &theirs {
+            assert!(bytes == &ours[file], "{name}: {file} differs");
+        }
     }
 }
 
-#[test]
-fn a_rank_of_its_own_refuses_to_save_and_stops_when_a_peer_is_gone() {
-    let cfg = with(&dense(Precision::Fp32), 2, Shard::Optimizer, &[]);
+/// Ranks 0 and 1 of `cfg`, each in a thread of this process, meeting over TCP.
+fn two_ranks(cfg: &TrainConfig) -> [Trainer<CpuDevice>; 2] {
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
     let at = listener.local_addr().unwrap();
-    let dev = || CpuDevice::new(1, u64::MAX).unwrap();
-    let (zero, one) = std::thread::scope(|s| {
-        let other = s.spawn(|| Trainer::new_rank(cfg.clone(), dev(), 1, Meeting::At(at)));
-        let zero = Trainer::new_rank(cfg.clone(), dev(), 0, Meeting::Host(listener));
-        (zero.unwrap(), other.join().unwrap().unwrap())
-    });
-    let dir = tempfile::tempdir().unwrap();
-    let e = zero.save(dir.path(), None).unwrap_err().to_string();
+    std::thread::scope(|s| {
+        let other = s.spawn(|| Trainer::new_rank(cfg.clone(), one_thread(), 1, Meeting::At(at)));
+        let zero = Trainer::new_rank(cfg.clone(), one_thread(), 0, Meeting::Host(listener));
+        [zero.unwrap(), other.join().unwrap().unwrap()]
+    })
+}
+
+/// Both ranks' `act`, run at once (each in a thread).
+fn at_once<T: Send>(
+    ranks: &mut [Trainer<CpuDevice>; 2],
+    act: impl Fn(&mut Trainer<CpuDevice>, usize) -> T + Sync,
+) -> [T; 2] {
+    let [zero, one] = ranks;
+    std::thread::scope(|s| {
+        let other = s.spawn(|| act(one, 1));
+        [act(zero, 0), other.join().unwrap()]
+    })
+}
+
+#[test]
+fn a_save_that_fails_on_any_rank_fails_on_every_rank_and_latest_stays() {
+    let cfg = with(&dense(Precision::Fp32), 2, Shard::Optimizer, &[]);
+    let mut ranks = two_ranks(&cfg);
+    let tmp = tempfile::tempdir().unwrap();
+    let (run, elsewhere) = (tmp.path().join("run"), tmp.path().join("elsewhere"));
+    std::fs::create_dir(&run).unwrap();
+    std::fs::create_dir(&elsewhere).unwrap();
+    for stepped in at_once(&mut ranks, |t, _| t.step()) {
+        stepped.unwrap();
+    }
+    for saved in at_once(&mut ranks, |t, _| t.save(&run, None)) {
+        saved.unwrap();
+    }
+    let first = files_of(&run);
+    assert!(first.contains_key("step-00000001/shards.json"), "{first:?}");
+
+    // Rank 1 is given a run directory where rank 0's temporary directory is not.
+    for stepped in at_once(&mut ranks, |t, _| t.step()) {
+        stepped.unwrap();
+    }
+    let [zero, one] = at_once(&mut ranks, |t, rank| {
+        t.save(if rank == 0 { &run } else { &elsewhere }, None)
+    })
+    .map(|saved| saved.unwrap_err().to_string());
+    for e in [&zero, &one] {
+        assert!(
+            e.contains("rank 1: it does not see rank 0's temporary directory")
+                && e.contains("give every rank the same run directory"),
+            "{e}"
+        );
+        assert!(
+            e.contains("still names step-00000001, the previous checkpoint"),
+            "{e}"
+        );
+    }
     assert!(
-        e.contains(
-            "rank 0 of 2: a run whose ranks are processes of their own cannot save checkpoints yet"
-        ),
-        "{e}"
+        one.starts_with("rank 1: rank 0 stopped the save: saving step 2"),
+        "{one}"
+    );
+    assert_eq!(files_of(&run), first, "nothing of the failed save is left");
+
+    // A rank that stops fails its peer's save, and the ranks' next step.
+    let [mut zero, one] = ranks;
+    let async_save = one_rank_async_refusal(&mut zero, &run);
+    assert!(
+        async_save.contains("rank 0 of 2: a rank in a process of its own saves synchronously only"),
+        "{async_save}"
     );
     drop(one);
-    let mut zero = zero;
+    let e = zero.save(&run, None).unwrap_err().to_string();
+    assert!(
+        e.contains("rank 0: rank 1 stopped before the exchange finished"),
+        "{e}"
+    );
+    assert_eq!(files_of(&run), first, "nothing of the failed save is left");
     let e = zero.step().unwrap_err();
     assert!(
         matches!(e, EngineError::PeerStopped { rank: 0, peer: 1 }),
@@ -289,14 +389,24 @@ fn a_rank_of_its_own_refuses_to_save_and_stops_when_a_peer_is_gone() {
     );
     let e = zero.step().unwrap_err().to_string();
     assert!(e.contains("closed by an earlier failure"), "{e}");
-    let e = Trainer::new_rank(with(&cfg, 1, Shard::None, &[]), dev(), 0, Meeting::At(at))
-        .err()
-        .unwrap()
-        .to_string();
+    let e = Trainer::new_rank(
+        with(&cfg, 1, Shard::None, &[]),
+        one_thread(),
+        0,
+        Meeting::At("127.0.0.1:9".parse().unwrap()),
+    )
+    .err()
+    .unwrap()
+    .to_string();
     assert!(
         e.contains("a rank of its own takes a world_size of 2 or more"),
         "{e}"
     );
+}
+
+/// The error of `t`'s asynchronous save into `run`.
+fn one_rank_async_refusal(t: &mut Trainer<CpuDevice>, run: &Path) -> String {
+    t.save_async(run, None).unwrap_err().to_string()
 }
 
 #[test]

@@ -26,6 +26,7 @@ mod foreign;
 mod load;
 mod lock;
 mod rank_reads;
+mod rank_save;
 mod reading;
 mod recover;
 pub mod shards;
@@ -46,14 +47,15 @@ pub use foreign::{foreign, remove_foreign, Foreign};
 pub use load::{load, LoadRequest, Loaded};
 pub use lock::RunLock;
 pub use rank_reads::RankReads;
+pub use rank_save::save_as_rank;
 pub use recover::recover;
 use recover::{OLD_PREFIX, PRUNED_PREFIX, TMP_PREFIX};
 use safetensors::Dtype;
 pub use shards::{Chunk, RankChunks, SHARDS_FILE};
-use state::{FileRecord, TrainerState, SHARDED_FORMAT_VERSION};
+use state::{FileRecord, TrainerState};
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
-use tensor_hash::TensorHash;
+use tensor_hash::BLOCK_HASHED_FROM;
 pub use verify::{verify, FileVerdict};
 
 /// The weights file, in Hugging Face's layout.
@@ -297,13 +299,26 @@ pub struct SaveRequest<'a> {
 /// `latest` names after it (the previous checkpoint, unless only the cleanup after publishing
 /// failed).
 pub fn save(run_dir: &Path, req: SaveRequest<'_>, keep_last: Option<usize>) -> Result<PathBuf> {
-    state_file::check_storable(&req.state)?;
-    let _lock = RunLock::acquire(run_dir)?;
-    recover(run_dir)?;
+    let (_lock, tmp) = begin(run_dir, &req.state)?;
     let step = req.state.global_step;
-    let mut tmp_path = None;
-    write_and_publish(run_dir, req, keep_last, &mut tmp_path)
-        .map_err(|cause| save_failed(run_dir, step, tmp_path.as_deref(), cause))
+    write_and_publish(run_dir, req, keep_last, tmp.path())
+        .map_err(|cause| save_failed(run_dir, step, Some(tmp.path()), cause))
+}
+
+/// What a save does before it writes: checks that `state` can be stored, takes `run_dir`'s
+/// [`RunLock`], puts right what interrupted saves left ([`recover`]), and makes the temporary
+/// directory step `state.global_step`'s checkpoint is written into, which is removed when
+/// dropped unless it was renamed into place.
+fn begin(run_dir: &Path, state: &TrainerState) -> Result<(RunLock, tempfile::TempDir)> {
+    state_file::check_storable(state)?;
+    let lock = RunLock::acquire(run_dir)?;
+    recover(run_dir)?;
+    let step = state.global_step;
+    let tmp = tempfile::Builder::new()
+        .prefix(&format!("{TMP_PREFIX}{}-", step_dir_name(step)))
+        .tempdir_in(run_dir)
+        .map_err(|e| save_failed(run_dir, step, None, EngineError::io(run_dir, e)))?;
+    Ok((lock, tmp))
 }
 
 /// [`EngineError::SaveFailed`] for step `step`'s save into `run_dir`, which failed with `cause`
@@ -355,23 +370,14 @@ fn save_failed(run_dir: &Path, step: u64, tmp: Option<&Path>, cause: EngineError
     }
 }
 
-/// The body of [`save`] once the run is locked and recovered; `tmp_path` is set to the
-/// temporary directory as soon as it exists, for the error to name what was being written.
+/// The body of [`save`] once it has begun ([`begin`]): writes the checkpoint into the temporary
+/// directory `tmp_path` and publishes it.
 fn write_and_publish(
     run_dir: &Path,
     req: SaveRequest<'_>,
     keep_last: Option<usize>,
-    tmp_path: &mut Option<PathBuf>,
+    tmp_path: &Path,
 ) -> Result<PathBuf> {
-    let name = step_dir_name(req.state.global_step);
-    // Removed on any error before it is renamed into place.
-    let tmp = tempfile::Builder::new()
-        .prefix(&format!("{TMP_PREFIX}{name}-"))
-        .tempdir_in(run_dir)
-        .map_err(|e| EngineError::io(run_dir, e))?;
-    *tmp_path = Some(tmp.path().to_path_buf());
-    let tmp_path = tmp.path();
-
     let mut state = req.state;
     match &req.tensors {
         Tensors::Whole { model, optimizer } => {
@@ -385,14 +391,26 @@ fn write_and_publish(
             state.files.insert(OPTIMIZER_FILE.into(), optimizer?.0);
         }
         Tensors::Sharded(ranks) => {
-            state.format_version = state.format_version.max(SHARDED_FORMAT_VERSION);
-            let tensor_hash = TensorHash::of_version(state.format_version);
-            state
-                .files
-                .extend(shards::write(tmp_path, ranks, tensor_hash)?);
+            state.format_version = state.format_version.max(BLOCK_HASHED_FROM);
+            state.files.extend(shards::write(tmp_path, ranks)?);
         }
     }
-    let config = serde_json::to_vec_pretty(&req.config.to_hf_json()).expect("plain JSON");
+    publish(run_dir, tmp_path, req.config, state, keep_last)
+}
+
+/// Completes the checkpoint whose tensor files are in the temporary directory `tmp_path` (and
+/// recorded in `state`): writes its configuration and trainer state, fsyncs the directory,
+/// renames it into place as step `state.global_step`'s checkpoint of `run_dir`, points `latest`
+/// at it and keeps the newest `keep_last`. Returns its directory.
+fn publish(
+    run_dir: &Path,
+    tmp_path: &Path,
+    config: &LlamaConfig,
+    mut state: TrainerState,
+    keep_last: Option<usize>,
+) -> Result<PathBuf> {
+    let name = step_dir_name(state.global_step);
+    let config = serde_json::to_vec_pretty(&config.to_hf_json()).expect("plain JSON");
     let record = write_synced(&tmp_path.join(CONFIG_FILE), &[&config])?;
     state.files.insert(CONFIG_FILE.into(), record);
     state_file::write(tmp_path, &state)?;

@@ -16,7 +16,7 @@
 
 use super::files::{self, write_synced};
 use super::state::{FileRecord, TrainerState};
-use super::tensor_hash::TensorHash;
+use super::tensor_hash::{finish_parts, HashPart, TensorHash};
 use super::{write_safetensors, Entry};
 use crate::error::{EngineError, Result};
 use crate::parallel::plan::shard_shape;
@@ -194,103 +194,199 @@ fn xxh3_hex(parts: &[&[u8]]) -> String {
     format!("{:032x}", h.finish_128())
 }
 
-/// Writes every rank's file and the index into the temporary directory `dir`, each fsynced,
-/// and returns the files' records by name; the whole tensors are hashed as `tensor_hash`
-/// defines it. The ranks' files are written concurrently, as ranks of their own would. Nothing
-/// is written when the chunks do not tile their tensors.
-pub fn write(
-    dir: &Path,
-    ranks: &[RankChunks<'_>],
-    tensor_hash: TensorHash,
-) -> Result<Vec<(String, FileRecord)>> {
-    let world = ranks.len();
-    let index_path = dir.join(SHARDS_FILE);
-    let model = whole_tensors(&index_path, ranks, tensor_hash, |r| &r.model)?;
-    let optimizer = whole_tensors(&index_path, ranks, tensor_hash, |r| &r.optimizer)?;
-    let written: Vec<Result<(FileRecord, Vec<[u64; 2]>)>> = std::thread::scope(|scope| {
-        let running: Vec<_> = ranks
-            .iter()
-            .enumerate()
-            .map(|(rank, chunks)| {
-                let path = dir.join(rank_file_name(rank, world));
-                scope.spawn(move || {
-                    let entries: Vec<Entry<'_>> = chunks
-                        .model
-                        .iter()
-                        .chain(&chunks.optimizer)
-                        .filter(|c| !c.rows.is_empty() && !c.skipped)
-                        .map(|c| Entry {
-                            name: c.name.clone(),
-                            dtype: c.dtype,
-                            shape: shard_shape(&c.shape, c.rows.len()),
-                            data: Cow::Borrowed(&c.data),
-                        })
-                        .collect();
-                    write_safetensors(&path, &entries)
+/// A rank's chunk of a tensor before anything is written: what the ranks' chunks are checked to
+/// tile their tensors by ([`plan_index`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChunkPlan {
+    /// The tensor's name.
+    pub name: String,
+    /// Element type.
+    pub dtype: Dtype,
+    /// The whole tensor's dimensions.
+    pub shape: Vec<usize>,
+    /// The rows (first-dimension indices) the chunk holds.
+    pub rows: Range<usize>,
+    /// The chunk's bytes.
+    pub bytes: usize,
+}
+
+/// One rank's chunks of the model list and of the optimizer list, as [`ChunkPlan`]s: what ranks
+/// in processes of their own exchange before they write.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RankPlan {
+    /// Chunks of the weights the passes read.
+    pub model: Vec<ChunkPlan>,
+    /// Chunks of the master weights and moments.
+    pub optimizer: Vec<ChunkPlan>,
+}
+
+impl RankPlan {
+    /// The plan of `chunks`.
+    pub fn of(chunks: &RankChunks<'_>) -> Self {
+        let plans = |list: &[Chunk<'_>]| {
+            list.iter()
+                .map(|c| ChunkPlan {
+                    name: c.name.clone(),
+                    dtype: c.dtype,
+                    shape: c.shape.clone(),
+                    rows: c.rows.clone(),
+                    bytes: c.data.len(),
                 })
-            })
+                .collect()
+        };
+        RankPlan {
+            model: plans(&chunks.model),
+            optimizer: plans(&chunks.optimizer),
+        }
+    }
+}
+
+/// What writing one rank's file adds to the index: the file's record, and for every tensor
+/// (the model list, then the optimizer list) where its chunk lies in the file (`None` where the
+/// chunk is empty or skipped) and the chunk's part of the whole tensor's hash (a skipped chunk's
+/// too: the hash is of the tensor the ranks hold).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RankWritten {
+    /// The rank's file.
+    pub record: FileRecord,
+    /// Each tensor's chunk, as the index lists it.
+    pub chunks: Vec<Option<ChunkIndex>>,
+    /// Each tensor's chunk's part of the tensor's hash.
+    pub hashes: Vec<HashPart>,
+}
+
+/// Writes every rank's file and the index into the temporary directory `dir`, each fsynced,
+/// and returns the files' records by name. The ranks' files are written concurrently, as ranks
+/// of their own would. Nothing is written when the chunks do not tile their tensors.
+pub fn write(dir: &Path, ranks: &[RankChunks<'_>]) -> Result<Vec<(String, FileRecord)>> {
+    let world = ranks.len();
+    let plans: Vec<RankPlan> = ranks.iter().map(RankPlan::of).collect();
+    let index = plan_index(&dir.join(SHARDS_FILE), &plans)?;
+    let written: Vec<Result<RankWritten>> = std::thread::scope(|scope| {
+        let running: Vec<_> = (ranks.iter().enumerate())
+            .map(|(rank, chunks)| scope.spawn(move || write_rank(dir, rank, world, chunks)))
             .collect();
         running
             .into_iter()
             .map(|w| w.join().expect("writing does not panic"))
             .collect()
     });
-    let mut records = Vec::with_capacity(world + 1);
-    let mut ranges = Vec::with_capacity(world);
-    for (rank, w) in written.into_iter().enumerate() {
-        let (record, at) = w?;
-        records.push((rank_file_name(rank, world), record));
-        ranges.push(at.into_iter());
-    }
-    let mut index = Index {
-        format: SHARDS_FORMAT.into(),
-        world_size: world,
-        model,
-        optimizer,
-        tensor_hash,
+    let written = written.into_iter().collect::<Result<Vec<_>>>()?;
+    write_index(dir, index, written)
+}
+
+/// Writes rank `rank` of `world`'s file of `chunks` (its non-empty chunks, in list order) into
+/// `dir`, fsynced, and returns what it adds to the index.
+pub fn write_rank(
+    dir: &Path,
+    rank: usize,
+    world: usize,
+    chunks: &RankChunks<'_>,
+) -> Result<RankWritten> {
+    let file = rank_file_name(rank, world);
+    let all = || chunks.model.iter().chain(&chunks.optimizer);
+    let written = |c: &&Chunk<'_>| !c.rows.is_empty() && !c.skipped;
+    let entries: Vec<Entry<'_>> = all()
+        .filter(written)
+        .map(|c| Entry {
+            name: c.name.clone(),
+            dtype: c.dtype,
+            shape: shard_shape(&c.shape, c.rows.len()),
+            data: Cow::Borrowed(&c.data),
+        })
+        .collect();
+    let (record, ranges) = write_safetensors(&dir.join(&file), &entries)?;
+    let mut ranges = ranges.into_iter();
+    let mut out = RankWritten {
+        record,
+        chunks: Vec::new(),
+        hashes: Vec::new(),
     };
-    // Each rank's file holds its non-empty chunks in list order: the byte ranges come back in it.
-    for (i, tensor) in index
-        .model
-        .iter_mut()
+    for chunk in all() {
+        let row = row_bytes(&chunk.shape, chunk.dtype);
+        let bytes = chunk.shape.iter().product::<usize>() * chunk.dtype.bitsize() / 8;
+        out.hashes
+            .push(HashPart::of(&chunk.data, chunk.rows.start * row, bytes));
+        out.chunks.push(written(&chunk).then(|| {
+            let mut offsets = vec![0; chunk.shape.len().max(1)];
+            offsets[0] = chunk.rows.start;
+            ChunkIndex {
+                file: file.clone(),
+                offsets,
+                sizes: shard_shape(&chunk.shape, chunk.rows.len()),
+                byte_range: ranges.next().expect("one range per chunk written"),
+                xxh3_128: xxh3_hex(&[&chunk.data]),
+            }
+        }));
+    }
+    Ok(out)
+}
+
+/// Completes `index` (from [`plan_index`]) with every rank's chunks and the whole tensors'
+/// hashes from what each rank's write gave (`written`, in rank order), writes it into `dir`,
+/// fsynced, and returns the records of the ranks' files and of the index by name.
+pub fn write_index(
+    dir: &Path,
+    mut index: Index,
+    written: Vec<RankWritten>,
+) -> Result<Vec<(String, FileRecord)>> {
+    let path = dir.join(SHARDS_FILE);
+    let world = index.world_size;
+    let tensors = index.model.len() + index.optimizer.len();
+    if let Some(rank) =
+        (written.iter()).position(|w| w.chunks.len() != tensors || w.hashes.len() != tensors)
+    {
+        return Err(EngineError::bad_file(
+            &path,
+            format!("rank {rank} wrote chunks of another list of tensors than the plan's {tensors}; run one build on every rank"),
+        ));
+    }
+    for (i, tensor) in (index.model.iter_mut())
         .chain(&mut index.optimizer)
         .enumerate()
     {
-        let n_model = ranks[0].model.len();
-        for (rank, chunks) in ranks.iter().enumerate() {
-            let chunk = if i < n_model {
-                &chunks.model[i]
-            } else {
-                &chunks.optimizer[i - n_model]
-            };
-            if chunk.rows.is_empty() || chunk.skipped {
-                continue;
-            }
-            let byte_range = ranges[rank].next().expect("one range per chunk written");
-            let mut offsets = vec![0; tensor.shape.len().max(1)];
-            offsets[0] = chunk.rows.start;
-            tensor.chunks.push(ChunkIndex {
-                file: rank_file_name(rank, world),
-                offsets,
-                sizes: shard_shape(&tensor.shape, chunk.rows.len()),
-                byte_range,
-                xxh3_128: xxh3_hex(&[&chunk.data]),
-            });
-        }
+        let parts = written.iter().map(|w| &w.hashes[i]);
+        tensor.xxh3_128 = finish_parts(parts, tensor.bytes() as usize).ok_or_else(|| {
+            EngineError::bad_file(
+                &path,
+                format!(
+                    "the ranks' chunks of {} do not tile its bytes; run one build on every rank",
+                    tensor.name
+                ),
+            )
+        })?;
+        tensor.chunks = written.iter().filter_map(|w| w.chunks[i].clone()).collect();
     }
+    let mut records: Vec<(String, FileRecord)> = (written.into_iter().enumerate())
+        .map(|(rank, w)| (rank_file_name(rank, world), w.record))
+        .collect();
     let text = serde_json::to_vec_pretty(&index).expect("plain JSON");
-    records.push((SHARDS_FILE.into(), write_synced(&index_path, &[&text])?));
+    records.push((SHARDS_FILE.into(), write_synced(&path, &[&text])?));
     Ok(records)
 }
 
-/// The index entries of one list of tensors (`list` picks it from each rank's chunks), with
-/// their whole hashes (as `tensor_hash` defines them) and no chunks yet; an error, naming the tensor and rows, when the ranks'
-/// chunks do not tile a tensor in rank order or do not fill their rows.
-fn whole_tensors<'c>(
+/// The index of a checkpoint the ranks of `plans` (in rank order) save, its tensors without
+/// hashes or chunks yet; an error, naming the tensor and rows, where the ranks' chunks do not
+/// tile a tensor in rank order or do not fill their rows (`index_path` is where the index
+/// would be written).
+pub fn plan_index(index_path: &Path, plans: &[RankPlan]) -> Result<Index> {
+    Ok(Index {
+        format: SHARDS_FORMAT.into(),
+        world_size: plans.len(),
+        model: planned_tensors(index_path, plans, |r| &r.model)?,
+        optimizer: planned_tensors(index_path, plans, |r| &r.optimizer)?,
+        tensor_hash: TensorHash::Blocks,
+    })
+}
+
+/// The index entries of one list of tensors (`list` picks it from each rank's plan), without
+/// hashes or chunks; see [`plan_index`].
+fn planned_tensors<'c>(
     index_path: &Path,
-    ranks: &'c [RankChunks<'c>],
-    tensor_hash: TensorHash,
-    list: impl Fn(&'c RankChunks<'c>) -> &'c Vec<Chunk<'c>>,
+    ranks: &'c [RankPlan],
+    list: impl Fn(&'c RankPlan) -> &'c Vec<ChunkPlan>,
 ) -> Result<Vec<TensorIndex>> {
     let first = list(&ranks[0]);
     let refuse = |message: String| {
@@ -301,7 +397,6 @@ fn whole_tensors<'c>(
     };
     let mut tensors = Vec::with_capacity(first.len());
     for (i, lead) in first.iter().enumerate() {
-        let mut hasher = tensor_hash.hasher();
         let mut next_row = 0;
         for (rank, chunks) in ranks.iter().enumerate() {
             let Some(chunk) = list(chunks).get(i).filter(|c| c.name == lead.name) else {
@@ -331,16 +426,12 @@ fn whole_tensors<'c>(
                 ));
             }
             let want = chunk.rows.len() * row_bytes(&chunk.shape, chunk.dtype);
-            if chunk.data.len() != want {
+            if chunk.bytes != want {
                 return refuse(format!(
                     "rank {rank}'s chunk of {} holds {} bytes, its rows {}..{} hold {want}",
-                    lead.name,
-                    chunk.data.len(),
-                    chunk.rows.start,
-                    chunk.rows.end
+                    lead.name, chunk.bytes, chunk.rows.start, chunk.rows.end
                 ));
             }
-            hasher.update(&chunk.data);
             next_row = chunk.rows.end;
         }
         let rows = lead.shape.first().copied().unwrap_or(1);
@@ -354,7 +445,7 @@ fn whole_tensors<'c>(
             name: lead.name.clone(),
             dtype: lead.dtype,
             shape: lead.shape.clone(),
-            xxh3_128: hasher.hex(),
+            xxh3_128: String::new(),
             chunks: Vec::new(),
         });
     }
@@ -665,7 +756,7 @@ mod tests {
                 .collect();
             let dir = tmp.path().join(format!("world-{world}"));
             std::fs::create_dir(&dir).unwrap();
-            write(&dir, &ranks, TensorHash::Blocks).unwrap();
+            write(&dir, &ranks).unwrap();
             let index: Index =
                 serde_json::from_slice(&std::fs::read(dir.join(SHARDS_FILE)).unwrap()).unwrap();
             assert_eq!(index.world_size, world);

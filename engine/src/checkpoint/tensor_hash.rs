@@ -118,6 +118,99 @@ pub fn finish(digests: impl IntoIterator<Item = u128>) -> String {
     hex(outer.finish_128())
 }
 
+/// One holder's stretch of a whole tensor's bytes, as it adds to the tensor's hash
+/// ([`TensorHash::Blocks`]) without the rest of the tensor: the digests of the blocks lying
+/// whole inside it, and its bytes of the blocks it shares with the stretches before and after
+/// it. Ranks that each hold a stretch hash their own blocks, and one puts the hash together
+/// from every rank's part ([`finish_parts`]): only the shared blocks' bytes travel.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HashPart {
+    /// Where the stretch starts in the tensor's bytes.
+    pub at: usize,
+    /// Its bytes before the first block it holds whole (all of them where it holds none).
+    pub head: Vec<u8>,
+    /// The digests of the blocks it holds whole, in order.
+    pub digests: Vec<u128>,
+    /// Its bytes after the last block it holds whole.
+    pub tail: Vec<u8>,
+}
+
+impl HashPart {
+    /// The part of the stretch `data`, which starts at byte `at` of a tensor of `bytes` bytes.
+    pub fn of(data: &[u8], at: usize, bytes: usize) -> Self {
+        let whole = blocks_within(at..at + data.len(), bytes);
+        if whole.is_empty() {
+            return HashPart {
+                at,
+                head: data.to_vec(),
+                ..HashPart::default()
+            };
+        }
+        let first = block_bytes(whole.start, bytes).start;
+        let last = block_bytes(whole.end - 1, bytes).end;
+        HashPart {
+            at,
+            head: data[..first - at].to_vec(),
+            digests: whole
+                .map(|b| {
+                    let r = block_bytes(b, bytes);
+                    block_digest(&data[r.start - at..r.end - at])
+                })
+                .collect(),
+            tail: data[last - at..].to_vec(),
+        }
+    }
+
+    /// The bytes of the stretch it stands for.
+    pub fn stretch_bytes(&self) -> usize {
+        self.head.len() + self.tail.len() + self.digests.len() * HASH_BLOCK
+    }
+}
+
+/// The hex whole-tensor hash ([`TensorHash::Blocks`]) of a tensor of `bytes` bytes from the
+/// parts ([`HashPart`]) of stretches that tile it, in order; `None` where they do not: a gap, an
+/// overlap, a stretch that ends short of the tensor or runs past it.
+pub fn finish_parts<'p>(
+    parts: impl IntoIterator<Item = &'p HashPart>,
+    bytes: usize,
+) -> Option<String> {
+    let mut digests = Vec::with_capacity(block_count(bytes));
+    // The block holding byte `next`, begun by the parts so far and not finished.
+    let mut open: Option<XxHash3_128> = None;
+    let mut next = 0;
+    let mut shared = |mut data: &[u8], next: &mut usize, digests: &mut Vec<u128>| {
+        while !data.is_empty() {
+            if *next >= bytes {
+                return None;
+            }
+            let end = block_bytes(*next / HASH_BLOCK, bytes).end;
+            let take = data.len().min(end - *next);
+            open.get_or_insert_with(XxHash3_128::new)
+                .write(&data[..take]);
+            (*next, data) = (*next + take, &data[take..]);
+            if *next == end {
+                digests.push(open.take()?.finish_128());
+            }
+        }
+        Some(())
+    };
+    for part in parts {
+        if part.at != next && part.stretch_bytes() > 0 {
+            return None;
+        }
+        shared(&part.head, &mut next, &mut digests)?;
+        if !part.digests.is_empty() {
+            if next % HASH_BLOCK != 0 || next + (part.digests.len() - 1) * HASH_BLOCK >= bytes {
+                return None;
+            }
+            digests.extend(&part.digests);
+            next = block_bytes(next / HASH_BLOCK + part.digests.len() - 1, bytes).end;
+        }
+        shared(&part.tail, &mut next, &mut digests)?;
+    }
+    (next == bytes && digests.len() == block_count(bytes)).then(|| finish(digests))
+}
+
 /// A stretch of a whole tensor's bytes on its way in from a file, whose hash blocks
 /// ([`TensorHash::Blocks`]) are hashed as it is read, while in cache: each block lying whole
 /// inside what is read gets its digest in its slot, and a block across its ends is carried on
@@ -431,5 +524,73 @@ mod tests {
             stretch.hash_read(&swapped[from..to], &mut open);
         }
         assert_ne!(finish_slots(&slots, &data), want);
+    }
+
+    /// The parts of `data` cut at `cuts` (increasing, inside it).
+    fn parts(data: &[u8], cuts: &[usize]) -> Vec<HashPart> {
+        let ends: Vec<usize> = cuts.iter().copied().chain([data.len()]).collect();
+        let mut from = 0;
+        ends.iter()
+            .map(|&to| {
+                let part = HashPart::of(&data[from..to], from, data.len());
+                from = to;
+                part
+            })
+            .collect()
+    }
+
+    #[test]
+    fn parts_of_stretches_cut_anywhere_give_the_whole_hash() {
+        let b = HASH_BLOCK;
+        let cases: [(usize, &[usize]); 7] = [
+            (3 * b + 100, &[]),
+            (3 * b + 100, &[b]),
+            (3 * b + 100, &[10, 20, b - 1, b + 1, 2 * b]),
+            (3 * b + 100, &[5, 5, 3 * b + 50]),
+            (b - 7, &[3, b - 8]),
+            (2 * b, &[b / 2, b + b / 2]),
+            (0, &[]),
+        ];
+        for (len, cuts) in cases {
+            let data = bytes(len);
+            let parts = parts(&data, cuts);
+            assert_eq!(
+                finish_parts(&parts, len).as_deref(),
+                Some(by_definition(&data).as_str()),
+                "{len} bytes cut at {cuts:?}"
+            );
+            let shared: usize = parts.iter().map(|p| p.head.len() + p.tail.len()).sum();
+            assert!(shared <= 2 * b * parts.len(), "only shared blocks travel");
+        }
+    }
+
+    #[test]
+    fn parts_that_do_not_tile_the_tensor_give_no_hash() {
+        let b = HASH_BLOCK;
+        let len = 3 * b + 100;
+        let data = bytes(len);
+        let good = parts(&data, &[10, b + 5, 2 * b]);
+        let mut swapped = good.clone();
+        swapped.swap(1, 2);
+        let mut gap = good.clone();
+        gap.remove(1);
+        let mut twice = good.clone();
+        twice.insert(1, good[1].clone());
+        let short = &good[..3];
+        let mut past = good.clone();
+        past.push(HashPart::of(&[1, 2, 3], len, len));
+        let mut misplaced = good.clone();
+        misplaced[2].at += 1;
+        for (what, parts) in [
+            ("swapped", &swapped[..]),
+            ("a gap", &gap),
+            ("a stretch twice", &twice),
+            ("short of the end", short),
+            ("past the end", &past),
+            ("misplaced", &misplaced),
+        ] {
+            assert_eq!(finish_parts(parts, len), None, "{what}");
+        }
+        assert!(finish_parts(&good, len).is_some());
     }
 }

@@ -157,7 +157,7 @@ impl<D: Device> Ranks<D> {
     pub fn placed(&self, which: Which, param: usize) -> Result<Placed<'_>> {
         let world = self.world();
         let shape = &self.specs[param].shape;
-        let first = self.process.as_ref().map_or(0, |p| p.rank);
+        let first = self.rank();
         let mut placed = Vec::with_capacity(self.states.len());
         for (rank, state) in (first..).zip(&self.states) {
             let t = match which {
@@ -299,6 +299,21 @@ impl<D: Device> Ranks<D> {
         })
     }
 
+    /// Where the ranks are processes of their own, this process's connections to the others,
+    /// which a checkpoint is saved over (see [`crate::checkpoint::save_as_rank`]); `None` where
+    /// this process holds every rank.
+    pub fn connections(&self) -> Result<Option<&dyn Collective>> {
+        match &self.process {
+            Some(process) => Ok(Some(process.connections()?.0)),
+            None => Ok(None),
+        }
+    }
+
+    /// The rank of this process's first state: 0, unless the ranks are processes of their own.
+    pub fn rank(&self) -> usize {
+        self.process.as_ref().map_or(0, |p| p.rank)
+    }
+
     /// Ranks in the run: this process's states, or where the ranks are processes of their own,
     /// every process's.
     pub fn world(&self) -> usize {
@@ -320,16 +335,11 @@ impl<D: Device> Ranks<D> {
 
     /// What a checkpoint of the ranks holds: one rank's tensors; with several ranks that save
     /// [`Checkpoints::Sharded`], each rank's chunk of every tensor (see
-    /// [`Ranks::checkpoint_chunks`]); else every tensor gathered whole (see
+    /// [`Ranks::checkpoint_chunks`]: where the ranks are processes of their own, this
+    /// process's rank's alone); else every tensor gathered whole (see
     /// [`Ranks::checkpoint_entries`]).
     pub fn checkpoint_tensors(&self) -> Result<Tensors<'_>> {
-        if let Some(process) = &self.process {
-            return Err(EngineError::Config(format!(
-                "rank {} of {}: a run whose ranks are processes of their own cannot save checkpoints yet; run its ranks in one process (without a rank of its own) to save",
-                process.rank, process.world
-            )));
-        }
-        if self.states.len() > 1 && self.parallel.checkpoints == Checkpoints::Sharded {
+        if self.world() > 1 && self.parallel.checkpoints == Checkpoints::Sharded {
             return self.checkpoint_chunks().map(Tensors::Sharded);
         }
         let (model, optimizer) = self.checkpoint_entries()?;
@@ -341,10 +351,11 @@ impl<D: Device> Ranks<D> {
     /// write a tensor's rows between them once and nothing is gathered
     /// ([`Fault::OnlyRankZeroExpertsSaved`] writes rank 0's experts in the others' place).
     fn checkpoint_chunks(&self) -> Result<Vec<RankChunks<'_>>> {
-        let world = self.states.len();
+        let world = self.world();
         let shard = self.parallel.shard;
-        let mut ranks = Vec::with_capacity(world);
-        for (rank, state) in self.states.iter().enumerate() {
+        let first = self.rank();
+        let mut ranks = Vec::with_capacity(self.states.len());
+        for (rank, state) in (first..).zip(&self.states) {
             let (mut model, mut optimizer) = state.checkpoint_entries()?;
             if self.faults.has(Fault::OnlyRankZeroExpertsSaved) {
                 model = experts::as_rank_zero_s(model, world);
@@ -367,7 +378,7 @@ impl<D: Device> Ranks<D> {
         rank: usize,
         sharded: bool,
     ) -> Result<Vec<Chunk<'s>>> {
-        let world = self.states.len();
+        let world = self.world();
         entries
             .into_iter()
             .map(|entry| {

@@ -1,0 +1,291 @@
+//! A checkpoint saved by ranks that are processes of their own, over their connections
+//! ([`Collective`]): the files the same ranks in one process save, byte for byte.
+//!
+//! Rank 0 does what one process does around the tensors: it takes the run's [`RunLock`], puts
+//! right what an interrupted save left ([`recover`]), makes the temporary directory and tells
+//! every rank its name. For a sharded checkpoint every rank then sends every other its plan
+//! (which rows of which tensors it holds), so that each checks alike that the chunks tile every
+//! tensor; each writes and fsyncs its own file into the temporary directory and sends rank 0
+//! the file's record, where its chunks lie in it, and its part of each whole tensor's hash (the
+//! digests of the hash blocks it holds whole, and its bytes of the blocks it shares with its
+//! neighbours: [`HashPart`]). Rank 0 writes the index, the configuration and the trainer
+//! state, commits with one rename, and tells every rank how the save ended. A gathered
+//! checkpoint is gathered by every rank and written by rank 0.
+//!
+//! Crash safety is one process's: nothing is renamed into place before every rank has reported
+//! its file fsynced, so a rank that stops at any point of a save leaves `latest` naming the
+//! previous checkpoint, and rank 0 removes the temporary directory (where rank 0 itself is
+//! killed, the next save's [`recover`] does). The run directory must be one every rank sees:
+//! the same path, on a filesystem they share.
+
+use super::shards::{self, ChunkIndex, RankPlan, RankWritten, SHARDS_FILE};
+use super::state::{FileRecord, TrainerState};
+use super::tensor_hash::{HashPart, BLOCK_HASHED_FROM};
+use super::{begin, publish, save, save_failed, RankChunks, SaveRequest, Tensors};
+use crate::error::{EngineError, Result};
+use crate::parallel::collective::Collective;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// What rank 0 tells every other rank at the start and at the end of a save: go on (with the
+/// temporary directory's name, then the checkpoint's directory), or stop (with why).
+#[derive(Serialize, Deserialize)]
+enum Word {
+    Go(String),
+    Stop(String),
+}
+
+/// What a rank reports to rank 0 once it has written its file (the bytes of its hash parts
+/// follow the header), or why it could not.
+#[derive(Serialize, Deserialize)]
+enum Header {
+    Written {
+        record: FileRecord,
+        chunks: Vec<Option<ChunkIndex>>,
+        /// Each hash part's place and lengths: `[at, head bytes, digests, tail bytes]`.
+        parts: Vec<[usize; 4]>,
+    },
+    Failed(String),
+}
+
+/// Saves this rank's share of the checkpoint `req` (its chunks where the ranks save sharded,
+/// every tensor gathered where they do not) of step `req.state.global_step` into `run_dir`,
+/// with the other ranks of `comm`, which call it at once; rank 0 keeps the newest `keep_last`.
+/// Returns the checkpoint's directory on every rank, or on every rank an error:
+/// [`EngineError::SaveFailed`] naming the rank whose part failed and what `latest` names.
+pub fn save_as_rank(
+    run_dir: &Path,
+    req: SaveRequest<'_>,
+    keep_last: Option<usize>,
+    comm: &dyn Collective,
+) -> Result<PathBuf> {
+    let step = req.state.global_step;
+    let mine = match req.tensors {
+        Tensors::Whole { .. } if comm.rank() == 0 => {
+            let saved = save(run_dir, req, keep_last);
+            tell_every_rank(comm, word_of(&saved));
+            return saved;
+        }
+        Tensors::Whole { .. } => return hear(comm, step).map(PathBuf::from),
+        Tensors::Sharded(mut ranks) if ranks.len() == 1 => ranks.remove(0),
+        Tensors::Sharded(ranks) => {
+            return Err(EngineError::Config(format!(
+                "rank {} saves its own chunks alone, not {} ranks'",
+                comm.rank(),
+                ranks.len()
+            )))
+        }
+    };
+    if comm.rank() == 0 {
+        return lead(run_dir, req.config, req.state, mine, keep_last, comm);
+    }
+    let tmp = run_dir.join(hear(comm, step)?);
+    exchange_plans(&tmp, &mine, comm)
+        .map_err(|cause| save_failed(run_dir, step, Some(&tmp), cause))?;
+    let written = match tmp.is_dir() {
+        true => shards::write_rank(&tmp, comm.rank(), comm.world_size(), &mine)
+            .map_err(|e| e.to_string()),
+        false => Err(format!(
+            "it does not see rank 0's temporary directory {}: give every rank the same run directory, on a filesystem every rank sees",
+            tmp.display()
+        )),
+    };
+    comm.send(0, encode_report(&written))?;
+    hear(comm, step).map(PathBuf::from)
+}
+
+/// Rank 0's part of a sharded save: [`save_as_rank`]'s steps around every rank's writing.
+fn lead(
+    run_dir: &Path,
+    config: &crate::model::LlamaConfig,
+    mut state: TrainerState,
+    mine: RankChunks<'_>,
+    keep_last: Option<usize>,
+    comm: &dyn Collective,
+) -> Result<PathBuf> {
+    let step = state.global_step;
+    let (_lock, tmp) = match begin(run_dir, &state) {
+        Ok(begun) => begun,
+        Err(e) => {
+            tell_every_rank(comm, Word::Stop(e.to_string()));
+            return Err(e);
+        }
+    };
+    let name = tmp.path().file_name().unwrap_or_default();
+    tell_every_rank(comm, Word::Go(name.to_string_lossy().into_owned()));
+    let fail = |cause| save_failed(run_dir, step, Some(tmp.path()), cause);
+    let index = exchange_plans(tmp.path(), &mine, comm).map_err(fail)?;
+    let mut written = vec![shards::write_rank(tmp.path(), 0, comm.world_size(), &mine)];
+    for from in 1..comm.world_size() {
+        let report = comm
+            .recv(from)
+            .and_then(|bytes| decode_report(from, &bytes));
+        let report = match report {
+            Ok(report) => report.map_err(|message| EngineError::SaveFailed {
+                step,
+                message: format!("rank {from}: {message}"),
+            }),
+            Err(e) => {
+                let failed = fail(e);
+                tell_every_rank(comm, Word::Stop(failed.to_string()));
+                return Err(failed);
+            }
+        };
+        written.push(report);
+    }
+    let saved = written
+        .into_iter()
+        .collect::<Result<Vec<_>>>()
+        .and_then(|written| {
+            state.format_version = state.format_version.max(BLOCK_HASHED_FROM);
+            state
+                .files
+                .extend(shards::write_index(tmp.path(), index, written)?);
+            publish(run_dir, tmp.path(), config, state, keep_last)
+        })
+        .map_err(fail);
+    tell_every_rank(comm, word_of(&saved));
+    saved
+}
+
+/// Every rank's plan of its chunks, sent to every other; the index they make, or the same
+/// error on every rank where they do not tile the tensors (`dir` is where the index would be
+/// written).
+fn exchange_plans(
+    dir: &Path,
+    mine: &RankChunks<'_>,
+    comm: &dyn Collective,
+) -> Result<shards::Index> {
+    let plan = serde_json::to_vec(&RankPlan::of(mine)).expect("plain JSON");
+    let plans = (comm.all_gather(plan)?.iter().enumerate())
+        .map(|(from, bytes)| {
+            serde_json::from_slice(bytes).map_err(|e| {
+                EngineError::Config(format!(
+                    "rank {from}'s plan of its chunks is not in this build's layout ({e}); run one build on every rank"
+                ))
+            })
+        })
+        .collect::<Result<Vec<RankPlan>>>()?;
+    shards::plan_index(&dir.join(SHARDS_FILE), &plans)
+}
+
+/// What `outcome` tells the other ranks.
+fn word_of<T: AsRef<Path>>(outcome: &Result<T>) -> Word {
+    match outcome {
+        Ok(dir) => Word::Go(dir.as_ref().display().to_string()),
+        Err(e) => Word::Stop(e.to_string()),
+    }
+}
+
+/// Sends `word` to every other rank, directly, so that a rank that stopped keeps none of the
+/// others from hearing it (each has its own error to report, so a send's is not returned).
+fn tell_every_rank(comm: &dyn Collective, word: Word) {
+    let bytes = serde_json::to_vec(&word).expect("plain JSON");
+    for to in 1..comm.world_size() {
+        let _ = comm.send(to, bytes.clone());
+    }
+}
+
+/// Rank 0's word: what it says to go on with, or [`EngineError::SaveFailed`] for step `step`
+/// with why it stopped.
+fn hear(comm: &dyn Collective, step: u64) -> Result<String> {
+    let bytes = comm.recv(0)?;
+    match serde_json::from_slice(&bytes) {
+        Ok(Word::Go(what)) => Ok(what),
+        Ok(Word::Stop(why)) => Err(EngineError::SaveFailed {
+            step,
+            message: format!("rank {}: rank 0 stopped the save: {why}", comm.rank()),
+        }),
+        Err(e) => Err(EngineError::Config(format!(
+            "rank 0's word on the save is not in this build's layout ({e}); run one build on every rank"
+        ))),
+    }
+}
+
+/// `written` as one message: the header's length (8 bytes, little-endian), the header as JSON,
+/// then each hash part's head, digests (16 bytes each, little-endian) and tail.
+fn encode_report(written: &std::result::Result<RankWritten, String>) -> Vec<u8> {
+    let (header, parts) = match written {
+        Ok(w) => (
+            Header::Written {
+                record: w.record.clone(),
+                chunks: w.chunks.clone(),
+                parts: (w.hashes.iter())
+                    .map(|p| [p.at, p.head.len(), p.digests.len(), p.tail.len()])
+                    .collect(),
+            },
+            &w.hashes[..],
+        ),
+        Err(message) => (Header::Failed(message.clone()), &[][..]),
+    };
+    let header = serde_json::to_vec(&header).expect("plain JSON");
+    let mut out = (header.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(&header);
+    for p in parts {
+        out.extend_from_slice(&p.head);
+        p.digests
+            .iter()
+            .for_each(|d| out.extend_from_slice(&d.to_le_bytes()));
+        out.extend_from_slice(&p.tail);
+    }
+    out
+}
+
+/// The report rank `from` encoded with [`encode_report`]; an error naming it where the bytes
+/// are not one.
+fn decode_report(from: usize, bytes: &[u8]) -> Result<std::result::Result<RankWritten, String>> {
+    let malformed = |why: &str| {
+        EngineError::Config(format!(
+            "rank {from}'s report of its file is not in this build's layout ({why}); run one build on every rank"
+        ))
+    };
+    let (len, rest) = bytes
+        .split_first_chunk::<8>()
+        .ok_or_else(|| malformed("too short"))?;
+    let len = usize::try_from(u64::from_le_bytes(*len)).map_err(|_| malformed("too long"))?;
+    let (header, mut payload) =
+        (rest.split_at_checked(len)).ok_or_else(|| malformed("cut short"))?;
+    let header: Header = serde_json::from_slice(header).map_err(|e| malformed(&e.to_string()))?;
+    let (record, chunks, shapes) = match header {
+        Header::Failed(message) => return Ok(Err(message)),
+        Header::Written {
+            record,
+            chunks,
+            parts,
+        } => (record, chunks, parts),
+    };
+    let mut take = |n: usize| {
+        let (taken, rest) = payload
+            .split_at_checked(n)
+            .ok_or_else(|| malformed("cut short"))?;
+        payload = rest;
+        Ok::<_, EngineError>(taken)
+    };
+    let mut hashes = Vec::with_capacity(shapes.len());
+    for [at, head, digests, tail] in shapes {
+        let head = take(head)?.to_vec();
+        let digests = (take(
+            digests
+                .checked_mul(16)
+                .ok_or_else(|| malformed("too long"))?,
+        )?)
+        .chunks_exact(16)
+        .map(|d| u128::from_le_bytes(d.try_into().expect("16 bytes")))
+        .collect();
+        let tail = take(tail)?.to_vec();
+        hashes.push(HashPart {
+            at,
+            head,
+            digests,
+            tail,
+        });
+    }
+    if !payload.is_empty() {
+        return Err(malformed("bytes past its parts"));
+    }
+    Ok(Ok(RankWritten {
+        record,
+        chunks,
+        hashes,
+    }))
+}
