@@ -22,6 +22,8 @@ use crate::fault::Fault;
 use crate::memory::{Category, Lease, MemoryStats, MemoryTracker};
 use crate::model::{weights, Batch, Dropout, Params};
 use crate::optim::Moments;
+use crate::parallel::buffered::BufferedRank;
+use crate::parallel::collective::Collective;
 use crate::parallel::ranks::Ranks;
 use crate::parallel::sockets::Meeting;
 use crate::parallel::source::HostTensors;
@@ -86,8 +88,9 @@ pub struct StateDigest {
 enum PendingSave {
     /// A writer thread writes the staged copy.
     Writing {
-        /// The thread running [`checkpoint::save`].
-        writer: JoinHandle<Result<PathBuf>>,
+        /// The thread running [`checkpoint::save`] (or [`checkpoint::save_as_rank`] over the
+        /// connections for saves it holds, which it returns).
+        writer: JoinHandle<(Result<PathBuf>, Option<BufferedRank>)>,
         /// The staging buffers' bytes on the host tracker, one lease per tensor or chunk: given back when
         /// the writer is joined.
         staging: Vec<Lease>,
@@ -330,10 +333,7 @@ impl<D: Device> Trainer<D> {
             tensors: self.checkpoint_tensors()?,
             state: self.trainer_state(),
         };
-        match self.ranks.connections()? {
-            Some(comm) => checkpoint::save_as_rank(run_dir, req, keep_last, comm),
-            None => checkpoint::save(run_dir, req, keep_last),
-        }
+        write_checkpoint(run_dir, req, keep_last, self.ranks.save_connections()?)
     }
 
     /// Saves a checkpoint of the current state under `run_dir` in the background, keeping the
@@ -344,16 +344,11 @@ impl<D: Device> Trainer<D> {
     /// fsync, rename, then `latest`), and returns. The checkpoint is complete, and its staging
     /// buffers freed, once the trainer joins the writer: at the end of the next step, at the
     /// next save, at [`Trainer::finish_saves`] or when the trainer is dropped. A crash before
-    /// then leaves the previous checkpoint as `latest`.
+    /// then leaves the previous checkpoint as `latest`. Where the ranks are processes of their
+    /// own, the writer runs [`checkpoint::save_as_rank`] over the connections kept for saves,
+    /// and every rank calls this and joins its writer at the same points.
     pub fn save_async(&mut self, run_dir: &Path, keep_last: Option<usize>) -> Result<()> {
         self.finish_saves()?;
-        if self.ranks.connections()?.is_some() {
-            return Err(EngineError::Config(format!(
-                "rank {} of {}: a rank in a process of its own saves synchronously only (Trainer::save); its asynchronous save is not built yet",
-                self.ranks.rank(),
-                self.ranks.world()
-            )));
-        }
         let state = self.trainer_state();
         if self.cfg.faults.has(Fault::AsyncSaveReadsLiveWeights) {
             self.pending = Some(PendingSave::Deferred {
@@ -373,6 +368,7 @@ impl<D: Device> Trainer<D> {
         let tensors = tensors.into_owned();
         let config = self.cfg.model.clone();
         let dir = run_dir.to_path_buf();
+        let connections = self.ranks.take_save_connections()?;
         let writer = std::thread::Builder::new()
             .name("checkpoint-writer".into())
             .spawn(move || {
@@ -381,7 +377,8 @@ impl<D: Device> Trainer<D> {
                     tensors,
                     state,
                 };
-                checkpoint::save(&dir, req, keep_last)
+                let comm = connections.as_ref().map(|c| c as &dyn Collective);
+                (write_checkpoint(&dir, req, keep_last, comm), connections)
             })
             .map_err(|e| EngineError::io(run_dir, e))?;
         self.pending = Some(PendingSave::Writing { writer, staging });
@@ -395,12 +392,16 @@ impl<D: Device> Trainer<D> {
         match self.pending.take() {
             None => Ok(None),
             Some(PendingSave::Writing { writer, staging }) => {
-                let written = writer.join().unwrap_or_else(|_| {
-                    Err(EngineError::Config(
+                let (written, connections) = writer.join().unwrap_or_else(|_| {
+                    let e = EngineError::Config(
                         "the checkpoint writer thread panicked; the checkpoint was not written and `latest` still names the one before".into(),
-                    ))
+                    );
+                    (Err(e), None)
                 });
                 drop(staging);
+                if let Some(connections) = connections {
+                    self.ranks.give_back_save_connections(connections);
+                }
                 written.map(Some)
             }
             Some(PendingSave::Deferred {
@@ -413,7 +414,8 @@ impl<D: Device> Trainer<D> {
                     tensors: self.checkpoint_tensors()?,
                     state: *state,
                 };
-                checkpoint::save(&run_dir, req, keep_last).map(Some)
+                let comm = self.ranks.save_connections()?;
+                write_checkpoint(&run_dir, req, keep_last, comm).map(Some)
             }
         }
     }
@@ -596,6 +598,21 @@ impl<D: Device> Trainer<D> {
         self.step += 1;
         self.rng.offset += self.cfg.accumulation as u64;
         Ok(stats)
+    }
+}
+
+/// Writes the checkpoint `req` into `run_dir`, keeping the newest `keep_last`: on its own, or
+/// where the ranks are processes of their own, with the others over `comm` (see
+/// [`checkpoint::save_as_rank`]).
+fn write_checkpoint(
+    run_dir: &Path,
+    req: SaveRequest<'_>,
+    keep_last: Option<usize>,
+    comm: Option<&dyn Collective>,
+) -> Result<PathBuf> {
+    match comm {
+        Some(comm) => checkpoint::save_as_rank(run_dir, req, keep_last, comm),
+        None => checkpoint::save(run_dir, req, keep_last),
     }
 }
 

@@ -6,7 +6,7 @@
 mod common;
 
 use ckpt_engine::backend::count::{Like, Routes};
-use ckpt_engine::checkpoint::step_dir_name;
+use ckpt_engine::checkpoint::{step_dir_name, STATE_FILE};
 use ckpt_engine::config::Precision;
 use ckpt_engine::estimate::{estimate, routed_rank_steps, EstimateConfig, StepEstimate};
 use ckpt_engine::model::config::MoeConfig;
@@ -206,13 +206,24 @@ fn one_thread() -> CpuDevice {
 }
 
 /// Rank `rank` of `cfg` trained by this process, meeting the other ranks' processes through
-/// `meeting`, then saved with theirs into the run directory `dir`.
+/// `meeting`, and saved with theirs into the run directory `dir` (see [`trained_and_saved`]).
 fn run_rank(cfg: &TrainConfig, rank: usize, meeting: Meeting, dir: &Path) -> Run {
     let mut t = Trainer::new_rank(cfg.clone(), one_thread(), rank, meeting).unwrap();
-    let run = trained(&mut t, PROCESS_STEPS);
+    trained_and_saved(&mut t, dir)
+}
+
+/// What `t` shows of itself over [`PROCESS_STEPS`] steps, saved into `dir` in the background
+/// before its last step (the step joins the save) and at the end.
+fn trained_and_saved(t: &mut Trainer<CpuDevice>, dir: &Path) -> Run {
+    let before = trained(t, PROCESS_STEPS - 1);
+    t.save_async(dir, None).unwrap();
+    let last = trained(t, 1);
     let saved = t.save(dir, None).unwrap();
-    assert_eq!(saved, dir.join(step_dir_name(PROCESS_STEPS)), "rank {rank}");
-    run
+    assert_eq!(saved, dir.join(step_dir_name(PROCESS_STEPS)));
+    Run {
+        steps: [before.steps, last.steps].concat(),
+        end: last.end,
+    }
 }
 
 /// Every file of the run directory `dir` (its checkpoints' files under their directory's
@@ -292,9 +303,10 @@ fn ranks_in_processes_of_their_own_train_and_save_as_one_process() {
         // The same ranks in one process save the same files, byte for byte.
         let in_one = tmp.path().join(format!("one-process-{case}"));
         let mut t = Trainer::new(cfg.clone(), one_thread()).unwrap();
-        trained(&mut t, PROCESS_STEPS);
-        t.save(&in_one, None).unwrap();
+        trained_and_saved(&mut t, &in_one);
         let (theirs, ours) = (files_of(&dir), files_of(&in_one));
+        let before = format!("{}/{STATE_FILE}", step_dir_name(PROCESS_STEPS - 1));
+        assert!(ours.contains_key(&before), "{name}");
         let names = |files: &BTreeMap<String, Vec<u8>>| files.keys().cloned().collect::<Vec<_>>();
         assert_eq!(names(&theirs), names(&ours), "{name}");
         for (file, bytes) in &theirs {
@@ -368,13 +380,22 @@ fn a_save_that_fails_on_any_rank_fails_on_every_rank_and_latest_stays() {
     );
     assert_eq!(files_of(&run), first, "nothing of the failed save is left");
 
+    // In the background too: the ranks learn it when the save is joined.
+    for begun in at_once(&mut ranks, |t, rank| {
+        t.save_async(if rank == 0 { &run } else { &elsewhere }, None)
+    }) {
+        begun.unwrap();
+    }
+    for e in at_once(&mut ranks, |t, _| t.finish_saves()).map(|f| f.unwrap_err().to_string()) {
+        assert!(
+            e.contains("rank 1: it does not see rank 0's temporary directory"),
+            "{e}"
+        );
+    }
+    assert_eq!(files_of(&run), first, "nothing of the failed save is left");
+
     // A rank that stops fails its peer's save, and the ranks' next step.
     let [mut zero, one] = ranks;
-    let async_save = one_rank_async_refusal(&mut zero, &run);
-    assert!(
-        async_save.contains("rank 0 of 2: a rank in a process of its own saves synchronously only"),
-        "{async_save}"
-    );
     drop(one);
     let e = zero.save(&run, None).unwrap_err().to_string();
     assert!(
@@ -402,11 +423,6 @@ fn a_save_that_fails_on_any_rank_fails_on_every_rank_and_latest_stays() {
         e.contains("a rank of its own takes a world_size of 2 or more"),
         "{e}"
     );
-}
-
-/// The error of `t`'s asynchronous save into `run`.
-fn one_rank_async_refusal(t: &mut Trainer<CpuDevice>, run: &Path) -> String {
-    t.save_async(run, None).unwrap_err().to_string()
 }
 
 #[test]

@@ -65,12 +65,16 @@ pub struct Ranks<D: Device> {
 
 /// This process's rank of a run whose ranks are processes of their own, and its connections to
 /// every other rank, which last the run: one for the chain, ring and collectives, one for the
-/// weight gathers of `shard: full` (as a step's two groups in one process).
+/// weight gathers of `shard: full` (as a step's two groups in one process), and one for
+/// checkpoint saves, which an asynchronous save's writer takes while the steps go on.
 struct ProcessRank {
     rank: usize,
     world: usize,
     /// `None` once a failed step has closed them: its peers learn that this rank stopped.
     mesh: Option<(BufferedRank, BufferedRank)>,
+    /// `None` while an asynchronous save's writer holds them, or once a failed step has closed
+    /// them.
+    saves: Option<BufferedRank>,
 }
 
 impl<D: Device> Ranks<D> {
@@ -127,15 +131,20 @@ impl<D: Device> Ranks<D> {
         source: Option<&dyn RowSource>,
     ) -> Result<Self> {
         let world = cfg.parallel.world_size;
-        let again = meeting.again().map_err(|e| EngineError::Join {
-            rank,
-            message: e.to_string(),
-        })?;
+        let again = || {
+            meeting.again().map_err(|e| EngineError::Join {
+                rank,
+                message: e.to_string(),
+            })
+        };
+        let (second, third) = (again()?, again()?);
         let comm = sockets::join(rank, world, meeting, sockets::JOIN_LIMIT)?;
-        // Every rank has met every other on the first connections before any makes its
-        // second: no second connection reaches rank 0 while it still takes first ones.
+        // Every rank has met every other on one set of connections before any makes the next:
+        // no connection of the next set reaches rank 0 while it still takes the last set's.
         comm.barrier()?;
-        let gather = sockets::join(rank, world, again, sockets::JOIN_LIMIT)?;
+        let gather = sockets::join(rank, world, second, sockets::JOIN_LIMIT)?;
+        gather.barrier()?;
+        let saves = sockets::join(rank, world, third, sockets::JOIN_LIMIT)?;
         let state = build_rank(cfg, dev, (rank, world), source, None)?;
         Ok(Ranks {
             states: vec![state],
@@ -147,6 +156,7 @@ impl<D: Device> Ranks<D> {
                 rank,
                 world,
                 mesh: Some((comm, gather)),
+                saves: Some(saves),
             }),
         })
     }
@@ -299,13 +309,32 @@ impl<D: Device> Ranks<D> {
         })
     }
 
-    /// Where the ranks are processes of their own, this process's connections to the others,
-    /// which a checkpoint is saved over (see [`crate::checkpoint::save_as_rank`]); `None` where
+    /// Where the ranks are processes of their own, this process's connections to the others
+    /// that checkpoints are saved over (see [`crate::checkpoint::save_as_rank`]); `None` where
     /// this process holds every rank.
-    pub fn connections(&self) -> Result<Option<&dyn Collective>> {
+    pub fn save_connections(&self) -> Result<Option<&dyn Collective>> {
         match &self.process {
-            Some(process) => Ok(Some(process.connections()?.0)),
+            Some(process) => Ok(Some(process.save_connections()?)),
             None => Ok(None),
+        }
+    }
+
+    /// [`Ranks::save_connections`] taken out, for an asynchronous save's writer to hold until
+    /// it is joined and they are given back ([`Ranks::give_back_save_connections`]).
+    pub fn take_save_connections(&mut self) -> Result<Option<BufferedRank>> {
+        match &mut self.process {
+            Some(process) => {
+                process.save_connections()?;
+                Ok(process.saves.take())
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Puts back the connections [`Ranks::take_save_connections`] took.
+    pub fn give_back_save_connections(&mut self, saves: BufferedRank) {
+        if let Some(process) = &mut self.process {
+            process.saves = Some(saves);
         }
     }
 
@@ -763,6 +792,16 @@ impl ProcessRank {
         })
     }
 
+    /// The connections checkpoints are saved over.
+    fn save_connections(&self) -> Result<&BufferedRank> {
+        let rank = self.rank;
+        self.saves.as_ref().ok_or_else(|| {
+            EngineError::Config(format!(
+                "rank {rank}'s connections for saves are held by an asynchronous save, or were closed by an earlier failure; finish the save first, or start the run again"
+            ))
+        })
+    }
+
     /// This rank's part of a step, on `state`; then every rank's passes, gathered, make the
     /// step's output in global micro-batch order. A failure closes the connections, so that
     /// every other rank stops too instead of waiting for this one.
@@ -786,6 +825,7 @@ impl ProcessRank {
             Ok((passes, norm)) => Ok((state.model().step_output(passes), norm)),
             Err(e) => {
                 self.mesh = None;
+                self.saves = None;
                 Err(e)
             }
         }
