@@ -26,7 +26,7 @@ use crate::parallel::buffered::BufferedRank;
 use crate::parallel::collective::Collective;
 use crate::parallel::ranks::Ranks;
 use crate::parallel::sockets::Meeting;
-use crate::parallel::source::HostTensors;
+use crate::parallel::source::{HostTensors, RowSource};
 use crate::state::State;
 use crate::tensor::Tensor;
 use serde::{Deserialize, Serialize};
@@ -158,18 +158,13 @@ impl<D: Device> Trainer<D> {
     /// figures are the whole run's, with the bits of one device.
     pub fn new_rank(cfg: TrainConfig, dev: D, rank: usize, meeting: Meeting) -> Result<Self> {
         cfg.validate()?;
-        let world = cfg.parallel.world_size;
-        if world < 2 || rank >= world {
-            return Err(EngineError::Config(format!(
-                "rank {rank} of a run of {world} ranks: a rank of its own takes a world_size of 2 or more and a rank below it"
-            )));
-        }
+        check_rank(&cfg, rank)?;
         let master = initial_weights(&cfg, &dev)?;
         let source = HostTensors {
             master: &master,
             moments: None,
         };
-        let ranks = Ranks::of_process(&cfg, dev, rank, meeting, Some(&source))?;
+        let ranks = Ranks::of_process(&cfg, dev, rank, meeting, Some(&source), None)?;
         Self::assemble(cfg, ranks)
     }
 
@@ -207,6 +202,34 @@ impl<D: Device> Trainer<D> {
     /// [`TrainConfig::identity`]; where its execution environment differs from the device's,
     /// the trainer lists how ([`Trainer::env_changes`]).
     pub fn resume(cfg: TrainConfig, dev: D, checkpoint_dir: &Path) -> Result<Self> {
+        Self::resume_placed(cfg, dev, checkpoint_dir, Placing::Here)
+    }
+
+    /// Continues, as rank `rank` of ranks in processes of their own, the run saved in
+    /// `checkpoint_dir`, at the world size of `cfg` (any, whatever the checkpoint's): every
+    /// rank is started with the same `cfg` and checkpoint, and meets the others through
+    /// `meeting`, as for [`Trainer::new_rank`]. Each rank reads only its rows of a sharded
+    /// checkpoint, and the ranks check every whole tensor's hash between them (see
+    /// [`RankReads::check_placed_as_rank`]); a checkpoint of one device's layout is read whole
+    /// by each.
+    pub fn resume_rank(
+        cfg: TrainConfig,
+        dev: D,
+        rank: usize,
+        meeting: Meeting,
+        checkpoint_dir: &Path,
+    ) -> Result<Self> {
+        check_rank(&cfg, rank)?;
+        Self::resume_placed(cfg, dev, checkpoint_dir, Placing::Rank { rank, meeting })
+    }
+
+    /// [`Trainer::resume`] with its ranks built as `placing` says.
+    fn resume_placed(
+        cfg: TrainConfig,
+        dev: D,
+        checkpoint_dir: &Path,
+        placing: Placing,
+    ) -> Result<Self> {
         cfg.validate()?;
         let req = LoadRequest {
             config: &cfg.model,
@@ -216,6 +239,13 @@ impl<D: Device> Trainer<D> {
             fresh_moments_if_missing: cfg.faults.has(Fault::MomentsNotSaved),
         };
         let world = cfg.parallel.world_size;
+        let env = dev.execution_env();
+        let build = |source: Option<&dyn RowSource>, moments_at| match placing {
+            Placing::Here => Ranks::new(&cfg, dev.ranks(world)?, source, moments_at),
+            Placing::Rank { rank, meeting } => {
+                Ranks::of_process(&cfg, dev.clone(), rank, meeting, source, moments_at)
+            }
+        };
         // Several ranks read their own rows of a sharded checkpoint; a loader that keeps the
         // saving plan's offsets (the fault) reads whole tensors, as that loader did.
         let reads = match world > 1 && !cfg.faults.has(Fault::MomentsAtSavedOffsets) {
@@ -225,16 +255,20 @@ impl<D: Device> Trainer<D> {
         let (ranks, state) = match reads {
             Some(reads) => {
                 let moments = reads.moments.then_some(reads.state.optimizer_step);
-                let ranks = Ranks::new(&cfg, dev.ranks(world)?, Some(&reads), moments)?;
-                reads.check_placed(|which, param| ranks.placed(which, param))?;
+                let ranks = build(Some(&reads), moments)?;
+                let placed = |which, param| ranks.placed(which, param);
+                match ranks.checkpoint_connections()? {
+                    Some(comm) => reads.check_placed_as_rank(placed, comm)?,
+                    None => reads.check_placed(placed)?,
+                }
                 (ranks, reads.state)
             }
-            None => Self::load_whole(&cfg, &dev, checkpoint_dir, &req)?,
+            None => Self::load_whole(&cfg, &dev, checkpoint_dir, &req, build)?,
         };
         let env_changes = state
             .environment
             .as_ref()
-            .map(|saved| saved.changes(&dev.execution_env()))
+            .map(|saved| saved.changes(&env))
             .unwrap_or_default();
         let mut trainer = Self::assemble(cfg, ranks)?;
         trainer.env_changes = env_changes;
@@ -277,12 +311,15 @@ impl<D: Device> Trainer<D> {
     }
 
     /// The ranks of `cfg` on `dev` from the checkpoint at `dir` read whole into host tensors
-    /// (one device's checkpoint, or one rank), and the checkpoint's trainer state.
+    /// (one device's checkpoint, or one rank), and the checkpoint's trainer state: one rank
+    /// uploaded here, several built by `build` from the host tensors (and the moments' step
+    /// count).
     fn load_whole(
         cfg: &TrainConfig,
         dev: &D,
         dir: &Path,
         req: &LoadRequest<'_>,
+        build: impl FnOnce(Option<&dyn RowSource>, Option<u64>) -> Result<Ranks<D>>,
     ) -> Result<(Ranks<D>, TrainerState)> {
         let loaded = checkpoint::load(&dev.host(), dir, req)?;
         let ranks = match cfg.parallel.world_size {
@@ -313,7 +350,7 @@ impl<D: Device> Trainer<D> {
                     moments: moments.as_ref(),
                 };
                 let step = moments.as_ref().map(|_| loaded.state.optimizer_step);
-                Ranks::new(cfg, dev.ranks(world)?, Some(&host), step)?
+                build(Some(&host), step)?
             }
         };
         Ok((ranks, loaded.state))
@@ -333,7 +370,12 @@ impl<D: Device> Trainer<D> {
             tensors: self.checkpoint_tensors()?,
             state: self.trainer_state(),
         };
-        write_checkpoint(run_dir, req, keep_last, self.ranks.save_connections()?)
+        write_checkpoint(
+            run_dir,
+            req,
+            keep_last,
+            self.ranks.checkpoint_connections()?,
+        )
     }
 
     /// Saves a checkpoint of the current state under `run_dir` in the background, keeping the
@@ -368,7 +410,7 @@ impl<D: Device> Trainer<D> {
         let tensors = tensors.into_owned();
         let config = self.cfg.model.clone();
         let dir = run_dir.to_path_buf();
-        let connections = self.ranks.take_save_connections()?;
+        let connections = self.ranks.take_checkpoint_connections()?;
         let writer = std::thread::Builder::new()
             .name("checkpoint-writer".into())
             .spawn(move || {
@@ -400,7 +442,7 @@ impl<D: Device> Trainer<D> {
                 });
                 drop(staging);
                 if let Some(connections) = connections {
-                    self.ranks.give_back_save_connections(connections);
+                    self.ranks.give_back_checkpoint_connections(connections);
                 }
                 written.map(Some)
             }
@@ -414,7 +456,7 @@ impl<D: Device> Trainer<D> {
                     tensors: self.checkpoint_tensors()?,
                     state: *state,
                 };
-                let comm = self.ranks.save_connections()?;
+                let comm = self.ranks.checkpoint_connections()?;
                 write_checkpoint(&run_dir, req, keep_last, comm).map(Some)
             }
         }
@@ -599,6 +641,27 @@ impl<D: Device> Trainer<D> {
         self.rng.offset += self.cfg.accumulation as u64;
         Ok(stats)
     }
+}
+
+/// Where a run's ranks are built.
+enum Placing {
+    /// Every rank in this process.
+    Here,
+    /// Rank `rank` in this process, the others in processes of their own met through
+    /// `meeting`.
+    Rank { rank: usize, meeting: Meeting },
+}
+
+/// An error unless `cfg` can run rank `rank` in a process of its own: a world size of 2 or more,
+/// and a rank below it.
+fn check_rank(cfg: &TrainConfig, rank: usize) -> Result<()> {
+    let world = cfg.parallel.world_size;
+    if world < 2 || rank >= world {
+        return Err(EngineError::Config(format!(
+            "rank {rank} of a run of {world} ranks: a rank of its own takes a world_size of 2 or more and a rank below it"
+        )));
+    }
+    Ok(())
 }
 
 /// Writes the checkpoint `req` into `run_dir`, keeping the newest `keep_last`: on its own, or

@@ -168,8 +168,8 @@ fn ranks_over_sockets_train_the_bits_of_one_rank() {
     each_stage_trains_the_bits_of_one_rank(&transport_cases(), 2..=4, 2, Transport::Sockets);
 }
 
-/// Set in a child process of [`ranks_in_processes_of_their_own_train_and_save_as_one_process`]:
-/// the case, the rank it runs, rank 0's address and the run directory.
+/// Set in a child process of [`ranks_in_processes_of_their_own_train_save_and_resume_as_one_process`]:
+/// the case, the phase, the rank it runs, rank 0's address and the run directory.
 const AS_RANK: &str = "CKPT_TEST_AS_RANK";
 
 /// What a child rank prints before its run (on the line libtest began with the test's name).
@@ -179,25 +179,39 @@ const RUN_LINE: &str = "rank's run: ";
 const PROCESS_STEPS: u64 = 3;
 
 /// The runs split over processes: each stage, both precisions, tied embeddings and a mixture of
-/// experts, world sizes 2 to 4, checkpoints sharded and gathered.
-fn process_cases() -> [(&'static str, TrainConfig); 4] {
+/// experts, world sizes 2 to 4, checkpoints sharded and gathered; each with the world size its
+/// checkpoint resumes at.
+fn process_cases() -> [(&'static str, TrainConfig, usize); 4] {
     let mut gathered = with(&dense(Precision::Fp32), 2, Shard::None, &[]);
     gathered.parallel.checkpoints = Checkpoints::Gathered;
     [
         (
             "dense bf16-mixed, 3 ranks, full",
             with(&dense(Precision::Bf16Mixed), 3, Shard::Full, &[]),
+            2,
         ),
         (
             "qwen3-moe, 2 ranks, gradients",
             with(&moe(), 2, Shard::Gradients, &[]),
+            4,
         ),
         (
             "tied fp32, 4 ranks, optimizer",
             with(&tied(Precision::Fp32), 4, Shard::Optimizer, &[]),
+            3,
         ),
-        ("dense fp32, 2 ranks, none, gathered", gathered),
+        ("dense fp32, 2 ranks, none, gathered", gathered, 3),
     ]
+}
+
+/// A phase of a run split over processes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Phase {
+    /// [`PROCESS_STEPS`] steps from the start, saved (see [`trained_and_saved`]).
+    Train,
+    /// The last step again, resumed at the case's other world size from the checkpoint before
+    /// it.
+    Resume,
 }
 
 /// A CPU device of one thread, as each rank of a run in one process has.
@@ -205,11 +219,23 @@ fn one_thread() -> CpuDevice {
     CpuDevice::new(1, u64::MAX).unwrap()
 }
 
-/// Rank `rank` of `cfg` trained by this process, meeting the other ranks' processes through
-/// `meeting`, and saved with theirs into the run directory `dir` (see [`trained_and_saved`]).
-fn run_rank(cfg: &TrainConfig, rank: usize, meeting: Meeting, dir: &Path) -> Run {
-    let mut t = Trainer::new_rank(cfg.clone(), one_thread(), rank, meeting).unwrap();
-    trained_and_saved(&mut t, dir)
+/// What rank `rank` of case `case` shows of itself in `phase`, run by this process, meeting the
+/// other ranks' processes through `meeting`, in the run directory `dir`.
+fn run_rank(case: usize, phase: Phase, rank: usize, meeting: Meeting, dir: &Path) -> Run {
+    let (_, cfg, resume_world) = &process_cases()[case];
+    match phase {
+        Phase::Train => {
+            let mut t = Trainer::new_rank(cfg.clone(), one_thread(), rank, meeting).unwrap();
+            trained_and_saved(&mut t, dir)
+        }
+        Phase::Resume => {
+            let mut cfg = cfg.clone();
+            cfg.parallel.world_size = *resume_world;
+            let from = dir.join(step_dir_name(PROCESS_STEPS - 1));
+            let mut t = Trainer::resume_rank(cfg, one_thread(), rank, meeting, &from).unwrap();
+            trained(&mut t, 1)
+        }
+    }
 }
 
 /// What `t` shows of itself over [`PROCESS_STEPS`] steps, saved into `dir` in the background
@@ -244,62 +270,80 @@ fn files_of(dir: &Path) -> BTreeMap<String, Vec<u8>> {
     files
 }
 
+/// Runs `phase` of case `case` on `world` ranks in the run directory `dir`, this process rank 0
+/// and this test's binary started again as each other rank, and asserts that every rank shows
+/// `want`.
+fn in_processes(case: usize, phase: Phase, world: usize, dir: &Path, want: &Run) {
+    let name = process_cases()[case].0;
+    let this = std::env::current_exe().unwrap();
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+    let at = listener.local_addr().unwrap();
+    let children: Vec<Child> = (1..world)
+        .map(|rank| {
+            Command::new(&this)
+                .args([
+                    "--exact",
+                    "ranks_in_processes_of_their_own_train_save_and_resume_as_one_process",
+                ])
+                .args(["--nocapture", "--test-threads=1"])
+                .env(
+                    AS_RANK,
+                    format!("{case} {phase:?} {rank} {at} {}", dir.display()),
+                )
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let zero = run_rank(case, phase, 0, Meeting::Host(listener), dir);
+    assert_eq!(&zero, want, "{name}, {phase:?}: rank 0");
+    for (rank, child) in (1..).zip(children) {
+        let out = child.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{name}, {phase:?}: rank {rank}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let line = (stdout.lines()).find_map(|l| l.split_once(RUN_LINE).map(|(_, run)| run));
+        assert_eq!(
+            line,
+            Some(format!("{want:?}").as_str()),
+            "{name}, {phase:?}: rank {rank}"
+        );
+    }
+}
+
 #[test]
-fn ranks_in_processes_of_their_own_train_and_save_as_one_process() {
+fn ranks_in_processes_of_their_own_train_save_and_resume_as_one_process() {
     // This test's own binary, started again with AS_RANK set, is each rank but 0: a process of
     // its own, meeting rank 0 (this process) over TCP.
     if let Ok(spec) = std::env::var(AS_RANK) {
-        let [case, rank, at, dir]: [&str; 4] =
-            spec.splitn(4, ' ').collect::<Vec<_>>().try_into().unwrap();
-        let cfg = &process_cases()[case.parse::<usize>().unwrap()].1;
+        let [case, phase, rank, at, dir]: [&str; 5] =
+            spec.splitn(5, ' ').collect::<Vec<_>>().try_into().unwrap();
+        let phase = [Phase::Train, Phase::Resume]
+            .into_iter()
+            .find(|p| format!("{p:?}") == phase)
+            .unwrap();
         let meeting = Meeting::At(at.parse().unwrap());
-        let run = run_rank(cfg, rank.parse().unwrap(), meeting, Path::new(dir));
+        let run = run_rank(
+            case.parse().unwrap(),
+            phase,
+            rank.parse().unwrap(),
+            meeting,
+            Path::new(dir),
+        );
         println!("{RUN_LINE}{run:?}");
         return;
     }
-    let this = std::env::current_exe().unwrap();
     let tmp = tempfile::tempdir().unwrap();
-    for (case, (name, cfg)) in process_cases().iter().enumerate() {
+    for (case, (name, cfg, resume_world)) in process_cases().iter().enumerate() {
         let one = run(&with(cfg, 1, Shard::None, &[]), PROCESS_STEPS);
         let dir = tmp.path().join(format!("processes-{case}"));
         std::fs::create_dir(&dir).unwrap();
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
-        let at = listener.local_addr().unwrap();
-        let children: Vec<Child> = (1..cfg.parallel.world_size)
-            .map(|rank| {
-                Command::new(&this)
-                    .args([
-                        "--exact",
-                        "ranks_in_processes_of_their_own_train_and_save_as_one_process",
-                    ])
-                    .args(["--nocapture", "--test-threads=1"])
-                    .env(AS_RANK, format!("{case} {rank} {at} {}", dir.display()))
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::piped())
-                    .spawn()
-                    .unwrap()
-            })
-            .collect();
-        assert_eq!(
-            run_rank(cfg, 0, Meeting::Host(listener), &dir),
-            one,
-            "{name}: rank 0"
-        );
-        for (rank, child) in (1..).zip(children) {
-            let out = child.wait_with_output().unwrap();
-            let stdout = String::from_utf8_lossy(&out.stdout);
-            assert!(
-                out.status.success(),
-                "{name}: rank {rank}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            let line = (stdout.lines()).find_map(|l| l.split_once(RUN_LINE).map(|(_, run)| run));
-            assert_eq!(
-                line,
-                Some(format!("{one:?}").as_str()),
-                "{name}: rank {rank}"
-            );
-        }
+        in_processes(case, Phase::Train, cfg.parallel.world_size, &dir, &one);
+
         // The same ranks in one process save the same files, byte for byte.
         let in_one = tmp.path().join(format!("one-process-{case}"));
         let mut t = Trainer::new(cfg.clone(), one_thread()).unwrap();
@@ -312,18 +356,66 @@ fn ranks_in_processes_of_their_own_train_and_save_as_one_process() {
         for (file, bytes) in &theirs {
             assert!(bytes == &ours[file], "{name}: {file} differs");
         }
+
+        // Resumed at another world size, the last step again, with one device's bits.
+        let last = Run {
+            steps: one.steps[PROCESS_STEPS as usize - 1..].to_vec(),
+            end: one.end.clone(),
+        };
+        in_processes(case, Phase::Resume, *resume_world, &dir, &last);
     }
 }
 
 /// Ranks 0 and 1 of `cfg`, each in a thread of this process, meeting over TCP.
 fn two_ranks(cfg: &TrainConfig) -> [Trainer<CpuDevice>; 2] {
+    two_ranks_made(|rank, meeting| Trainer::new_rank(cfg.clone(), one_thread(), rank, meeting))
+        .map(Result::unwrap)
+}
+
+/// Ranks 0 and 1 as `make` builds each (given its rank and meeting), each in a thread of this
+/// process, meeting over TCP.
+fn two_ranks_made(
+    make: impl Fn(usize, Meeting) -> ckpt_engine::Result<Trainer<CpuDevice>> + Sync,
+) -> [ckpt_engine::Result<Trainer<CpuDevice>>; 2] {
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
     let at = listener.local_addr().unwrap();
     std::thread::scope(|s| {
-        let other = s.spawn(|| Trainer::new_rank(cfg.clone(), one_thread(), 1, Meeting::At(at)));
-        let zero = Trainer::new_rank(cfg.clone(), one_thread(), 0, Meeting::Host(listener));
-        [zero.unwrap(), other.join().unwrap().unwrap()]
+        let other = s.spawn(|| make(1, Meeting::At(at)));
+        let zero = make(0, Meeting::Host(listener));
+        [zero, other.join().unwrap()]
     })
+}
+
+#[test]
+fn ranks_of_their_own_resume_only_tensors_whose_whole_hash_holds() {
+    let cfg = with(&dense(Precision::Bf16Mixed), 2, Shard::Full, &[]);
+    let mut ranks = two_ranks(&cfg);
+    let run = tempfile::tempdir().unwrap();
+    for stepped in at_once(&mut ranks, |t, _| t.step()) {
+        stepped.unwrap();
+    }
+    let saved = at_once(&mut ranks, |t, _| t.save(run.path(), None)).map(Result::unwrap);
+    drop(ranks);
+    let resume =
+        |rank, meeting| Trainer::resume_rank(cfg.clone(), one_thread(), rank, meeting, &saved[0]);
+    for resumed in two_ranks_made(resume) {
+        resumed.unwrap();
+    }
+
+    // A byte of rank 1's file changed: rank 0 finds the whole hash wrong, names the chunk, and
+    // both ranks stop with its error.
+    let file = saved[0].join("rank-00001-of-00002.safetensors");
+    let mut bytes = std::fs::read(&file).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    std::fs::write(&file, &bytes).unwrap();
+    let [zero, one] = two_ranks_made(resume).map(|r| r.err().unwrap().to_string());
+    assert_eq!(zero, one);
+    assert!(
+        zero.contains("rank-00001-of-00002.safetensors: checksum mismatch: the chunk of")
+            && zero.contains("does not match its hash"),
+        "{zero}"
+    );
 }
 
 /// Both ranks' `act`, run at once (each in a thread).

@@ -11,16 +11,19 @@
 //! hash fails are the tensor's chunks read again and checked against their own hashes, so that
 //! damage names its file, tensor, rows and bytes, and with every chunk intact the error says one
 //! is out of place: a clean load hashes each byte once, as one device's does. No rank ever holds
-//! a whole tensor it does not keep.
+//! a whole tensor it does not keep. Ranks in processes of their own put the whole hashes
+//! together on rank 0 from each rank's part of them ([`RankReads::check_placed_as_rank`]).
 
 use super::cores::map_on_cores;
 use super::load::{match_spec, open, LoadRequest, EARLIER};
 use super::reading::read_at;
 use super::shards::{self, read_index, TensorIndex};
 use super::state::TrainerState;
-use super::tensor_hash::{self, TensorHash};
+use super::tensor_hash::{self, decode_parts, encode_parts, finish_parts, HashPart, TensorHash};
 use crate::error::{EngineError, Result};
 use crate::model::param_specs;
+use crate::parallel::collective::Collective;
+use crate::parallel::plan;
 use crate::parallel::source::{Placed, RowSource, Which};
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -166,6 +169,139 @@ impl RankReads {
             .collect()
     }
 
+    /// [`RankReads::check_placed`] where the ranks are processes of their own, this process
+    /// holding rank `comm.rank()` (`placed` gives its rows alone): each rank sends rank 0 its
+    /// part of every tensor's whole hash over the rows the loading plan gives it
+    /// ([`HashPart`]: the digests of the blocks inside them, most hashed as they were read, and
+    /// its bytes of the blocks it shares with its neighbours), rank 0 finishes every hash and
+    /// tells every rank the first tensor that fails and why, so each returns the same error. A
+    /// checkpoint of format version 4 or earlier, whose whole hashes take their bytes in row
+    /// order, is checked by each rank on its own, the rows it does not hold read from the files.
+    pub fn check_placed_as_rank<'p>(
+        &self,
+        mut placed: impl FnMut(Which, usize) -> Result<Placed<'p>>,
+        comm: &dyn Collective,
+    ) -> Result<()> {
+        if self.tensor_hash == TensorHash::Plain {
+            return self.check_placed(placed);
+        }
+        let (rank, world) = (comm.rank(), comm.world_size());
+        let mut parts = Vec::with_capacity(self.tensors.len());
+        for (&(which, param), read) in &self.tensors {
+            let row = read.tensor.row_bytes();
+            let d0 = read.tensor.shape.first().copied().unwrap_or(1);
+            let rows = plan::rows(d0, world, rank);
+            let pieces = placed(which, param)?;
+            parts.push(self.part_of(read, &pieces, rows.start * row..rows.end * row)?);
+        }
+        if rank > 0 {
+            comm.send(0, encode_parts(&parts))?;
+            let word: Option<(PathBuf, String)> = serde_json::from_slice(&comm.recv(0)?)
+                .map_err(|e| {
+                    EngineError::Config(format!(
+                        "rank 0's word on the checkpoint is not in this build's layout ({e}); run one build on every rank"
+                    ))
+                })?;
+            return match word {
+                None => Ok(()),
+                Some((path, message)) => Err(EngineError::bad_file(path, message)),
+            };
+        }
+        let mut by_rank = vec![parts];
+        for from in 1..world {
+            let parts = decode_parts(&comm.recv(from)?).ok_or_else(|| {
+                EngineError::Config(format!(
+                    "rank {from}'s parts of the checkpoint's hashes are not in this build's layout; run one build on every rank"
+                ))
+            })?;
+            by_rank.push(parts);
+        }
+        let checked = self.check_parts(&by_rank);
+        let word = match &checked {
+            Ok(()) => None,
+            Err(EngineError::BadFile { path, message }) => Some((path.clone(), message.clone())),
+            Err(e) => Some((self.index_path.clone(), e.to_string())),
+        };
+        let word = serde_json::to_vec(&word).expect("plain JSON");
+        for to in 1..world {
+            comm.send(to, word.clone())?;
+        }
+        checked
+    }
+
+    /// Checks every tensor's whole hash put together from every rank's part of it (`by_rank`:
+    /// each rank's parts, in the order of [`RankReads::tensors`]).
+    fn check_parts(&self, by_rank: &[Vec<HashPart>]) -> Result<()> {
+        for (i, read) in self.tensors.values().enumerate() {
+            let tensor = &read.tensor;
+            let parts = by_rank.iter().filter_map(|parts| parts.get(i));
+            let found = finish_parts(parts, tensor.bytes() as usize).ok_or_else(|| {
+                EngineError::bad_file(
+                    &self.index_path,
+                    format!(
+                        "the ranks' rows of {} do not tile it; run one build on every rank",
+                        tensor.name
+                    ),
+                )
+            })?;
+            if found != tensor.xxh3_128 {
+                self.check_chunks(tensor)?;
+            }
+            shards::check_found(&self.index_path, tensor, &found)?;
+        }
+        Ok(())
+    }
+
+    /// The part of `read`'s tensor's whole hash over its bytes `range`: each block inside it
+    /// with the digest hashed as it was read, or hashed now; the bytes from the first of
+    /// `pieces` that holds them, or from the files.
+    fn part_of(&self, read: &Read, pieces: &Placed<'_>, range: Range<usize>) -> Result<HashPart> {
+        let bytes = read.tensor.bytes() as usize;
+        let whole = tensor_hash::blocks_within(range.clone(), bytes);
+        let mut part = HashPart {
+            at: range.start,
+            ..HashPart::default()
+        };
+        let (first, last) = match whole.is_empty() {
+            true => (range.end, range.end),
+            false => (
+                tensor_hash::block_bytes(whole.start, bytes).start,
+                tensor_hash::block_bytes(whole.end - 1, bytes).end,
+            ),
+        };
+        self.walk(read, pieces, range.start..first, |s| {
+            part.head.extend_from_slice(s)
+        })?;
+        let mut block = Vec::new();
+        for b in whole {
+            part.digests
+                .push(self.digest_of(read, pieces, b, &mut block)?);
+        }
+        self.walk(read, pieces, last..range.end, |s| {
+            part.tail.extend_from_slice(s)
+        })?;
+        Ok(part)
+    }
+
+    /// The digest of hash block `b` of `read`'s tensor: the one a rank took as it read it, or
+    /// hashed now, its bytes (gathered in `scratch`) from the first of `pieces` that holds them
+    /// or from the files.
+    fn digest_of(
+        &self,
+        read: &Read,
+        pieces: &Placed<'_>,
+        b: usize,
+        scratch: &mut Vec<u8>,
+    ) -> Result<u128> {
+        if let Some(&digest) = read.blocks[b].digest.get() {
+            return Ok(digest);
+        }
+        scratch.clear();
+        let at = tensor_hash::block_bytes(b, read.tensor.bytes() as usize);
+        self.walk(read, pieces, at, |s| scratch.extend_from_slice(s))?;
+        Ok(tensor_hash::block_digest(scratch))
+    }
+
     /// Finishes `read`'s whole hash, the bytes no rank hashed as it read them taken from the
     /// first of `pieces` that holds them, or from the files. When it does not match, its chunks
     /// are read again and checked, so that damage names its chunk; with every chunk intact, one
@@ -177,17 +313,8 @@ impl RankReads {
             TensorHash::Blocks => {
                 let mut block = Vec::new();
                 let mut digests = Vec::with_capacity(read.blocks.len());
-                for (b, done) in read.blocks.iter().enumerate() {
-                    let digest = match done.digest.get() {
-                        Some(&digest) => digest,
-                        None => {
-                            block.clear();
-                            let at = tensor_hash::block_bytes(b, bytes);
-                            self.walk(read, pieces, at, |s| block.extend_from_slice(s))?;
-                            tensor_hash::block_digest(&block)
-                        }
-                    };
-                    digests.push(digest);
+                for b in 0..read.blocks.len() {
+                    digests.push(self.digest_of(read, pieces, b, &mut block)?);
                 }
                 tensor_hash::finish(digests)
             }

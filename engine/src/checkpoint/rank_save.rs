@@ -8,7 +8,7 @@
 //! tensor; each writes and fsyncs its own file into the temporary directory and sends rank 0
 //! the file's record, where its chunks lie in it, and its part of each whole tensor's hash (the
 //! digests of the hash blocks it holds whole, and its bytes of the blocks it shares with its
-//! neighbours: [`HashPart`]). Rank 0 writes the index, the configuration and the trainer
+//! neighbours: [`super::tensor_hash::HashPart`]). Rank 0 writes the index, the configuration and the trainer
 //! state, commits with one rename, and tells every rank how the save ended. A gathered
 //! checkpoint is gathered by every rank and written by rank 0.
 //!
@@ -20,7 +20,7 @@
 
 use super::shards::{self, ChunkIndex, RankPlan, RankWritten, SHARDS_FILE};
 use super::state::{FileRecord, TrainerState};
-use super::tensor_hash::{HashPart, BLOCK_HASHED_FROM};
+use super::tensor_hash::{decode_parts, encode_parts, BLOCK_HASHED_FROM};
 use super::{begin, publish, save, save_failed, RankChunks, SaveRequest, Tensors};
 use crate::error::{EngineError, Result};
 use crate::parallel::collective::Collective;
@@ -35,15 +35,13 @@ enum Word {
     Stop(String),
 }
 
-/// What a rank reports to rank 0 once it has written its file (the bytes of its hash parts
-/// follow the header), or why it could not.
+/// What a rank reports to rank 0 once it has written its file (its hash parts follow the
+/// header, see [`encode_parts`]), or why it could not.
 #[derive(Serialize, Deserialize)]
 enum Header {
     Written {
         record: FileRecord,
         chunks: Vec<Option<ChunkIndex>>,
-        /// Each hash part's place and lengths: `[at, head bytes, digests, tail bytes]`.
-        parts: Vec<[usize; 4]>,
     },
     Failed(String),
 }
@@ -203,89 +201,44 @@ fn hear(comm: &dyn Collective, step: u64) -> Result<String> {
 }
 
 /// `written` as one message: the header's length (8 bytes, little-endian), the header as JSON,
-/// then each hash part's head, digests (16 bytes each, little-endian) and tail.
+/// then the hash parts ([`encode_parts`]).
 fn encode_report(written: &std::result::Result<RankWritten, String>) -> Vec<u8> {
     let (header, parts) = match written {
         Ok(w) => (
             Header::Written {
                 record: w.record.clone(),
                 chunks: w.chunks.clone(),
-                parts: (w.hashes.iter())
-                    .map(|p| [p.at, p.head.len(), p.digests.len(), p.tail.len()])
-                    .collect(),
             },
-            &w.hashes[..],
+            encode_parts(&w.hashes),
         ),
-        Err(message) => (Header::Failed(message.clone()), &[][..]),
+        Err(message) => (Header::Failed(message.clone()), encode_parts(&[])),
     };
     let header = serde_json::to_vec(&header).expect("plain JSON");
     let mut out = (header.len() as u64).to_le_bytes().to_vec();
     out.extend_from_slice(&header);
-    for p in parts {
-        out.extend_from_slice(&p.head);
-        p.digests
-            .iter()
-            .for_each(|d| out.extend_from_slice(&d.to_le_bytes()));
-        out.extend_from_slice(&p.tail);
-    }
+    out.extend_from_slice(&parts);
     out
 }
 
 /// The report rank `from` encoded with [`encode_report`]; an error naming it where the bytes
 /// are not one.
 fn decode_report(from: usize, bytes: &[u8]) -> Result<std::result::Result<RankWritten, String>> {
-    let malformed = |why: &str| {
+    let malformed = || {
         EngineError::Config(format!(
-            "rank {from}'s report of its file is not in this build's layout ({why}); run one build on every rank"
+            "rank {from}'s report of its file is not in this build's layout; run one build on every rank"
         ))
     };
-    let (len, rest) = bytes
-        .split_first_chunk::<8>()
-        .ok_or_else(|| malformed("too short"))?;
-    let len = usize::try_from(u64::from_le_bytes(*len)).map_err(|_| malformed("too long"))?;
-    let (header, mut payload) =
-        (rest.split_at_checked(len)).ok_or_else(|| malformed("cut short"))?;
-    let header: Header = serde_json::from_slice(header).map_err(|e| malformed(&e.to_string()))?;
-    let (record, chunks, shapes) = match header {
-        Header::Failed(message) => return Ok(Err(message)),
-        Header::Written {
+    let (len, rest) = bytes.split_first_chunk::<8>().ok_or_else(malformed)?;
+    let len = usize::try_from(u64::from_le_bytes(*len)).map_err(|_| malformed())?;
+    let (header, parts) = rest.split_at_checked(len).ok_or_else(malformed)?;
+    let header: Header = serde_json::from_slice(header).map_err(|_| malformed())?;
+    let hashes = decode_parts(parts).ok_or_else(malformed)?;
+    Ok(match header {
+        Header::Failed(message) => Err(message),
+        Header::Written { record, chunks } => Ok(RankWritten {
             record,
             chunks,
-            parts,
-        } => (record, chunks, parts),
-    };
-    let mut take = |n: usize| {
-        let (taken, rest) = payload
-            .split_at_checked(n)
-            .ok_or_else(|| malformed("cut short"))?;
-        payload = rest;
-        Ok::<_, EngineError>(taken)
-    };
-    let mut hashes = Vec::with_capacity(shapes.len());
-    for [at, head, digests, tail] in shapes {
-        let head = take(head)?.to_vec();
-        let digests = (take(
-            digests
-                .checked_mul(16)
-                .ok_or_else(|| malformed("too long"))?,
-        )?)
-        .chunks_exact(16)
-        .map(|d| u128::from_le_bytes(d.try_into().expect("16 bytes")))
-        .collect();
-        let tail = take(tail)?.to_vec();
-        hashes.push(HashPart {
-            at,
-            head,
-            digests,
-            tail,
-        });
-    }
-    if !payload.is_empty() {
-        return Err(malformed("bytes past its parts"));
-    }
-    Ok(Ok(RankWritten {
-        record,
-        chunks,
-        hashes,
-    }))
+            hashes,
+        }),
+    })
 }

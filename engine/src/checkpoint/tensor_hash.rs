@@ -167,6 +167,67 @@ impl HashPart {
     }
 }
 
+/// `parts` as bytes, for ranks to send: their count, then each part's place, head, digests and
+/// tail, each list after its length (every number 8 bytes, each digest 16, little-endian).
+pub fn encode_parts(parts: &[HashPart]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let number = |out: &mut Vec<u8>, n: usize| out.extend_from_slice(&(n as u64).to_le_bytes());
+    number(&mut out, parts.len());
+    for p in parts {
+        number(&mut out, p.at);
+        number(&mut out, p.head.len());
+        out.extend_from_slice(&p.head);
+        number(&mut out, p.digests.len());
+        p.digests
+            .iter()
+            .for_each(|d| out.extend_from_slice(&d.to_le_bytes()));
+        number(&mut out, p.tail.len());
+        out.extend_from_slice(&p.tail);
+    }
+    out
+}
+
+/// The parts [`encode_parts`] made `bytes` of; `None` where `bytes` are not such parts, or have
+/// bytes after them.
+pub fn decode_parts(bytes: &[u8]) -> Option<Vec<HashPart>> {
+    let mut rest = Unread(bytes);
+    let count = rest.number()?;
+    let mut parts = Vec::with_capacity(count.min(1 << 16));
+    for _ in 0..count {
+        let at = rest.number()?;
+        let n = rest.number()?;
+        let head = rest.take(n)?.to_vec();
+        let n = rest.number()?.checked_mul(16)?;
+        let digests = (rest.take(n)?.chunks_exact(16))
+            .map(|d| u128::from_le_bytes(d.try_into().expect("16 bytes")))
+            .collect();
+        let n = rest.number()?;
+        let tail = rest.take(n)?.to_vec();
+        parts.push(HashPart {
+            at,
+            head,
+            digests,
+            tail,
+        });
+    }
+    Some(parts).filter(|_| rest.0.is_empty())
+}
+
+/// Bytes not yet decoded.
+struct Unread<'a>(&'a [u8]);
+
+impl<'a> Unread<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let (taken, rest) = self.0.split_at_checked(n)?;
+        self.0 = rest;
+        Some(taken)
+    }
+
+    fn number(&mut self) -> Option<usize> {
+        usize::try_from(u64::from_le_bytes(self.take(8)?.try_into().ok()?)).ok()
+    }
+}
+
 /// The hex whole-tensor hash ([`TensorHash::Blocks`]) of a tensor of `bytes` bytes from the
 /// parts ([`HashPart`]) of stretches that tile it, in order; `None` where they do not: a gap, an
 /// overlap, a stretch that ends short of the tensor or runs past it.
@@ -592,5 +653,22 @@ mod tests {
             assert_eq!(finish_parts(parts, len), None, "{what}");
         }
         assert!(finish_parts(&good, len).is_some());
+    }
+
+    #[test]
+    fn parts_arrive_as_they_were_sent_and_other_bytes_are_refused() {
+        let data = bytes(2 * HASH_BLOCK + 77);
+        let sent = parts(&data, &[5, HASH_BLOCK + 3]);
+        let bytes = encode_parts(&sent);
+        assert_eq!(decode_parts(&bytes), Some(sent));
+        assert_eq!(decode_parts(&bytes[..bytes.len() - 1]), None, "cut short");
+        assert_eq!(
+            decode_parts(&[bytes.as_slice(), &[0]].concat()),
+            None,
+            "a byte past them"
+        );
+        let mut huge = bytes.clone();
+        huge[8 + 8..8 + 16].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert_eq!(decode_parts(&huge), None, "a length past the bytes");
     }
 }

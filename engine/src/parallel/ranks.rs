@@ -121,14 +121,15 @@ impl<D: Device> Ranks<D> {
     /// Rank `rank` of `cfg`'s ranks, run by this process on `dev`, the others by processes of
     /// their own that meet it through `meeting` (rank 0 listens, the others are given its
     /// address; see [`sockets::join`]). It is built from its rows of the whole f32 tensors
-    /// `source` holds, as [`Ranks::new`] builds each rank. Every rank must be started with the
-    /// same `cfg`.
+    /// `source` holds (with `moments_at`, the moments too), as [`Ranks::new`] builds each rank.
+    /// Every rank must be started with the same `cfg`.
     pub fn of_process(
         cfg: &TrainConfig,
         dev: D,
         rank: usize,
         meeting: Meeting,
         source: Option<&dyn RowSource>,
+        moments_at: Option<u64>,
     ) -> Result<Self> {
         let world = cfg.parallel.world_size;
         let again = || {
@@ -145,7 +146,7 @@ impl<D: Device> Ranks<D> {
         let gather = sockets::join(rank, world, second, sockets::JOIN_LIMIT)?;
         gather.barrier()?;
         let saves = sockets::join(rank, world, third, sockets::JOIN_LIMIT)?;
-        let state = build_rank(cfg, dev, (rank, world), source, None)?;
+        let state = build_rank(cfg, dev, (rank, world), source, moments_at)?;
         Ok(Ranks {
             states: vec![state],
             specs: param_specs(&cfg.model),
@@ -310,29 +311,30 @@ impl<D: Device> Ranks<D> {
     }
 
     /// Where the ranks are processes of their own, this process's connections to the others
-    /// that checkpoints are saved over (see [`crate::checkpoint::save_as_rank`]); `None` where
-    /// this process holds every rank.
-    pub fn save_connections(&self) -> Result<Option<&dyn Collective>> {
+    /// that checkpoints are saved and checked over (see [`crate::checkpoint::save_as_rank`],
+    /// [`crate::checkpoint::RankReads::check_placed_as_rank`]); `None` where this process holds
+    /// every rank.
+    pub fn checkpoint_connections(&self) -> Result<Option<&dyn Collective>> {
         match &self.process {
-            Some(process) => Ok(Some(process.save_connections()?)),
+            Some(process) => Ok(Some(process.checkpoint_connections()?)),
             None => Ok(None),
         }
     }
 
-    /// [`Ranks::save_connections`] taken out, for an asynchronous save's writer to hold until
-    /// it is joined and they are given back ([`Ranks::give_back_save_connections`]).
-    pub fn take_save_connections(&mut self) -> Result<Option<BufferedRank>> {
+    /// [`Ranks::checkpoint_connections`] taken out, for an asynchronous save's writer to hold until
+    /// it is joined and they are given back ([`Ranks::give_back_checkpoint_connections`]).
+    pub fn take_checkpoint_connections(&mut self) -> Result<Option<BufferedRank>> {
         match &mut self.process {
             Some(process) => {
-                process.save_connections()?;
+                process.checkpoint_connections()?;
                 Ok(process.saves.take())
             }
             None => Ok(None),
         }
     }
 
-    /// Puts back the connections [`Ranks::take_save_connections`] took.
-    pub fn give_back_save_connections(&mut self, saves: BufferedRank) {
+    /// Puts back the connections [`Ranks::take_checkpoint_connections`] took.
+    pub fn give_back_checkpoint_connections(&mut self, saves: BufferedRank) {
         if let Some(process) = &mut self.process {
             process.saves = Some(saves);
         }
@@ -793,7 +795,7 @@ impl ProcessRank {
     }
 
     /// The connections checkpoints are saved over.
-    fn save_connections(&self) -> Result<&BufferedRank> {
+    fn checkpoint_connections(&self) -> Result<&BufferedRank> {
         let rank = self.rank;
         self.saves.as_ref().ok_or_else(|| {
             EngineError::Config(format!(
