@@ -150,6 +150,15 @@ enum Command {
         /// The device to train on.
         #[arg(long, value_enum, default_value_t = DeviceKind::Cpu)]
         device: DeviceKind,
+        /// Train only rank RANK of the suite's `parallel.world_size` ranks, each rank a `train`
+        /// of its own, started with the same arguments and its own --rank (as torchrun starts
+        /// them); the ranks meet at --meet.
+        #[arg(long, requires = "meet")]
+        rank: Option<usize>,
+        /// Where the ranks of --rank meet (HOST:PORT): rank 0 listens there, every other rank
+        /// connects to it.
+        #[arg(long, requires = "rank")]
+        meet: Option<std::net::SocketAddr>,
     },
     /// Predicted memory of a training step, part by part and phase by phase.
     #[command(after_help = exit_codes::estimate_help())]
@@ -523,6 +532,8 @@ fn dispatch(command: Command) -> Result<u8> {
             steps,
             overwrite,
             device,
+            rank,
+            meet,
         } => {
             let suite = Suite::load(&suite)?;
             let opts = train::TrainOptions {
@@ -531,6 +542,9 @@ fn dispatch(command: Command) -> Result<u8> {
                 steps,
                 overwrite,
                 device,
+                rank: rank
+                    .zip(meet)
+                    .map(|(rank, meet)| train::RankOf { rank, meet }),
             };
             train::run(&suite, &opts)?;
             Ok(exit_codes::SUCCESS)

@@ -1186,3 +1186,100 @@ fn bless_leaves_the_snapshot_of_a_control_of_golden_as_it_is() {
         "--bless rewrote the control's snapshot"
     );
 }
+
+/// Every file under `dir` but its lock (which names the process holding it), by path.
+fn files_under(dir: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let mut files = std::collections::BTreeMap::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if path.is_dir() {
+            for (inner, bytes) in files_under(&path) {
+                files.insert(format!("{name}/{inner}"), bytes);
+            }
+        } else if name != ckpt_engine::checkpoint::LOCK_FILE {
+            files.insert(name, std::fs::read(&path).unwrap());
+        }
+    }
+    files
+}
+
+/// `train` of `suite` into `out` with `args`, started once per rank of `world` with `--rank`
+/// and a `--meet` address of a free port; each rank's output, in rank order.
+fn train_as_ranks(suite: &Path, out: &Path, args: &[&str], world: usize) -> Vec<Output> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let meet = format!("127.0.0.1:{port}");
+    let ranks: Vec<_> = (0..world)
+        .map(|rank| {
+            Command::new(BIN)
+                .arg("train")
+                .arg(suite)
+                .arg("--out")
+                .arg(out)
+                .args(args)
+                .args(["--rank", &rank.to_string(), "--meet", &meet])
+                .current_dir(root())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    ranks
+        .into_iter()
+        .map(|r| r.wait_with_output().unwrap())
+        .collect()
+}
+
+#[test]
+fn ranks_started_as_trains_of_their_own_train_save_and_resume_as_one_train() {
+    let tmp = tempfile::tempdir().unwrap();
+    let at_four = root().join("suites/parallel-resharded.yaml");
+    let text4 = std::fs::read_to_string(&at_four).unwrap();
+    let at_three = tmp.path().join("parallel-resharded-at-3.yaml");
+    let text3 = text4.replace("parallel: {world_size: 4,", "parallel: {world_size: 3,");
+    assert_ne!(text3, text4);
+    std::fs::write(&at_three, text3).unwrap();
+    let (one, ranks) = (tmp.path().join("one"), tmp.path().join("ranks"));
+    // Three steps at 4 ranks, then resumed at 3 ranks to step 5.
+    for (suite, steps, world) in [(&at_four, "3", 4), (&at_three, "5", 3)] {
+        let args = |dir: &Path| {
+            let mut args = vec!["--steps".to_owned(), steps.to_owned()];
+            if world == 3 {
+                args.extend(["--resume".to_owned(), dir.to_str().unwrap().to_owned()]);
+            }
+            args
+        };
+        let alone = args(&one);
+        let alone: Vec<&str> = alone.iter().map(String::as_str).collect();
+        let out = harness(
+            &[&["train", suite.to_str().unwrap()][..], &alone, &["--out"]].concat(),
+            &[&one],
+        );
+        assert!(out.status.success(), "one train: {}", text(&out));
+        let as_ranks = args(&ranks);
+        let as_ranks: Vec<&str> = as_ranks.iter().map(String::as_str).collect();
+        let outs = train_as_ranks(suite, &ranks, &as_ranks, world);
+        for (rank, o) in outs.iter().enumerate() {
+            assert!(o.status.success(), "rank {rank}: {}", text(o));
+        }
+        assert_eq!(
+            String::from_utf8_lossy(&outs[0].stdout),
+            String::from_utf8_lossy(&out.stdout),
+            "rank 0 prints the steps of one train"
+        );
+        assert!(outs[1..].iter().all(|o| o.stdout.is_empty()));
+        let (theirs, ours) = (files_under(&ranks), files_under(&one));
+        assert_eq!(
+            theirs.keys().collect::<Vec<_>>(),
+            ours.keys().collect::<Vec<_>>()
+        );
+        for (file, bytes) in &theirs {
+            assert!(bytes == &ours[file], "{file} differs");
+        }
+    }
+}

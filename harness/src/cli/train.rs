@@ -9,6 +9,12 @@
 //! loads, with a warning naming what it skipped. A resume in another execution environment than
 //! the checkpoint's is noted with the fields that differ.
 //!
+//! With `--rank R --meet ADDR` it trains one rank of the suite's `parallel.world_size` ranks,
+//! each rank a `train` of its own (as torchrun starts a rank): rank 0 listens at `ADDR`, locks
+//! and recovers the run directory, prints the steps and commits the checkpoints every rank
+//! writes its part of (the run directory must be one every rank sees); a resume is from the
+//! checkpoint named, without falling back to an older one.
+//!
 //! A step whose loss or gradient norm is not finite stops training before anything more is
 //! saved, and so does a checkpoint holding a non-finite number: `latest` keeps naming the last
 //! checkpoint of finite numbers, and `train` fails with [`Stopped`]. So does a save that fails
@@ -19,9 +25,11 @@ use crate::suite::Suite;
 use anyhow::{bail, Result};
 use ckpt_engine::checkpoint::{self, Entry, Foreign, RunLock};
 use ckpt_engine::environment;
+use ckpt_engine::parallel::sockets::Meeting;
 use ckpt_engine::{Device, EngineError, Trainer};
 use serde::Serialize;
 use std::io::Write;
+use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
 
 /// One line of `train`'s output.
@@ -60,6 +68,38 @@ pub struct TrainOptions<'a> {
     pub overwrite: bool,
     /// The device to train on.
     pub device: DeviceKind,
+    /// The rank this `train` runs, where each rank is a process of its own.
+    pub rank: Option<RankOf>,
+}
+
+/// One rank of ranks in processes of their own.
+#[derive(Clone, Copy, Debug)]
+pub struct RankOf {
+    /// The rank this process runs.
+    pub rank: usize,
+    /// Where the ranks meet: rank 0 listens there, the others connect to it.
+    pub meet: SocketAddr,
+}
+
+impl RankOf {
+    /// How this rank meets the others: rank 0 listens at [`RankOf::meet`].
+    fn meeting(self) -> Result<Meeting> {
+        if self.rank > 0 {
+            return Ok(Meeting::At(self.meet));
+        }
+        let listener = TcpListener::bind(self.meet).map_err(|e| {
+            anyhow::anyhow!(
+                "--meet {}: rank 0 cannot listen there for the other ranks ({e}); give an address of this machine with a free port",
+                self.meet
+            )
+        })?;
+        Ok(Meeting::Host(listener))
+    }
+
+    /// Whether this rank does what one process does alone: lock, recover, print, delete.
+    fn leads(self) -> bool {
+        self.rank == 0
+    }
 }
 
 /// Trains `suite` as `opts` says.
@@ -72,9 +112,12 @@ pub fn run(suite: &Suite, opts: &TrainOptions<'_>) -> Result<()> {
             out.display()
         );
     }
-    let _lock = RunLock::acquire(out)?;
-    for note in checkpoint::recover(out)? {
-        eprintln!("note: {note}");
+    let leads = opts.rank.is_none_or(RankOf::leads);
+    let _lock = leads.then(|| RunLock::acquire(out)).transpose()?;
+    if leads {
+        for note in checkpoint::recover(out)? {
+            eprintln!("note: {note}");
+        }
     }
     let foreign = checkpoint::foreign(out, &suite.train.identity()?)?;
     if !foreign.is_empty() && !opts.overwrite {
@@ -105,10 +148,19 @@ impl OnDevice for Train<'_> {
             opts,
             foreign,
         } = self;
-        let mut trainer = match opts.resume {
-            Some(path) => resume(suite, dev, path)?,
-            None => Trainer::new(suite.train.clone(), dev)?,
+        let cfg = suite.train.clone();
+        let mut trainer = match (opts.resume, opts.rank) {
+            (Some(path), None) => resume(suite, dev, path)?,
+            (None, None) => Trainer::new(cfg, dev)?,
+            (None, Some(r)) => Trainer::new_rank(cfg, dev, r.rank, r.meeting()?)?,
+            (Some(path), Some(r)) => {
+                let dir = checkpoint::resolve(path)?;
+                let trainer = Trainer::resume_rank(cfg, dev, r.rank, r.meeting()?, &dir)?;
+                note_env_changes(&dir, &trainer);
+                trainer
+            }
         };
+        let leads = opts.rank.is_none_or(RankOf::leads);
         let target = opts.steps.unwrap_or(suite.max_steps());
         if target <= trainer.step_index() {
             let at = trainer.step_index();
@@ -118,11 +170,13 @@ impl OnDevice for Train<'_> {
             };
             bail!("{what} is {target}, but the run is already at step {at}: nothing would be trained or saved; give a --steps above {at}");
         }
-        checkpoint::remove_foreign(opts.out, &foreign)?;
-        for f in &foreign {
-            eprintln!("note: deleted {} ({})", f.dir.display(), f.difference);
+        if leads {
+            checkpoint::remove_foreign(opts.out, &foreign)?;
+            for f in &foreign {
+                eprintln!("note: deleted {} ({})", f.dir.display(), f.difference);
+            }
         }
-        train_until(&mut trainer, suite, opts.out, target).map_err(save_stops)
+        train_until(&mut trainer, suite, opts.out, target, leads).map_err(save_stops)
     }
 }
 
@@ -135,13 +189,14 @@ fn save_stops(e: anyhow::Error) -> anyhow::Error {
     }
 }
 
-/// Steps `trainer` until `target` steps are done, printing a line per step and saving into
-/// `out` where the suite says and after the last step.
+/// Steps `trainer` until `target` steps are done, printing a line per step where it `prints`,
+/// and saving into `out` where the suite says and after the last step.
 fn train_until<D: Device>(
     trainer: &mut Trainer<D>,
     suite: &Suite,
     out: &Path,
     target: u64,
+    prints: bool,
 ) -> Result<()> {
     let keep = suite.file.training.keep_last;
     let save = |trainer: &mut Trainer<D>| -> Result<()> {
@@ -171,7 +226,9 @@ fn train_until<D: Device>(
             grad_norm: s.grad_norm,
             peak_bytes: s.memory.allocated.peak,
         };
-        writeln!(stdout, "{}", serde_json::to_string(&line)?)?;
+        if prints {
+            writeln!(stdout, "{}", serde_json::to_string(&line)?)?;
+        }
         if !s.loss.is_finite() || !s.grad_norm.is_finite() {
             let what = format!(
                 "step {}'s loss is {} and its gradient norm {}: training diverged",
@@ -287,13 +344,19 @@ fn resume<D: Device>(suite: &Suite, dev: D, path: &Path) -> Result<Trainer<D>> {
             checkpoint::STATE_SUM_FILE
         );
     }
-    let changes = found.value.env_changes();
+    note_env_changes(&found.dir, &found.value);
+    Ok(found.value)
+}
+
+/// A note naming the fields of the execution environment `trainer` runs in that differ from
+/// those of the checkpoint in `dir` it resumed from.
+fn note_env_changes<D: Device>(dir: &Path, trainer: &Trainer<D>) {
+    let changes = trainer.env_changes();
     if !changes.is_empty() {
         eprintln!(
             "note: {} was saved in another execution environment ({}); training continues, but not necessarily bit for bit",
-            found.dir.display(),
+            dir.display(),
             environment::describe(changes)
         );
     }
-    Ok(found.value)
 }
