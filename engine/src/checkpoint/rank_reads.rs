@@ -208,23 +208,25 @@ impl RankReads {
             };
         }
         let mut by_rank = vec![parts];
-        for from in 1..world {
+        let received = (1..world).try_for_each(|from| {
             let parts = decode_parts(&comm.recv(from)?).ok_or_else(|| {
                 EngineError::Config(format!(
                     "rank {from}'s parts of the checkpoint's hashes are not in this build's layout; run one build on every rank"
                 ))
             })?;
             by_rank.push(parts);
-        }
-        let checked = self.check_parts(&by_rank);
+            Ok(())
+        });
+        let checked = received.and_then(|()| self.check_parts(&by_rank));
         let word = match &checked {
             Ok(()) => None,
             Err(EngineError::BadFile { path, message }) => Some((path.clone(), message.clone())),
             Err(e) => Some((self.index_path.clone(), e.to_string())),
         };
+        // Every rank still there hears the outcome, even where another rank has gone.
         let word = serde_json::to_vec(&word).expect("plain JSON");
         for to in 1..world {
-            comm.send(to, word.clone())?;
+            let _ = comm.send(to, word.clone());
         }
         checked
     }

@@ -77,18 +77,20 @@ pub fn save_as_rank(
     if comm.rank() == 0 {
         return lead(run_dir, req.config, req.state, mine, keep_last, comm);
     }
+    // Once rank 0 has said go, every rank reports to it, whatever happened, and hears how the
+    // save ended: no rank is left waiting for another.
     let tmp = run_dir.join(hear(comm, step)?);
-    exchange_plans(&tmp, &mine, comm)
-        .map_err(|cause| save_failed(run_dir, step, Some(&tmp), cause))?;
-    let written = match tmp.is_dir() {
-        true => shards::write_rank(&tmp, comm.rank(), comm.world_size(), &mine)
-            .map_err(|e| e.to_string()),
-        false => Err(format!(
-            "it does not see rank 0's temporary directory {}: give every rank the same run directory, on a filesystem every rank sees",
-            tmp.display()
-        )),
-    };
-    comm.send(0, encode_report(&written))?;
+    let written = exchange_plans(&tmp, &mine, comm).and_then(|_| match tmp.is_dir() {
+        true => shards::write_rank(&tmp, comm.rank(), comm.world_size(), &mine),
+        false => Err(EngineError::SaveFailed {
+            step,
+            message: format!(
+                "it does not see rank 0's temporary directory {}: give every rank the same run directory, on a filesystem every rank sees",
+                tmp.display()
+            ),
+        }),
+    });
+    comm.send(0, encode_report(&written.map_err(|e| e.to_string())))?;
     hear(comm, step).map(PathBuf::from)
 }
 
@@ -112,8 +114,11 @@ fn lead(
     let name = tmp.path().file_name().unwrap_or_default();
     tell_every_rank(comm, Word::Go(name.to_string_lossy().into_owned()));
     let fail = |cause| save_failed(run_dir, step, Some(tmp.path()), cause);
-    let index = exchange_plans(tmp.path(), &mine, comm).map_err(fail)?;
-    let mut written = vec![shards::write_rank(tmp.path(), 0, comm.world_size(), &mine)];
+    let mine = exchange_plans(tmp.path(), &mine, comm).and_then(|index| {
+        let written = shards::write_rank(tmp.path(), 0, comm.world_size(), &mine)?;
+        Ok((index, written))
+    });
+    let mut written = Vec::with_capacity(comm.world_size() - 1);
     for from in 1..comm.world_size() {
         let report = comm
             .recv(from)
@@ -131,10 +136,10 @@ fn lead(
         };
         written.push(report);
     }
-    let saved = written
-        .into_iter()
-        .collect::<Result<Vec<_>>>()
-        .and_then(|written| {
+    let saved = mine
+        .and_then(|(index, own)| {
+            let others = written.into_iter().collect::<Result<Vec<_>>>()?;
+            let written = std::iter::once(own).chain(others).collect();
             state.format_version = state.format_version.max(BLOCK_HASHED_FROM);
             state
                 .files
@@ -241,4 +246,109 @@ fn decode_report(from: usize, bytes: &[u8]) -> Result<std::result::Result<RankWr
             hashes,
         }),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing;
+    use super::super::{Chunk, Entry, LOCK_FILE};
+    use super::*;
+    use crate::parallel::collective::thread_group;
+    use safetensors::Dtype;
+    use std::borrow::Cow;
+    use std::collections::BTreeMap;
+    use std::ops::Range;
+
+    /// A 10-row tensor of 3 f32s a row, each byte from its place.
+    fn tensor() -> Entry<'static> {
+        Entry {
+            name: "model.norm.weight".into(),
+            dtype: Dtype::F32,
+            shape: vec![10, 3],
+            data: Cow::Owned((0..120).map(|i| (i * 7) as u8).collect()),
+        }
+    }
+
+    /// Rank `r`'s chunks of [`tensor`]: rows `rows[r]`.
+    fn chunks(rows: &[Range<usize>; 2], r: usize) -> RankChunks<'static> {
+        RankChunks {
+            model: vec![Chunk::rows_of(&tensor(), rows[r].clone()).into_owned()],
+            optimizer: Vec::new(),
+        }
+    }
+
+    /// Both ranks of a group in this process save step `step` into `run` at once, rank `r`
+    /// holding rows `rows[r]`; each rank's outcome.
+    fn save_both(run: &Path, step: u64, rows: [Range<usize>; 2]) -> Vec<Result<PathBuf>> {
+        let config = testing::config();
+        std::thread::scope(|s| {
+            let ranks: Vec<_> = thread_group(2)
+                .into_iter()
+                .enumerate()
+                .map(|(r, comm)| {
+                    let (config, rows) = (&config, &rows);
+                    s.spawn(move || {
+                        let req = SaveRequest {
+                            config,
+                            tensors: Tensors::Sharded(vec![chunks(rows, r)]),
+                            state: testing::state(step),
+                        };
+                        save_as_rank(run, req, None, &comm)
+                    })
+                })
+                .collect();
+            ranks.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    /// Every file under `dir` but the run's lock (which names its holder), by its path under
+    /// `root`.
+    fn files(root: &Path, dir: &Path) -> BTreeMap<String, Vec<u8>> {
+        let mut found = BTreeMap::new();
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                found.extend(files(root, &path));
+            } else if !path.ends_with(LOCK_FILE) {
+                let name = path.strip_prefix(root).unwrap().display().to_string();
+                found.insert(name, std::fs::read(&path).unwrap());
+            }
+        }
+        found
+    }
+
+    #[test]
+    fn chunks_that_do_not_tile_fail_every_rank_and_the_next_save_goes_through() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = tmp.path().join("run");
+        std::fs::create_dir(&run).unwrap();
+        for failed in save_both(&run, 1, [0..4, 5..10]) {
+            let e = failed.unwrap_err().to_string();
+            assert!(
+                e.contains("the ranks' chunks of model.norm.weight do not tile it: rows 4..5 are saved by no rank"),
+                "{e}"
+            );
+        }
+        assert!(
+            files(&run, &run).is_empty(),
+            "nothing of the failed save is left"
+        );
+
+        // The ranks stay in step: the next save goes through, the files one process writes.
+        let saved = save_both(&run, 2, [0..4, 4..10]);
+        let dir = run.join(super::super::step_dir_name(2));
+        for s in saved {
+            assert_eq!(s.unwrap(), dir);
+        }
+        let alone = tmp.path().join("alone");
+        std::fs::create_dir(&alone).unwrap();
+        let config = testing::config();
+        let req = SaveRequest {
+            config: &config,
+            tensors: Tensors::Sharded(vec![chunks(&[0..4, 4..10], 0), chunks(&[0..4, 4..10], 1)]),
+            state: testing::state(2),
+        };
+        save(&alone, req, None).unwrap();
+        assert_eq!(files(&run, &run), files(&alone, &alone));
+    }
 }

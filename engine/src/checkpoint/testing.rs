@@ -33,8 +33,21 @@ pub(crate) fn save_step(run: &Path, step: u64) -> PathBuf {
 /// Saves the checkpoint of `step` holding the weights `model` into `run`.
 pub(crate) fn save_step_with(run: &Path, step: u64, model: Vec<Entry<'_>>) -> Result<PathBuf> {
     let config = config();
-    let identity = serde_json::json!({"model": config});
-    let state = TrainerState {
+    let req = SaveRequest {
+        config: &config,
+        tensors: super::Tensors::Whole {
+            model,
+            optimizer: Vec::new(),
+        },
+        state: state(step),
+    };
+    save(run, req, None)
+}
+
+/// The trainer state of these checkpoints at `step`, without its files.
+pub(crate) fn state(step: u64) -> TrainerState {
+    let identity = serde_json::json!({"model": config()});
+    TrainerState {
         format_version: FORMAT_VERSION,
         global_step: step,
         optimizer_step: step,
@@ -49,14 +62,5 @@ pub(crate) fn save_step_with(run: &Path, step: u64, model: Vec<Entry<'_>>) -> Re
         identity,
         environment: Some(environment()),
         files: Default::default(),
-    };
-    let req = SaveRequest {
-        config: &config,
-        tensors: super::Tensors::Whole {
-            model,
-            optimizer: Vec::new(),
-        },
-        state,
-    };
-    save(run, req, None)
+    }
 }
