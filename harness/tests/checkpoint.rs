@@ -749,6 +749,35 @@ fn a_kill_at_any_rename_of_a_resave_keeps_latest_complete() {
     }
 }
 
+/// The suite of a fully sharded run of `world` ranks saving every step, in the background
+/// where `async_save`, written into `dir`; and its `training` line.
+fn sharded_suite(dir: &Path, world: usize, async_save: bool) -> (PathBuf, String) {
+    let training =
+        format!("{{max_steps: 8, save_every: 1, accumulation: {world}, async_save: {async_save}}}");
+    let text = suite_text("fp32", 32, &training)
+        + &format!("parallel: {{world_size: {world}, shard: full}}\ndevices: [cpu]\n");
+    (write_suite(dir, &text), training)
+}
+
+/// Asserts what a kill during step 8's save of `run` (`ctx` says which) leaves: every checkpoint
+/// verifies, `latest` names step 7's or step 8's, and the run resumes from it to step 9 with no
+/// copy left behind. Returns the name `latest` had.
+fn survived_a_kill(suite: &Path, run: &Path, ctx: &str) -> String {
+    for dir in checkpoint::list(run).unwrap() {
+        assert_eq!(verify_status(&dir), Some(0), "{ctx}: {}", dir.display());
+    }
+    let latest = checkpoint::resolve(run).unwrap();
+    let name = latest.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(
+        ["step-00000007", "step-00000008"].contains(&name.as_str()),
+        "{ctx}: {name}"
+    );
+    train(suite, run, Some(run), 9);
+    assert_eq!(leftovers(run), Vec::<String>::new(), "{ctx}");
+    assert_eq!(verify_status(&run.join("step-00000009")), Some(0), "{ctx}");
+    name
+}
+
 /// A SIGKILL at every fsync, and at every rename, of a 4-rank sharded save (strace kills the
 /// process as it enters the call; every rank's file and the index are fsynced before the one
 /// rename), synchronous and asynchronous: every checkpoint left verifies, `latest` names step 7's
@@ -759,14 +788,9 @@ fn a_kill_at_any_stage_of_a_sharded_save_keeps_latest_complete() {
         Command::new("strace").arg("-V").output().is_ok(),
         "this test needs strace (apt-get install strace)"
     );
-    for training in [
-        "{max_steps: 8, save_every: 1, accumulation: 4}",
-        "{max_steps: 8, save_every: 1, accumulation: 4, async_save: true}",
-    ] {
+    for async_save in [false, true] {
         let tmp = tempfile::tempdir().unwrap();
-        let text = suite_text("fp32", 32, training)
-            + "parallel: {world_size: 4, shard: full}\ndevices: [cpu]\n";
-        let suite = write_suite(tmp.path(), &text);
+        let (suite, training) = sharded_suite(tmp.path(), 4, async_save);
         let mut kills = 0;
         for calls in ["fsync,fdatasync", "rename,renameat,renameat2"] {
             for when in 1..=40 {
@@ -783,18 +807,7 @@ fn a_kill_at_any_stage_of_a_sharded_save_keeps_latest_complete() {
                     .status()
                     .unwrap();
                 let ctx = format!("{training}: kill at {calls} call {when} ({status})");
-                for dir in checkpoint::list(&run).unwrap() {
-                    assert_eq!(verify_status(&dir), Some(0), "{ctx}: {}", dir.display());
-                }
-                let latest = checkpoint::resolve(&run).unwrap();
-                let name = latest.file_name().unwrap().to_string_lossy().into_owned();
-                assert!(
-                    ["step-00000007", "step-00000008"].contains(&name.as_str()),
-                    "{ctx}: {name}"
-                );
-                train(&suite, &run, Some(&run), 9);
-                assert_eq!(leftovers(&run), Vec::<String>::new(), "{ctx}");
-                assert_eq!(verify_status(&run.join("step-00000009")), Some(0), "{ctx}");
+                survived_a_kill(&suite, &run, &ctx);
                 if status.success() {
                     break;
                 }
@@ -807,6 +820,85 @@ fn a_kill_at_any_stage_of_a_sharded_save_keeps_latest_complete() {
         assert!(
             kills >= 8,
             "{training}: only {kills} kills landed in the save"
+        );
+    }
+}
+
+/// A free port on the loopback, for ranks to meet at.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A SIGKILL at every fsync and rename of each rank's part of a save, where the ranks are
+/// `train`s of their own (`--rank R --meet ADDR`, 3 ranks, the killed one under strace),
+/// synchronous and asynchronous: the other ranks stop instead of waiting, every checkpoint left
+/// verifies, `latest` names step 7's or step 8's, the run resumes from it, and the next save
+/// leaves no copy behind.
+#[test]
+fn a_kill_of_any_rank_at_any_stage_of_its_save_keeps_latest_complete() {
+    assert!(
+        Command::new("strace").arg("-V").output().is_ok(),
+        "this test needs strace (apt-get install strace)"
+    );
+    let world = 3;
+    for async_save in [false, true] {
+        let tmp = tempfile::tempdir().unwrap();
+        let (suite, training) = sharded_suite(tmp.path(), world, async_save);
+        let mut kills = [0; 3];
+        for (killed, kills) in kills.iter_mut().enumerate() {
+            for calls in ["fsync,fdatasync", "rename,renameat,renameat2"] {
+                for when in 1..=20 {
+                    let run = tmp.path().join(format!("run-{killed}-{calls}-{when}"));
+                    train(&suite, &run, None, 7);
+                    let meet = format!("127.0.0.1:{}", free_port());
+                    let inject = format!("inject={calls}:signal=SIGKILL:when={when}");
+                    let ranks: Vec<_> = (0..world)
+                        .map(|rank| {
+                            let mut cmd = match rank == killed {
+                                true => {
+                                    let mut c = Command::new("strace");
+                                    c.args(["-f", "-o", "/dev/null", "-e", &inject, BIN]);
+                                    c
+                                }
+                                false => Command::new(BIN),
+                            };
+                            cmd.args(["train", arg(&suite), "--out", arg(&run), "--resume"])
+                                .args([arg(&run), "--steps", "8", "--rank", &rank.to_string()])
+                                .args(["--meet", &meet])
+                                .stdout(Stdio::null())
+                                .stderr(Stdio::null())
+                                .spawn()
+                                .unwrap()
+                        })
+                        .collect();
+                    let statuses: Vec<_> =
+                        ranks.into_iter().map(|mut r| r.wait().unwrap()).collect();
+                    let ctx = format!(
+                        "{training}: rank {killed} killed at {calls} call {when} ({statuses:?})"
+                    );
+                    let latest = survived_a_kill(&suite, &run, &ctx);
+                    let all_done = statuses.iter().all(|s| s.success());
+                    assert!(
+                        !all_done || latest == "step-00000008",
+                        "{ctx}: a save every rank finished is latest"
+                    );
+                    if all_done {
+                        break;
+                    }
+                    *kills += 1;
+                }
+            }
+        }
+        println!(
+            "{training}: kills at each rank's fsyncs and renames {kills:?}, 0 checkpoints lost"
+        );
+        assert!(
+            kills.iter().all(|&k| k >= 1) && kills[0] >= 6,
+            "{training}: too few kills landed in the save: {kills:?}"
         );
     }
 }
