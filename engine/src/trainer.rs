@@ -152,7 +152,8 @@ impl<D: Device> Trainer<D> {
     }
 
     /// Builds rank `rank` of a fresh run whose `parallel.world_size` ranks are processes of
-    /// their own, each started with the same `cfg`: this process trains that rank on `dev`,
+    /// their own, each started with the same `cfg`: this process trains that rank on its share
+    /// of `dev` (the run's device, shared out as among ranks in one process),
     /// and meets the others through `meeting` (rank 0 listens; the others are given its
     /// address). Every rank draws the same batches and takes the same steps; each step's
     /// figures are the whole run's, with the bits of one device.

@@ -390,6 +390,16 @@ fn two_ranks_made(
 fn ranks_of_their_own_resume_only_tensors_whose_whole_hash_holds() {
     let cfg = with(&dense(Precision::Bf16Mixed), 2, Shard::Full, &[]);
     let mut ranks = two_ranks(&cfg);
+    // Each process's rank has the share of the run's device a rank in one process has.
+    let in_one = Trainer::new(cfg.clone(), one_thread()).unwrap();
+    for (rank, t) in ranks.iter().enumerate() {
+        let capacity = |t: &Trainer<CpuDevice>| t.tracker().stats().capacity;
+        assert_eq!(
+            capacity(t),
+            in_one.ranks()[rank].device().tracker().stats().capacity
+        );
+        assert_eq!(capacity(t), u64::MAX / 2);
+    }
     let run = tempfile::tempdir().unwrap();
     for stepped in at_once(&mut ranks, |t, _| t.step()) {
         stepped.unwrap();

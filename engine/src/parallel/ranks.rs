@@ -118,8 +118,9 @@ impl<D: Device> Ranks<D> {
         })
     }
 
-    /// Rank `rank` of `cfg`'s ranks, run by this process on `dev`, the others by processes of
-    /// their own that meet it through `meeting` (rank 0 listens, the others are given its
+    /// Rank `rank` of `cfg`'s ranks, run by this process on its share of `dev` (the run's
+    /// device, shared out as [`Device::ranks`] shares it among ranks in one process: its
+    /// threads and memory), the others by processes of their own that meet it through `meeting` (rank 0 listens, the others are given its
     /// address; see [`sockets::join`]). It is built from its rows of the whole f32 tensors
     /// `source` holds (with `moments_at`, the moments too), as [`Ranks::new`] builds each rank.
     /// Every rank must be started with the same `cfg`.
@@ -146,6 +147,9 @@ impl<D: Device> Ranks<D> {
         let gather = sockets::join(rank, world, second, sockets::JOIN_LIMIT)?;
         gather.barrier()?;
         let saves = sockets::join(rank, world, third, sockets::JOIN_LIMIT)?;
+        let dev = dev.ranks(world)?.into_iter().nth(rank).ok_or_else(|| {
+            EngineError::Config(format!("rank {rank} of {world} ranks: no such rank"))
+        })?;
         let state = build_rank(cfg, dev, (rank, world), source, moments_at)?;
         Ok(Ranks {
             states: vec![state],
