@@ -131,24 +131,7 @@ impl<D: Device> Trainer<D> {
     /// Builds a fresh trainer: initial weights, gradients and the data loader; with
     /// `parallel.world_size` above 1, one rank per device of [`Device::ranks`].
     pub fn new(cfg: TrainConfig, dev: D) -> Result<Self> {
-        cfg.validate()?;
-        let master = initial_weights(&cfg, &dev)?;
-        let ranks = match cfg.parallel.world_size {
-            1 => Ranks::single(State::new(
-                &cfg,
-                dev.clone(),
-                master.try_map(|t| dev.upload(t))?,
-                None,
-            )?),
-            world => {
-                let host = HostTensors {
-                    master: &master,
-                    moments: None,
-                };
-                Ranks::new(&cfg, dev.ranks(world)?, Some(&host), None)?
-            }
-        };
-        Self::assemble(cfg, ranks)
+        Self::new_placed(cfg, dev, Placing::Here)
     }
 
     /// Builds rank `rank` of a fresh run whose `parallel.world_size` ranks are processes of
@@ -158,14 +141,29 @@ impl<D: Device> Trainer<D> {
     /// address). Every rank draws the same batches and takes the same steps; each step's
     /// figures are the whole run's, with the bits of one device.
     pub fn new_rank(cfg: TrainConfig, dev: D, rank: usize, meeting: Meeting) -> Result<Self> {
-        cfg.validate()?;
         check_rank(&cfg, rank)?;
+        Self::new_placed(cfg, dev, Placing::Rank { rank, meeting })
+    }
+
+    /// [`Trainer::new`] with its ranks built as `placing` says.
+    fn new_placed(cfg: TrainConfig, dev: D, placing: Placing) -> Result<Self> {
+        cfg.validate()?;
         let master = initial_weights(&cfg, &dev)?;
-        let source = HostTensors {
-            master: &master,
-            moments: None,
+        let ranks = match (cfg.parallel.world_size, placing) {
+            (1, Placing::Here) => Ranks::single(State::new(
+                &cfg,
+                dev.clone(),
+                master.try_map(|t| dev.upload(t))?,
+                None,
+            )?),
+            (_, placing) => {
+                let host = HostTensors {
+                    master: &master,
+                    moments: None,
+                };
+                placing.build(&cfg, &dev, Some(&host), None)?
+            }
         };
-        let ranks = Ranks::of_process(&cfg, dev, rank, meeting, Some(&source), None)?;
         Self::assemble(cfg, ranks)
     }
 
@@ -241,12 +239,6 @@ impl<D: Device> Trainer<D> {
         };
         let world = cfg.parallel.world_size;
         let env = dev.execution_env();
-        let build = |source: Option<&dyn RowSource>, moments_at| match placing {
-            Placing::Here => Ranks::new(&cfg, dev.ranks(world)?, source, moments_at),
-            Placing::Rank { rank, meeting } => {
-                Ranks::of_process(&cfg, dev.clone(), rank, meeting, source, moments_at)
-            }
-        };
         // Several ranks read their own rows of a sharded checkpoint; a loader that keeps the
         // saving plan's offsets (the fault) reads whole tensors, as that loader did.
         let reads = match world > 1 && !cfg.faults.has(Fault::MomentsAtSavedOffsets) {
@@ -256,7 +248,7 @@ impl<D: Device> Trainer<D> {
         let (ranks, state) = match reads {
             Some(reads) => {
                 let moments = reads.moments.then_some(reads.state.optimizer_step);
-                let ranks = build(Some(&reads), moments)?;
+                let ranks = placing.build(&cfg, &dev, Some(&reads), moments)?;
                 let placed = |which, param| ranks.placed(which, param);
                 match ranks.checkpoint_connections()? {
                     Some(comm) => reads.check_placed_as_rank(placed, comm)?,
@@ -264,7 +256,7 @@ impl<D: Device> Trainer<D> {
                 }
                 (ranks, reads.state)
             }
-            None => Self::load_whole(&cfg, &dev, checkpoint_dir, &req, build)?,
+            None => Self::load_whole(&cfg, &dev, checkpoint_dir, &req, placing)?,
         };
         let env_changes = state
             .environment
@@ -313,14 +305,13 @@ impl<D: Device> Trainer<D> {
 
     /// The ranks of `cfg` on `dev` from the checkpoint at `dir` read whole into host tensors
     /// (one device's checkpoint, or one rank), and the checkpoint's trainer state: one rank
-    /// uploaded here, several built by `build` from the host tensors (and the moments' step
-    /// count).
+    /// uploaded here, several built from the host tensors as `placing` says.
     fn load_whole(
         cfg: &TrainConfig,
         dev: &D,
         dir: &Path,
         req: &LoadRequest<'_>,
-        build: impl FnOnce(Option<&dyn RowSource>, Option<u64>) -> Result<Ranks<D>>,
+        placing: Placing,
     ) -> Result<(Ranks<D>, TrainerState)> {
         let loaded = checkpoint::load(&dev.host(), dir, req)?;
         let ranks = match cfg.parallel.world_size {
@@ -351,7 +342,7 @@ impl<D: Device> Trainer<D> {
                     moments: moments.as_ref(),
                 };
                 let step = moments.as_ref().map(|_| loaded.state.optimizer_step);
-                build(Some(&host), step)?
+                placing.build(cfg, dev, Some(&host), step)?
             }
         };
         Ok((ranks, loaded.state))
@@ -651,6 +642,29 @@ enum Placing {
     /// Rank `rank` in this process, the others in processes of their own met through
     /// `meeting`.
     Rank { rank: usize, meeting: Meeting },
+}
+
+impl Placing {
+    /// The ranks of `cfg` built as this says, each from its rows of `source` (with
+    /// `moments_at`, the moments too): every rank on its device of `dev`'s [`Device::ranks`],
+    /// or this process's rank on its share of `dev`.
+    fn build<D: Device>(
+        self,
+        cfg: &TrainConfig,
+        dev: &D,
+        source: Option<&dyn RowSource>,
+        moments_at: Option<u64>,
+    ) -> Result<Ranks<D>> {
+        match self {
+            Placing::Here => {
+                let devices = dev.ranks(cfg.parallel.world_size)?;
+                Ranks::new(cfg, devices, source, moments_at)
+            }
+            Placing::Rank { rank, meeting } => {
+                Ranks::of_process(cfg, dev.clone(), rank, meeting, source, moments_at)
+            }
+        }
+    }
 }
 
 /// An error unless `cfg` can run rank `rank` in a process of its own: a world size of 2 or more,

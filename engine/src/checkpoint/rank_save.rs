@@ -114,7 +114,7 @@ fn lead(
     let name = tmp.path().file_name().unwrap_or_default();
     tell_every_rank(comm, Word::Go(name.to_string_lossy().into_owned()));
     let fail = |cause| save_failed(run_dir, step, Some(tmp.path()), cause);
-    let mine = exchange_plans(tmp.path(), &mine, comm).and_then(|index| {
+    let own = exchange_plans(tmp.path(), &mine, comm).and_then(|index| {
         let written = shards::write_rank(tmp.path(), 0, comm.world_size(), &mine)?;
         Ok((index, written))
     });
@@ -136,7 +136,7 @@ fn lead(
         };
         written.push(report);
     }
-    let saved = mine
+    let saved = own
         .and_then(|(index, own)| {
             let others = written.into_iter().collect::<Result<Vec<_>>>()?;
             let written = std::iter::once(own).chain(others).collect();

@@ -72,6 +72,14 @@ pub struct TrainOptions<'a> {
     pub rank: Option<RankOf>,
 }
 
+impl TrainOptions<'_> {
+    /// Whether this `train` does what one process does alone (lock, recover, delete, print):
+    /// rank 0's, or the only one.
+    fn leads(&self) -> bool {
+        self.rank.is_none_or(|r| r.rank == 0)
+    }
+}
+
 /// One rank of ranks in processes of their own.
 #[derive(Clone, Copy, Debug)]
 pub struct RankOf {
@@ -95,11 +103,6 @@ impl RankOf {
         })?;
         Ok(Meeting::Host(listener))
     }
-
-    /// Whether this rank does what one process does alone: lock, recover, print, delete.
-    fn leads(self) -> bool {
-        self.rank == 0
-    }
 }
 
 /// Trains `suite` as `opts` says.
@@ -112,9 +115,8 @@ pub fn run(suite: &Suite, opts: &TrainOptions<'_>) -> Result<()> {
             out.display()
         );
     }
-    let leads = opts.rank.is_none_or(RankOf::leads);
-    let _lock = leads.then(|| RunLock::acquire(out)).transpose()?;
-    if leads {
+    let _lock = opts.leads().then(|| RunLock::acquire(out)).transpose()?;
+    if opts.leads() {
         for note in checkpoint::recover(out)? {
             eprintln!("note: {note}");
         }
@@ -160,7 +162,6 @@ impl OnDevice for Train<'_> {
                 trainer
             }
         };
-        let leads = opts.rank.is_none_or(RankOf::leads);
         let target = opts.steps.unwrap_or(suite.max_steps());
         if target <= trainer.step_index() {
             let at = trainer.step_index();
@@ -170,13 +171,13 @@ impl OnDevice for Train<'_> {
             };
             bail!("{what} is {target}, but the run is already at step {at}: nothing would be trained or saved; give a --steps above {at}");
         }
-        if leads {
+        if opts.leads() {
             checkpoint::remove_foreign(opts.out, &foreign)?;
             for f in &foreign {
                 eprintln!("note: deleted {} ({})", f.dir.display(), f.difference);
             }
         }
-        train_until(&mut trainer, suite, opts.out, target, leads).map_err(save_stops)
+        train_until(&mut trainer, suite, opts.out, target, opts.leads()).map_err(save_stops)
     }
 }
 
