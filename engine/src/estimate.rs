@@ -17,9 +17,11 @@ use crate::config::{Precision, TrainConfig};
 use crate::device::{AttnShape, Device, StepPhase};
 use crate::error::{check_host, try_vec, EngineError, Result};
 use crate::memory::{Breakdown, MemoryStats};
+use crate::model::params::param_specs;
 use crate::model::{Batch, Checkpointing, Dropout};
 use crate::parallel::plan;
 use crate::parallel::ranks::Ranks;
+use crate::parallel::Checkpoints;
 use crate::state::State;
 use serde::{Deserialize, Serialize};
 
@@ -192,6 +194,37 @@ impl Estimate {
             Like::Cpu { .. } => self.save_staging,
             Like::Cuda => 0,
         }
+    }
+
+    /// [`Estimate::save_staging_on_device`] on each rank's own tracker, in rank order, where the
+    /// ranks are processes of their own: each stages its own chunk of every tensor of a sharded
+    /// checkpoint (its rows by the shard plan, the same share of the bytes as of the elements,
+    /// every tensor holding as many bytes per element), or every tensor whole where they save
+    /// gathered (each rank gathers them). In one process, rank 0 stages it all.
+    pub fn save_staging_on_process_ranks(&self) -> Vec<u64> {
+        let whole = self.save_staging_on_device();
+        let parallel = &self.config.run.parallel;
+        let world = parallel.world_size.max(1);
+        if world == 1 || parallel.checkpoints == Checkpoints::Gathered {
+            return vec![whole; world];
+        }
+        let specs = param_specs(&self.config.run.model);
+        let elements = |rank: Option<usize>| -> u128 {
+            specs
+                .iter()
+                .map(|s| match rank {
+                    None => s.numel() as u128,
+                    Some(r) => {
+                        let (rows, row) = plan::shard_of(&s.shape, world, r);
+                        (rows.len() * row) as u128
+                    }
+                })
+                .sum()
+        };
+        let total = elements(None).max(1);
+        (0..world)
+            .map(|r| (u128::from(whole) * elements(Some(r)) / total) as u64)
+            .collect()
     }
 
     /// The estimate of a step at the run's own row length with (`true`) or without AdamW's
@@ -756,5 +789,28 @@ mod tests {
         cfg.run.long_batch = None;
         cfg.like = Like::Cpu { threads: 0 };
         assert!(estimate(&cfg).is_err());
+    }
+
+    #[test]
+    fn ranks_in_processes_stage_their_rows_of_a_sharded_save_and_all_of_a_gathered_one() {
+        let mut cfg = config(Checkpointing::None, Precision::Bf16Mixed);
+        cfg.run.accumulation = 3;
+        cfg.run.parallel.world_size = 3;
+        cfg.run.parallel.shard = Shard::Full;
+        let e = estimate(&cfg).unwrap();
+        let whole = e.save_staging_on_device();
+        let ranks = e.save_staging_on_process_ranks();
+        assert_eq!(ranks.iter().sum::<u64>(), whole, "{ranks:?}");
+        // A vocabulary of 50 on 3 ranks: 17, 17 and 16 rows of the embedding.
+        assert!(ranks[0] == ranks[1] && ranks[2] < ranks[1], "{ranks:?}");
+        cfg.run.parallel.checkpoints = crate::parallel::Checkpoints::Gathered;
+        let gathered = estimate(&cfg).unwrap();
+        assert_eq!(
+            gathered.save_staging_on_process_ranks(),
+            vec![gathered.save_staging_on_device(); 3]
+        );
+        cfg.run.parallel.world_size = 1;
+        cfg.like = Like::Cuda;
+        assert_eq!(estimate(&cfg).unwrap().save_staging_on_process_ranks(), [0]);
     }
 }

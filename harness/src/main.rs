@@ -160,6 +160,19 @@ enum Command {
         #[arg(long, requires = "rank")]
         meet: Option<std::net::SocketAddr>,
     },
+    /// Runs one rank of a phase whose ranks are processes of their own (`parallel.processes`):
+    /// started by `run`, one per rank, never by hand.
+    #[command(hide = true)]
+    RankPhase {
+        /// The phase's job file, written by `run`.
+        job: PathBuf,
+        /// The rank to run.
+        #[arg(long)]
+        rank: usize,
+        /// Where to write the phase as this rank saw it.
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Predicted memory of a training step, part by part and phase by phase.
     #[command(after_help = exit_codes::estimate_help())]
     Estimate(estimate::EstimateArgs),
@@ -547,6 +560,10 @@ fn dispatch(command: Command) -> Result<u8> {
                     .map(|(rank, meet)| train::RankOf { rank, meet }),
             };
             train::run(&suite, &opts)?;
+            Ok(exit_codes::SUCCESS)
+        }
+        Command::RankPhase { job, rank, out } => {
+            ckpt_harness::phases::processes::serve(&job, rank, &out)?;
             Ok(exit_codes::SUCCESS)
         }
         Command::Estimate(args) => {

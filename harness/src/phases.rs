@@ -8,6 +8,7 @@
 //! between phases and the device's bytes read before and after. A [`Watch`] is told as each
 //! phase and step starts and ends (progress, memory traces).
 
+pub mod processes;
 pub mod rank_record;
 
 use crate::devices::{self, DeviceKind, OnDevice};
@@ -22,6 +23,7 @@ use ckpt_engine::checkpoint::step_dir_name;
 use ckpt_engine::data::SampleId;
 use ckpt_engine::estimate::{estimate, routed_rank_steps, EstimateConfig, StepEstimate};
 use ckpt_engine::memory::{Breakdown, MemoryTracker, OutOfMemory};
+use ckpt_engine::parallel::sockets::Meeting;
 use ckpt_engine::{Device, EngineError, EnvChange, MemoryStats, StateDigest, StepStats, Trainer};
 use rank_record::{RankModel, RankPhase, RankStep, WorldModel};
 use serde::{Deserialize, Deserializer, Serialize};
@@ -514,7 +516,7 @@ pub fn plan(suite: &Suite) -> Vec<PlannedPhase> {
 }
 
 /// How one planned phase runs: the checkpoint it resumes from and where it saves.
-#[derive(Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub(crate) struct Leg {
     /// Which phase.
     pub(crate) phase: Phase,
@@ -563,9 +565,10 @@ pub(crate) fn legs(planned: &[PlannedPhase], work: &Path) -> Vec<Leg> {
 }
 
 /// The trackers of `trainer`'s ranks on more than one rank, in rank order; none on one device.
-fn rank_trackers<D: Device>(trainer: &Trainer<D>) -> Vec<MemoryTracker> {
+/// A trainer of one rank among processes of their own (`of_process`) has its own rank's.
+fn rank_trackers<D: Device>(trainer: &Trainer<D>, of_process: bool) -> Vec<MemoryTracker> {
     match trainer.ranks() {
-        [_] => Vec::new(),
+        [_] if !of_process => Vec::new(),
         ranks => ranks.iter().map(|s| s.device().tracker().clone()).collect(),
     }
 }
@@ -589,11 +592,6 @@ fn world_models<D: Device>(
             sizes.push(p.world_size);
         }
     }
-    let predict = |s: &StepEstimate| PredictedStep {
-        start: s.start,
-        peak: s.peak,
-        at_peak: s.at_peak,
-    };
     let pair =
         |ranks: &[[StepEstimate; 2]], first: &StepEstimate, later: &StepEstimate, r: usize| {
             match ranks.get(r) {
@@ -609,6 +607,7 @@ fn world_models<D: Device>(
                 like,
             ))?;
             let capacity = dev.rank_capacity(world_size);
+            let process_staging = model.save_staging_on_process_ranks();
             let ranks = (0..world_size)
                 .map(|r| {
                     let predicted = pair(&model.ranks, &model.first_step, &model.later_step, r);
@@ -618,10 +617,10 @@ fn world_models<D: Device>(
                         predicted_long: model.long_batch.as_ref().map(|l| {
                             (l.from_step, pair(&l.ranks, &l.first_step, &l.later_step, r))
                         }),
-                        predicted_staging: if r == 0 {
-                            model.save_staging_on_device()
-                        } else {
-                            0
+                        predicted_staging: match suite.rank_processes() {
+                            true => process_staging.get(r).copied().unwrap_or(0),
+                            false if r == 0 => model.save_staging_on_device(),
+                            false => 0,
                         },
                         capacity,
                         budget: suite.budget().map(|b| b.bytes(capacity)),
@@ -660,7 +659,8 @@ fn warm_up<D: Device>(suite: &Suite, world_size: usize, steps: u64, dev: &D) {
 
 /// Runs the phases of `suite` (see [`plan`]) on a device of `kind`, checkpoints under `work`; `watch` is
 /// told as each phase and step starts and ends. An allocation the device refuses ends the run
-/// early and is recorded, not returned as an error.
+/// early and is recorded, not returned as an error. With `parallel.processes`, each phase's
+/// ranks run as processes of their own (see [`processes`]).
 pub fn run(
     suite: &Suite,
     kind: DeviceKind,
@@ -684,6 +684,15 @@ struct Phases<'a, W> {
     watch: &'a mut W,
 }
 
+/// The memory model's prediction of a step, as a record keeps it.
+fn predict(s: &StepEstimate) -> PredictedStep {
+    PredictedStep {
+        start: s.start,
+        peak: s.peak,
+        at_peak: s.at_peak,
+    }
+}
+
 impl<W: Watch> OnDevice for Phases<'_, W> {
     type Output = RunRecord;
 
@@ -694,30 +703,9 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
             work,
             watch,
         } = self;
-        let end = suite.max_steps() + suite.file.training.extra_steps;
-        let tracker = dev.tracker().clone();
-        let like = Like::new(kind, suite.file.threads);
-        let model = estimate(&EstimateConfig::from_train(&suite.train, like))?;
-        let predict = |s: &ckpt_engine::estimate::StepEstimate| PredictedStep {
-            start: s.start,
-            peak: s.peak,
-            at_peak: s.at_peak,
-        };
+        let trial = Trial::new(suite, kind, work, &dev);
+        let model = estimate(&EstimateConfig::from_train(&suite.train, trial.like))?;
         let predicted = [false, true].map(|moments| predict(model.step(moments)));
-        // A MoE step's expert buffers depend on its routing: its prediction is the model's
-        // step at the tokens per expert it recorded, each rank's at its own micro-batches'.
-        let routed = |world: usize, s: &StepStats| -> Result<Vec<[PredictedStep; 2]>> {
-            if s.tokens_per_expert.is_empty() {
-                return Ok(Vec::new());
-            }
-            let cfg = EstimateConfig::from_train(&suite.train_at(world), like)
-                .with_routes(Routes::Recorded(s.tokens_per_expert.clone()));
-            let ranks = routed_rank_steps(&cfg, suite.train.seq_len_at(s.step))?;
-            Ok(ranks
-                .iter()
-                .map(|[a, b]| [predict(a), predict(b)])
-                .collect())
-        };
         let predicted_long = model.long_batch.as_ref().map(|long| {
             (
                 long.from_step,
@@ -725,165 +713,29 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
             )
         });
         let planned = plan(suite);
-        let worlds = world_models(suite, like, &planned, &dev)?;
-        if devices::warms_up(kind) {
+        let worlds = world_models(suite, trial.like, &planned, &dev)?;
+        let in_processes = suite.rank_processes();
+        if devices::warms_up(kind) && !in_processes {
             let world_size = planned.first().map_or(1, |p| p.world_size);
-            warm_up(suite, world_size, warm_up_steps(suite, end), &dev);
+            warm_up(suite, world_size, warm_up_steps(suite, trial.end()), &dev);
         }
-        let legs = legs(&planned, work);
         let mut reference_digests: BTreeMap<u64, StateDigest> = BTreeMap::new();
         let mut samples_per_epoch = 0;
         let mut phases = Vec::new();
-        let digested_at = suite.resume_points();
-        for leg in legs {
-            let (phase, from) = (leg.phase, leg.resumes.as_ref().map(|(_, step)| *step));
+        for leg in legs(&planned, work) {
             let world = planned
                 .iter()
-                .find(|p| p.phase == phase)
+                .find(|p| p.phase == leg.phase)
                 .map_or(1, |p| p.world_size);
-            let train = suite.train_at(world);
-            let phase_start = Instant::now();
-            let mut saver = leg.saves_into.as_ref().map(|dir| {
-                let name = dir.file_name().unwrap_or_default().to_string_lossy();
-                let twin = work.join(format!("sync-{name}"));
-                Saver::new(suite, kind, dir, &twin)
-            });
-            watch.phase_started(phase, from.unwrap_or(0), end, &tracker);
-            let mut record = PhaseRecord {
-                phase,
-                before: tracker.stats().current,
-                ..PhaseRecord::default()
+            let ran = if in_processes {
+                processes::phase(&trial, &leg, world, &reference_digests, watch)?
+            } else {
+                trial.phase(&leg, world, Place::Here, &reference_digests, watch)?
             };
-            let host_reset = host_memory::reset_peak();
-            let start_rss = host_memory::current();
-            let oom_before = tracker.stats().oom_count;
-            tracker.reset_peak();
-            let built = match &leg.resumes {
-                None => Trainer::new(train, dev.clone()),
-                Some((dir, step)) => {
-                    Trainer::resume(train, dev.clone(), &dir.join(step_dir_name(*step)))
-                }
-            };
-            record.setup = window(&tracker.stats(), oom_before);
-            record.setup_seconds = phase_start.elapsed().as_secs_f64();
-            match built {
-                Ok(mut trainer) => {
-                    let ranks = rank_trackers(&trainer);
-                    record.ranks = ranks
-                        .iter()
-                        .map(|t| RankPhase {
-                            setup: window(&t.stats(), 0),
-                            ..RankPhase::default()
-                        })
-                        .collect();
-                    if let Some(first) = record.ranks.first() {
-                        record.before = first.before;
-                        record.setup = first.setup.clone();
-                    }
-                    samples_per_epoch = trainer.loader().samples();
-                    if let Some(step) = from {
-                        record.resumed_digest = Some(trainer.state_digest()?);
-                        record.reference_digest = reference_digests.get(&step).cloned();
-                        record.env_changes = trainer.env_changes().to_vec();
-                    }
-                    while trainer.step_index() < end {
-                        if phase == Phase::Reference
-                            && (digested_at.contains(&trainer.step_index())
-                                || trainer.step_index() == suite.max_steps())
-                        {
-                            reference_digests.insert(trainer.step_index(), trainer.state_digest()?);
-                        }
-                        let rank_starts: Vec<Breakdown> =
-                            ranks.iter().map(|t| t.stats().current).collect();
-                        let start = rank_starts
-                            .first()
-                            .copied()
-                            .unwrap_or_else(|| tracker.stats().current);
-                        let staging = saver.as_ref().map_or(0, |s| s.staging_on_device(&trainer));
-                        watch.step_started(phase, trainer.step_index());
-                        let step_start = Instant::now();
-                        match trainer.step() {
-                            Ok(s) => {
-                                let mut own = routed(world, &s)?.into_iter();
-                                let predicted = own.next();
-                                let ranks = rank_starts
-                                    .iter()
-                                    .zip(&s.rank_memory)
-                                    .enumerate()
-                                    .map(|(r, (start, memory))| RankStep {
-                                        start: *start,
-                                        staging: if r == 0 { staging } else { 0 },
-                                        memory: memory.clone(),
-                                        predicted: match r {
-                                            0 => predicted.clone(),
-                                            _ => own.next(),
-                                        },
-                                    })
-                                    .collect();
-                                let step = StepRecord {
-                                    ranks,
-                                    predicted,
-                                    tokens_per_expert: s.tokens_per_expert,
-                                    step: s.step,
-                                    loss: s.loss,
-                                    lr: s.lr,
-                                    grad_norm: s.grad_norm,
-                                    batch_digest: s.batch_digest,
-                                    samples: s.samples,
-                                    recomputed_blocks: s.recomputed_blocks,
-                                    start,
-                                    staging,
-                                    memory: s.memory,
-                                    seconds: step_start.elapsed().as_secs_f64(),
-                                };
-                                watch.step_done(phase, &step);
-                                record.steps.push(step);
-                                if let Some(saver) = &mut saver {
-                                    saver.collect()?;
-                                }
-                            }
-                            Err(EngineError::OutOfMemory(e)) => {
-                                record.oom = Some(Oom::new(Some(trainer.step_index()), &e));
-                                break;
-                            }
-                            Err(e) => return Err(e.into()),
-                        }
-                        if let Some(saver) = &mut saver {
-                            if suite.saves_at(from.unwrap_or(0), trainer.step_index()) {
-                                saver.save(&mut trainer)?;
-                            }
-                        }
-                    }
-                    if let Some(saver) = &mut saver {
-                        record.saves = saver.finish(&mut trainer)?;
-                    }
-                    watch.releasing(phase);
-                    drop(trainer);
-                    for (mine, t) in record.ranks.iter_mut().zip(&ranks) {
-                        mine.after = t.stats().current;
-                    }
-                }
-                Err(EngineError::OutOfMemory(e)) => {
-                    record.oom = Some(Oom::new(None, &e));
-                }
-                Err(e @ EngineError::BadFile { .. }) if from.is_some() => {
-                    record.refused = Some(e.to_string());
-                }
-                Err(e) => return Err(e.into()),
-            }
-            record.after = match record.ranks.first() {
-                Some(first) => first.after,
-                None => tracker.stats().current,
-            };
-            record.host = HostMemory {
-                start_rss,
-                peak_rss: host_memory::peak(),
-                reset: host_reset,
-            };
-            record.seconds = phase_start.elapsed().as_secs_f64();
-            watch.phase_done(&record, &tracker);
-            let stop = record.oom.is_some() || record.refused.is_some();
-            phases.push(record);
+            reference_digests.extend(ran.digests);
+            samples_per_epoch = ran.samples_per_epoch.unwrap_or(samples_per_epoch);
+            let stop = ran.record.oom.is_some() || ran.record.refused.is_some();
+            phases.push(ran.record);
             if stop {
                 break;
             }
@@ -900,8 +752,8 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
             predicted_load: model.checkpoint_io,
             predicted_staging: model.save_staging_on_device(),
             planned_saves: suite.planned_saves(),
-            capacity: tracker.capacity(),
-            budget: suite.budget().map(|b| b.bytes(tracker.capacity())),
+            capacity: dev.tracker().capacity(),
+            budget: suite.budget().map(|b| b.bytes(dev.tracker().capacity())),
             rss_budget: suite.file.memory.rss_budget,
             samples_per_epoch,
             planned,
@@ -910,6 +762,264 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
             lacks: BTreeSet::new(),
             text: None,
         })
+    }
+}
+
+/// Where a phase's trainer is built.
+pub(crate) enum Place {
+    /// Every rank in this process.
+    Here,
+    /// Rank `rank` in this process, each other rank in a process of its own, met through
+    /// `meeting`.
+    Rank {
+        /// The rank this process trains.
+        rank: usize,
+        /// Where the ranks meet.
+        meeting: Meeting,
+    },
+}
+
+/// One phase as it ran: its record, the reference's state digests it took (at each resume
+/// point and at `max_steps`) for the resumes to be compared with, and the samples in an epoch
+/// of its data (`None` where no trainer was built).
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub(crate) struct PhaseRun {
+    /// The phase's record.
+    pub(crate) record: PhaseRecord,
+    /// The reference's state before each step it was digested at.
+    pub(crate) digests: BTreeMap<u64, StateDigest>,
+    /// Samples in one epoch of the dataset.
+    pub(crate) samples_per_epoch: Option<u64>,
+}
+
+/// The trial a phase belongs to, on the device it runs on.
+pub(crate) struct Trial<'a, D> {
+    /// The suite.
+    pub(crate) suite: &'a Suite,
+    /// The device's kind.
+    pub(crate) kind: DeviceKind,
+    /// Where the run directories are.
+    pub(crate) work: &'a Path,
+    /// The device.
+    pub(crate) dev: &'a D,
+    /// The device as the memory model counts it.
+    pub(crate) like: Like,
+}
+
+impl<'a, D: Device> Trial<'a, D> {
+    /// `suite`'s trial on `dev`, a device of `kind`, run directories under `work`.
+    pub(crate) fn new(suite: &'a Suite, kind: DeviceKind, work: &'a Path, dev: &'a D) -> Self {
+        Trial {
+            suite,
+            kind,
+            work,
+            dev,
+            like: Like::new(kind, suite.file.threads),
+        }
+    }
+
+    /// The step every phase stops before: `max_steps + extra_steps`.
+    pub(crate) fn end(&self) -> u64 {
+        self.suite.max_steps() + self.suite.file.training.extra_steps
+    }
+
+    /// A MoE step's memory model on each rank of `world`, at the tokens per expert it recorded
+    /// (each rank's at its own micro-batches'); empty for a dense step, whose model is the run's.
+    fn routed(&self, world: usize, s: &StepStats) -> Result<Vec<[PredictedStep; 2]>> {
+        if s.tokens_per_expert.is_empty() {
+            return Ok(Vec::new());
+        }
+        let cfg = EstimateConfig::from_train(&self.suite.train_at(world), self.like)
+            .with_routes(Routes::Recorded(s.tokens_per_expert.clone()));
+        let ranks = routed_rank_steps(&cfg, self.suite.train.seq_len_at(s.step))?;
+        Ok(ranks
+            .iter()
+            .map(|[a, b]| [predict(a), predict(b)])
+            .collect())
+    }
+
+    /// The trainer of `leg` on `world` ranks, placed as `place` says: fresh, or resumed from
+    /// its checkpoint.
+    fn build(&self, leg: &Leg, world: usize, place: Place) -> ckpt_engine::Result<Trainer<D>> {
+        let train = self.suite.train_at(world);
+        let dev = self.dev.clone();
+        let checkpoint = leg
+            .resumes
+            .as_ref()
+            .map(|(dir, step)| dir.join(step_dir_name(*step)));
+        match (checkpoint, place) {
+            (None, Place::Here) => Trainer::new(train, dev),
+            (Some(ckpt), Place::Here) => Trainer::resume(train, dev, &ckpt),
+            (None, Place::Rank { rank, meeting }) => Trainer::new_rank(train, dev, rank, meeting),
+            (Some(ckpt), Place::Rank { rank, meeting }) => {
+                Trainer::resume_rank(train, dev, rank, meeting, &ckpt)
+            }
+        }
+    }
+
+    /// Runs `leg` on `world` ranks placed as `place` says, its steps to [`Trial::end`], saving
+    /// as the suite says where a later phase resumes from it; a resume's state is compared
+    /// with `reference_digests`' at its step. An allocation the device refuses, or a checkpoint
+    /// the resume refuses, ends the phase early and is recorded. Where this process trains one
+    /// rank of several, the record is that rank's: its figures at the top level and as the
+    /// only entry of every `ranks`.
+    pub(crate) fn phase(
+        &self,
+        leg: &Leg,
+        world: usize,
+        place: Place,
+        reference_digests: &BTreeMap<u64, StateDigest>,
+        watch: &mut impl Watch,
+    ) -> Result<PhaseRun> {
+        let (suite, end) = (self.suite, self.end());
+        let tracker = self.dev.tracker().clone();
+        let (phase, from) = (leg.phase, leg.resumes.as_ref().map(|(_, step)| *step));
+        let own_rank = match place {
+            Place::Here => None,
+            Place::Rank { rank, .. } => Some(rank),
+        };
+        let digested_at = suite.resume_points();
+        let phase_start = Instant::now();
+        let mut saver = leg.saves_into.as_ref().map(|dir| {
+            let name = dir.file_name().unwrap_or_default().to_string_lossy();
+            let twin = self.work.join(format!("sync-{name}"));
+            Saver::new(suite, self.kind, dir, &twin)
+        });
+        watch.phase_started(phase, from.unwrap_or(0), end, &tracker);
+        let mut record = PhaseRecord {
+            phase,
+            before: tracker.stats().current,
+            ..PhaseRecord::default()
+        };
+        let mut ran = PhaseRun::default();
+        let host_reset = host_memory::reset_peak();
+        let start_rss = host_memory::current();
+        let oom_before = tracker.stats().oom_count;
+        tracker.reset_peak();
+        let built = self.build(leg, world, place);
+        record.setup = window(&tracker.stats(), oom_before);
+        record.setup_seconds = phase_start.elapsed().as_secs_f64();
+        match built {
+            Ok(mut trainer) => {
+                let ranks = rank_trackers(&trainer, own_rank.is_some());
+                record.ranks = ranks
+                    .iter()
+                    .map(|t| RankPhase {
+                        setup: window(&t.stats(), 0),
+                        ..RankPhase::default()
+                    })
+                    .collect();
+                if let Some(first) = record.ranks.first() {
+                    record.before = first.before;
+                    record.setup = first.setup.clone();
+                }
+                ran.samples_per_epoch = Some(trainer.loader().samples());
+                if let Some(step) = from {
+                    record.resumed_digest = Some(trainer.state_digest()?);
+                    record.reference_digest = reference_digests.get(&step).cloned();
+                    record.env_changes = trainer.env_changes().to_vec();
+                }
+                while trainer.step_index() < end {
+                    if phase == Phase::Reference
+                        && (digested_at.contains(&trainer.step_index())
+                            || trainer.step_index() == suite.max_steps())
+                    {
+                        ran.digests
+                            .insert(trainer.step_index(), trainer.state_digest()?);
+                    }
+                    let rank_starts: Vec<Breakdown> =
+                        ranks.iter().map(|t| t.stats().current).collect();
+                    let start = rank_starts
+                        .first()
+                        .copied()
+                        .unwrap_or_else(|| tracker.stats().current);
+                    let staging = saver.as_ref().map_or(0, |s| s.staging_on_device(&trainer));
+                    watch.step_started(phase, trainer.step_index());
+                    let step_start = Instant::now();
+                    match trainer.step() {
+                        Ok(s) => {
+                            let routed = self.routed(world, &s)?;
+                            let first_rank = own_rank.unwrap_or(0);
+                            // A rank of its own counts only its own bytes.
+                            let memories = match s.rank_memory.is_empty() {
+                                true => vec![s.memory.clone()],
+                                false => s.rank_memory.clone(),
+                            };
+                            let ranks = rank_starts
+                                .iter()
+                                .zip(memories)
+                                .enumerate()
+                                .map(|(r, (start, memory))| RankStep {
+                                    start: *start,
+                                    staging: if r == 0 { staging } else { 0 },
+                                    memory,
+                                    predicted: routed.get(first_rank + r).cloned(),
+                                })
+                                .collect();
+                            let step = StepRecord {
+                                ranks,
+                                predicted: routed.into_iter().next(),
+                                tokens_per_expert: s.tokens_per_expert,
+                                step: s.step,
+                                loss: s.loss,
+                                lr: s.lr,
+                                grad_norm: s.grad_norm,
+                                batch_digest: s.batch_digest,
+                                samples: s.samples,
+                                recomputed_blocks: s.recomputed_blocks,
+                                start,
+                                staging,
+                                memory: s.memory,
+                                seconds: step_start.elapsed().as_secs_f64(),
+                            };
+                            watch.step_done(phase, &step);
+                            record.steps.push(step);
+                            if let Some(saver) = &mut saver {
+                                saver.collect()?;
+                            }
+                        }
+                        Err(EngineError::OutOfMemory(e)) => {
+                            record.oom = Some(Oom::new(Some(trainer.step_index()), &e));
+                            break;
+                        }
+                        Err(e) => return Err(e.into()),
+                    }
+                    if let Some(saver) = &mut saver {
+                        if suite.saves_at(from.unwrap_or(0), trainer.step_index()) {
+                            saver.save(&mut trainer)?;
+                        }
+                    }
+                }
+                if let Some(saver) = &mut saver {
+                    record.saves = saver.finish(&mut trainer)?;
+                }
+                watch.releasing(phase);
+                drop(trainer);
+                for (mine, t) in record.ranks.iter_mut().zip(&ranks) {
+                    mine.after = t.stats().current;
+                }
+            }
+            Err(EngineError::OutOfMemory(e)) => {
+                record.oom = Some(Oom::new(None, &e));
+            }
+            Err(e @ EngineError::BadFile { .. }) if from.is_some() => {
+                record.refused = Some(e.to_string());
+            }
+            Err(e) => return Err(e.into()),
+        }
+        record.after = match record.ranks.first() {
+            Some(first) => first.after,
+            None => tracker.stats().current,
+        };
+        record.host = HostMemory {
+            start_rss,
+            peak_rss: host_memory::peak(),
+            reset: host_reset,
+        };
+        record.seconds = phase_start.elapsed().as_secs_f64();
+        watch.phase_done(&record, &tracker);
+        ran.record = record;
+        Ok(ran)
     }
 }
 

@@ -614,6 +614,12 @@ impl Suite {
         }
     }
 
+    /// Whether each rank of a phase on more than one rank runs as a process of its own
+    /// (`parallel.processes`).
+    pub fn rank_processes(&self) -> bool {
+        self.file.parallel.as_ref().is_some_and(|p| p.processes)
+    }
+
     /// The engine configuration of a phase on `world_size` ranks.
     pub fn train_at(&self, world_size: usize) -> TrainConfig {
         let mut train = self.train.clone();

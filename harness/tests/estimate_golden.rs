@@ -87,10 +87,15 @@ fn predicted(e: &Estimate, suite: &Suite, measured: &[Row]) -> Vec<Row> {
                     &routed[usize::from(m.step > 0)]
                 }
             };
-            // A step after an asynchronous save holds its staging buffers until its end.
+            // A step after an asynchronous save holds its staging buffers until its end: all of
+            // them on rank 0 in one process, rank 0's own rows where ranks are processes.
+            let staged = match suite.rank_processes() {
+                true => e.save_staging_on_process_ranks()[0],
+                false => e.save_staging_on_device(),
+            };
             let staging =
                 match suite.file.training.async_save && m.step > 0 && suite.saves_at(0, m.step) {
-                    true => e.save_staging_on_device(),
+                    true => staged,
                     false => 0,
                 };
             Row {

@@ -12,10 +12,15 @@ use std::path::{Path, PathBuf};
 
 fn suites() -> Vec<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../suites");
-    let mut files: Vec<PathBuf> = ["tiny-fp32.yaml", "async-save.yaml", "chained-resumes.yaml"]
-        .iter()
-        .map(|f| root.join(f))
-        .collect();
+    let mut files: Vec<PathBuf> = [
+        "tiny-fp32.yaml",
+        "async-save.yaml",
+        "chained-resumes.yaml",
+        "parallel-processes.yaml",
+    ]
+    .iter()
+    .map(|f| root.join(f))
+    .collect();
     let mut faults: Vec<PathBuf> = std::fs::read_dir(root.join("faults"))
         .unwrap()
         .map(|e| e.unwrap().path())

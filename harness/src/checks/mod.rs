@@ -581,6 +581,7 @@ pub(crate) mod fixtures {
                 before: p.before,
                 after: p.after,
                 setup: p.setup.clone(),
+                host: None,
             };
             p.ranks = vec![mine; world];
             for s in &mut p.steps {

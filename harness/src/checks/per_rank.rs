@@ -48,7 +48,7 @@ fn labelled(mut o: Outcome, rank: Option<usize>) -> Outcome {
 mod tests {
     use super::*;
     use crate::checks::{fixtures, memory_model, memory_reclaimed, no_leak, peak_budget};
-    use crate::phases::Phase;
+    use crate::phases::{HostMemory, Phase};
 
     #[test]
     fn every_rank_of_a_faithful_run_passes_and_is_counted() {
@@ -133,6 +133,31 @@ mod tests {
             .map(|f| f.rank)
             .collect();
         assert_eq!(host, [Some(0)]);
+    }
+
+    /// Ranks in processes of their own: each rank's process is held to the host budget in its
+    /// own view, with its own resident memory.
+    #[test]
+    fn each_rank_process_is_held_to_the_host_budget_with_its_own_memory() {
+        let mut r = fixtures::ranked(3);
+        r.rss_budget = Some(1 << 20);
+        let host = |peak: u64| {
+            Some(HostMemory {
+                start_rss: Some(8 << 20),
+                peak_rss: Some((8 << 20) + peak),
+                reset: true,
+            })
+        };
+        for p in &mut r.phases {
+            for (rank, mine) in p.ranks.iter_mut().enumerate() {
+                mine.host = host(if rank == 2 { (1 << 20) + 1 } else { 1 << 20 });
+            }
+        }
+        let o = check(&r, peak_budget::check);
+        let at: Vec<_> = o.failures.iter().map(|f| (f.rank, f.phase)).collect();
+        let phases = r.phases.iter().map(|p| (Some(2), Some(p.phase)));
+        assert_eq!(at, phases.collect::<Vec<_>>(), "{:?}", o.failures);
+        assert!(o.failures[0].what.starts_with("resident host memory"));
     }
 
     #[test]

@@ -7,7 +7,7 @@
 //! judges every rank of every world size a trial ran at. A MoE step carries each rank's own
 //! prediction, at the routing of the micro-batches that rank trained.
 
-use super::{PhaseRecord, PredictedStep, RunRecord, Window};
+use super::{HostMemory, PhaseRecord, PredictedStep, RunRecord, Window};
 use ckpt_engine::memory::Breakdown;
 use ckpt_engine::MemoryStats;
 use serde::{Deserialize, Serialize};
@@ -22,6 +22,10 @@ pub struct RankPhase {
     pub after: Breakdown,
     /// Its peak while the trainer was built (the checkpoint loaded, for a resume).
     pub setup: Window,
+    /// The resident host memory of the rank's own process, where each rank is a process of its
+    /// own (`parallel.processes`); `None` where the ranks share one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<HostMemory>,
 }
 
 /// One rank's figures of a step.
@@ -79,8 +83,9 @@ pub struct RankView {
 impl RunRecord {
     /// The record one rank at a time: for a trial on one device, the record itself; else, for
     /// each world size its phases ran at (every planned one, unless the run ended early) and
-    /// each rank of it, those phases with that rank's figures and memory model. The host's resident memory is the process's: only rank 0's
-    /// view keeps its budget.
+    /// each rank of it, those phases with that rank's figures and memory model. The host's resident
+    /// memory is the process's: where the ranks share one, only rank 0's view keeps its budget;
+    /// where each is a process of its own, each view has its process's and keeps it.
     pub fn views(&self) -> Vec<RankView> {
         if self.worlds.is_empty() {
             return vec![RankView {
@@ -113,6 +118,10 @@ impl RunRecord {
 
     /// The phases planned at `world_size` ranks, as rank `rank` saw them under `model`.
     fn rank_view(&self, world_size: usize, rank: usize, model: &RankModel) -> RunRecord {
+        let own_host = self
+            .phases
+            .iter()
+            .any(|p| p.ranks.get(rank).is_some_and(|r| r.host.is_some()));
         let at_world = |phase| {
             self.planned
                 .iter()
@@ -131,7 +140,7 @@ impl RunRecord {
             predicted_staging: model.predicted_staging,
             capacity: model.capacity,
             budget: model.budget,
-            rss_budget: self.rss_budget.filter(|_| rank == 0),
+            rss_budget: self.rss_budget.filter(|_| rank == 0 || own_host),
             planned: self
                 .planned
                 .iter()
@@ -152,6 +161,9 @@ fn rank_phase(p: &PhaseRecord, rank: usize) -> PhaseRecord {
         p.before = mine.before;
         p.after = mine.after;
         p.setup = mine.setup;
+        if let Some(host) = mine.host {
+            p.host = host;
+        }
     }
     for s in &mut p.steps {
         if let Some(mine) = s.ranks.get(rank).cloned() {

@@ -27,6 +27,11 @@ pub struct ParallelSpec {
     /// `rendezvous` (each send waits for its receive, as NCCL's do; the same bits).
     #[serde(default)]
     pub transport: Transport,
+    /// Each rank a process of its own, as `train --rank` runs one (meeting over loopback TCP),
+    /// rather than a thread of the harness's process: each phase's ranks are started, met and
+    /// ended as processes, and each rank's resident host memory is its own.
+    #[serde(default)]
+    pub processes: bool,
     /// The ranks of each resumed phase in run order: `resume-mid`, each later resume of a chain,
     /// then `resume-end`. Absent: every phase on `world_size` ranks.
     #[serde(default)]
