@@ -391,6 +391,17 @@ impl<D: Device> State<D> {
         master + moments
     }
 
+    /// The name of the first checkpoint entry holding a NaN or an infinity (its rows of it,
+    /// where it holds a shard), if one does.
+    pub fn non_finite_entry(&self) -> Result<Option<String>> {
+        let (model, optimizer) = self.checkpoint_entries()?;
+        Ok(model
+            .iter()
+            .chain(&optimizer)
+            .find(|e| !e.is_finite())
+            .map(|e| e.name.clone()))
+    }
+
     /// What a checkpoint holds: `model.safetensors` entries (the weights the passes read, in
     /// Hugging Face names) and `optimizer.safetensors` entries (`<name>.master` in bf16-mixed,
     /// `<name>.exp_avg` and `<name>.exp_avg_sq` once the moments exist).

@@ -521,6 +521,13 @@ impl<D: Device> Trainer<D> {
         }
     }
 
+    /// The name of the first tensor of the checkpoint this trainer would save that holds a NaN
+    /// or an infinity, in any rank's rows of it; where the ranks are processes of their own,
+    /// every rank gets the same answer, and every rank must ask at once.
+    pub fn non_finite_tensor(&self) -> Result<Option<String>> {
+        self.ranks.non_finite_entry()
+    }
+
     /// Digests of the weights, the optimizer state, the step, the next learning rate, the
     /// loader position and the dropout generator's state.
     pub fn state_digest(&self) -> Result<StateDigest> {

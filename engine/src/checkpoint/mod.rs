@@ -109,6 +109,21 @@ impl<'a> Entry<'a> {
             data: Cow::Borrowed(t.as_bytes()),
         }
     }
+
+    /// Whether every number it holds is finite (no NaN, no infinity).
+    pub fn is_finite(&self) -> bool {
+        match self.dtype {
+            Dtype::F32 => self
+                .data
+                .chunks_exact(4)
+                .all(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]).is_finite()),
+            Dtype::BF16 => self
+                .data
+                .chunks_exact(2)
+                .all(|b| half::bf16::from_le_bytes([b[0], b[1]]).is_finite()),
+            _ => true,
+        }
+    }
 }
 
 /// sha256 over entries' names, dtypes, shapes and bytes, in order.

@@ -368,6 +368,28 @@ impl<D: Device> Ranks<D> {
         self.states[0].checkpoint_bytes() + others
     }
 
+    /// The name of the first checkpoint entry, in rank order, that a rank holds a NaN or an
+    /// infinity in (in its rows of it, where it holds a shard): every rank's checked, and where
+    /// the ranks are processes of their own, each process's verdict gathered, so that every
+    /// rank gets the same answer (every rank must ask at once).
+    pub fn non_finite_entry(&self) -> Result<Option<String>> {
+        let mut found = None;
+        for state in &self.states {
+            if found.is_none() {
+                found = state.non_finite_entry()?;
+            }
+        }
+        let Some(process) = &self.process else {
+            return Ok(found);
+        };
+        let comm = process.connections()?.0;
+        let verdicts = comm.all_gather(found.unwrap_or_default().into_bytes())?;
+        Ok(verdicts
+            .into_iter()
+            .find(|name| !name.is_empty())
+            .map(|name| String::from_utf8_lossy(&name).into_owned()))
+    }
+
     /// What a checkpoint of the ranks holds: one rank's tensors; with several ranks that save
     /// [`Checkpoints::Sharded`], each rank's chunk of every tensor (see
     /// [`Ranks::checkpoint_chunks`]: where the ranks are processes of their own, this
@@ -1413,6 +1435,85 @@ impl<D: Device> PassHooks<D, bf16> for RankHooks<'_, D> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::cpu::CpuDevice;
+    use crate::state::Weights;
+
+    /// A tiny dense run on 3 ranks at full sharding: each holds its rows of every tensor.
+    fn three_ranks_config() -> TrainConfig {
+        serde_json::from_value(serde_json::json!({
+            "model": {"vocab_size": 37, "hidden_size": 8, "intermediate_size": 16,
+                      "num_hidden_layers": 1, "num_attention_heads": 2,
+                      "num_key_value_heads": 1, "max_position_embeddings": 16},
+            "init": {"kind": "random", "seed": 3, "std": 0.1},
+            "optimizer": {"lr": 0.001},
+            "schedule": {"kind": "constant"},
+            "data": {"kind": "synthetic", "seed": 1, "samples": 8},
+            "batch_size": 1,
+            "accumulation": 3,
+            "seq_len": 8,
+            "parallel": {"world_size": 3, "shard": "full"}
+        }))
+        .unwrap()
+    }
+
+    /// Writes an infinity into the second number of `state`'s rows of the embedding.
+    fn poison(state: &mut State<CpuDevice>) {
+        let dev = state.device().clone();
+        let Weights::Fp32(params) = state.weights_mut() else {
+            panic!("an fp32 run holds fp32 weights");
+        };
+        dev.write_bytes(params.get_mut(0), 4, &f32::INFINITY.to_le_bytes())
+            .unwrap();
+    }
+
+    #[test]
+    fn a_non_finite_number_in_any_rank_s_rows_is_found_and_named() {
+        let dev = CpuDevice::new(3, 1 << 30).unwrap();
+        let mut ranks =
+            Ranks::new(&three_ranks_config(), dev.ranks(3).unwrap(), None, None).unwrap();
+        assert_eq!(ranks.non_finite_entry().unwrap(), None);
+        poison(&mut ranks.states[2]);
+        assert_eq!(ranks.states[0].non_finite_entry().unwrap(), None);
+        assert_eq!(
+            ranks.non_finite_entry().unwrap().as_deref(),
+            Some("model.embed_tokens.weight")
+        );
+    }
+
+    #[test]
+    fn every_rank_of_its_own_hears_of_a_non_finite_number_in_one_rank_s_rows() {
+        let cfg = three_ranks_config();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let at = listener.local_addr().unwrap();
+        let mut listener = Some(listener);
+        let ranks: Vec<_> = (0..3)
+            .map(|rank| {
+                let cfg = cfg.clone();
+                let meeting = match listener.take() {
+                    Some(l) => Meeting::Host(l),
+                    None => Meeting::At(at),
+                };
+                std::thread::spawn(move || {
+                    let dev = CpuDevice::new(3, 1 << 30).unwrap();
+                    let mut mine = Ranks::of_process(&cfg, dev, rank, meeting, None, None)?;
+                    let before = mine.non_finite_entry()?;
+                    if rank == 2 {
+                        poison(&mut mine.states[0]);
+                    }
+                    Ok::<_, EngineError>((before, mine.non_finite_entry()?))
+                })
+            })
+            .collect();
+        for (rank, handle) in ranks.into_iter().enumerate() {
+            let (before, after) = handle.join().unwrap().unwrap();
+            assert_eq!(before, None, "rank {rank}");
+            assert_eq!(
+                after.as_deref(),
+                Some("model.embed_tokens.weight"),
+                "rank {rank}"
+            );
+        }
+    }
 
     #[test]
     fn a_step_fails_with_the_rank_that_caused_it_not_the_peers_that_reported_it() {

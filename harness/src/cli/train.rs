@@ -16,14 +16,15 @@
 //! checkpoint named, without falling back to an older one.
 //!
 //! A step whose loss or gradient norm is not finite stops training before anything more is
-//! saved, and so does a checkpoint holding a non-finite number: `latest` keeps naming the last
+//! saved, and so does a checkpoint holding a non-finite number in any rank's rows (where each
+//! rank is a process, every rank stops on it alike): `latest` keeps naming the last
 //! checkpoint of finite numbers, and `train` fails with [`Stopped`]. So does a save that fails
 //! (a full disk): the message names the step and the checkpoint `latest` still names.
 
 use crate::devices::{self, DeviceKind, OnDevice};
 use crate::suite::Suite;
 use anyhow::{bail, Result};
-use ckpt_engine::checkpoint::{self, Entry, Foreign, RunLock};
+use ckpt_engine::checkpoint::{self, Foreign, RunLock};
 use ckpt_engine::environment;
 use ckpt_engine::parallel::sockets::Meeting;
 use ckpt_engine::{Device, EngineError, Trainer};
@@ -201,7 +202,7 @@ fn train_until<D: Device>(
 ) -> Result<()> {
     let keep = suite.file.training.keep_last;
     let save = |trainer: &mut Trainer<D>| -> Result<()> {
-        if let Some(name) = non_finite_entry(trainer)? {
+        if let Some(name) = trainer.non_finite_tensor()? {
             let what = format!(
                 "the weights step {} left hold a non-finite number ({name})",
                 trainer.step_index().saturating_sub(1)
@@ -247,27 +248,6 @@ fn train_until<D: Device>(
     }
     trainer.finish_saves()?;
     Ok(())
-}
-
-/// The name of the first tensor of `trainer`'s checkpoint holding a NaN or an infinity.
-fn non_finite_entry<D: Device>(trainer: &Trainer<D>) -> Result<Option<String>> {
-    let (model, optimizer) = trainer.state().checkpoint_entries()?;
-    let finite = |e: &Entry<'_>| match e.dtype {
-        safetensors::Dtype::F32 => e
-            .data
-            .chunks_exact(4)
-            .all(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]).is_finite()),
-        safetensors::Dtype::BF16 => e
-            .data
-            .chunks_exact(2)
-            .all(|b| half::bf16::from_le_bytes([b[0], b[1]]).is_finite()),
-        _ => true,
-    };
-    Ok(model
-        .iter()
-        .chain(&optimizer)
-        .find(|e| !finite(e))
-        .map(|e| e.name.clone()))
 }
 
 /// [`Stopped`] for `what`, in the run saved in `out`, once the saves in flight are finished:
