@@ -12,7 +12,7 @@ pub mod timeline;
 use crate::bench::Bench;
 use crate::checks::Check;
 use crate::memory_trace;
-use crate::phases::{Phase, RunRecord};
+use crate::phases::{HostMemory, Phase, RunRecord};
 use crate::report::{Skipped, Summary, FAILURES_SHOWN};
 use crate::trends::{status_name, Trends};
 use crate::trial::TrialResult;
@@ -273,7 +273,8 @@ fn phase_rows(r: &RunRecord) -> Vec<PhaseRow> {
 }
 
 /// The ranks side by side, one row per phase on more than one rank: each rank's largest step
-/// peak against its memory model's, and what it held after the trainer was dropped. The column
+/// peak against its memory model's, what it held after the trainer was dropped and, where each
+/// rank is a process of its own, the resident host memory its process added. The column
 /// headers come first, one per rank of the widest phase.
 fn rank_rows(r: &RunRecord) -> (Vec<String>, Vec<RankRow>) {
     let model = |world: usize, rank: usize| {
@@ -296,8 +297,12 @@ fn rank_rows(r: &RunRecord) -> (Vec<String>, Vec<RankRow>) {
                         .map_or("-".into(), |m| human_bytes(m.predicted[1].peak));
                     let mine = &p.ranks[rank];
                     let left = mine.after.total().saturating_sub(mine.before.total());
+                    let process = (mine.host.as_ref().and_then(HostMemory::growth))
+                        .map_or(String::new(), |g| {
+                            format!("; process +{} resident", human_bytes(g))
+                        });
                     format!(
-                        "peak {} (model {predicted}); {} left",
+                        "peak {} (model {predicted}); {} left{process}",
                         human_bytes(peak),
                         human_bytes(left)
                     )
@@ -427,4 +432,39 @@ pub fn render(summary: &Summary, dir: &Path) -> Result<String> {
 pub fn write(summary: &Summary, dir: &Path) -> Result<()> {
     let text = render(summary, dir)?;
     crate::report_file::write(&dir.join("index.html"), text.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checks::fixtures;
+
+    #[test]
+    fn each_rank_s_cell_has_its_peak_model_and_leftover_and_its_process_s_growth() {
+        let mut r = fixtures::ranked(2);
+        let (columns, rows) = rank_rows(&r);
+        assert_eq!(columns, ["rank 0", "rank 1"]);
+        assert_eq!(rows.len(), r.phases.len());
+        assert!(
+            rows[0].cells[1].starts_with("peak "),
+            "{}",
+            rows[0].cells[1]
+        );
+        assert!(
+            !rows[0].cells[1].contains("process"),
+            "{}",
+            rows[0].cells[1]
+        );
+        r.phases[0].ranks[1].host = Some(HostMemory {
+            start_rss: Some(4 << 20),
+            peak_rss: Some(5 << 20),
+            reset: true,
+        });
+        let (_, rows) = rank_rows(&r);
+        assert!(
+            rows[0].cells[1].ends_with("; 0 B left; process +1.0 MiB resident"),
+            "{}",
+            rows[0].cells[1]
+        );
+    }
 }
