@@ -375,8 +375,9 @@ impl<D: Device> Ranks<D> {
     pub fn non_finite_entry(&self) -> Result<Option<String>> {
         let mut found = None;
         for state in &self.states {
-            if found.is_none() {
-                found = state.non_finite_entry()?;
+            found = state.non_finite_entry()?;
+            if found.is_some() {
+                break;
             }
         }
         let Some(process) = &self.process else {

@@ -7,6 +7,7 @@
 
 use super::{Leg, PhaseRun, Place, RankPhase, Trial, Watch};
 use crate::devices::{self, DeviceKind, OnDevice};
+use crate::report_file;
 use anyhow::{bail, Context, Result};
 use ckpt_engine::parallel::sockets::Meeting;
 use ckpt_engine::{Device, StateDigest};
@@ -85,7 +86,6 @@ pub(crate) fn phase<D: Device>(
 ) -> Result<PhaseRun> {
     let phase = leg.phase;
     let dir = trial.work.join("ranks");
-    std::fs::create_dir_all(&dir).with_context(|| format!("{}: cannot create", dir.display()))?;
     let job = RankJob {
         suite: trial.suite.path.clone(),
         device: trial.kind,
@@ -95,8 +95,7 @@ pub(crate) fn phase<D: Device>(
         meet: meeting_place()?,
     };
     let job_file = dir.join(format!("{phase}.job.json"));
-    std::fs::write(&job_file, serde_json::to_vec_pretty(&job)?)
-        .with_context(|| format!("{}: cannot write", job_file.display()))?;
+    report_file::write(&job_file, &serde_json::to_vec_pretty(&job)?)?;
     let program = rank_program()?;
     let tracker = trial.dev.tracker().clone();
     let from = leg.resumes.as_ref().map_or(0, |(_, step)| *step);
@@ -172,6 +171,17 @@ impl RankProcess {
             .filter(|l| !l.is_empty())
             .collect();
         lines[lines.len().saturating_sub(TAIL_LINES)..].join(" | ")
+    }
+}
+
+/// A rank's process left running when the phase gives up on it (another rank would not start,
+/// or waiting failed) is killed, not left to wait for peers that never come.
+impl Drop for RankProcess {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            self.child.kill().ok();
+            self.child.wait().ok();
+        }
     }
 }
 
@@ -377,11 +387,7 @@ pub fn serve(job_file: &Path, rank: usize, out: &Path) -> Result<()> {
         rank,
     };
     let ran = devices::run_on(job.device, suite.file.threads, suite.capacity(), work)?;
-    let partial = out.with_extension("json.partial");
-    std::fs::write(&partial, serde_json::to_vec(&ran)?)
-        .with_context(|| format!("{}: cannot write", partial.display()))?;
-    std::fs::rename(&partial, out).with_context(|| format!("{}: cannot write", out.display()))?;
-    Ok(())
+    report_file::write(out, &serde_json::to_vec(&ran)?)
 }
 
 /// One rank of a phase, as work for the device its job names.
