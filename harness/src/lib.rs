@@ -12,6 +12,7 @@ pub mod error_text;
 pub mod exit_codes;
 pub mod host_memory;
 pub mod html;
+pub mod meeting;
 pub mod memory_trace;
 pub mod merge;
 pub mod phases;

@@ -5,6 +5,7 @@ use ckpt_engine::optim::AdamWConfig;
 use ckpt_engine::{DeviceKind, Precision};
 use ckpt_harness::bench::Bench;
 use ckpt_harness::cli::{estimate, eval, judge, run, train};
+use ckpt_harness::meeting::MeetAt;
 use ckpt_harness::plan::{self, DeviceChoice, TierFilter};
 use ckpt_harness::progress::Style;
 use ckpt_harness::report::Summary;
@@ -152,13 +153,18 @@ enum Command {
         device: DeviceKind,
         /// Train only rank RANK of the suite's `parallel.world_size` ranks, each rank a `train`
         /// of its own, started with the same arguments and its own --rank (as torchrun starts
-        /// them); the ranks meet at --meet.
-        #[arg(long, requires = "meet")]
+        /// them); the ranks meet at --meet or through --meet-file.
+        #[arg(long, requires = "meeting")]
         rank: Option<usize>,
         /// Where the ranks of --rank meet (HOST:PORT): rank 0 listens there, every other rank
         /// connects to it.
-        #[arg(long, requires = "rank")]
+        #[arg(long, group = "meeting", requires = "rank")]
         meet: Option<std::net::SocketAddr>,
+        /// A file through which the ranks of --rank, all on this machine, meet: rank 0 listens
+        /// at a port of the loopback the system gives it and writes its address there, the
+        /// other ranks read it (no port to choose). It must not exist when the ranks start.
+        #[arg(long, group = "meeting", requires = "rank")]
+        meet_file: Option<PathBuf>,
     },
     /// Runs one rank of a phase whose ranks are processes of their own (`parallel.processes`):
     /// started by `run`, one per rank, never by hand.
@@ -547,6 +553,7 @@ fn dispatch(command: Command) -> Result<u8> {
             device,
             rank,
             meet,
+            meet_file,
         } => {
             let suite = Suite::load(&suite)?;
             let opts = train::TrainOptions {
@@ -556,7 +563,7 @@ fn dispatch(command: Command) -> Result<u8> {
                 overwrite,
                 device,
                 rank: rank
-                    .zip(meet)
+                    .zip(meet.map(MeetAt::Address).or(meet_file.map(MeetAt::File)))
                     .map(|(rank, meet)| train::RankOf { rank, meet }),
             };
             train::run(&suite, &opts)?;

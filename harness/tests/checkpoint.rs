@@ -824,17 +824,8 @@ fn a_kill_at_any_stage_of_a_sharded_save_keeps_latest_complete() {
     }
 }
 
-/// A free port on the loopback, for ranks to meet at.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// A SIGKILL at every fsync and rename of each rank's part of a save, where the ranks are
-/// `train`s of their own (`--rank R --meet ADDR`, 3 ranks, the killed one under strace),
+/// `train`s of their own (`--rank R --meet-file FILE`, 3 ranks, the killed one under strace),
 /// synchronous and asynchronous: the other ranks stop instead of waiting, every checkpoint left
 /// verifies, `latest` names step 7's or step 8's, the run resumes from it, and the next save
 /// leaves no copy behind.
@@ -854,7 +845,7 @@ fn a_kill_of_any_rank_at_any_stage_of_its_save_keeps_latest_complete() {
                 for when in 1..=20 {
                     let run = tmp.path().join(format!("run-{killed}-{calls}-{when}"));
                     train(&suite, &run, None, 7);
-                    let meet = format!("127.0.0.1:{}", free_port());
+                    let meet = tmp.path().join(format!("meet-{killed}-{calls}-{when}"));
                     let inject = format!("inject={calls}:signal=SIGKILL:when={when}");
                     let ranks: Vec<_> = (0..world)
                         .map(|rank| {
@@ -868,7 +859,7 @@ fn a_kill_of_any_rank_at_any_stage_of_its_save_keeps_latest_complete() {
                             };
                             cmd.args(["train", arg(&suite), "--out", arg(&run), "--resume"])
                                 .args([arg(&run), "--steps", "8", "--rank", &rank.to_string()])
-                                .args(["--meet", &meet])
+                                .args(["--meet-file", arg(&meet)])
                                 .stdout(Stdio::null())
                                 .stderr(Stdio::null())
                                 .spawn()

@@ -1205,14 +1205,10 @@ fn files_under(dir: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
 }
 
 /// `train` of `suite` into `out` with `args`, started once per rank of `world` with `--rank`
-/// and a `--meet` address of a free port; each rank's output, in rank order.
+/// and a `--meet-file` in a directory of its own; each rank's output, in rank order.
 fn train_as_ranks(suite: &Path, out: &Path, args: &[&str], world: usize) -> Vec<Output> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let meet = format!("127.0.0.1:{port}");
+    let meeting = tempfile::tempdir().unwrap();
+    let meet = meeting.path().join("meet");
     let ranks: Vec<_> = (0..world)
         .map(|rank| {
             Command::new(BIN)
@@ -1221,7 +1217,8 @@ fn train_as_ranks(suite: &Path, out: &Path, args: &[&str], world: usize) -> Vec<
                 .arg("--out")
                 .arg(out)
                 .args(args)
-                .args(["--rank", &rank.to_string(), "--meet", &meet])
+                .args(["--rank", &rank.to_string(), "--meet-file"])
+                .arg(&meet)
                 .current_dir(root())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())

@@ -10,7 +10,8 @@
 //! the checkpoint's is noted with the fields that differ.
 //!
 //! With `--rank R --meet ADDR` it trains one rank of the suite's `parallel.world_size` ranks,
-//! each rank a `train` of its own (as torchrun starts a rank): rank 0 listens at `ADDR`, locks
+//! each rank a `train` of its own (as torchrun starts a rank): rank 0 listens at `ADDR` (or,
+//! with `--meet-file FILE` on one machine, at a port it writes into `FILE`), locks
 //! and recovers the run directory, prints the steps and commits the checkpoints every rank
 //! writes its part of (the run directory must be one every rank sees); a resume is from the
 //! checkpoint named, without falling back to an older one.
@@ -22,15 +23,14 @@
 //! (a full disk): the message names the step and the checkpoint `latest` still names.
 
 use crate::devices::{self, DeviceKind, OnDevice};
+use crate::meeting::MeetAt;
 use crate::suite::Suite;
 use anyhow::{bail, Result};
 use ckpt_engine::checkpoint::{self, Foreign, RunLock};
 use ckpt_engine::environment;
-use ckpt_engine::parallel::sockets::Meeting;
 use ckpt_engine::{Device, EngineError, Trainer};
 use serde::Serialize;
 use std::io::Write;
-use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
 
 /// One line of `train`'s output.
@@ -77,33 +77,17 @@ impl TrainOptions<'_> {
     /// Whether this `train` does what one process does alone (lock, recover, delete, print):
     /// rank 0's, or the only one.
     fn leads(&self) -> bool {
-        self.rank.is_none_or(|r| r.rank == 0)
+        self.rank.as_ref().is_none_or(|r| r.rank == 0)
     }
 }
 
 /// One rank of ranks in processes of their own.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct RankOf {
     /// The rank this process runs.
     pub rank: usize,
-    /// Where the ranks meet: rank 0 listens there, the others connect to it.
-    pub meet: SocketAddr,
-}
-
-impl RankOf {
-    /// How this rank meets the others: rank 0 listens at [`RankOf::meet`].
-    fn meeting(self) -> Result<Meeting> {
-        if self.rank > 0 {
-            return Ok(Meeting::At(self.meet));
-        }
-        let listener = TcpListener::bind(self.meet).map_err(|e| {
-            anyhow::anyhow!(
-                "--meet {}: rank 0 cannot listen there for the other ranks ({e}); give an address of this machine with a free port",
-                self.meet
-            )
-        })?;
-        Ok(Meeting::Host(listener))
-    }
+    /// Where the ranks meet.
+    pub meet: MeetAt,
 }
 
 /// Trains `suite` as `opts` says.
@@ -152,13 +136,14 @@ impl OnDevice for Train<'_> {
             foreign,
         } = self;
         let cfg = suite.train.clone();
-        let mut trainer = match (opts.resume, opts.rank) {
+        let mut trainer = match (opts.resume, &opts.rank) {
             (Some(path), None) => resume(suite, dev, path)?,
             (None, None) => Trainer::new(cfg, dev)?,
-            (None, Some(r)) => Trainer::new_rank(cfg, dev, r.rank, r.meeting()?)?,
+            (None, Some(r)) => Trainer::new_rank(cfg, dev, r.rank, r.meet.meeting(r.rank)?)?,
             (Some(path), Some(r)) => {
                 let dir = checkpoint::resolve(path)?;
-                let trainer = Trainer::resume_rank(cfg, dev, r.rank, r.meeting()?, &dir)?;
+                let trainer =
+                    Trainer::resume_rank(cfg, dev, r.rank, r.meet.meeting(r.rank)?, &dir)?;
                 note_env_changes(&dir, &trainer);
                 trainer
             }

@@ -1,19 +1,19 @@
 //! The phases of a suite whose ranks are processes of their own (`parallel.processes`). Each
 //! phase starts one `ckpt-harness rank-phase` process per rank; the ranks meet over loopback
-//! TCP, as `train --rank` ranks do, run the phase as [`Trial::phase`] runs it, and each writes
-//! the phase as it saw it: its own bytes, its own resident host memory. The harness puts the
-//! ranks' records side by side, as it puts the ranks of one process, after checking that they
-//! agree on every step's loss, gradient norm and batch.
+//! TCP through a file of the phase (rank 0 writes the port the system gave it there, as with
+//! `train --rank --meet-file`), run the phase as [`Trial::phase`] runs it, and each writes the
+//! phase as it saw it: its own bytes, its own resident host memory. The harness puts the ranks'
+//! records side by side, as it puts the ranks of one process, after checking that they agree
+//! on every step's loss, gradient norm and batch.
 
 use super::{Leg, PhaseRun, Place, RankPhase, Trial, Watch};
 use crate::devices::{self, DeviceKind, OnDevice};
+use crate::meeting::MeetAt;
 use crate::report_file;
 use anyhow::{bail, Context, Result};
-use ckpt_engine::parallel::sockets::Meeting;
 use ckpt_engine::{Device, StateDigest};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -40,8 +40,8 @@ pub struct RankJob {
     leg: Leg,
     /// Its ranks.
     world: usize,
-    /// Where the ranks meet: rank 0 listens there.
-    meet: SocketAddr,
+    /// The file the ranks meet through: rank 0 writes the address it listens at there.
+    meet_file: PathBuf,
 }
 
 /// The `ckpt-harness` program that runs each rank: `CKPT_HARNESS` where set; else this process's
@@ -65,13 +65,6 @@ fn rank_program() -> Result<PathBuf> {
     }
 }
 
-/// A free port on the loopback interface, for the ranks of one phase to meet at.
-fn meeting_place() -> Result<SocketAddr> {
-    let listener = TcpListener::bind("127.0.0.1:0")
-        .context("cannot open a port on 127.0.0.1 for the ranks to meet at")?;
-    Ok(listener.local_addr()?)
-}
-
 /// Runs `leg` of `trial` on `world` ranks, each a process of its own, and puts their records
 /// together; `watch` is told of the phase and its steps once the ranks have ended. A rank whose
 /// device refused an allocation, or whose resume refused its checkpoint, ends the phase early
@@ -86,13 +79,20 @@ pub(crate) fn phase<D: Device>(
 ) -> Result<PhaseRun> {
     let phase = leg.phase;
     let dir = trial.work.join("ranks");
+    let meet_file = dir.join(format!("{phase}.meet"));
+    match std::fs::remove_file(&meet_file) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(e).with_context(|| format!("{}: cannot remove", meet_file.display()))
+        }
+        _ => {}
+    }
     let job = RankJob {
         suite: trial.suite.path.clone(),
         device: trial.kind,
         work: trial.work.to_path_buf(),
         leg: leg.clone(),
         world,
-        meet: meeting_place()?,
+        meet_file,
     };
     let job_file = dir.join(format!("{phase}.job.json"));
     report_file::write(&job_file, &serde_json::to_vec_pretty(&job)?)?;
@@ -403,17 +403,11 @@ impl OnDevice for OneRank<'_> {
     fn run<D: Device>(self, dev: D) -> Result<PhaseRun> {
         let OneRank { suite, job, rank } = self;
         let trial = Trial::new(suite, job.device, &job.work, &dev);
-        let place = match (job.world, rank) {
-            (1, _) => Place::Here,
-            (_, 0) => Place::Rank {
-                rank,
-                meeting: Meeting::Host(TcpListener::bind(job.meet).with_context(|| {
-                    format!("rank 0 cannot listen at {} for the other ranks", job.meet)
-                })?),
-            },
+        let place = match job.world {
+            1 => Place::Here,
             _ => Place::Rank {
                 rank,
-                meeting: Meeting::At(job.meet),
+                meeting: MeetAt::File(job.meet_file.clone()).meeting(rank)?,
             },
         };
         if devices::warms_up(job.device) {
