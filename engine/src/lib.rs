@@ -37,4 +37,4 @@ pub use memory::{Category, MemoryStats, MemoryTracker, OutOfMemory};
 pub use model::{Batch, Checkpointing, LlamaConfig, Model, Params};
 pub use state::State;
 pub use tensor::{DType, Elem, Tensor};
-pub use trainer::{StateDigest, StepStats, Trainer};
+pub use trainer::{Placing, StateDigest, StepStats, Trainer};

@@ -141,13 +141,14 @@ impl<D: Device> Trainer<D> {
     /// address). Every rank draws the same batches and takes the same steps; each step's
     /// figures are the whole run's, with the bits of one device.
     pub fn new_rank(cfg: TrainConfig, dev: D, rank: usize, meeting: Meeting) -> Result<Self> {
-        check_rank(&cfg, rank)?;
         Self::new_placed(cfg, dev, Placing::Rank { rank, meeting })
     }
 
-    /// [`Trainer::new`] with its ranks built as `placing` says.
-    fn new_placed(cfg: TrainConfig, dev: D, placing: Placing) -> Result<Self> {
+    /// [`Trainer::new`] with its ranks built as `placing` says: [`Trainer::new_rank`] for
+    /// [`Placing::Rank`].
+    pub fn new_placed(cfg: TrainConfig, dev: D, placing: Placing) -> Result<Self> {
         cfg.validate()?;
+        placing.check(&cfg)?;
         let master = initial_weights(&cfg, &dev)?;
         let ranks = match (cfg.parallel.world_size, placing) {
             (1, Placing::Here) => Ranks::single(State::new(
@@ -218,18 +219,19 @@ impl<D: Device> Trainer<D> {
         meeting: Meeting,
         checkpoint_dir: &Path,
     ) -> Result<Self> {
-        check_rank(&cfg, rank)?;
         Self::resume_placed(cfg, dev, checkpoint_dir, Placing::Rank { rank, meeting })
     }
 
-    /// [`Trainer::resume`] with its ranks built as `placing` says.
-    fn resume_placed(
+    /// [`Trainer::resume`] with its ranks built as `placing` says: [`Trainer::resume_rank`]
+    /// for [`Placing::Rank`].
+    pub fn resume_placed(
         cfg: TrainConfig,
         dev: D,
         checkpoint_dir: &Path,
         placing: Placing,
     ) -> Result<Self> {
         cfg.validate()?;
+        placing.check(&cfg)?;
         let req = LoadRequest {
             config: &cfg.model,
             identity: cfg.identity()?,
@@ -643,15 +645,32 @@ impl<D: Device> Trainer<D> {
 }
 
 /// Where a run's ranks are built.
-enum Placing {
+pub enum Placing {
     /// Every rank in this process.
     Here,
     /// Rank `rank` in this process, the others in processes of their own met through
     /// `meeting`.
-    Rank { rank: usize, meeting: Meeting },
+    Rank {
+        /// The rank this process trains.
+        rank: usize,
+        /// Where the ranks meet.
+        meeting: Meeting,
+    },
 }
 
 impl Placing {
+    /// An error unless `cfg` can be built as this says: a rank of its own takes a world size of
+    /// 2 or more and a rank below it.
+    fn check(&self, cfg: &TrainConfig) -> Result<()> {
+        let world = cfg.parallel.world_size;
+        match *self {
+            Placing::Rank { rank, .. } if world < 2 || rank >= world => Err(EngineError::Config(format!(
+                "rank {rank} of a run of {world} ranks: a rank of its own takes a world_size of 2 or more and a rank below it"
+            ))),
+            _ => Ok(()),
+        }
+    }
+
     /// The ranks of `cfg` built as this says, each from its rows of `source` (with
     /// `moments_at`, the moments too): every rank on its device of `dev`'s [`Device::ranks`],
     /// or this process's rank on its share of `dev`.
@@ -672,18 +691,6 @@ impl Placing {
             }
         }
     }
-}
-
-/// An error unless `cfg` can run rank `rank` in a process of its own: a world size of 2 or more,
-/// and a rank below it.
-fn check_rank(cfg: &TrainConfig, rank: usize) -> Result<()> {
-    let world = cfg.parallel.world_size;
-    if world < 2 || rank >= world {
-        return Err(EngineError::Config(format!(
-            "rank {rank} of a run of {world} ranks: a rank of its own takes a world_size of 2 or more and a rank below it"
-        )));
-    }
-    Ok(())
 }
 
 /// Writes the checkpoint `req` into `run_dir`, keeping the newest `keep_last`: on its own, or

@@ -525,6 +525,17 @@ fn a_save_that_fails_on_any_rank_fails_on_every_rank_and_latest_stays() {
         e.contains("a rank of its own takes a world_size of 2 or more"),
         "{e}"
     );
+    let e = Trainer::resume_rank(
+        with(&cfg, 2, Shard::None, &[]),
+        one_thread(),
+        2,
+        Meeting::At("127.0.0.1:9".parse().unwrap()),
+        &run,
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(e.contains("rank 2 of a run of 2 ranks"), "{e}");
 }
 
 #[test]

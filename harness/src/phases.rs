@@ -23,8 +23,9 @@ use ckpt_engine::checkpoint::step_dir_name;
 use ckpt_engine::data::SampleId;
 use ckpt_engine::estimate::{estimate, routed_rank_steps, EstimateConfig, StepEstimate};
 use ckpt_engine::memory::{Breakdown, MemoryTracker, OutOfMemory};
-use ckpt_engine::parallel::sockets::Meeting;
-use ckpt_engine::{Device, EngineError, EnvChange, MemoryStats, StateDigest, StepStats, Trainer};
+use ckpt_engine::{
+    Device, EngineError, EnvChange, MemoryStats, Placing, StateDigest, StepStats, Trainer,
+};
 use rank_record::{RankModel, RankPhase, RankStep, WorldModel};
 use serde::{Deserialize, Deserializer, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -730,7 +731,7 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
             let ran = if in_processes {
                 processes::phase(&trial, &leg, world, &reference_digests, watch)?
             } else {
-                trial.phase(&leg, world, Place::Here, &reference_digests, watch)?
+                trial.phase(&leg, world, Placing::Here, &reference_digests, watch)?
             };
             reference_digests.extend(ran.digests);
             samples_per_epoch = ran.samples_per_epoch.unwrap_or(samples_per_epoch);
@@ -763,20 +764,6 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
             text: None,
         })
     }
-}
-
-/// Where a phase's trainer is built.
-pub(crate) enum Place {
-    /// Every rank in this process.
-    Here,
-    /// Rank `rank` in this process, each other rank in a process of its own, met through
-    /// `meeting`.
-    Rank {
-        /// The rank this process trains.
-        rank: usize,
-        /// Where the ranks meet.
-        meeting: Meeting,
-    },
 }
 
 /// One phase as it ran: its record, the reference's state digests it took (at each resume
@@ -840,19 +827,13 @@ impl<'a, D: Device> Trial<'a, D> {
 
     /// The trainer of `leg` on `world` ranks, placed as `place` says: fresh, or resumed from
     /// its checkpoint.
-    fn build(&self, leg: &Leg, world: usize, place: Place) -> ckpt_engine::Result<Trainer<D>> {
+    fn build(&self, leg: &Leg, world: usize, place: Placing) -> ckpt_engine::Result<Trainer<D>> {
         let train = self.suite.train_at(world);
         let dev = self.dev.clone();
-        let checkpoint = leg
-            .resumes
-            .as_ref()
-            .map(|(dir, step)| dir.join(step_dir_name(*step)));
-        match (checkpoint, place) {
-            (None, Place::Here) => Trainer::new(train, dev),
-            (Some(ckpt), Place::Here) => Trainer::resume(train, dev, &ckpt),
-            (None, Place::Rank { rank, meeting }) => Trainer::new_rank(train, dev, rank, meeting),
-            (Some(ckpt), Place::Rank { rank, meeting }) => {
-                Trainer::resume_rank(train, dev, rank, meeting, &ckpt)
+        match &leg.resumes {
+            None => Trainer::new_placed(train, dev, place),
+            Some((dir, step)) => {
+                Trainer::resume_placed(train, dev, &dir.join(step_dir_name(*step)), place)
             }
         }
     }
@@ -867,7 +848,7 @@ impl<'a, D: Device> Trial<'a, D> {
         &self,
         leg: &Leg,
         world: usize,
-        place: Place,
+        place: Placing,
         reference_digests: &BTreeMap<u64, StateDigest>,
         watch: &mut impl Watch,
     ) -> Result<PhaseRun> {
@@ -875,8 +856,8 @@ impl<'a, D: Device> Trial<'a, D> {
         let tracker = self.dev.tracker().clone();
         let (phase, from) = (leg.phase, leg.resumes.as_ref().map(|(_, step)| *step));
         let own_rank = match place {
-            Place::Here => None,
-            Place::Rank { rank, .. } => Some(rank),
+            Placing::Here => None,
+            Placing::Rank { rank, .. } => Some(rank),
         };
         let digested_at = suite.resume_points();
         let phase_start = Instant::now();

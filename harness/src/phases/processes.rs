@@ -6,12 +6,12 @@
 //! records side by side, as it puts the ranks of one process, after checking that they agree
 //! on every step's loss, gradient norm and batch.
 
-use super::{Leg, PhaseRun, Place, RankPhase, Trial, Watch};
+use super::{Leg, PhaseRun, RankPhase, Trial, Watch};
 use crate::devices::{self, DeviceKind, OnDevice};
 use crate::meeting::MeetAt;
 use crate::report_file;
 use anyhow::{bail, Context, Result};
-use ckpt_engine::{Device, StateDigest};
+use ckpt_engine::{Device, Placing, StateDigest};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -404,8 +404,8 @@ impl OnDevice for OneRank<'_> {
         let OneRank { suite, job, rank } = self;
         let trial = Trial::new(suite, job.device, &job.work, &dev);
         let place = match job.world {
-            1 => Place::Here,
-            _ => Place::Rank {
+            1 => Placing::Here,
+            _ => Placing::Rank {
                 rank,
                 meeting: MeetAt::File(job.meet_file.clone()).meeting(rank)?,
             },
