@@ -4,8 +4,9 @@
 //! files, read in order, are the run the checks judge.
 
 use crate::devices::DeviceKind;
-use crate::phases::{self, RunRecord};
+use crate::phases;
 use crate::record::to_run;
+use crate::run_record::RunRecord;
 use crate::suite::engine::CommandEngine;
 use crate::suite::Suite;
 use anyhow::{anyhow, bail, Context, Result};

@@ -23,6 +23,7 @@ pub mod record_fields;
 pub mod repeat;
 pub mod report;
 pub mod report_file;
+pub mod run_record;
 pub mod saves;
 pub mod snapshot;
 pub mod suite;

@@ -4,7 +4,8 @@
 //! Never both.
 
 use crate::checks::bytes;
-use crate::phases::{Phase, PhaseRecord, StepRecord, Watch};
+use crate::phases::Watch;
+use crate::run_record::{Phase, PhaseRecord, StepRecord};
 use ckpt_engine::memory::MemoryTracker;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::ffi::OsStr;

@@ -3,7 +3,7 @@
 //! where the runs agree bit for bit, else the tightest named profile, or explicit tolerances,
 //! that accept four times the largest difference measured.
 
-use crate::phases::{Phase, RunRecord};
+use crate::run_record::{Phase, RunRecord};
 use crate::suite::Tolerance;
 use serde::{Deserialize, Serialize};
 use std::fmt::Write;

@@ -8,8 +8,8 @@
 use crate::bench::{Bench, Figure};
 pub use crate::changes::{Change, Kind, Trends};
 use crate::checks::Status;
-use crate::phases::{Phase, RunRecord};
 use crate::report::Summary;
+use crate::run_record::{Phase, RunRecord};
 use crate::trial::TrialResult;
 use ckpt_engine::memory::human_bytes;
 use std::collections::BTreeMap;

@@ -1,7 +1,7 @@
 //! `ac_coverage`: with activation checkpointing on, every step recomputes every block.
 
 use super::{Check, Failure, Outcome};
-use crate::phases::RunRecord;
+use crate::run_record::RunRecord;
 
 /// Counts the blocks recomputed in every step of every phase; `compared` counts the steps.
 /// Without checkpointing it asks nothing.

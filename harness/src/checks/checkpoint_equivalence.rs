@@ -5,7 +5,7 @@
 //! It runs for synchronous saves too, so every suite's checkpoints are read back.
 
 use super::{Check, Failure, Outcome};
-use crate::phases::{Phase, RunRecord};
+use crate::run_record::{Phase, RunRecord};
 use crate::saves::SaveRecord;
 
 /// Compares every recorded save with the state it was asked to write; `compared` counts the

@@ -6,7 +6,7 @@
 //! the epoch rules were not checked.
 
 use super::{Check, Failure, Outcome};
-use crate::phases::{PhaseRecord, RunRecord};
+use crate::run_record::{PhaseRecord, RunRecord};
 use ckpt_engine::data::SampleId;
 use std::collections::BTreeSet;
 
@@ -147,7 +147,7 @@ fn epoch_break(
 mod tests {
     use super::*;
     use crate::checks::fixtures;
-    use crate::phases::StepRecord;
+    use crate::run_record::StepRecord;
 
     fn id(epoch: u64, index: u64) -> SampleId {
         SampleId { epoch, index }

@@ -3,7 +3,7 @@
 //! other checks pass it; this one does not.
 
 use super::{Check, Failure, Outcome};
-use crate::phases::{RunRecord, StepRecord};
+use crate::run_record::{RunRecord, StepRecord};
 
 /// The step's values that are not finite, by name.
 fn non_finite(s: &StepRecord) -> Vec<(&'static str, f64)> {

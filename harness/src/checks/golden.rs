@@ -16,7 +16,7 @@
 //! snapshot without `environment:` holds everywhere.
 
 use super::{Check, Failure, GoldenInput, Outcome};
-use crate::phases::{Phase, RunRecord, StepRecord};
+use crate::run_record::{Phase, RunRecord, StepRecord};
 use crate::snapshot::{normalise, Snapshot};
 use anyhow::{Context, Result};
 use ckpt_engine::memory::{Breakdown, Category};

@@ -4,7 +4,7 @@
 
 use super::{Check, Failure, Outcome};
 use crate::checks_spec::Continuity;
-use crate::phases::{Phase, PhaseRecord, RunRecord};
+use crate::run_record::{Phase, PhaseRecord, RunRecord};
 use ckpt_engine::environment;
 
 fn same(c: Continuity, want: f64, got: f64, bits_equal: bool) -> bool {

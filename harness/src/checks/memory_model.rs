@@ -10,7 +10,7 @@
 //! model's staging bytes added under `io` from start to peak.
 
 use super::{bytes, excess, Check, Failure, Outcome};
-use crate::phases::{Phase, PredictedStep, RunRecord};
+use crate::run_record::{Phase, PredictedStep, RunRecord};
 
 /// How far a measured peak may be from the predicted `want` bytes on the run's device.
 fn tolerance(r: &RunRecord, want: u64) -> u64 {

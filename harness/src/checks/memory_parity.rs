@@ -15,8 +15,8 @@
 //! compared.
 
 use super::{bytes, per_rank, Check, Failure, Outcome};
-use crate::phases::{Phase, PhaseRecord, RunRecord, StepRecord};
 use crate::record_fields::RecordField;
+use crate::run_record::{Phase, PhaseRecord, RunRecord, StepRecord};
 use ckpt_engine::memory::{Breakdown, Category};
 
 /// How far a resumed step's bytes, as a whole or in one category, may exceed the reference

@@ -2,7 +2,7 @@
 //! held before the trainer was built.
 
 use super::{bytes, excess, Check, Failure, Outcome};
-use crate::phases::RunRecord;
+use crate::run_record::RunRecord;
 
 /// Compares the bytes held before each phase with the bytes held after its trainer was dropped;
 /// `compared` counts the phases.

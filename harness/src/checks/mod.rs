@@ -4,8 +4,8 @@
 
 pub use crate::checks_spec::Check;
 use crate::checks_spec::{ChecksSpec, Continuity};
-use crate::phases::{Phase, RunRecord};
 use crate::record_fields::RecordField;
+use crate::run_record::{Phase, RunRecord};
 use ckpt_engine::memory::{human_bytes, Breakdown, Category};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -363,8 +363,8 @@ pub fn bytes(n: u64) -> String {
 pub(crate) mod fixtures {
     //! Hand-made records: a faithful run that every check passes.
 
-    use crate::phases::rank_record::{RankModel, RankPhase, RankStep, WorldModel};
-    use crate::phases::{
+    use crate::run_record::ranks::{RankModel, RankPhase, RankStep, WorldModel};
+    use crate::run_record::{
         Oom, Phase, PhaseRecord, PlannedPhase, PredictedStep, RunRecord, StepRecord, Window,
     };
     use crate::saves::{SaveRecord, SavedState};

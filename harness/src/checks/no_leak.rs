@@ -2,7 +2,7 @@
 //! state exists (from the end of the first step on).
 
 use super::{bytes, excess, Check, Failure, Outcome};
-use crate::phases::RunRecord;
+use crate::run_record::RunRecord;
 
 /// Compares every step's closing bytes with the first step's, phase by phase; `compared` counts
 /// the steps after each phase's first.

@@ -1,7 +1,7 @@
 //! `oom_free`: the device refused no allocation in any phase, checkpoint loading included.
 
 use super::{Check, Failure, Outcome};
-use crate::phases::RunRecord;
+use crate::run_record::RunRecord;
 
 /// Reads the refusals recorded in every phase; `compared` counts the trainers built and the
 /// steps.

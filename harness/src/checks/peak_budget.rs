@@ -4,7 +4,7 @@
 //! `memory.rss_budget`.
 
 use super::{bytes, memory_detail, Check, Failure, Outcome};
-use crate::phases::{Phase, RunRecord};
+use crate::run_record::{Phase, RunRecord};
 
 /// Compares every peak with the suite's budgets; `compared` counts the peaks compared (each
 /// trainer built, each step and each refused step under `memory.budget`, each phase's host peak
@@ -110,7 +110,7 @@ pub fn check(r: &RunRecord) -> Outcome {
 mod tests {
     use super::*;
     use crate::checks::fixtures;
-    use crate::phases::HostMemory;
+    use crate::run_record::HostMemory;
     use proptest::prelude::*;
 
     #[test]

@@ -6,7 +6,7 @@
 //! at the save it resumes from, part by part, each failure naming the first tensor that differs.
 
 use super::{Check, Failure, Outcome};
-use crate::phases::{Phase, PhaseRecord, RunRecord};
+use crate::run_record::{Phase, PhaseRecord, RunRecord};
 use crate::training_state::State;
 
 /// Compares the resumed state with the reference's at every resume point; `compared` counts the

@@ -3,7 +3,7 @@
 //! of each step.
 
 use super::timeline::{phase_summary, Slot};
-use crate::phases::{Phase, RunRecord};
+use crate::run_record::{Phase, RunRecord};
 use anyhow::{anyhow, Result};
 use ckpt_engine::memory::{human_bytes, Category};
 use plotters::coord::types::RangedCoordf64;

@@ -2,7 +2,7 @@
 //! step, phase after phase, each with its peak, the categories at the peak, the memory model's
 //! estimate and its wall time; and per phase what it held, reclaimed and took.
 
-use crate::phases::{Phase, PhaseRecord, RunRecord};
+use crate::run_record::{Phase, PhaseRecord, RunRecord};
 use ckpt_engine::memory::Breakdown;
 
 /// One bar of the timeline.

@@ -6,7 +6,8 @@
 pub mod recorder;
 pub mod snapshot;
 
-use crate::phases::{Phase, PhaseRecord, Watch};
+use crate::phases::Watch;
+use crate::run_record::{Phase, PhaseRecord};
 use anyhow::Result;
 use ckpt_engine::memory::{Breakdown, MemoryTracker};
 use recorder::Recorder;

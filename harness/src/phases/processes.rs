@@ -134,7 +134,7 @@ impl RankProcess {
         program: &Path,
         job_file: &Path,
         dir: &Path,
-        phase: super::Phase,
+        phase: crate::run_record::Phase,
         rank: usize,
     ) -> Result<Self> {
         let out = dir.join(format!("{phase}.rank{rank}.json"));
@@ -420,7 +420,7 @@ impl OnDevice for OneRank<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::phases::{PhaseRecord, StepRecord};
+    use crate::run_record::{PhaseRecord, StepRecord};
 
     fn run(steps: &[(f32, f64)]) -> PhaseRun {
         PhaseRun {

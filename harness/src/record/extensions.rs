@@ -1,10 +1,10 @@
 //! What the built-in engine writes under `extensions["ckpt-engine"]` of its record's lines: the
-//! figures of a [`RunRecord`](crate::phases::RunRecord) the contract has no field for (the memory
+//! figures of a [`RunRecord`](crate::run_record::RunRecord) the contract has no field for (the memory
 //! model's predictions, the planned phases, the tracker's counters), so that its record reads
 //! back into the same `RunRecord`.
 
-use crate::phases::rank_record::{RankPhase, RankStep, WorldModel};
-use crate::phases::{PlannedPhase, PredictedStep};
+use crate::run_record::ranks::{RankPhase, RankStep, WorldModel};
+use crate::run_record::{PlannedPhase, PredictedStep};
 use ckpt_engine::memory::Breakdown;
 use serde::{Deserialize, Serialize};
 

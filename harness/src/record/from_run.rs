@@ -7,7 +7,7 @@ use super::lines::{
     Engine, Host, Line, Memory, Oom, OptimizerState, Params, PhaseEndLine, PhaseLine, Planned,
     ResumeLine, ResumedFrom, Run, SaveLine, Schedule, State, StepLine,
 };
-use crate::phases::{Phase, PhaseRecord, RunRecord, StepRecord};
+use crate::run_record::{Phase, PhaseRecord, RunRecord, StepRecord};
 use crate::saves::{SaveRecord, SavedState};
 use ckpt_engine::memory::Breakdown;
 use ckpt_engine::StateDigest;

@@ -2,7 +2,7 @@
 //! a phase starts, a `step` line per step, `save` and `resume` lines with a training state, and a
 //! `phase_end` line once the trainer is released. Optional fields are left out when absent.
 
-use crate::phases::Phase;
+use crate::run_record::Phase;
 pub use crate::training_state::{OptimizerState, Params, Schedule, State};
 use ckpt_engine::data::SampleId;
 use ckpt_engine::memory::Breakdown;

@@ -9,8 +9,8 @@ pub mod from_run;
 pub mod lines;
 pub mod to_run;
 
-use crate::phases::RunRecord;
 use crate::report_file;
+use crate::run_record::RunRecord;
 use anyhow::Result;
 use std::io::Write;
 use std::path::{Path, PathBuf};

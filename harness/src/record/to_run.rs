@@ -8,8 +8,10 @@
 use super::extensions::{self, PhaseExt, StepExt};
 use super::from_run;
 use super::lines::{Line, Memory, PhaseLine, State, StepLine};
-use crate::phases::{HostMemory, Oom, PhaseRecord, PlannedPhase, RunRecord, StepRecord, Window};
 use crate::record_fields::RecordField;
+use crate::run_record::{
+    HostMemory, Oom, PhaseRecord, PlannedPhase, RunRecord, StepRecord, Window,
+};
 use crate::saves::{SaveRecord, SavedState};
 use anyhow::{anyhow, bail, Context, Result};
 use ckpt_engine::checkpoint::state::RngState;
@@ -584,7 +586,7 @@ training: {max_steps: 4, resume_from: [1, 2], async_save: true}
         let mut lines = parse(text, "pytorch-loop.jsonl").unwrap();
         for line in &mut lines {
             if let Line::Resume(x) = line {
-                if x.phase == crate::phases::Phase::ResumeEnd {
+                if x.phase == crate::run_record::Phase::ResumeEnd {
                     let by_name = x.state.params.as_mut().unwrap().by_name.as_mut().unwrap();
                     by_name.insert("hidden.bias".into(), "0".repeat(64));
                 }
