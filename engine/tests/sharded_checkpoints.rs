@@ -11,6 +11,7 @@ use ckpt_engine::checkpoint::{
 use ckpt_engine::config::Precision;
 use ckpt_engine::parallel::{Checkpoints, Parallel, Shard};
 use ckpt_engine::{CpuDevice, Fault, TrainConfig, Trainer};
+use proptest::prelude::*;
 use std::path::{Path, PathBuf};
 
 /// A Llama with a 37-token vocabulary (neither 3 nor 4 divides it) and 12 micro-batches a step.
@@ -762,4 +763,110 @@ fn set_format_version(dir: &Path, version: u32) {
     std::fs::write(&state_path, &bytes).unwrap();
     let sum = format!("{}  {STATE_FILE}\n", files::sha256_hex(&bytes));
     std::fs::write(dir.join(STATE_SUM_FILE), sum).unwrap();
+}
+
+/// One field of a chunk of the index set to another value, as a writer with a bug, or a hand
+/// edit, would leave it.
+#[derive(Clone, Debug)]
+enum ChunkEdit {
+    /// Its first row.
+    FirstRow(usize),
+    /// Its rows.
+    Rows(usize),
+    /// Its first byte in its file, moved by this many bytes.
+    Begin(i64),
+    /// Its end in its file, moved by this many bytes.
+    End(i64),
+    /// The rank file it names: one of the checkpoint's 4, or one it does not have.
+    File(usize),
+    /// Its hash.
+    Hash(u128),
+    /// Its place traded with another chunk of its tensor's: each keeps its rows, the other's
+    /// file, bytes and hash (the chunks of a weight loaded in the wrong order).
+    TradedWith(usize),
+}
+
+fn chunk_edits() -> impl Strategy<Value = ChunkEdit> {
+    prop_oneof![
+        (0usize..40).prop_map(ChunkEdit::FirstRow),
+        (0usize..40).prop_map(ChunkEdit::Rows),
+        prop_oneof![-300i64..300, Just(i64::MAX / 2)].prop_map(ChunkEdit::Begin),
+        prop_oneof![-300i64..300, Just(i64::MAX / 2)].prop_map(ChunkEdit::End),
+        (0usize..5).prop_map(ChunkEdit::File),
+        any::<u128>().prop_map(ChunkEdit::Hash),
+        (0usize..4).prop_map(ChunkEdit::TradedWith),
+    ]
+}
+
+/// `edit` applied to chunk `at` of `tensor`.
+fn edit_chunk(
+    tensor: &mut ckpt_engine::checkpoint::shards::TensorIndex,
+    at: usize,
+    edit: &ChunkEdit,
+) {
+    let moved = |at: u64, by: i64| at.saturating_add_signed(by);
+    let chunk = &mut tensor.chunks[at];
+    match *edit {
+        ChunkEdit::FirstRow(row) => chunk.offsets[0] = row,
+        ChunkEdit::Rows(rows) => chunk.sizes[0] = rows,
+        ChunkEdit::Begin(by) => chunk.byte_range[0] = moved(chunk.byte_range[0], by),
+        ChunkEdit::End(by) => chunk.byte_range[1] = moved(chunk.byte_range[1], by),
+        ChunkEdit::File(rank) => chunk.file = rank_file_name(rank, 4),
+        ChunkEdit::Hash(h) => chunk.xxh3_128 = format!("{h:032x}"),
+        ChunkEdit::TradedWith(other) => {
+            let other = other % tensor.chunks.len();
+            swap_chunks(tensor, at, other);
+        }
+    }
+}
+
+/// Whatever one field of one chunk of the index is changed to, with the index's checksum
+/// re-recorded (so that only the index's own checks and the tensors' hashes stand between it
+/// and the state), a resume on one device and on 3 ranks either refuses it naming a file of
+/// the checkpoint, or resumes exactly the saved state: never a panic, never other bits.
+#[test]
+fn any_edit_of_a_chunk_in_the_index_is_refused_naming_a_file_or_resumes_the_saved_state() {
+    use proptest::test_runner::{Config, TestRunner};
+    let tmp = tempfile::tempdir().unwrap();
+    let (_, saved) = trained(&cfg(4, Shard::Full), 2, &tmp.path().join("saved"));
+    let resumed = |world: usize, dir: &Path| Trainer::resume(cfg(world, Shard::Full), dev(), dir);
+    let reference: Vec<_> = [1, 3]
+        .map(|w| resumed(w, &saved).unwrap().state_digest().unwrap())
+        .to_vec();
+    let honest = index(&saved);
+    let tensors = honest.model.len() + honest.optimizer.len();
+    let mut runner = TestRunner::new(Config {
+        cases: 48,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let cases = (0..tensors, 0usize..4, chunk_edits(), 0usize..2);
+    runner
+        .run(&cases, |(tensor, chunk, edit, world)| {
+            let copy = tempfile::tempdir().unwrap();
+            let dir = copy.path().join(saved.file_name().unwrap());
+            std::fs::create_dir(&dir).unwrap();
+            for entry in std::fs::read_dir(&saved).unwrap() {
+                let name = entry.unwrap().file_name();
+                std::fs::copy(saved.join(&name), dir.join(&name)).unwrap();
+            }
+            let mut edited = honest.clone();
+            let model = edited.model.len();
+            let t = match tensor < model {
+                true => &mut edited.model[tensor],
+                false => &mut edited.optimizer[tensor - model],
+            };
+            let chunks = t.chunks.len();
+            edit_chunk(t, chunk % chunks, &edit);
+            rewrite_index(&dir, &edited);
+            match resumed([1, 3][world], &dir) {
+                Ok(t) => prop_assert_eq!(&t.state_digest().unwrap(), &reference[world]),
+                Err(e) => {
+                    let e = e.to_string();
+                    prop_assert!(e.contains(&*dir.to_string_lossy()), "{edit:?}: {e}");
+                }
+            }
+            Ok(())
+        })
+        .unwrap();
 }

@@ -4,11 +4,11 @@
 //! error, never panic.
 #![no_main]
 
-use ckpt_engine::checkpoint::{self, files::record, state_file, LoadRequest, STATE_FILE, STATE_SUM_FILE};
-use ckpt_engine::data::DataConfig;
-use ckpt_engine::optim::{AdamWConfig, Schedule};
-use ckpt_engine::config::{Init, Precision, TrainConfig};
-use ckpt_engine::{Category, Checkpointing, CpuDevice, LlamaConfig, Trainer};
+mod common;
+
+use ckpt_engine::checkpoint::{self, STATE_FILE, STATE_SUM_FILE};
+use ckpt_engine::config::TrainConfig;
+use ckpt_engine::{CpuDevice, Trainer};
 use libfuzzer_sys::fuzz_target;
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -28,39 +28,7 @@ struct Fixture {
 fn fixture() -> &'static Fixture {
     static F: OnceLock<Fixture> = OnceLock::new();
     F.get_or_init(|| {
-        let cfg = TrainConfig {
-            model: LlamaConfig {
-                vocab_size: 16,
-                hidden_size: 8,
-                intermediate_size: 16,
-                num_hidden_layers: 1,
-                num_attention_heads: 2,
-                num_key_value_heads: 1,
-                head_dim: None,
-                rms_norm_eps: 1e-5,
-                rope_theta: 10000.0,
-                tie_word_embeddings: false,
-                max_position_embeddings: 8,
-                family: Default::default(),
-                sliding_window: None,
-                moe: None,
-            },
-            init: Init::Random { seed: 0, std: 0.1 },
-            precision: Precision::Bf16Mixed,
-            optimizer: AdamWConfig { lr: 1e-3, betas: [0.9, 0.95], eps: 1e-8, weight_decay: 0.0, grad_clip: None },
-            schedule: Schedule::Constant,
-            data: DataConfig::Synthetic { seed: 0, samples: 4, branching: 2, min_len: None },
-            batch_size: 1,
-            accumulation: 1,
-            seq_len: 4,
-            shuffle_seed: 0,
-            checkpointing: Checkpointing::None,
-            loss: ckpt_engine::model::loss::LossKind::Standard,
-            dropout: 0.0,
-            long_batch: None,
-            faults: Default::default(),
-            parallel: Default::default(),
-        };
+        let cfg = common::tiny_run(16, 1, Default::default());
         let dir = tempfile::tempdir().unwrap();
         let dev = CpuDevice::new(1, u64::MAX).unwrap();
         let mut t = Trainer::new(cfg.clone(), dev.clone()).unwrap();
@@ -78,22 +46,7 @@ fuzz_target!(|data: &[u8]| {
         std::fs::copy(f.ckpt.join(name), work.path().join(name)).unwrap();
     }
     let victim = FILES[which as usize % FILES.len()];
-    std::fs::write(work.path().join(victim), content).unwrap();
-    if ![STATE_FILE, STATE_SUM_FILE].contains(&victim) {
-        let path = work.path().join(STATE_FILE);
-        let mut state: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-        state["files"][victim] = serde_json::to_value(record(content)).unwrap();
-        std::fs::write(&path, serde_json::to_vec(&state).unwrap()).unwrap();
-    }
-    if victim != STATE_SUM_FILE {
-        state_file::reseal(work.path()).unwrap();
-    }
-    let req = LoadRequest {
-        config: &f.cfg.model,
-        identity: f.cfg.identity().unwrap(),
-        master_in_optimizer: true,
-        master_category: Category::Optimizer,
-        fresh_moments_if_missing: false,
-    };
+    common::replace_file(work.path(), victim, content);
+    let req = common::load_request(&f.cfg);
     let _ = checkpoint::load(f.dev.tracker(), work.path(), &req);
 });
