@@ -18,8 +18,10 @@
 //! The first options can also be given as environment variables (`BENCH_THREADS`,
 //! `BENCH_STEPS`, `BENCH_WARMUP`, `BENCH_CHECKPOINTING`, `BENCH_PRECISION`, `BENCH_LOSS`);
 //! arguments win. With more than one policy the output also holds each policy's step time over
-//! the first one's.
+//! the first one's. On the CPU, `CKPT_CPU_BF16_PRODUCTS=dot` multiplies bf16 with the bf16
+//! dot-product instruction, as it does in runs; `cpu_kernels` in the output says so.
 
+use ckpt_engine::backend::cpu::bf16_dot::Bf16Products;
 use ckpt_engine::{CpuDevice, CudaDevice, Device, LlamaConfig, TrainConfig, Trainer};
 use serde_json::{json, Value};
 use std::time::Instant;
@@ -238,7 +240,9 @@ fn measure(opts: &Options, checkpointing: &str) -> Result<Value, String> {
         let trainer = Trainer::new(cfg, dev.clone()).map_err(err)?;
         time_steps(opts, checkpointing, trainer, Some(&dev))
     } else {
-        let dev = CpuDevice::new(opts.threads, u64::MAX).map_err(err)?;
+        let dev = CpuDevice::new(opts.threads, u64::MAX)
+            .and_then(|d| d.with_bf16_products(Bf16Products::from_env()?))
+            .map_err(err)?;
         time_steps(
             opts,
             checkpointing,

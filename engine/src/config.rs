@@ -190,7 +190,7 @@ impl TrainConfig {
         require(world >= 1, || {
             "parallel.world_size is 0; write the number of ranks, at least 1".into()
         })?;
-        require(self.accumulation % world == 0, || {
+        require(self.accumulation.is_multiple_of(world), || {
             format!(
                 "parallel.world_size is {world}, which does not divide the {} micro-batches of a step (accumulation); each rank takes an equal run of them, so write an accumulation that is a multiple of {world} or a world_size that divides {}",
                 self.accumulation, self.accumulation

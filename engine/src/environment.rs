@@ -26,8 +26,9 @@ pub struct ExecutionEnv {
     pub engine_version: String,
     /// On the CPU: the matrix kernels the `gemm` crate picks by instruction set, as
     /// `<arch> <kernels>` (`x86_64 avx512f`, `x86_64 fma`, `aarch64 neon`, else
-    /// `<arch> scalar`). Some small products sum in another order from one to another; the
-    /// caches change nothing, the products' blocking being fixed.
+    /// `<arch> scalar`), then ` avx512_bf16` where bf16 is multiplied with the dot-product
+    /// instruction (`CKPT_CPU_BF16_PRODUCTS=dot`). Some small products sum in another order
+    /// from one to another; the caches change nothing, the products' blocking being fixed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_kernels: Option<String>,
     /// On CUDA: the GPU and the libraries.

@@ -5,7 +5,7 @@
 
 mod common;
 
-use ckpt_engine::backend::cpu::matmul;
+use ckpt_engine::backend::cpu::{bf16_dot::Bf16Products, matmul};
 use ckpt_engine::checkpoint::{state_file, STATE_FILE};
 use ckpt_engine::config::{Precision, TrainConfig};
 use ckpt_engine::{CpuDevice, Device, Trainer};
@@ -46,7 +46,10 @@ fn the_record_reads_back_as_the_device_reported_it() {
     assert_eq!(saved.as_ref(), Some(&env));
     assert_eq!(env.backend, "cpu");
     assert_eq!(env.engine_version, env!("CARGO_PKG_VERSION"));
-    assert_eq!(env.cpu_kernels, Some(matmul::kernels()));
+    assert_eq!(
+        env.cpu_kernels,
+        Some(matmul::kernels(Bf16Products::Widened))
+    );
     assert!(env.gpu.is_none());
 }
 
@@ -81,7 +84,10 @@ fn a_resume_from_an_edited_record_lists_exactly_the_edited_fields() {
         changes,
         [
             format!("engine_version: 0.0.1 → {}", env!("CARGO_PKG_VERSION")),
-            format!("cpu_kernels: riscv64 scalar → {}", matmul::kernels()),
+            format!(
+                "cpu_kernels: riscv64 scalar → {}",
+                matmul::kernels(Bf16Products::Widened)
+            ),
         ]
     );
 }

@@ -579,7 +579,8 @@ impl Suite {
         let next = self.resume_points().into_iter().find(|&p| p > from);
         Some(steps) == next
             || steps == self.max_steps()
-            || t.save_every.is_some_and(|n| n > 0 && steps % n == 0)
+            || t.save_every
+                .is_some_and(|n| n > 0 && steps.is_multiple_of(n))
     }
 
     /// The steps after which the reference phase saves: every step count up to its end that

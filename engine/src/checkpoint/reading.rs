@@ -42,7 +42,7 @@ pub(crate) const CHECKPOINT_FILE: &str =
 pub(super) const PIECE: usize = 4 << 20;
 
 const _: () = assert!(
-    PIECE % HASH_BLOCK == 0,
+    PIECE.is_multiple_of(HASH_BLOCK),
     "pieces cut on a tensor's hash-block grid"
 );
 

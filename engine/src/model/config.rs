@@ -87,7 +87,8 @@ impl MoeConfig {
 
     /// Whether layer `layer` has the MoE MLP.
     pub fn is_moe_layer(&self, layer: usize) -> bool {
-        !self.mlp_only_layers.contains(&layer) && (layer + 1) % self.decoder_sparse_step.max(1) == 0
+        !self.mlp_only_layers.contains(&layer)
+            && (layer + 1).is_multiple_of(self.decoder_sparse_step.max(1))
     }
 
     fn validate(&self, family: Family, layers: usize, ffn: usize) -> Result<(), String> {
@@ -485,13 +486,16 @@ impl LlamaConfig {
                 return Err(format!("{name} is 0; it must be at least 1"));
             }
         }
-        if self.head_dim.is_none() && self.hidden_size % self.num_attention_heads != 0 {
+        if self.head_dim.is_none() && !self.hidden_size.is_multiple_of(self.num_attention_heads) {
             return Err(format!(
                 "num_attention_heads ({}) does not divide hidden_size ({}); choose a divisor or set head_dim",
                 self.num_attention_heads, self.hidden_size
             ));
         }
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
+        if !self
+            .num_attention_heads
+            .is_multiple_of(self.num_key_value_heads)
+        {
             return Err(format!(
                 "num_key_value_heads ({}) does not divide num_attention_heads ({})",
                 self.num_key_value_heads, self.num_attention_heads
@@ -502,7 +506,7 @@ impl LlamaConfig {
                 "head_dim is 0; write an even width of at least 2, or remove it to use hidden_size / num_attention_heads".into(),
             );
         }
-        if self.head_dim() % 2 != 0 {
+        if !self.head_dim().is_multiple_of(2) {
             return Err(format!(
                 "head dimension {} is odd; rotary embeddings need an even head dimension",
                 self.head_dim()

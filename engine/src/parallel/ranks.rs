@@ -271,7 +271,7 @@ impl<D: Device> Ranks<D> {
         if world == 1 {
             return self.states[0].train_step(batches, dropout, lr);
         }
-        if batches.is_empty() || batches.len() % world != 0 {
+        if batches.is_empty() || !batches.len().is_multiple_of(world) {
             return Err(EngineError::Config(format!(
                 "a step of {} micro-batches cannot be split over {world} ranks; write an accumulation that world_size divides",
                 batches.len()

@@ -19,6 +19,8 @@ use super::{Check, Failure, GoldenInput, Outcome};
 use crate::run_record::{Phase, RunRecord, StepRecord};
 use crate::snapshot::{normalise, Snapshot};
 use anyhow::{Context, Result};
+use ckpt_engine::backend::cpu::bf16_dot::Bf16Products;
+use ckpt_engine::backend::cpu::matmul;
 use ckpt_engine::memory::{Breakdown, Category};
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -117,12 +119,15 @@ pub fn dir_for(suite: &Path) -> PathBuf {
 
 /// The execution environment the numbers of a run on `device` depend on, as snapshots record
 /// it: on the CPU its matrix kernels (`x86_64 fma`; their blocking is fixed whatever the caches,
-/// so the instruction set is all that moves the bits); on CUDA the GPU's name (cuBLAS picks its
+/// so the instruction set is all that moves the bits; ` avx512_bf16` after them where
+/// `CKPT_CPU_BF16_PRODUCTS=dot` multiplies bf16 with the dot-product instruction); on CUDA the GPU's name (cuBLAS picks its
 /// kernels by GPU: an H200 rounds `tiny-fp32`'s fourth loss otherwise than an H100); `None`
 /// elsewhere, and on CUDA where no GPU answers.
 pub fn environment(device: &str) -> Option<String> {
     match device {
-        "cpu" => Some(ckpt_engine::backend::cpu::matmul::kernels()),
+        "cpu" => Some(matmul::kernels(
+            Bf16Products::from_env().unwrap_or_default(),
+        )),
         "cuda" => ckpt_engine::backend::probe(ckpt_engine::DeviceKind::Cuda).ok(),
         _ => None,
     }
@@ -185,13 +190,18 @@ pub fn load(dir: &Path, device: &str, suite: &str) -> Result<GoldenInput> {
 /// beside it, which would take its place here, is removed); otherwise this one's is written
 /// beside it.
 pub fn bless(dir: &Path, r: &RunRecord) -> Result<PathBuf> {
-    let here = environment(&r.device);
+    bless_in(dir, r, environment(&r.device))
+}
+
+/// [`bless`] in the environment `here`. A snapshot made to hold everywhere never takes an
+/// environment into its header, which would narrow it to that one.
+fn bless_in(dir: &Path, r: &RunRecord, here: Option<String>) -> Result<PathBuf> {
     let main = path(dir, &r.device, &r.suite);
     let text = render(r);
     let file = match (read(&main)?, &here) {
         (Some(s), Some(env)) if !holds_in(&s.environments, Some(env)) => {
             let own = path_in(dir, &r.device, &r.suite, env);
-            if s.text == text {
+            if s.text == text && !s.environments.is_empty() {
                 return add_environment(main, s, env, &own);
             }
             own
@@ -211,10 +221,27 @@ pub fn bless(dir: &Path, r: &RunRecord) -> Result<PathBuf> {
     Ok(file)
 }
 
-/// Whether a snapshot made in `made_in` (empty: made to hold everywhere) holds in the
+/// What a snapshot made to hold everywhere (its header names no environment) holds in: the
+/// CPU's bits are the same on every instruction set while bf16 is multiplied widened to f32,
+/// but not with the bf16 dot-product instruction, which sums in its own order.
+const EVERYWHERE: &str = "every environment that multiplies bf16 widened to f32";
+
+/// Whether a snapshot made in `made_in` (empty: made to hold [`EVERYWHERE`]) holds in the
 /// environment `here`, so that its losses are compared there.
 fn holds_in(made_in: &[String], here: Option<&String>) -> bool {
-    made_in.is_empty() || here.is_some_and(|h| made_in.contains(h))
+    if made_in.is_empty() {
+        return !here.is_some_and(|h| h.split(' ').any(|k| k == matmul::BF16_DOT_KERNELS));
+    }
+    here.is_some_and(|h| made_in.contains(h))
+}
+
+/// The environments a snapshot was made in, as a note names them.
+fn made_in_words(made_in: &[String]) -> String {
+    if made_in.is_empty() {
+        EVERYWHERE.to_string()
+    } else {
+        made_in.join(" and ")
+    }
 }
 
 /// Adds `env` to the environments of `snap`, the snapshot at `main` whose text a run there
@@ -325,7 +352,7 @@ pub fn check(r: &RunRecord, golden: &GoldenInput) -> Outcome {
     let fresh = render(r);
     let fail = |what: &str| Failure::new(Check::Golden, r, what).phase(Phase::Reference);
     let elsewhere =
-        (!holds_in(&golden.made_in, golden.here.as_ref())).then(|| golden.made_in.join(" and "));
+        (!holds_in(&golden.made_in, golden.here.as_ref())).then(|| made_in_words(&golden.made_in));
     let rerouted = match (&golden.stored, &elsewhere) {
         (Some(stored), Some(_)) => rerouted_at(stored, &fresh),
         _ => None,
@@ -529,6 +556,38 @@ mod tests {
         let g = load(dir.path(), "cpu", "s").unwrap();
         assert_eq!(g.made_in, ["riscv64 scalar"]);
         assert_eq!(g.here_file, own.display().to_string());
+    }
+
+    #[test]
+    fn a_snapshot_made_to_hold_everywhere_is_not_compared_on_bf16_dot_products_nor_narrowed() {
+        let dot = format!("x86_64 avx512f {}", matmul::BF16_DOT_KERNELS);
+        let everywhere = |here: &str| GoldenInput {
+            made_in: Vec::new(),
+            ..made_in("", here)
+        };
+        let mut moved = fixtures::run();
+        moved.phases[0].steps[4].loss += 1e-3;
+        assert!(check(&moved, &everywhere("x86_64 fma")).failed());
+        let o = check(&moved, &everywhere(&dot));
+        assert!(!o.failed(), "{:?}", o.failures);
+        let note = o.figures[LOSSES_NOT_COMPARED].as_str().unwrap();
+        assert!(
+            note.contains(&format!("made with {EVERYWHERE}, this run has {dot}")),
+            "{note}"
+        );
+        // Blessing there writes its own snapshot beside, even where the text is the same.
+        let dir = tempfile::tempdir().unwrap();
+        let r = fixtures::run();
+        let main = bless_in(dir.path(), &r, Some("x86_64 fma".into())).unwrap();
+        let held = Snapshot {
+            environments: Vec::new(),
+            ..read(&main).unwrap().unwrap()
+        };
+        std::fs::write(&main, held.to_file()).unwrap();
+        let own = bless_in(dir.path(), &r, Some(dot.clone())).unwrap();
+        assert_eq!(own, path_in(dir.path(), "cpu", "s", &dot));
+        assert_eq!(read(&main).unwrap().unwrap(), held);
+        assert_eq!(read(&own).unwrap().unwrap().environments, [dot]);
     }
 
     #[test]

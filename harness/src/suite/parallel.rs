@@ -94,7 +94,7 @@ fn divides(at: &str, key: &str, world: usize, accumulation: usize) -> Result<()>
     if world == 0 {
         bail!("{at}: {key} has a world size of 0; write the number of ranks, at least 1");
     }
-    if accumulation % world != 0 {
+    if !accumulation.is_multiple_of(world) {
         bail!(
             "{at}: {key} has a world size of {world}, which does not divide the {accumulation} micro-batches of a step (training.accumulation); each rank takes an equal run of them, so write a world size that divides {accumulation} or an accumulation that is a multiple of {world}"
         );

@@ -53,7 +53,7 @@ impl Device for CpuDevice {
     /// The backend and its matrix kernels; not the thread count, which results do not depend on.
     fn execution_env(&self) -> ExecutionEnv {
         ExecutionEnv {
-            cpu_kernels: Some(matmul::kernels()),
+            cpu_kernels: Some(matmul::kernels(self.bf16_products())),
             ..ExecutionEnv::new(DeviceKind::Cpu.name())
         }
     }
@@ -104,7 +104,10 @@ impl Device for CpuDevice {
         }
         let capacity = self.rank_capacity(world);
         (0..world)
-            .map(|_| CpuDevice::new((self.threads() / world).max(1), capacity))
+            .map(|_| {
+                CpuDevice::new((self.threads() / world).max(1), capacity)?
+                    .with_bf16_products(self.bf16_products())
+            })
             .collect()
     }
 

@@ -2,8 +2,11 @@
 //!
 //! bf16 operands are widened into tracked workspace first (exact), the product runs in f32, and a
 //! bf16 output is rounded once at the end: the arithmetic of a tensor-core GEMM with fp32
-//! accumulation.
+//! accumulation. A device that multiplies bf16 with the CPU's dot-product instruction
+//! ([`super::bf16_dot`]) packs two bf16 operands into the same workspace instead of widening
+//! them.
 
+use super::bf16_dot::{self, Bf16Products};
 use super::CpuDevice;
 use crate::device::{Device, Operand, Out};
 use crate::error::Result;
@@ -67,15 +70,8 @@ pub fn matmul<A: Elem, B: Elem, C: Elem>(
     accumulate: bool,
 ) -> Result<()> {
     let mut ws = workspace(dev, [A::DTYPE, B::DTYPE, C::DTYPE], (m, n, k))?;
-    let a32 = widen(dev, elements(&a, m * k), &mut ws.a);
-    let b32 = widen(dev, elements(&b, k * n), &mut ws.b);
     let (a_rs, a_cs) = strides(a.transposed, k, m);
     let (b_rs, b_cs) = strides(b.transposed, n, k);
-    let parallelism = if dev.threads() > 1 {
-        Parallelism::Rayon(dev.threads())
-    } else {
-        Parallelism::None
-    };
     let c = &mut c.tensor.as_mut_slice()[c.offset..c.offset + m * n];
     let c32: &mut [f32] = match &mut ws.c {
         None => bytemuck::cast_slice_mut(c),
@@ -86,18 +82,43 @@ pub fn matmul<A: Elem, B: Elem, C: Elem>(
             out.as_mut_slice()
         }
     };
-    dev.install(|| {
-        gemm_f32(
-            (m, n, k),
-            a32,
-            (a_rs, a_cs),
-            b32,
-            (b_rs, b_cs),
-            c32,
-            accumulate,
-            parallelism,
-        )
-    });
+    let dot = dev.bf16_products() == Bf16Products::Dot
+        && A::DTYPE == DType::Bf16
+        && B::DTYPE == DType::Bf16;
+    match (&mut ws.a, &mut ws.b) {
+        (Some(pa), Some(pb)) if dot => dev.install(|| {
+            bf16_dot::gemm(
+                (m, n, k),
+                (bytemuck::cast_slice(elements(&a, m * k)), a.transposed),
+                (bytemuck::cast_slice(elements(&b, k * n)), b.transposed),
+                c32,
+                accumulate,
+                bytemuck::cast_slice_mut(pa.as_mut_slice()),
+                bytemuck::cast_slice_mut(pb.as_mut_slice()),
+            )
+        }),
+        _ => {
+            let a32 = widen(dev, elements(&a, m * k), &mut ws.a);
+            let b32 = widen(dev, elements(&b, k * n), &mut ws.b);
+            let parallelism = if dev.threads() > 1 {
+                Parallelism::Rayon(dev.threads())
+            } else {
+                Parallelism::None
+            };
+            dev.install(|| {
+                gemm_f32(
+                    (m, n, k),
+                    a32,
+                    (a_rs, a_cs),
+                    b32,
+                    (b_rs, b_cs),
+                    c32,
+                    accumulate,
+                    parallelism,
+                )
+            })
+        }
+    }
     if let Some(out) = &ws.c {
         super::math::convert(dev, out.as_slice(), c);
     }
@@ -115,11 +136,12 @@ fn strides(transposed: bool, cols: usize, rows: usize) -> (isize, isize) {
 
 /// The matrix kernels `gemm` picks on this CPU, as it picks them: `<arch> avx512f` (only with
 /// the `avx512` feature, which builds them), `<arch> fma` or `<arch> neon`, else
-/// `<arch> scalar`. Some small products (those it computes
+/// `<arch> scalar`; ` avx512_bf16` after them where bf16 is multiplied with the dot-product
+/// instruction ([`Bf16Products::Dot`]). Some small products (those `gemm` computes
 /// as dot products across SIMD lanes) sum in another order with another lane width, so the bits
 /// of a run hold for the kernels it ran with. They hold whatever the CPU's caches: the blocking
 /// of the inner dimension is fixed (`depth_chunk`), so the record needs no cache sizes.
-pub fn kernels() -> String {
+pub fn kernels(bf16_products: Bf16Products) -> String {
     #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
     let kernels = if cfg!(feature = "avx512") && std::arch::is_x86_feature_detected!("avx512f") {
         "avx512f"
@@ -136,8 +158,14 @@ pub fn kernels() -> String {
     };
     #[cfg(not(any(target_arch = "x86", target_arch = "x86_64", target_arch = "aarch64")))]
     let kernels = "scalar";
-    format!("{} {kernels}", std::env::consts::ARCH)
+    match bf16_products {
+        Bf16Products::Widened => format!("{} {kernels}", std::env::consts::ARCH),
+        Bf16Products::Dot => format!("{} {kernels} {BF16_DOT_KERNELS}", std::env::consts::ARCH),
+    }
 }
+
+/// The word [`kernels`] adds where bf16 is multiplied with the dot-product instruction.
+pub const BF16_DOT_KERNELS: &str = "avx512_bf16";
 
 /// The longest inner-dimension block `gemm` never splits, whatever the CPU: `gemm-common` 0.19
 /// derives its block (`kc`) from the caches (`kernel_params`, from

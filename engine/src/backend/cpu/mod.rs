@@ -3,6 +3,7 @@
 //! reduction, so results do not depend on the thread count.
 
 pub mod attention;
+pub mod bf16_dot;
 pub mod kernels;
 pub(crate) mod math;
 pub mod matmul;
@@ -12,6 +13,7 @@ use crate::error::{EngineError, Result};
 use crate::memory::{host_available, Category, Lease, MemoryTracker, OutOfMemory};
 use crate::model::rope::RopeTable;
 use crate::tensor::{Elem, Tensor};
+use bf16_dot::Bf16Products;
 use std::sync::Arc;
 
 /// A CPU "device": every tensor it hands out is counted by its tracker, and every kernel runs on
@@ -21,10 +23,12 @@ pub struct CpuDevice {
     tracker: MemoryTracker,
     pool: Arc<rayon::ThreadPool>,
     threads: usize,
+    bf16_products: Bf16Products,
 }
 
 impl CpuDevice {
-    /// A device with `threads` worker threads (0 = one per core) and `capacity` bytes.
+    /// A device with `threads` worker threads (0 = one per core) and `capacity` bytes that
+    /// multiplies bf16 widened to f32.
     pub fn new(threads: usize, capacity: u64) -> Result<Self> {
         let threads = if threads == 0 {
             std::thread::available_parallelism().map_or(1, |n| n.get())
@@ -43,16 +47,34 @@ impl CpuDevice {
             tracker: MemoryTracker::new(capacity),
             pool: Arc::new(pool),
             threads,
+            bf16_products: Bf16Products::Widened,
         })
     }
 
+    /// This device multiplying bf16 operands as `products` says; refused where this CPU
+    /// cannot ([`Bf16Products::check`]).
+    pub fn with_bf16_products(self, products: Bf16Products) -> Result<Self> {
+        products.check()?;
+        Ok(CpuDevice {
+            bf16_products: products,
+            ..self
+        })
+    }
+
+    /// How this device multiplies bf16 operands.
+    pub fn bf16_products(&self) -> Bf16Products {
+        self.bf16_products
+    }
+
     /// A device whose capacity is `capacity`, or else the host's available memory: a run too
-    /// large for the machine is refused with [`OutOfMemory`] before the host runs out.
+    /// large for the machine is refused with [`OutOfMemory`] before the host runs out. It
+    /// multiplies bf16 as `CKPT_CPU_BF16_PRODUCTS` says ([`Bf16Products::from_env`]).
     pub fn with_host_capacity(threads: usize, capacity: Option<u64>) -> Result<Self> {
         Self::new(
             threads,
             capacity.or_else(host_available).unwrap_or(u64::MAX),
-        )
+        )?
+        .with_bf16_products(Bf16Products::from_env()?)
     }
 
     /// The tracker counting this device's bytes.
@@ -93,7 +115,11 @@ impl CpuDevice {
 
 impl std::fmt::Debug for CpuDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "CpuDevice({} threads)", self.threads)
+        write!(
+            f,
+            "CpuDevice({} threads, bf16 {:?})",
+            self.threads, self.bf16_products
+        )
     }
 }
 
