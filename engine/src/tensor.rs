@@ -1,5 +1,6 @@
 //! Tensors: a flat, row-major buffer of one element type, leased from a device's tracker.
 
+mod bf16_bits;
 mod buffer;
 
 use crate::memory::{Category, Lease, MemoryTracker, OutOfMemory};
@@ -63,11 +64,11 @@ impl Elem for bf16 {
     const DTYPE: DType = DType::Bf16;
     #[inline(always)]
     fn to_f32(self) -> f32 {
-        bf16::to_f32(self)
+        bf16_bits::to_f32(self.to_bits())
     }
     #[inline(always)]
     fn from_f32(x: f32) -> Self {
-        bf16::from_f32(x)
+        bf16::from_bits(bf16_bits::from_f32(x))
     }
 }
 

@@ -1280,3 +1280,48 @@ fn ranks_started_as_trains_of_their_own_train_save_and_resume_as_one_train() {
         }
     }
 }
+
+#[test]
+fn bf16_dot_products_are_asked_for_by_name_refused_where_missing_and_named_in_the_golden_note() {
+    let suite = root().join("suites/tiny-fp32.yaml");
+    let run_with = |value: &str| {
+        let report = tempfile::tempdir().unwrap();
+        let out = Command::new(BIN)
+            .args(["run", "--device", "cpu", "--report"])
+            .arg(report.path())
+            .arg(&suite)
+            .current_dir(root())
+            .env("CKPT_CPU_BF16_PRODUCTS", value)
+            .output()
+            .unwrap();
+        (out, report)
+    };
+    let (bogus, _) = run_with("bogus");
+    assert_eq!(bogus.status.code(), Some(1), "{}", text(&bogus));
+    assert!(
+        text(&bogus).contains(
+            "CKPT_CPU_BF16_PRODUCTS is `bogus`; set it to `widened` (the default) or `dot`"
+        ),
+        "{}",
+        text(&bogus)
+    );
+    let (dot, report) = run_with("dot");
+    if ckpt_engine::backend::cpu::bf16_dot::available() {
+        assert!(dot.status.success(), "{}", text(&dot));
+        let summary = summary_json(report.path());
+        let golden = check_of(&summary["trials"][0], "golden");
+        assert!(
+            golden
+                .to_string()
+                .contains("this run has x86_64 avx512f avx512_bf16: its losses were not compared"),
+            "{golden}"
+        );
+    } else {
+        assert_eq!(dot.status.code(), Some(1), "{}", text(&dot));
+        assert!(
+            text(&dot).contains("CKPT_CPU_BF16_PRODUCTS=dot needs a CPU with AVX-512 BF16"),
+            "{}",
+            text(&dot)
+        );
+    }
+}

@@ -84,7 +84,7 @@ pub fn available() -> bool {
 }
 
 /// Columns a tile computes: two vectors of 16 f32 accumulators.
-pub(crate) const NR: usize = 32;
+const NR: usize = 32;
 /// Rows a tile computes: 8 × 2 accumulators, the vectors of `b` and a broadcast of `a` stay in
 /// the 32 vector registers.
 const MR: usize = 8;
@@ -113,9 +113,17 @@ const BLOCK: usize = 16;
 fn interleave_rows(data: &[bf16], (start, gap): (usize, usize), to: &mut [u32], len: usize) {
     for (p, at) in to.chunks_exact_mut(len).enumerate() {
         let lo = &data[2 * p * gap + start..][..len];
-        let hi = data.get((2 * p + 1) * gap + start..).unwrap_or(&[]);
-        for (x, v) in at.iter_mut().enumerate() {
-            *v = pair(lo[x], hi.get(x).copied().unwrap_or(bf16::ZERO));
+        match data.get((2 * p + 1) * gap + start..) {
+            Some(hi) if hi.len() >= len => {
+                for ((v, &lo), &hi) in at.iter_mut().zip(lo).zip(&hi[..len]) {
+                    *v = pair(lo, hi);
+                }
+            }
+            _ => {
+                for (v, &lo) in at.iter_mut().zip(lo) {
+                    *v = pair(lo, bf16::ZERO);
+                }
+            }
         }
     }
 }
@@ -123,9 +131,12 @@ fn interleave_rows(data: &[bf16], (start, gap): (usize, usize), to: &mut [u32], 
 /// Hands `put` the pairs `pairs` of `line`, a contiguous run of the inner dimension; an odd
 /// line's last pair zero-padded.
 fn line_pairs(line: &[bf16], pairs: std::ops::Range<usize>, mut put: impl FnMut(usize, u32)) {
-    for p in pairs {
-        let hi = line.get(2 * p + 1).copied().unwrap_or(bf16::ZERO);
-        put(p, pair(line[2 * p], hi));
+    let whole: &[[bf16; 2]] = bytemuck::cast_slice(&line[..line.len() / 2 * 2]);
+    for (p, &[lo, hi]) in whole.iter().enumerate().take(pairs.end).skip(pairs.start) {
+        put(p, pair(lo, hi));
+    }
+    if line.len() % 2 == 1 && pairs.contains(&whole.len()) {
+        put(whole.len(), pair(line[line.len() - 1], bf16::ZERO));
     }
 }
 
