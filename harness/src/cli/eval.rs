@@ -2,6 +2,7 @@
 //! optionally the parameters after N AdamW steps on that batch, for comparison with PyTorch.
 
 use anyhow::{bail, Context, Result};
+use ckpt_engine::backend::cpu::bf16_dot::Bf16Products;
 use ckpt_engine::model::loss::LossKind;
 use ckpt_engine::model::{param_specs, weights, LlamaConfig, Model, PassOutput};
 use ckpt_engine::optim::{AdamW, AdamWConfig};
@@ -154,7 +155,8 @@ fn named(
 
 /// Runs the evaluation.
 pub fn run(req: &EvalRequest) -> Result<EvalReport> {
-    let dev = CpuDevice::new(req.threads, u64::MAX)?;
+    let dev =
+        CpuDevice::new(req.threads, u64::MAX)?.with_bf16_products(Bf16Products::from_env()?)?;
     let (cfg, mut master) = weights::load_hf_dir(dev.tracker(), &req.model, Category::Params)?;
     let batch = read_batch(&req.batch)?;
     let model = Model::new(&dev, cfg.clone())?;
