@@ -124,15 +124,16 @@ fn operands(c: &Case) -> (Vec<bf16>, Vec<bf16>) {
 /// The product the instruction gives applied to each output's pairs in increasing order, from
 /// `c0` (or zero).
 fn reference(c: &Case, a: &[bf16], b: &[bf16], c0: f32) -> Vec<f32> {
-    let at = |v: &[bf16], i: usize, len: usize| if i < len { v[i] } else { bf16::ZERO };
+    // an odd inner dimension's last pair is padded with zero
+    let a_at = |i: usize, q: usize| if q < c.k { a[i * c.k + q] } else { bf16::ZERO };
+    let b_at = |q: usize, j: usize| if q < c.k { b[q * c.n + j] } else { bf16::ZERO };
     let mut out = vec![0.0; c.m * c.n];
     for i in 0..c.m {
         for j in 0..c.n {
             let mut acc = if c.accumulate { c0 } else { 0.0 };
             for p in (0..c.k).step_by(2) {
-                let x = pair(a[i * c.k + p], at(a, i * c.k + p + 1, (i + 1) * c.k));
-                let below = |q: usize| if q < c.k { b[q * c.n + j] } else { bf16::ZERO };
-                acc = dot_step(acc, x, pair(below(p), below(p + 1)));
+                let x = pair(a_at(i, p), a_at(i, p + 1));
+                acc = dot_step(acc, x, pair(b_at(p, j), b_at(p + 1, j)));
             }
             out[i * c.n + j] = acc;
         }
@@ -154,22 +155,7 @@ fn stored(
     } else {
         v.iter().map(|x| x.to_f32()).collect()
     };
-    Tensor::from_f32(
-        dev.tracker(),
-        &[data.len().max(1)],
-        &data_or_one(data),
-        Category::Activations,
-    )
-    .unwrap()
-}
-
-/// `data`, or one zero where it is empty (a tensor holds at least one element).
-fn data_or_one(data: Vec<f32>) -> Vec<f32> {
-    if data.is_empty() {
-        vec![0.0]
-    } else {
-        data
-    }
+    Tensor::from_f32(dev.tracker(), &[data.len()], &data, Category::Activations).unwrap()
 }
 
 fn operand(tensor: &Tensor<bf16>, transposed: bool) -> Operand<'_, Tensor<bf16>> {

@@ -683,9 +683,7 @@ training: {training}
                 .map(|p| p.env_changes.iter().map(ToString::to_string).collect())
                 .collect()
         };
-        let here = ckpt_engine::backend::cpu::matmul::kernels(
-            ckpt_engine::backend::cpu::bf16_dot::Bf16Products::from_env().unwrap_or_default(),
-        );
+        let here = crate::checks::golden::environment("cpu").unwrap();
         let want = [
             vec![],
             vec![format!("cpu_kernels: riscv64 scalar → {here}")],

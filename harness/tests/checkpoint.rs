@@ -206,9 +206,7 @@ fn a_resume_in_another_execution_environment_is_noted_with_what_differs() {
     rewrite_state(&ckpt, |s| {
         s["environment"]["cpu_kernels"] = "riscv64 scalar".into();
     });
-    let here = ckpt_engine::backend::cpu::matmul::kernels(
-        ckpt_engine::backend::cpu::bf16_dot::Bf16Products::from_env().unwrap_or_default(),
-    );
+    let here = ckpt_harness::checks::golden::environment("cpu").unwrap();
     let noted: Vec<String> = resumed("elsewhere")
         .lines()
         .filter(|l| l.contains("execution environment"))

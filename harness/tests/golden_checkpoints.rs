@@ -285,9 +285,7 @@ fn recorded_version(ckpt: &Path) -> Result<u32, String> {
 /// checkpoints). Products can sum in a different order from one to another, so recorded bits
 /// hold for the kernels they were recorded with.
 fn cpu_kernels() -> String {
-    ckpt_engine::backend::cpu::matmul::kernels(
-        ckpt_engine::backend::cpu::bf16_dot::Bf16Products::from_env().unwrap_or_default(),
-    )
+    ckpt_harness::checks::golden::environment("cpu").unwrap()
 }
 
 /// `dir` relative to the repository's root where it lies under it.

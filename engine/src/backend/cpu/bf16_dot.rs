@@ -192,9 +192,8 @@ fn pack_b((data, transposed): Stored<'_>, (k, n): (usize, usize), out: &mut [u32
 }
 
 /// `c[m, n] = (accumulate ? c : 0) + a · b`, `c` row-major f32, the operands bf16, each
-/// row-major or stored transposed, on the calling thread pool; `packed_a` and `packed_b` hold at least `m·⌈k/2⌉` and
-/// `⌈k/2⌉·n` words. Only where [`available`].
-#[allow(clippy::too_many_arguments)]
+/// row-major or stored transposed, on the calling thread pool; `packed_a` and `packed_b` hold
+/// at least `m·⌈k/2⌉` and `⌈k/2⌉·n` words. Only where [`available`].
 pub(crate) fn gemm(
     (m, n, k): (usize, usize, usize),
     a: Stored<'_>,

@@ -82,11 +82,9 @@ pub fn matmul<A: Elem, B: Elem, C: Elem>(
             out.as_mut_slice()
         }
     };
-    let dot = dev.bf16_products() == Bf16Products::Dot
-        && A::DTYPE == DType::Bf16
-        && B::DTYPE == DType::Bf16;
+    // Both operands have workspace exactly where both are bf16.
     match (&mut ws.a, &mut ws.b) {
-        (Some(pa), Some(pb)) if dot => dev.install(|| {
+        (Some(pa), Some(pb)) if dev.bf16_products() == Bf16Products::Dot => dev.install(|| {
             bf16_dot::gemm(
                 (m, n, k),
                 (bytemuck::cast_slice(elements(&a, m * k)), a.transposed),
