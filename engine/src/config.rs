@@ -172,6 +172,21 @@ impl TrainConfig {
         }
     }
 
+    /// Refuses ranks that cannot share a step: a world size of 0, or one that does not divide
+    /// the step's micro-batches (each rank takes an equal run of them).
+    pub fn validate_ranks(&self) -> Result<()> {
+        let world = self.parallel.world_size;
+        require(world >= 1, || {
+            "parallel.world_size is 0; write the number of ranks, at least 1".into()
+        })?;
+        require(self.accumulation.is_multiple_of(world), || {
+            format!(
+                "parallel.world_size is {world}, which does not divide the {} micro-batches of a step (accumulation); each rank takes an equal run of them, so write an accumulation that is a multiple of {world} or a world_size that divides {}",
+                self.accumulation, self.accumulation
+            )
+        })
+    }
+
     /// Everything a trainer refuses at start, checked without allocating on a device: the
     /// model's shape, every optimizer, schedule, loss and dropout value, the batch shape and
     /// accumulation, the
@@ -186,16 +201,7 @@ impl TrainConfig {
         require(self.accumulation >= 1, || {
             "accumulation is 0; write the micro-batches per optimizer step, at least 1 (1 accumulates nothing)".into()
         })?;
-        let world = self.parallel.world_size;
-        require(world >= 1, || {
-            "parallel.world_size is 0; write the number of ranks, at least 1".into()
-        })?;
-        require(self.accumulation.is_multiple_of(world), || {
-            format!(
-                "parallel.world_size is {world}, which does not divide the {} micro-batches of a step (accumulation); each rank takes an equal run of them, so write an accumulation that is a multiple of {world} or a world_size that divides {}",
-                self.accumulation, self.accumulation
-            )
-        })?;
+        self.validate_ranks()?;
         for (name, seq) in std::iter::once(("seq_len", self.seq_len))
             .chain(self.long_batch.map(|l| ("long_batch.seq_len", l.seq_len)))
         {

@@ -67,6 +67,7 @@ impl EstimateConfig {
                 "batch_size, accumulation, seq_len and threads must be at least 1".into(),
             ));
         }
+        r.validate_ranks()?;
         for seq in std::iter::once(r.seq_len).chain(r.long_batch.map(|l| l.seq_len)) {
             if seq == 0 || seq > r.model.max_position_embeddings {
                 return Err(EngineError::Config(format!(
@@ -787,6 +788,14 @@ mod tests {
         let err = estimate(&cfg).unwrap_err().to_string();
         assert!(err.contains("sequence length 9"), "{err}");
         cfg.run.long_batch = None;
+        cfg.like = Like::Cpu { threads: 1 };
+        cfg.run.parallel.world_size = 0;
+        let err = estimate(&cfg).unwrap_err().to_string();
+        assert!(err.contains("parallel.world_size is 0"), "{err}");
+        cfg.run.parallel.world_size = 2;
+        let err = estimate(&cfg).unwrap_err().to_string();
+        assert!(err.contains("does not divide the 1 micro-batches"), "{err}");
+        cfg.run.parallel.world_size = 1;
         cfg.like = Like::Cpu { threads: 0 };
         assert!(estimate(&cfg).is_err());
     }

@@ -898,6 +898,37 @@ mod tests {
         );
     }
 
+    /// A world size that cannot share the step is refused naming the flags and a count that
+    /// works, before anything is estimated.
+    #[test]
+    fn ranks_that_cannot_share_the_step_are_refused_naming_the_flags() {
+        let err = |flags: &[&str]| table(&args(flags)).err().unwrap().to_string();
+        let e = err(&["--llama-1b", "--world-size", "8"]);
+        assert!(
+            e.starts_with("--world-size is 8, which does not divide the step's 1 micro-batch (accumulation): each rank takes an equal run of them; write accumulation 8"),
+            "{e}"
+        );
+        let e = err(&["--llama-1b", "--world-size", "3", "--accumulation", "4"]);
+        assert!(e.contains("4 micro-batches (--accumulation)"), "{e}");
+        assert!(
+            e.contains("write --accumulation 6 (or another multiple of 3)"),
+            "{e}"
+        );
+        let e = err(&["--llama-1b", "--world-size", "0"]);
+        assert_eq!(
+            e,
+            "--world-size is 0; write the number of ranks, at least 1"
+        );
+        assert!(table(&args(&[
+            "--llama-1b",
+            "--world-size",
+            "3",
+            "--accumulation",
+            "6"
+        ]))
+        .is_ok());
+    }
+
     #[test]
     fn model_flags_are_required_without_a_preset() {
         let err = table(&args(&["--vocab", "64"])).err().unwrap().to_string();

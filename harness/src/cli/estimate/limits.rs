@@ -1,7 +1,8 @@
 //! The sizes `estimate` takes. The memory model builds the engine's table of every tensor (a
 //! name and a shape each, on the host, with no way to fail but an abort) and counts every
 //! tensor's bytes in 64 bits: a run beyond either is refused before it is estimated, naming the
-//! flag that set the size (or the configuration's key) and the limit.
+//! flag that set the size (or the configuration's key) and the limit. So is a world size that
+//! cannot share the step's micro-batches.
 
 use super::EstimateArgs;
 use anyhow::{bail, Result};
@@ -65,6 +66,31 @@ pub fn check(a: &EstimateArgs, run: &TrainConfig) -> Result<()> {
             let name = if given.is_some() { flag } else { key };
             bail!("{name} is {value}, more than {limit}, {why}; write at most {limit}");
         }
+    }
+    ranks(a, run)
+}
+
+/// Refuses a world size of 0, or one that does not divide the step's micro-batches (each rank
+/// takes an equal run of them), naming the flags that set them (or the keys) and a count to
+/// write instead.
+fn ranks(a: &EstimateArgs, run: &TrainConfig) -> Result<()> {
+    let (world, micro) = (run.parallel.world_size, run.accumulation);
+    let name = |flag: &'static str, given: bool, key: &'static str| if given { flag } else { key };
+    let w = name(
+        "--world-size",
+        a.world_size.is_some(),
+        "parallel.world_size",
+    );
+    let acc = name("--accumulation", a.accumulation.is_some(), "accumulation");
+    if world == 0 {
+        bail!("{w} is 0; write the number of ranks, at least 1");
+    }
+    if micro >= 1 && !micro.is_multiple_of(world) {
+        let (unit, multiple) = (
+            if micro == 1 { "" } else { "es" },
+            micro.div_ceil(world) * world,
+        );
+        bail!("{w} is {world}, which does not divide the step's {micro} micro-batch{unit} ({acc}): each rank takes an equal run of them; write {acc} {multiple} (or another multiple of {world}), or a world size that divides {micro}");
     }
     Ok(())
 }
