@@ -642,6 +642,40 @@ fn verify_status(path: &Path) -> Option<i32> {
     cli(&["verify", arg(path)]).status.code()
 }
 
+/// `verify`, `export` and `train --resume` given a path that is not a directory say so, and
+/// what to name, and exit 2 (bad input) before reading anything.
+#[test]
+fn a_named_checkpoint_that_is_not_a_directory_is_refused_with_what_to_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    let suite = write_suite(
+        tmp.path(),
+        &suite_text("fp32", 32, "{max_steps: 8, save_every: 1}"),
+    );
+    let file = tmp.path().join("file");
+    std::fs::write(&file, "").unwrap();
+    let out_dir = tmp.path().join("out");
+    for (path, what) in [
+        (tmp.path().join("gone"), "does not exist"),
+        (file, "is not a directory"),
+    ] {
+        let p = arg(&path);
+        for args in [
+            vec!["verify", p],
+            vec!["export", p, "--out", arg(&out_dir)],
+            vec!["train", arg(&suite), "--out", arg(&out_dir), "--resume", p],
+        ] {
+            let out = cli(&args);
+            assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+            assert!(
+                stderr(&out).contains(&format!("error: {p}: {what}; name a checkpoint directory (one holding trainer_state.json) or a run directory (one holding latest)")),
+                "{args:?}: {}",
+                stderr(&out)
+            );
+        }
+    }
+    assert!(!out_dir.exists(), "nothing written");
+}
+
 #[test]
 fn an_interrupted_resave_is_restored_by_the_next_train_not_deleted() {
     // What a kill between moving step 8 aside and renaming its new copy into place left: both

@@ -20,6 +20,7 @@ const EARLIER: &str = "export an earlier checkpoint";
 /// fsynced; returns the checkpoint exported. `out` must not exist or be empty: nothing is
 /// overwritten.
 pub fn export(from: &Path, out: &Path) -> Result<PathBuf> {
+    super::check_named_path(from)?;
     let dir = resolve(from)?;
     let state = state_file::read(&dir)?.state;
     let record = |name: &str| {

@@ -488,6 +488,21 @@ fn prune(run_dir: &Path, keep: usize, latest: &str) -> Result<()> {
     Ok(())
 }
 
+/// Refuses `path`, given to a command as a checkpoint or run directory, when nothing is there,
+/// saying what to name instead.
+pub fn check_named_path(path: &Path) -> Result<()> {
+    let what = match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => return Ok(()),
+        Ok(_) => "is not a directory",
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => "does not exist",
+        Err(e) => return Err(EngineError::io(path, e)),
+    };
+    Err(EngineError::bad_file(
+        path,
+        format!("{what}; name a checkpoint directory (one holding {STATE_FILE}) or a run directory (one holding {LATEST_FILE})"),
+    ))
+}
+
 /// The checkpoint a path names: a checkpoint directory itself, or a run directory whose
 /// `latest` file names one.
 pub fn resolve(path: &Path) -> Result<PathBuf> {

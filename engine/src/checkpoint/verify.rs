@@ -50,7 +50,7 @@ impl FileVerdict {
 /// directory. An error means there is nothing this build can verify at `path`: it does not
 /// exist, is neither a checkpoint nor a run directory, or was written by a newer build.
 pub fn verify(path: &Path) -> Result<(PathBuf, Vec<FileVerdict>)> {
-    std::fs::metadata(path).map_err(|e| EngineError::io(path, e))?;
+    super::check_named_path(path)?;
     let dir = match checkpoint_of(path)? {
         Ok(dir) => dir,
         Err(problem) => {
@@ -260,6 +260,11 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("nothing to verify"));
+        let gone = tmp.path().join("gone");
+        assert_eq!(
+            verify(&gone).unwrap_err().to_string(),
+            format!("{}: does not exist; name a checkpoint directory (one holding {STATE_FILE}) or a run directory (one holding {LATEST_FILE})", gone.display())
+        );
     }
 
     #[test]

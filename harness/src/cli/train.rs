@@ -93,6 +93,9 @@ pub struct RankOf {
 /// Trains `suite` as `opts` says.
 pub fn run(suite: &Suite, opts: &TrainOptions<'_>) -> Result<()> {
     suite.check_run()?;
+    if let Some(path) = opts.resume {
+        checkpoint::check_named_path(path)?;
+    }
     let out = opts.out;
     if out.symlink_metadata().is_ok() && !out.is_dir() {
         bail!(
