@@ -6,7 +6,7 @@ use crate::changes::Trends;
 use crate::checks::{golden, Check, Status};
 use crate::trial::TrialResult;
 use anyhow::Result;
-use ckpt_engine::regular_file;
+use ckpt_engine::{regular_file, EngineError};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write;
 use std::path::Path;
@@ -60,7 +60,13 @@ impl Summary {
 
     /// Reads a `summary.json` that `run` or `report merge` wrote.
     pub fn read(file: &Path) -> Result<Self> {
-        let text = regular_file::read(file, "the summary.json a run wrote, or its directory")?;
+        const WANTED: &str = "the summary.json a run wrote, or its directory";
+        let text = regular_file::read(file, WANTED).map_err(|e| match e {
+            EngineError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+                anyhow::anyhow!("{}: does not exist; give {WANTED}", file.display())
+            }
+            e => e.into(),
+        })?;
         let summary: Summary = serde_json::from_slice(&text).map_err(|e| {
             anyhow::anyhow!(
                 "{}:{}:{}: not a summary ckpt-harness wrote: {e}; give the summary.json a run wrote",
@@ -242,6 +248,19 @@ pub fn xml_escape(text: &str) -> String {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_summary_that_is_not_there_is_named_with_what_to_give() {
+        let tmp = tempfile::tempdir().unwrap();
+        let gone = tmp.path().join("summary.json");
+        assert_eq!(
+            Summary::read(&gone).unwrap_err().to_string(),
+            format!(
+                "{}: does not exist; give the summary.json a run wrote, or its directory",
+                gone.display()
+            )
+        );
+    }
 
     #[test]
     fn escapes_markup_and_drops_forbidden_characters() {

@@ -231,7 +231,7 @@ pub fn run(
     let (verdict, checks, record) = match observe(suite, device, golden_dir, mode, watch) {
         Ok(Observed { record, checks }) => (conclude(suite, &checks), checks, record),
         Err(e) => (
-            Err(could_not("run", suite, &e)),
+            Err(could_not("run", &suite.path, &e)),
             Vec::new(),
             RunRecord::default(),
         ),
@@ -254,19 +254,20 @@ fn run_command(
     });
     let mut result = match recorded {
         Ok(record) => judge(suite, device, record, golden_dir),
-        Err(e) => failed(suite, device, could_not("run", suite, &e)),
+        Err(e) => failed(suite, device, could_not("run", &suite.path, &e)),
     };
     result.seconds = started.elapsed().as_secs_f64();
     result
 }
 
-/// Why a trial of `suite` could not `what` (run, judge): the suite file and the error `e`.
-fn could_not(what: &str, suite: &Suite, e: &anyhow::Error) -> String {
-    format!(
-        "could not {what}: {}: {}",
-        suite.path.display(),
-        error_text::one_line(e)
-    )
+/// Why a trial of the suite in `file` could not `what` (run, judge): the suite file and the
+/// error `e` (which names the file itself when the fault is in it, with its place).
+fn could_not(what: &str, file: &Path, e: &anyhow::Error) -> String {
+    let (file, why) = (file.display().to_string(), error_text::one_line(e));
+    match why.starts_with(&format!("{file}:")) {
+        true => format!("could not {what}: {why}"),
+        false => format!("could not {what}: {file}: {why}"),
+    }
 }
 
 /// The verdict on the checks' outcomes of a trial of `suite`: exactly the checks of its
@@ -349,7 +350,7 @@ pub fn judge(
     });
     let (verdict, checks) = match outcome {
         Ok(checks) => (conclude(suite, &checks), checks),
-        Err(e) => (Err(could_not("judge", suite, &e)), Vec::new()),
+        Err(e) => (Err(could_not("judge", &suite.path, &e)), Vec::new()),
     };
     result(suite, device, verdict, checks, record, started)
 }
@@ -358,6 +359,21 @@ pub fn judge(
 mod tests {
     use super::*;
     use Check::*;
+
+    #[test]
+    fn a_suite_file_is_named_once_before_why_its_trial_could_not_run() {
+        let file = Path::new("suites/s.yaml");
+        let located = anyhow::anyhow!("suites/s.yaml:17:26: invalid configuration: data.path");
+        assert_eq!(
+            could_not("run", file, &located),
+            "could not run: suites/s.yaml:17:26: invalid configuration: data.path"
+        );
+        let elsewhere = anyhow::anyhow!("tokens.bin: entity not found");
+        assert_eq!(
+            could_not("judge", file, &elsewhere),
+            "could not judge: suites/s.yaml: tokens.bin: entity not found"
+        );
+    }
 
     #[test]
     fn ordinary_suites_pass_only_without_failures() {
