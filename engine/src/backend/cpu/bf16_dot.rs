@@ -140,51 +140,35 @@ fn line_pairs(line: &[bf16], pairs: std::ops::Range<usize>, mut put: impl FnMut(
     }
 }
 
-/// Packs `a` (`[m, k]`) into `out` in micro-panels of [`MR`] rows: the panel of rows `i..`
-/// starts at `i·⌈k/2⌉` and holds its rows' pair `p` together, at `p·rows`, an odd `k`'s last
-/// pair zero-padded; panels in parallel on the calling pool.
-fn pack_a((data, transposed): Stored<'_>, (m, k): (usize, usize), out: &mut [u32]) {
+/// Packs the `lines` lines of an operand, each `k` elements of the inner dimension, into `out`
+/// in panels of `width` lines: the panel of lines `l..` starts at `l·⌈k/2⌉` and holds its
+/// lines' pair `p` together, at `p·(lines in the panel)`, an odd `k`'s last pair zero-padded;
+/// panels in parallel on the calling pool. `contiguous`: each line's elements lie together
+/// (stored `[lines, k]`); else the lines interleave (stored `[k, lines]`).
+fn pack(
+    data: &[bf16],
+    contiguous: bool,
+    (lines, k): (usize, usize),
+    width: usize,
+    out: &mut [u32],
+) {
     let kp = k.div_ceil(2);
-    out[..m * kp]
-        .par_chunks_mut(MR * kp)
-        .enumerate()
-        .for_each(|(panel, to)| {
-            let i0 = panel * MR;
-            let rows = to.len() / kp;
-            if transposed {
-                // stored `[k, m]`
-                interleave_rows(data, (i0, m), to, rows);
-                return;
-            }
-            for r in 0..rows {
-                let row = &data[(i0 + r) * k..][..k];
-                line_pairs(row, 0..kp, |p, v| to[p * rows + r] = v);
-            }
-        });
-}
-
-/// Packs `b` (`[k, n]`) into `out` as panels of [`NR`] columns: panel `q` starts at
-/// `q·NR·⌈k/2⌉` and holds `⌈k/2⌉` rows of its width in pairs; panels in parallel on the
-/// calling pool.
-fn pack_b((data, transposed): Stored<'_>, (k, n): (usize, usize), out: &mut [u32]) {
-    let kp = k.div_ceil(2);
-    out[..kp * n]
-        .par_chunks_mut(NR * kp)
+    out[..lines * kp]
+        .par_chunks_mut(width * kp)
         .enumerate()
         .for_each(|(q, panel)| {
-            let j0 = q * NR;
-            let width = NR.min(n - j0);
-            if !transposed {
-                interleave_rows(data, (j0, n), panel, width);
+            let l0 = q * width;
+            let width = panel.len() / kp;
+            if !contiguous {
+                interleave_rows(data, (l0, lines), panel, width);
                 return;
             }
-            // stored `[n, k]`: a column's pairs lie together; in blocks of rows, reading along
-            // the stored rows
+            // in blocks of pairs, reading along the stored lines
             for p0 in (0..kp).step_by(BLOCK) {
-                for jj in 0..width {
-                    let column = &data[(j0 + jj) * k..][..k];
-                    line_pairs(column, p0..kp.min(p0 + BLOCK), |p, v| {
-                        panel[p * width + jj] = v
+                for l in 0..width {
+                    let line = &data[(l0 + l) * k..][..k];
+                    line_pairs(line, p0..kp.min(p0 + BLOCK), |p, v| {
+                        panel[p * width + l] = v
                     });
                 }
             }
@@ -196,8 +180,8 @@ fn pack_b((data, transposed): Stored<'_>, (k, n): (usize, usize), out: &mut [u32
 /// at least `m·⌈k/2⌉` and `⌈k/2⌉·n` words. Only where [`available`].
 pub(crate) fn gemm(
     (m, n, k): (usize, usize, usize),
-    a: Stored<'_>,
-    b: Stored<'_>,
+    (a, a_transposed): Stored<'_>,
+    (b, b_transposed): Stored<'_>,
     c: &mut [f32],
     accumulate: bool,
     packed_a: &mut [u32],
@@ -214,8 +198,9 @@ pub(crate) fn gemm(
         return;
     }
     let kp = k.div_ceil(2);
-    pack_a(a, (m, k), packed_a);
-    pack_b(b, (k, n), packed_b);
+    // a's lines are its rows, b's its columns
+    pack(a, !a_transposed, (m, k), MR, packed_a);
+    pack(b, b_transposed, (n, k), NR, packed_b);
     let (pa, pb) = (&packed_a[..m * kp], &packed_b[..kp * n]);
     let blocks = m.div_ceil(ROWS_PER_TASK);
     let out = super::SharedMut(c.as_mut_ptr());
