@@ -120,6 +120,9 @@ pub struct Trainer<D: Device> {
     resumed_loader: Option<LoaderState>,
     /// How the resumed checkpoint's execution environment differs from the device's.
     env_changes: Vec<EnvChange>,
+    /// The ranks that saved the resumed checkpoint sharded (1 for one device's layout); `None`
+    /// for a fresh run.
+    saved_world_size: Option<usize>,
     /// The run's identity, read once when the trainer is built (a token file's content).
     identity: serde_json::Value,
     /// [`Fault::OptimizerStateAllocatedAtLoad`]: the zeroed copy of every rank's moments made
@@ -191,6 +194,7 @@ impl<D: Device> Trainer<D> {
             pending: None,
             resumed_loader: None,
             env_changes: Vec::new(),
+            saved_world_size: None,
             identity,
             allocated_at_load: Vec::new(),
         })
@@ -247,7 +251,7 @@ impl<D: Device> Trainer<D> {
             true => RankReads::open(checkpoint_dir, &req)?,
             false => None,
         };
-        let (ranks, state) = match reads {
+        let (ranks, state, saved_world_size) = match reads {
             Some(reads) => {
                 let moments = reads.moments.then_some(reads.state.optimizer_step);
                 let ranks = placing.build(&cfg, &dev, Some(&reads), moments)?;
@@ -256,7 +260,7 @@ impl<D: Device> Trainer<D> {
                     Some(comm) => reads.check_placed_as_rank(placed, comm)?,
                     None => reads.check_placed(placed)?,
                 }
-                (ranks, reads.state)
+                (ranks, reads.state, reads.saved_world_size)
             }
             None => Self::load_whole(&cfg, &dev, checkpoint_dir, &req, placing)?,
         };
@@ -267,6 +271,7 @@ impl<D: Device> Trainer<D> {
             .unwrap_or_default();
         let mut trainer = Self::assemble(cfg, ranks)?;
         trainer.env_changes = env_changes;
+        trainer.saved_world_size = Some(saved_world_size);
         if trainer.cfg.faults.has(Fault::RngRestoredOnRankZeroOnly) {
             trainer.ranks.lose_rng_but_on_rank_zero(state.rng.offset);
         }
@@ -306,15 +311,16 @@ impl<D: Device> Trainer<D> {
     }
 
     /// The ranks of `cfg` on `dev` from the checkpoint at `dir` read whole into host tensors
-    /// (one device's checkpoint, or one rank), and the checkpoint's trainer state: one rank
-    /// uploaded here, several built from the host tensors as `placing` says.
+    /// (one device's checkpoint, or one rank), the checkpoint's trainer state and the ranks that
+    /// saved it (1 for one device's layout): one rank uploaded here, several built from the host
+    /// tensors as `placing` says.
     fn load_whole(
         cfg: &TrainConfig,
         dev: &D,
         dir: &Path,
         req: &LoadRequest<'_>,
         placing: Placing,
-    ) -> Result<(Ranks<D>, TrainerState)> {
+    ) -> Result<(Ranks<D>, TrainerState, usize)> {
         let loaded = checkpoint::load(&dev.host(), dir, req)?;
         let ranks = match cfg.parallel.world_size {
             1 => {
@@ -347,7 +353,7 @@ impl<D: Device> Trainer<D> {
                 placing.build(cfg, dev, Some(&host), step)?
             }
         };
-        Ok((ranks, loaded.state))
+        Ok((ranks, loaded.state, loaded.saved_world_size))
     }
 
     /// Saves a checkpoint of the current state under `run_dir` (see [`checkpoint::save`]),
@@ -560,6 +566,14 @@ impl<D: Device> Trainer<D> {
     /// difference is no error: the run continues, but not necessarily bit for bit.
     pub fn env_changes(&self) -> &[EnvChange] {
         &self.env_changes
+    }
+
+    /// The ranks that saved the checkpoint this trainer resumed from, where it was saved
+    /// sharded; 1 for a checkpoint in one device's layout (whatever the ranks that saved it),
+    /// `None` for a fresh run. A resume at another world size than a sharded checkpoint's cuts
+    /// every tensor's rows anew for its ranks.
+    pub fn saved_world_size(&self) -> Option<usize> {
+        self.saved_world_size
     }
 
     /// The run's configuration.

@@ -35,24 +35,41 @@ impl Style {
     }
 }
 
-/// The line a phase ends with: steps, last loss, peak, and an out-of-memory.
+/// The line a phase ends with: steps, last loss, peak, and an out-of-memory. On several ranks
+/// the peak is the highest rank's, named with the world size.
 pub fn phase_line(trial: &str, width: usize, ph: &PhaseRecord) -> String {
     let last = ph.steps.last();
+    let (rank, peak) = highest_rank_peak(ph);
+    let on_rank = match ph.ranks.len() {
+        0 => String::new(),
+        world => format!(" on rank {rank} of {world}"),
+    };
     format!(
-        "{trial:<width$} {:<10} {:>3} steps  last loss {:>9}  peak {}{}",
+        "{trial:<width$} {:<10} {:>3} steps  last loss {:>9}  peak {}{on_rank}{}",
         ph.phase.to_string(),
         ph.steps.len(),
         last.map_or("-".into(), |s| format!("{:.5}", s.loss)),
-        bytes(
-            ph.steps
-                .iter()
-                .map(|s| s.memory.allocated.peak)
-                .fold(ph.setup.peak, u64::max)
-        ),
+        bytes(peak),
         ph.oom
             .as_ref()
             .map_or(String::new(), |e| format!("  OOM: {}", e.message)),
     )
+}
+
+/// The rank whose peak over `ph` (building its trainer and every step) is highest, the first
+/// of those where several tie, and that peak; rank 0 on one device.
+fn highest_rank_peak(ph: &PhaseRecord) -> (usize, u64) {
+    let rank_0 = (ph.steps.iter().map(|s| s.memory.allocated.peak)).fold(ph.setup.peak, u64::max);
+    let others = ph.ranks.iter().enumerate().skip(1).map(|(r, rank)| {
+        let steps = ph.steps.iter().filter_map(|s| s.ranks.get(r));
+        (
+            r,
+            steps
+                .map(|s| s.memory.allocated.peak)
+                .fold(rank.setup.peak, u64::max),
+        )
+    });
+    others.fold((0, rank_0), |best, r| if r.1 > best.1 { r } else { best })
 }
 
 /// Makes the draw target of each new bar.
@@ -283,6 +300,33 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains('['), "{text}");
+    }
+
+    #[test]
+    fn on_several_ranks_the_line_gives_the_highest_ranks_peak_and_names_it() {
+        let mut run = fixtures::ranked(3);
+        let phase = &mut run.phases[0];
+        let peak = |ph: &PhaseRecord| {
+            let line = phase_line("cpu::s", 6, ph);
+            line.split_once("  peak ")
+                .map(|(_, p)| p.to_owned())
+                .unwrap()
+        };
+        let even = bytes(
+            phase
+                .steps
+                .iter()
+                .map(|s| s.memory.allocated.peak)
+                .fold(phase.setup.peak, u64::max),
+        );
+        assert_eq!(peak(phase), format!("{even} on rank 0 of 3"));
+        phase.steps[2].ranks[2].memory.allocated.peak += 4096;
+        phase.steps[4].ranks[1].memory.allocated.peak += 2048;
+        let higher = phase.steps[2].ranks[2].memory.allocated.peak;
+        assert_eq!(peak(phase), format!("{} on rank 2 of 3", bytes(higher)));
+        phase.ranks[1].setup.peak = higher + 1;
+        assert_eq!(peak(phase), format!("{} on rank 1 of 3", bytes(higher + 1)));
+        assert!(!peak(&fixtures::run().phases[0]).contains("rank"));
     }
 
     #[test]

@@ -1242,8 +1242,18 @@ fn ranks_started_as_trains_of_their_own_train_save_and_resume_as_one_train() {
     assert_ne!(text3, text4);
     std::fs::write(&at_three, text3).unwrap();
     let (one, ranks) = (tmp.path().join("one"), tmp.path().join("ranks"));
-    // Three steps at 4 ranks, then resumed at 3 ranks to step 5.
-    for (suite, steps, world) in [(&at_four, "3", 4), (&at_three, "5", 3)] {
+    // Three steps at 4 ranks, then resumed at 3 ranks to step 5 (noted by the leading process
+    // alone), and at 3 again to step 6 (nothing to note).
+    let notes_world = |out: &Output| {
+        let said = text(out).contains("was saved sharded by");
+        assert!(!said || text(out).contains("was saved sharded by 4 ranks; resuming on 3 ranks: every tensor's rows are cut anew for them and checked against its whole hash"), "{}", text(out));
+        said
+    };
+    for (suite, steps, world, notes) in [
+        (&at_four, "3", 4, false),
+        (&at_three, "5", 3, true),
+        (&at_three, "6", 3, false),
+    ] {
         let args = |dir: &Path| {
             let mut args = vec!["--steps".to_owned(), steps.to_owned()];
             if world == 3 {
@@ -1258,11 +1268,14 @@ fn ranks_started_as_trains_of_their_own_train_save_and_resume_as_one_train() {
             &[&one],
         );
         assert!(out.status.success(), "one train: {}", text(&out));
+        assert_eq!(notes_world(&out), notes, "one train: {}", text(&out));
         let as_ranks = args(&ranks);
         let as_ranks: Vec<&str> = as_ranks.iter().map(String::as_str).collect();
         let outs = train_as_ranks(suite, &ranks, &as_ranks, world);
         for (rank, o) in outs.iter().enumerate() {
             assert!(o.status.success(), "rank {rank}: {}", text(o));
+            let leads = rank == 0;
+            assert_eq!(notes_world(o), notes && leads, "rank {rank}: {}", text(o));
         }
         assert_eq!(
             String::from_utf8_lossy(&outs[0].stdout),

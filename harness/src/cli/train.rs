@@ -7,7 +7,8 @@
 //! there, refuses a run directory holding checkpoints of another configuration unless told to
 //! overwrite them, and resumes a run whose `latest` is broken from its newest checkpoint that
 //! loads, with a warning naming what it skipped. A resume in another execution environment than
-//! the checkpoint's is noted with the fields that differ.
+//! the checkpoint's is noted with the fields that differ, and so is a resume at another world
+//! size than a sharded checkpoint's.
 //!
 //! With `--rank R --meet ADDR` it trains one rank of the suite's `parallel.world_size` ranks,
 //! each rank a `train` of its own (as torchrun starts a rank): rank 0 listens at `ADDR` (or,
@@ -148,6 +149,9 @@ impl OnDevice for Train<'_> {
                 let trainer =
                     Trainer::resume_rank(cfg, dev, r.rank, r.meet.meeting(r.rank)?, &dir)?;
                 note_env_changes(&dir, &trainer);
+                if opts.leads() {
+                    note_world_change(&dir, &trainer);
+                }
                 trainer
             }
         };
@@ -314,7 +318,31 @@ fn resume<D: Device>(suite: &Suite, dev: D, path: &Path) -> Result<Trainer<D>> {
         );
     }
     note_env_changes(&found.dir, &found.value);
+    note_world_change(&found.dir, &found.value);
     Ok(found.value)
+}
+
+/// A note where `trainer` resumed the sharded checkpoint in `dir` at another world size than the
+/// ranks that saved it.
+fn note_world_change<D: Device>(dir: &Path, trainer: &Trainer<D>) {
+    let world = trainer.config().parallel.world_size;
+    if let Some(note) = world_change(dir, trainer.saved_world_size(), world) {
+        eprintln!("note: {note}");
+    }
+}
+
+/// What changed where a checkpoint in `dir` that `saved` ranks wrote sharded (1 for one
+/// device's layout) is resumed on `world` ranks; `None` where nothing did.
+fn world_change(dir: &Path, saved: Option<usize>, world: usize) -> Option<String> {
+    let saved = saved.filter(|&n| n > 1 && n != world)?;
+    let how = match world {
+        1 => "one rank: every tensor is put together whole from their chunks".to_owned(),
+        _ => format!("{world} ranks: every tensor's rows are cut anew for them"),
+    };
+    Some(format!(
+        "{} was saved sharded by {saved} ranks; resuming on {how} and checked against its whole hash",
+        dir.display()
+    ))
 }
 
 /// A note naming the fields of the execution environment `trainer` runs in that differ from
