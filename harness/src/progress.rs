@@ -57,19 +57,26 @@ pub fn phase_line(trial: &str, width: usize, ph: &PhaseRecord) -> String {
 }
 
 /// The rank whose peak over `ph` (building its trainer and every step) is highest, the first
-/// of those where several tie, and that peak; rank 0 on one device.
+/// of those where several tie, and that peak; rank 0 on one device. A rank's figures are its
+/// own where the record has them, the phase's (rank 0's) where it has none.
 fn highest_rank_peak(ph: &PhaseRecord) -> (usize, u64) {
-    let rank_0 = (ph.steps.iter().map(|s| s.memory.allocated.peak)).fold(ph.setup.peak, u64::max);
-    let others = ph.ranks.iter().enumerate().skip(1).map(|(r, rank)| {
-        let steps = ph.steps.iter().filter_map(|s| s.ranks.get(r));
-        (
-            r,
-            steps
-                .map(|s| s.memory.allocated.peak)
-                .fold(rank.setup.peak, u64::max),
-        )
-    });
-    others.fold((0, rank_0), |best, r| if r.1 > best.1 { r } else { best })
+    let rank_peak = |r: usize| {
+        let setup = ph
+            .ranks
+            .get(r)
+            .map_or(ph.setup.peak, |mine| mine.setup.peak);
+        let step = |s: &StepRecord| {
+            s.ranks
+                .get(r)
+                .map_or(&s.memory, |mine| &mine.memory)
+                .allocated
+                .peak
+        };
+        ph.steps.iter().map(step).fold(setup, u64::max)
+    };
+    (0..ph.ranks.len().max(1))
+        .map(|r| (r, rank_peak(r)))
+        .fold((0, 0), |best, r| if r.1 > best.1 { r } else { best })
 }
 
 /// Makes the draw target of each new bar.

@@ -326,23 +326,17 @@ fn resume<D: Device>(suite: &Suite, dev: D, path: &Path) -> Result<Trainer<D>> {
 /// ranks that saved it.
 fn note_world_change<D: Device>(dir: &Path, trainer: &Trainer<D>) {
     let world = trainer.config().parallel.world_size;
-    if let Some(note) = world_change(dir, trainer.saved_world_size(), world) {
-        eprintln!("note: {note}");
-    }
-}
-
-/// What changed where a checkpoint in `dir` that `saved` ranks wrote sharded (1 for one
-/// device's layout) is resumed on `world` ranks; `None` where nothing did.
-fn world_change(dir: &Path, saved: Option<usize>, world: usize) -> Option<String> {
-    let saved = saved.filter(|&n| n > 1 && n != world)?;
+    let Some(saved) = (trainer.saved_world_size()).filter(|&n| n > 1 && n != world) else {
+        return;
+    };
     let how = match world {
         1 => "one rank: every tensor is put together whole from their chunks".to_owned(),
         _ => format!("{world} ranks: every tensor's rows are cut anew for them"),
     };
-    Some(format!(
-        "{} was saved sharded by {saved} ranks; resuming on {how} and checked against its whole hash",
+    eprintln!(
+        "note: {} was saved sharded by {saved} ranks; resuming on {how} and checked against its whole hash",
         dir.display()
-    ))
+    );
 }
 
 /// A note naming the fields of the execution environment `trainer` runs in that differ from
