@@ -124,9 +124,8 @@ fn needs_snapshot(suite: &Suite, device: &str) -> bool {
 /// The snapshots that a suite needs and that only its device can write, not blessed yet (a new
 /// CI suite's CUDA trajectory, to be blessed on a GPU with `ckpt-harness run --device cuda
 /// --bless`). Each must still be missing: the test fails once one is written, so that its entry
-/// goes. The data-parallel suites' CUDA trajectories were blessed on an H200 (2026-11-26); the
-/// ranks in processes of their own have not run on a GPU yet.
-const AWAITING_THEIR_DEVICE: [(&str, &str); 1] = [("cuda", "parallel-processes")];
+/// goes. Empty since `parallel-processes` was blessed on an H200 (2026-11-27).
+const AWAITING_THEIR_DEVICE: [(&str, &str); 0] = [];
 
 /// Whether `device`/`suite` is listed in [`AWAITING_THEIR_DEVICE`].
 fn awaits_its_device(device: &str, suite: &str) -> bool {
@@ -209,7 +208,7 @@ fn the_cpu_estimate_equals_the_cpu_snapshots_to_the_byte() {
 }
 
 #[test]
-fn the_cuda_estimate_equals_the_h100_snapshots_to_the_byte() {
+fn the_cuda_estimate_equals_the_gpu_snapshots_to_the_byte() {
     equals_the_measurements_of("cuda");
 }
 
