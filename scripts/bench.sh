@@ -141,6 +141,8 @@ printf 'sharded save (4 ranks) %.2f GB/s: %.2fx a plain write + fsync (target >=
     "$(io_median sharded_save_gb_s)" "$(io_median sharded_save_vs_plain)"
 printf 'sharded checkpoint read / one device'"'"'s, per byte: %.2fx on one device, %.2fx on 3 ranks (target >= 1x)\n' \
     "$(io_median sharded_vs_single_device_read_on_one_device)" "$(io_median sharded_vs_single_device_read_on_3_ranks)"
+printf 'state digest %.2f GB/s: %.2fx one sha256 stream over the same tensors\n' \
+    "$(io_median state_digest_gb_s)" "$(io_median state_digest_vs_one_sha256_stream)"
 [[ $rounds == 1 ]] || echo "(checkpoint figures: medians of $rounds runs)"
 figure "checkpoint save" GB/s "$(io_median save_gb_s)"
 figure "plain write + fsync" GB/s "$(io_median plain_write_gb_s)" reference
@@ -153,6 +155,8 @@ figure "checkpoint load / streaming read" x "$(io_median load_vs_stream)"
 figure "sharded checkpoint save / plain write + fsync" x "$(io_median sharded_save_vs_plain)"
 figure "sharded checkpoint read / one device's, on one device" x "$(io_median sharded_vs_single_device_read_on_one_device)"
 figure "sharded checkpoint read / one device's, on 3 ranks" x "$(io_median sharded_vs_single_device_read_on_3_ranks)"
+figure "state digest" GB/s "$(io_median state_digest_gb_s)"
+figure "state digest / one sha256 stream" x "$(io_median state_digest_vs_one_sha256_stream)"
 
 if [[ -n $json ]]; then
     cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -n 1)

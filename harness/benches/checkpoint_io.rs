@@ -19,6 +19,10 @@
 //! checkpoints resumed onto the same ranks (1 or more when the sharded checkpoint loads no slower
 //! per byte); `sharded_vs_single_device_read` compares the sharded one on 3 ranks with one
 //! device's on one device, which adds the cost of resuming on more ranks than cores.
+//!
+//! The harness's digest of the trained state (`Trainer::state_digest`, taken at every save and
+//! resume point) is timed in turn with one sha256 stream over the same tensors' bytes
+//! (`state_digest_vs_one_sha256_stream`: above 1 where its tensors are hashed on several cores).
 
 use ckpt_engine::config::{Init, Precision, TrainConfig};
 use ckpt_engine::data::DataConfig;
@@ -169,6 +173,36 @@ fn sharded_against_single(cfg: &TrainConfig, dir: &Path, plain: &Path, repeats: 
     }
 }
 
+/// The seconds of `trainer`'s state digest and of one sha256 stream over the same tensors' bytes,
+/// one after another, timed in turn, best of `repeats`.
+fn digest_against_one_stream<D: ckpt_engine::Device>(
+    trainer: &Trainer<D>,
+    repeats: usize,
+) -> (f64, f64) {
+    use sha2::{Digest, Sha256};
+    let (model, optimizer) = trainer.state().checkpoint_entries().unwrap();
+    let [digest_s, stream_s] = best_in_turn(
+        repeats,
+        &mut [
+            &mut || {
+                let t = Instant::now();
+                std::hint::black_box(trainer.state_digest().unwrap());
+                t.elapsed().as_secs_f64()
+            },
+            &mut || {
+                let t = Instant::now();
+                let mut h = Sha256::new();
+                for e in model.iter().chain(&optimizer) {
+                    h.update(&e.data);
+                }
+                std::hint::black_box(h.finalize());
+                t.elapsed().as_secs_f64()
+            },
+        ],
+    );
+    (digest_s, stream_s)
+}
+
 /// The best of `repeats` seconds of each of `timed`, which are run in turn each round.
 fn best_in_turn<const K: usize>(
     repeats: usize,
@@ -241,8 +275,9 @@ fn main() {
     // Each figure and the plain I/O it is compared with are timed in turn, so that a drift of
     // the machine's speed during the run moves both.
     let (_, bytes, save_s, write_s) = save_against_plain(&mut trainer, &run, &plain, repeats);
+    let (digest_s, stream_s) = digest_against_one_stream(&trainer, repeats);
     drop(trainer);
-    let [load_s, read_s, stream_s] = best_in_turn(
+    let [load_s, read_s, stream_read_s] = best_in_turn(
         repeats,
         &mut [
             &mut || {
@@ -283,13 +318,15 @@ fn main() {
             "load_gb_s": gbs(load_s),
             "plain_read_gb_s": gbs(read_s),
             "load_vs_plain": read_s / load_s,
-            "stream_read_gb_s": gbs(stream_s),
-            "load_vs_stream": stream_s / load_s,
+            "stream_read_gb_s": gbs(stream_read_s),
+            "load_vs_stream": stream_read_s / load_s,
             "single_device_read_gb_s": rate(single),
             "sharded_read_gb_s": rate(sharded),
             "sharded_vs_single_device_read": rate(sharded) / rate(single),
             "sharded_vs_single_device_read_on_one_device": rate(sharded_on_1) / rate(single),
             "sharded_vs_single_device_read_on_3_ranks": rate(sharded) / rate(single_on_3),
+            "state_digest_gb_s": gbs(digest_s),
+            "state_digest_vs_one_sha256_stream": stream_s / digest_s,
         })
     );
 }

@@ -512,13 +512,16 @@ impl<'a, D: Device> Trial<'a, D> {
                     record.reference_digest = reference_digests.get(&step).cloned();
                     record.env_changes = trainer.env_changes().to_vec();
                 }
+                // The reference's state is digested where a resume starts and at `max_steps`,
+                // once: a save there hands its digest on.
+                let digested_here = |step: u64| {
+                    phase == Phase::Reference
+                        && (digested_at.contains(&step) || step == suite.max_steps())
+                };
                 while trainer.step_index() < end {
-                    if phase == Phase::Reference
-                        && (digested_at.contains(&trainer.step_index())
-                            || trainer.step_index() == suite.max_steps())
-                    {
-                        ran.digests
-                            .insert(trainer.step_index(), trainer.state_digest()?);
+                    let step = trainer.step_index();
+                    if digested_here(step) && !ran.digests.contains_key(&step) {
+                        ran.digests.insert(step, trainer.state_digest()?);
                     }
                     let rank_starts: Vec<Breakdown> =
                         ranks.iter().map(|t| t.stats().current).collect();
@@ -578,8 +581,13 @@ impl<'a, D: Device> Trial<'a, D> {
                         Err(e) => return Err(e.into()),
                     }
                     if let Some(saver) = &mut saver {
-                        if suite.saves_at(from.unwrap_or(0), trainer.step_index()) {
-                            saver.save(&mut trainer)?;
+                        let step = trainer.step_index();
+                        if suite.saves_at(from.unwrap_or(0), step) {
+                            let digest = trainer.state_digest()?;
+                            saver.save(&mut trainer, &digest)?;
+                            if digested_here(step) {
+                                ran.digests.insert(step, digest);
+                            }
                         }
                     }
                 }

@@ -113,14 +113,19 @@ impl Saver {
         }
     }
 
-    /// Saves `trainer`'s state: synchronously, reading the checkpoint back at once; or
-    /// asynchronously, after a synchronous save of the same state into the twin directory, the
-    /// checkpoint read back by [`Saver::collect`] once the trainer has finished it.
-    pub fn save<D: Device>(&mut self, trainer: &mut Trainer<D>) -> Result<()> {
+    /// Saves `trainer`'s state, whose digest is `digest`: synchronously, reading the checkpoint
+    /// back at once; or asynchronously, after a synchronous save of the same state into the twin
+    /// directory, the checkpoint read back by [`Saver::collect`] once the trainer has finished
+    /// it.
+    pub fn save<D: Device>(
+        &mut self,
+        trainer: &mut Trainer<D>,
+        digest: &StateDigest,
+    ) -> Result<()> {
         let mut record = SaveRecord {
             step: trainer.step_index(),
             asynchronous: self.asynchronous,
-            in_memory: SavedState::in_memory(&trainer.state_digest()?),
+            in_memory: SavedState::in_memory(digest),
             ..SaveRecord::default()
         };
         if self.asynchronous {
