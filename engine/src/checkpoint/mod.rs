@@ -128,8 +128,8 @@ impl<'a> Entry<'a> {
 }
 
 /// sha256 over entries' names, dtypes and shapes, each followed by the sha256 of its bytes, in
-/// order. The entries' bytes are hashed on every core at once, a tensor to a core: a 1B model's
-/// AdamW state of 15 GB in about the time its largest tensor takes, not the sum of all.
+/// order. The entries' bytes are hashed on every core at once, a tensor to a core, the largest
+/// first (where one stream over all of them took one core).
 pub fn entries_digest(entries: &[Entry<'_>]) -> String {
     let hashes = cores::map_on_cores(entries, |e| e.data.len(), |e| Sha256::digest(&e.data));
     let mut digest = EntriesDigest::default();
