@@ -238,8 +238,9 @@ pub trait Device: Clone + Send + Sync + 'static {
 
     /// A tensor of `shape`, counted under `category`, that its user writes in full before it
     /// reads any of it: a kernel's output, not its accumulator. Its contents are whatever the
-    /// device leaves there (the GPU writes nothing; the CPU writes NaN where debug assertions are
-    /// on, as in tests, so a read before the write shows in every result).
+    /// device leaves there (the GPU writes nothing; the CPU leaves zeros, or what a freed tensor
+    /// left in the memory it reuses, and writes NaN where debug assertions are on, as in tests,
+    /// so a read before the write shows in every result).
     fn uninit<E: Elem>(&self, shape: &[usize], category: Category) -> Result<Self::Tensor<E>> {
         self.zeros(shape, category)
     }

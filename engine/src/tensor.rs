@@ -110,8 +110,19 @@ impl<E: Elem> Tensor<E> {
         Self::leased(tracker, shape, category, Buffer::zeroed_kept)
     }
 
+    /// A tensor of `shape` for an output its user writes in full before reading any of it,
+    /// leased as [`Tensor::zeros`] is: its elements are zero, or what a freed tensor of its
+    /// size left in the memory it reuses (never uninitialised memory).
+    pub(crate) fn unfilled(
+        tracker: &MemoryTracker,
+        shape: &[usize],
+        category: Category,
+    ) -> Result<Self, OutOfMemory> {
+        Self::leased(tracker, shape, category, Buffer::unfilled)
+    }
+
     /// A tensor of `shape` whose bytes the tracker leases under `category` and `buffer` gives
-    /// (zeroed, for that many elements), or the refusal of either.
+    /// (for that many elements), or the refusal of either.
     fn leased(
         tracker: &MemoryTracker,
         shape: &[usize],

@@ -1,6 +1,6 @@
-//! A tensor's zero-filled host storage: large buffers are the tracker's mappings
-//! ([`crate::memory`]'s spares, reused from freed tensors where one of the size is kept, zeroed
-//! again), mid-sized ones kept for the run are carved from shared huge-page mappings
+//! A tensor's host storage, zero-filled unless it is an output written before it is read: large
+//! buffers are the tracker's mappings ([`crate::memory`]'s spares, reused from freed tensors
+//! where one of the size is kept, zeroed again for all but such outputs), mid-sized ones kept for the run are carved from shared huge-page mappings
 //! ([`crate::memory`]'s kept chunks), small ones come from the allocator.
 
 use crate::memory::{Chunk, Mapping, MemoryTracker, HUGE_PAGE};
@@ -10,7 +10,7 @@ use std::sync::Arc;
 /// The smallest buffer that is mapped rather than allocated: one huge page.
 const MAP_FROM: usize = HUGE_PAGE;
 
-/// Zero-filled storage for `len` elements of `E`.
+/// Storage for `len` elements of `E`.
 pub(crate) enum Buffer<E: Elem> {
     /// From the global allocator.
     Heap(Vec<E>),
@@ -33,6 +33,19 @@ impl<E: Elem> Buffer<E> {
     /// `len` zeroed elements, reusing one of `tracker`'s spare mappings where one fits; `None`
     /// when the host cannot provide them.
     pub(crate) fn zeroed(len: usize, tracker: &MemoryTracker) -> Option<Self> {
+        Self::taken(len, tracker, true)
+    }
+
+    /// `len` elements for an output written in full before it is read: as [`Buffer::zeroed`],
+    /// except that a reused spare mapping keeps what the freed tensor left in it instead of
+    /// being zeroed again (fresh memory is still zero).
+    pub(crate) fn unfilled(len: usize, tracker: &MemoryTracker) -> Option<Self> {
+        Self::taken(len, tracker, false)
+    }
+
+    /// `len` elements from the allocator (small), a spare mapping of `tracker`'s (zeroed again
+    /// where `zero_spare`) or a fresh mapping.
+    fn taken(len: usize, tracker: &MemoryTracker, zero_spare: bool) -> Option<Self> {
         let bytes = len.checked_mul(size_of::<E>())?;
         if bytes < MAP_FROM {
             return bytemuck::allocation::try_zeroed_vec(len)
@@ -42,7 +55,9 @@ impl<E: Elem> Buffer<E> {
         let span = bytes.checked_next_multiple_of(HUGE_PAGE)?;
         let map = match tracker.spares().take(span) {
             Some(mut map) => {
-                map.bytes_mut(bytes).fill(0);
+                if zero_spare {
+                    map.bytes_mut(bytes).fill(0);
+                }
                 map
             }
             None => Mapping::new(span)?,
@@ -201,5 +216,33 @@ mod tests {
         again.recycle(&tracker);
         other.recycle(&tracker);
         assert_eq!(tracker.spares().held(), span);
+    }
+
+    #[test]
+    fn an_output_reuses_a_spare_as_the_freed_buffer_left_it_and_fresh_memory_zeroed() {
+        let tracker = MemoryTracker::unlimited();
+        let len = MAP_FROM / 4 + 3;
+        let lease = tracker
+            .allocate(len as u64 * 4, Category::Activations)
+            .unwrap();
+        let fresh = Buffer::<f32>::unfilled(len, &tracker).unwrap();
+        assert!(fresh.as_slice().iter().all(|&x| x == 0.0));
+        let mut b = Buffer::<f32>::zeroed(len, &tracker).unwrap();
+        b.as_mut_slice().fill(7.0);
+        let ptr = b.as_slice().as_ptr();
+        b.recycle(&tracker);
+        drop(lease);
+        let out = Buffer::<f32>::unfilled(len, &tracker).unwrap();
+        assert_eq!(out.as_slice().as_ptr(), ptr, "the spare mapping, reused");
+        assert!(
+            out.as_slice().iter().all(|&x| x == 7.0),
+            "not zeroed a second time"
+        );
+        assert!(Buffer::<f32>::unfilled(100, &tracker)
+            .unwrap()
+            .as_slice()
+            .iter()
+            .all(|&x| x == 0.0));
+        drop(fresh);
     }
 }

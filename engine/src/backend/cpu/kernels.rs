@@ -67,7 +67,7 @@ impl Device for CpuDevice {
     }
 
     fn uninit<E: Elem>(&self, shape: &[usize], category: Category) -> Result<Tensor<E>> {
-        let mut t = CpuDevice::zeros(self, shape, category)?;
+        let mut t = Tensor::unfilled(&self.tracker, shape, category)?;
         if cfg!(debug_assertions) {
             t.as_mut_slice().fill(E::from_f32(f32::NAN));
         }

@@ -23,7 +23,8 @@ pub(crate) struct Workspace<T> {
     c: Option<T>,
 }
 
-/// Allocates the workspace of a `[m, k] · [k, n]` product of operands and output of `dtypes`.
+/// Allocates the workspace of a `[m, k] · [k, n]` product of operands and output of `dtypes`,
+/// each buffer written in full (widened, packed or accumulated into) before it is read.
 pub(crate) fn workspace<D: Device>(
     dev: &D,
     dtypes: [DType; 3],
@@ -31,7 +32,7 @@ pub(crate) fn workspace<D: Device>(
 ) -> Result<Workspace<D::Tensor<f32>>> {
     let wide = |dtype: DType, len: usize| match dtype {
         DType::F32 => Ok(None),
-        DType::Bf16 => dev.zeros::<f32>(&[len], Category::Workspace).map(Some),
+        DType::Bf16 => dev.uninit::<f32>(&[len], Category::Workspace).map(Some),
     };
     Ok(Workspace {
         a: wide(dtypes[0], m * k)?,
