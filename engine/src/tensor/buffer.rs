@@ -1,7 +1,8 @@
 //! A tensor's host storage, zero-filled unless it is an output written before it is read: large
 //! buffers are the tracker's mappings ([`crate::memory`]'s spares, reused from freed tensors
-//! where one of the size is kept, zeroed again for all but such outputs), mid-sized ones kept for the run are carved from shared huge-page mappings
-//! ([`crate::memory`]'s kept chunks), small ones come from the allocator.
+//! where one of the size is kept, zeroed again for all but such outputs), mid-sized ones kept
+//! for the run are carved from shared huge-page mappings ([`crate::memory`]'s kept chunks),
+//! small ones come from the allocator.
 
 use crate::memory::{Chunk, Mapping, MemoryTracker, HUGE_PAGE};
 use crate::tensor::Elem;
@@ -227,6 +228,7 @@ mod tests {
             .unwrap();
         let fresh = Buffer::<f32>::unfilled(len, &tracker).unwrap();
         assert!(fresh.as_slice().iter().all(|&x| x == 0.0));
+        drop(fresh);
         let mut b = Buffer::<f32>::zeroed(len, &tracker).unwrap();
         b.as_mut_slice().fill(7.0);
         let ptr = b.as_slice().as_ptr();
@@ -243,6 +245,5 @@ mod tests {
             .as_slice()
             .iter()
             .all(|&x| x == 0.0));
-        drop(fresh);
     }
 }
