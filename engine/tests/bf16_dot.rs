@@ -1,9 +1,9 @@
 //! The CPU's bf16 products through the bf16 dot-product instruction (`CKPT_CPU_BF16_PRODUCTS=dot`):
-//! each output against the instruction applied pair by pair in increasing order, whatever the
-//! operands' layout, the thread count and the shape's edges; near the widened products; a
-//! bf16-mixed run on it resuming bit for bit and recording it. Trials that need AVX-512 BF16 are
-//! listed as ignored where this CPU or build has none, so test runners report them as skipped;
-//! the refusal there is a trial of its own.
+//! the instruction against Intel's manual; each output against the instruction applied pair by pair
+//! in increasing order, whatever the operands' layout, the thread count and the shape's edges; near
+//! the widened products; a bf16-mixed run on it resuming bit for bit and recording it. Trials that
+//! need AVX-512 BF16 are listed as ignored where this CPU or build has none, so test runners report
+//! them as skipped; the refusal there is a trial of its own.
 
 mod common;
 
@@ -37,6 +37,10 @@ fn main() {
         needs_dot(
             "random_products_match_the_instruction_pair_by_pair",
             random_products,
+        ),
+        needs_dot(
+            "the_instruction_adds_the_high_product_then_the_low_one_rounding_each_as_documented",
+            as_documented,
         ),
         needs_dot(
             "dot_products_stay_near_the_widened_ones_in_the_same_workspace",
@@ -83,6 +87,29 @@ fn dot_step(acc: f32, x: u32, y: u32) -> f32 {
     }
     #[cfg(not(target_arch = "x86_64"))]
     unreachable!("no bf16 dot products off x86-64 ({acc}, {x}, {y})")
+}
+
+/// `acc` after one `vdpbf16ps` as Intel's manual describes it: the high (odd) elements' product
+/// added first, then the low (even) ones', each addition rounded to nearest even. Exact for
+/// operands and sums in f32's normal range, where a product of two bf16 values is exact in f32
+/// and the instruction's treatment of subnormals never applies.
+fn documented_step(acc: f32, x: u32, y: u32) -> f32 {
+    let element = |pair: u32, half: u32| f32::from_bits((pair >> half) << 16);
+    let product = |half: u32| element(x, half) * element(y, half);
+    (acc + product(16)) + product(0)
+}
+
+/// A pair of bf16 values of either sign, their exponents drawn from `lowest..lowest + span`
+/// (biased), from the generator `s`.
+fn normal_pair(s: &mut u64, lowest: u64, span: u64) -> u32 {
+    let mut half = || {
+        *s ^= *s << 13;
+        *s ^= *s >> 7;
+        *s ^= *s << 17;
+        let (sign, exponent, mantissa) = (*s & 1, lowest + (*s >> 1) % span, (*s >> 20) & 0x7f);
+        (sign << 15 | exponent << 7 | mantissa) as u32
+    };
+    half() | half() << 16
 }
 
 /// A product to compute: `[m, k] · [k, n]`, each operand stored transposed or not, added to a
@@ -267,6 +294,53 @@ fn random_products() -> Outcome {
     runner
         .run(&case, |c| check(&c).map_err(TestCaseError::fail))
         .map_err(|e| Failed::from(e.to_string()))
+}
+
+/// The instruction against [`documented_step`] on many steps whose values lie in f32's normal
+/// range: exponents 2⁻²⁷ to 2²³ (half of them 2⁻⁷ to 2⁸, where sums cancel most), so products
+/// and sums stay normal. Where every CPU with AVX-512 BF16 passes, a run on dot products has the
+/// same bits on all of them, whoever made the CPU. The samples must also tell the documented
+/// order from the low product first and from one rounding of both products, or the trial could
+/// not see either.
+fn as_documented() -> Outcome {
+    let mut s = 0x2545_f491_4f6c_dd1d_u64;
+    let (mut low_first_differs, mut fused_differs) = (0, 0);
+    for i in 0..400_000 {
+        let (lowest, span) = if i % 2 == 0 { (100, 51) } else { (120, 16) };
+        let (x, y) = (
+            normal_pair(&mut s, lowest, span),
+            normal_pair(&mut s, lowest, span),
+        );
+        // a normal f32: a normal bf16 in the high half, any low mantissa bits
+        let acc = f32::from_bits(normal_pair(&mut s, lowest, span));
+        let (got, want) = (dot_step(acc, x, y), documented_step(acc, x, y));
+        if got.to_bits() != want.to_bits() {
+            return Err(format!(
+                "vdpbf16ps on accumulator {acc:e} ({:#010x}) and pairs {x:#010x}, {y:#010x} gives \
+                 {got:e}, not {want:e} as the manual's order (high product first, each addition \
+                 rounded) gives: dot-product runs on this CPU do not have the bits of other CPUs \
+                 with AVX-512 BF16",
+                acc.to_bits()
+            )
+            .into());
+        }
+        let element = |pair: u32, half: u32| f32::from_bits((pair >> half) << 16);
+        let (hi, lo) = (
+            element(x, 16) * element(y, 16),
+            element(x, 0) * element(y, 0),
+        );
+        low_first_differs += usize::from(((acc + lo) + hi).to_bits() != got.to_bits());
+        let fused = (f64::from(acc) + f64::from(hi) + f64::from(lo)) as f32;
+        fused_differs += usize::from(fused.to_bits() != got.to_bits());
+    }
+    if low_first_differs == 0 || fused_differs == 0 {
+        return Err(format!(
+            "the samples cannot tell the documented order from another ({low_first_differs} \
+             differ from the low product first, {fused_differs} from one rounding)"
+        )
+        .into());
+    }
+    Ok(())
 }
 
 fn near_the_widened() -> Outcome {

@@ -3,11 +3,13 @@
 //!
 //! The instruction multiplies two pairs of bf16 values and adds both products to an f32
 //! accumulator, twice the products per instruction of an f32 FMA and no widened copy of the
-//! operands. Each output sums its inner dimension pair by pair, in increasing order, in one
-//! accumulator: a fixed order that neither the thread count nor the caches change. It is not the
-//! order of the widened products (`gemm`'s), and the instruction treats subnormal inputs and
-//! results as zero, so a run's bits depend on the choice, which the execution record names
-//! (`x86_64 avx512f avx512_bf16`).
+//! operands: as Intel's manual describes it, the high element's product first, then the low one's,
+//! each addition rounded to f32 (a trial checks the CPU against that, so a run's bits do not depend
+//! on who made the CPU where it passes). Each output sums its inner dimension pair by pair, in
+//! increasing order, in one accumulator: a fixed order that neither the thread count nor the caches
+//! change. It is not the order of the widened products (`gemm`'s), and the instruction treats
+//! subnormal inputs and results as zero, so a run's bits depend on the choice, which the execution
+//! record names (`x86_64 avx512f avx512_bf16`).
 //!
 //! The operands are packed into the product's workspace, the same buffers the widened product
 //! takes, so the memory a step uses does not depend on the choice: `a` as `[m, ⌈k/2⌉]` pairs
