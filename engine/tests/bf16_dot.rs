@@ -89,14 +89,22 @@ fn dot_step(acc: f32, x: u32, y: u32) -> f32 {
     unreachable!("no bf16 dot products off x86-64 ({acc}, {x}, {y})")
 }
 
-/// `acc` after one `vdpbf16ps` as Intel's manual describes it: the high (odd) elements' product
-/// added first, then the low (even) ones', each addition rounded to nearest even. Exact for
-/// operands and sums in f32's normal range, where a product of two bf16 values is exact in f32
-/// and the instruction's treatment of subnormals never applies.
-fn documented_step(acc: f32, x: u32, y: u32) -> f32 {
+/// The products of the pairs `x` and `y`: their high (odd) elements' and their low (even) ones',
+/// exact in f32 where they lie in its normal range.
+fn pair_products(x: u32, y: u32) -> (f32, f32) {
     let element = |pair: u32, half: u32| f32::from_bits((pair >> half) << 16);
-    let product = |half: u32| element(x, half) * element(y, half);
-    (acc + product(16)) + product(0)
+    (
+        element(x, 16) * element(y, 16),
+        element(x, 0) * element(y, 0),
+    )
+}
+
+/// `acc` after one `vdpbf16ps` as Intel's manual describes it: the high elements' product added
+/// first, then the low ones', each addition rounded to nearest even. Exact for operands and sums
+/// in f32's normal range, where the instruction's treatment of subnormals never applies.
+fn documented_step(acc: f32, x: u32, y: u32) -> f32 {
+    let (high, low) = pair_products(x, y);
+    (acc + high) + low
 }
 
 /// A pair of bf16 values of either sign, their exponents drawn from `lowest..lowest + span`
@@ -324,13 +332,10 @@ fn as_documented() -> Outcome {
             )
             .into());
         }
-        let element = |pair: u32, half: u32| f32::from_bits((pair >> half) << 16);
-        let (hi, lo) = (
-            element(x, 16) * element(y, 16),
-            element(x, 0) * element(y, 0),
-        );
-        low_first_differs += usize::from(((acc + lo) + hi).to_bits() != got.to_bits());
-        let fused = (f64::from(acc) + f64::from(hi) + f64::from(lo)) as f32;
+        let (high, low) = pair_products(x, y);
+        low_first_differs += usize::from(((acc + low) + high).to_bits() != got.to_bits());
+        // both products added in f64 and rounded to f32 once (near enough to tell it apart)
+        let fused = (f64::from(acc) + f64::from(high) + f64::from(low)) as f32;
         fused_differs += usize::from(fused.to_bits() != got.to_bits());
     }
     if low_first_differs == 0 || fused_differs == 0 {
