@@ -225,6 +225,13 @@ pub trait Device: Clone + Send + Sync + 'static {
     /// Marks the start of a part of the step.
     fn enter(&self, _phase: StepPhase) {}
 
+    /// Runs `f`, a whole training step, where this device's kernels run: on the CPU, on one of
+    /// its pool's threads, so that each kernel's parallel loop starts there instead of waking
+    /// the pool and putting the caller to sleep; elsewhere, on the calling thread.
+    fn run_step<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        f()
+    }
+
     /// A zero-filled tensor of `shape`, counted under `category`.
     fn zeros<E: Elem>(&self, shape: &[usize], category: Category) -> Result<Self::Tensor<E>>;
 

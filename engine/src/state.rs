@@ -351,11 +351,14 @@ impl<D: Device> State<D> {
         dropout: Option<Dropout>,
         lr: f64,
     ) -> Result<(PassOutput, f64)> {
-        let pass = self.accumulate(batches, dropout)?;
-        self.dev.enter(StepPhase::Optimizer);
-        let grad_norm = self.clip_grad_norm()?;
-        self.adamw_step(lr)?;
-        Ok((pass, grad_norm))
+        let dev = self.dev.clone();
+        dev.run_step(|| {
+            let pass = self.accumulate(batches, dropout)?;
+            self.dev.enter(StepPhase::Optimizer);
+            let grad_norm = self.clip_grad_norm()?;
+            self.adamw_step(lr)?;
+            Ok((pass, grad_norm))
+        })
     }
 
     /// AdamW updates taken so far.

@@ -598,6 +598,7 @@ fn dispatch(command: Command) -> Result<u8> {
 }
 
 fn main() -> ExitCode {
+    ckpt_harness::host_memory::limit_malloc_arenas();
     let cli = Cli::parse();
     match dispatch(cli.command) {
         Ok(code) => ExitCode::from(code),

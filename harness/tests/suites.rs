@@ -159,6 +159,7 @@ fn scale_out() -> anyhow::Result<()> {
 }
 
 fn main() {
+    ckpt_harness::host_memory::limit_malloc_arenas();
     let mut args = Arguments::from_args();
     if args.test_threads.is_none() {
         args.test_threads = Some(1);

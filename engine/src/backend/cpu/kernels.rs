@@ -58,6 +58,10 @@ impl Device for CpuDevice {
         }
     }
 
+    fn run_step<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        self.install(f)
+    }
+
     fn zeros<E: Elem>(&self, shape: &[usize], category: Category) -> Result<Tensor<E>> {
         Ok(CpuDevice::zeros(self, shape, category)?)
     }
@@ -626,6 +630,17 @@ mod tests {
             assert_eq!(got, vec![dev.rank_capacity(world); world]);
         }
         assert_eq!(dev.rank_capacity(3), 333_333);
+    }
+
+    /// A step runs on one of the device's own threads, so each kernel's parallel loop starts
+    /// there instead of waking the pool from outside.
+    #[test]
+    fn a_step_runs_on_one_of_the_device_pool_threads() {
+        let dev = CpuDevice::new(3, u64::MAX).unwrap();
+        let (index, threads) =
+            dev.run_step(|| (rayon::current_thread_index(), rayon::current_num_threads()));
+        assert!(index.is_some_and(|i| i < 3), "ran on thread {index:?}");
+        assert_eq!(threads, 3);
     }
 
     #[test]
