@@ -131,8 +131,9 @@ struct Sharded {
 }
 
 /// A save of `trainer` into the run directory `run` and a plain write + fsync of as many bytes
-/// into a new file of `plain`, timed in turn (best of `repeats`, so that a drift of the machine's speed during
-/// the run moves both): the checkpoint, its bytes, and the save's and the write's seconds.
+/// into a new file of `plain`, timed in turn (best of `repeats`, so that a drift of the machine's
+/// speed during the run moves both): the checkpoint, its bytes, and the save's and the write's
+/// seconds.
 fn save_against_plain<D: ckpt_engine::Device>(
     trainer: &mut Trainer<D>,
     run: &Path,

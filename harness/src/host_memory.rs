@@ -4,9 +4,9 @@
 //! peak covers the whole process so far.
 
 /// The malloc arenas glibc may keep: one, the main thread's, that every thread allocates from.
-pub const MALLOC_ARENAS: i32 = 1;
+const MALLOC_ARENAS: i32 = 1;
 
-/// Limits glibc's malloc to [`MALLOC_ARENAS`] arenas; call it first in `main`, before any thread
+/// Limits glibc's malloc to one arena; call it first in `main`, before any thread
 /// starts. glibc otherwise gives each thread that allocates an arena of its own (up to eight a
 /// core), which keeps what that thread freed for it alone. The CPU device runs a training step on
 /// whichever of its pool's threads takes it, and each suite's device has new ones: the step's
