@@ -257,7 +257,7 @@ impl Estimate {
 }
 
 /// The memory model of `cfg`. Its cost does not grow with the run's `accumulation`: the
-/// micro-batches of a step repeat, and a few of them give the figures of all ([`steps`]).
+/// micro-batches of a step repeat, and a few of them give the figures of all (`steps`).
 pub fn estimate(cfg: &EstimateConfig) -> Result<Estimate> {
     assemble(cfg, steps)
 }

@@ -1,7 +1,7 @@
 //! Durable file operations: write-and-fsync with running checksums, directory fsync, atomic
 //! replacement by rename, verified single-pass reads, and memory maps for headers.
 //!
-//! Every file is recorded by the XXH3-128 of each of its segments ([`checksum`]), computed as
+//! Every file is recorded by the XXH3-128 of each of its segments (`checksum`), computed as
 //! it is written and verified as it is loaded: it detects accidental damage (truncation,
 //! flipped bits, torn writes) as surely as sha256 at about 15 times its speed, so checksumming
 //! costs little next to writing or reading. The sha256 (what `sha256sum` prints) is computed on
@@ -42,7 +42,7 @@ pub fn record(bytes: &[u8]) -> FileRecord {
 }
 
 /// Writes `parts` (concatenated) to a new file at `path`, fsyncs it, and returns its record.
-/// The file is written a [`PIECE`] of its bytes at a time, on [`PIECE`] boundaries of the file
+/// The file is written a `PIECE` of its bytes at a time, on `PIECE` boundaries of the file
 /// whatever the parts' sizes (one vectored write gathers the small ones), and each piece is
 /// checksummed right after it is written, while it is still in cache; the file is fsynced once
 /// at the end. Large aligned writes matter past the save: the page cache keeps a file in the
@@ -130,7 +130,7 @@ pub fn checksums(path: &Path, segment_bytes: u64) -> Result<FileRecord> {
 /// Reads the file at `path` once, start to end, and says whether its content matches `record`:
 /// `None` when it does, else the first range of its bytes that does not.
 /// The bytes at each `(offset, destination)` region (not overlapping, inside the file) are read
-/// straight into the destination; every byte is checksummed as it arrives (see [`reading`]).
+/// straight into the destination; every byte is checksummed as it arrives (see `reading`).
 pub fn read_verified(
     path: &Path,
     record: &FileRecord,

@@ -2,13 +2,13 @@
 //! Hugging Face transformers), `optimizer.safetensors` (AdamW moments, fp32 master weights where
 //! the precision keeps them), `trainer_state.json` (see [`state`]) and its checksum
 //! `trainer_state.json.sha256` (see [`state_file`]). Several ranks save, instead of the two
-//! tensor files, a file per rank and an index (see [`shards`]); [`export`] writes any
+//! tensor files, a file per rank and an index (see [`shards`]); [`export()`] writes any
 //! checkpoint's weights in the Hugging Face layout.
 //!
 //! Saving holds the run's [`RunLock`], writes a temporary directory beside the final one, fsyncs
 //! every file and the directory, renames it into place (see [`files::replace_dir`] for a step
 //! saved before), then replaces the `latest` pointer by rename: a crash at any instant leaves
-//! the previous checkpoint loadable, and [`recover`] puts right what it left. Loading checks
+//! the previous checkpoint loadable, and [`recover()`] puts right what it left. Loading checks
 //! presence, sizes, the run's configuration, dtypes and shapes, allocates every tensor in its
 //! final place, and reads each file once straight into them while verifying its checksum; it
 //! names exactly what is wrong.
@@ -339,7 +339,7 @@ pub fn save(run_dir: &Path, req: SaveRequest<'_>, keep_last: Option<usize>) -> R
 }
 
 /// What a save does before it writes: checks that `state` can be stored, takes `run_dir`'s
-/// [`RunLock`], puts right what interrupted saves left ([`recover`]), and makes the temporary
+/// [`RunLock`], puts right what interrupted saves left ([`recover()`]), and makes the temporary
 /// directory step `state.global_step`'s checkpoint is written into, which is removed when
 /// dropped unless it was renamed into place.
 fn begin(run_dir: &Path, state: &TrainerState) -> Result<(RunLock, tempfile::TempDir)> {
@@ -488,7 +488,7 @@ pub fn list(run_dir: &Path) -> Result<Vec<PathBuf>> {
 
 /// Deletes the oldest checkpoints beyond `keep`, never `latest`'s. Each is first renamed out of
 /// the checkpoints' names (to `.pruned-step-N`), so a crash while its files are deleted leaves
-/// no half-deleted `step-N` behind; [`recover`] deletes what it left.
+/// no half-deleted `step-N` behind; [`recover()`] deletes what it left.
 fn prune(run_dir: &Path, keep: usize, latest: &str) -> Result<()> {
     let dirs = list(run_dir)?;
     let excess = dirs.len().saturating_sub(keep);

@@ -1,8 +1,8 @@
 //! A checkpoint saved by ranks that are processes of their own, over their connections
 //! ([`Collective`]): the files the same ranks in one process save, byte for byte.
 //!
-//! Rank 0 does what one process does around the tensors: it takes the run's [`RunLock`], puts
-//! right what an interrupted save left ([`recover`]), makes the temporary directory and tells
+//! Rank 0 does what one process does around the tensors: it takes the run's [`RunLock`](super::RunLock), puts
+//! right what an interrupted save left ([`recover`](super::recover())), makes the temporary directory and tells
 //! every rank its name. For a sharded checkpoint every rank then sends every other its plan
 //! (which rows of which tensors it holds), so that each checks alike that the chunks tile every
 //! tensor; each writes and fsyncs its own file into the temporary directory and sends rank 0
@@ -15,7 +15,7 @@
 //! Crash safety is one process's: nothing is renamed into place before every rank has reported
 //! its file fsynced, so a rank that stops at any point of a save leaves `latest` naming the
 //! previous checkpoint, and rank 0 removes the temporary directory (where rank 0 itself is
-//! killed, the next save's [`recover`] does). The run directory must be one every rank sees:
+//! killed, the next save's [`recover`](super::recover()) does). The run directory must be one every rank sees:
 //! the same path, on a filesystem they share.
 
 use super::shards::{self, ChunkIndex, RankPlan, RankWritten, SHARDS_FILE};

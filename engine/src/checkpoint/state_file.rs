@@ -5,7 +5,7 @@
 //! sidecar `trainer_state.json.sha256` protects the state file itself. The sidecar is one line in
 //! `sha256sum`'s format, so `sha256sum -c trainer_state.json.sha256` checks it with standard
 //! tools. Checkpoints of format version 1 were written without it: they still load, and
-//! [`super::verify`] reports their state file as unprotected. From version 2 on a missing sidecar
+//! [`super::verify()`] reports their state file as unprotected. From version 2 on a missing sidecar
 //! is damage.
 
 use super::files::{sha256_hex, write_synced, CHECKPOINT_FILE};

@@ -33,7 +33,7 @@ pub struct DropoutMask {
 /// Bits of each draw compared with the threshold.
 const DRAW_BITS: u32 = 24;
 
-/// How far a 64-bit draw is shifted right to keep its top [`DRAW_BITS`] bits.
+/// How far a 64-bit draw is shifted right to keep its top `DRAW_BITS` bits.
 pub const DRAW_SHIFT: u32 = 64 - DRAW_BITS;
 
 const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
@@ -76,7 +76,7 @@ impl DropoutMask {
         self.key
     }
 
-    /// The smallest draw (of [`DRAW_BITS`] bits) that keeps an element.
+    /// The smallest draw (of `DRAW_BITS` bits) that keeps an element.
     pub fn threshold(&self) -> u64 {
         self.threshold
     }

@@ -5,7 +5,7 @@
 //! of a transport than NCCL gives, once the receiving ends are kept open ([`super::buffered`]):
 //! the same bits as over channels, at every stage and world size.
 //!
-//! Each ordered pair of ranks has a [`Slot`] holding at most one message. A send puts its
+//! Each ordered pair of ranks has a `Slot` holding at most one message. A send puts its
 //! message in and waits until it is taken, at most [`SEND_LIMIT`]: a message nobody takes in
 //! that time means every rank is sending and none receiving, which is reported, not waited on
 //! for ever.

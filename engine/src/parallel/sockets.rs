@@ -5,7 +5,7 @@
 //! loopback (`parallel: {transport: sockets}`), with the bits of one rank at every stage.
 //!
 //! Ranks meet through rank 0 ([`join`]): rank 0 listens at an address every rank is given;
-//! every other rank connects to it, says who it is ([`Hello`]: the world size it was started
+//! every other rank connects to it, says who it is (`Hello`: the world size it was started
 //! with, its rank, and where it listens itself) and gets back where every rank listens. Then
 //! each rank connects to every lower rank but 0 and accepts a connection from every higher one.
 //! A rank started with another world size, a rank index given twice or out of range, and a

@@ -1,7 +1,7 @@
 //! The phases of a suite whose ranks are processes of their own (`parallel.processes`). Each
 //! phase starts one `ckpt-harness rank-phase` process per rank; the ranks meet over loopback
 //! TCP through a file of the phase (rank 0 writes the port the system gave it there, as with
-//! `train --rank --meet-file`), run the phase as [`Trial::phase`] runs it, and each writes the
+//! `train --rank --meet-file`), run the phase as `Trial::phase` runs it, and each writes the
 //! phase as it saw it: its own bytes, its own resident host memory. The harness puts the ranks'
 //! records side by side, as it puts the ranks of one process, after checking that they agree
 //! on every step's loss, gradient norm and batch.

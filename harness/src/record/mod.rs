@@ -27,7 +27,7 @@ pub fn file(dir: &Path, trial: &str) -> PathBuf {
     dir.join(format!("{}.jsonl", trial.replace("::", ".")))
 }
 
-/// Writes every trial's record under `dir`, one file each (see [`file`]): a record read from
+/// Writes every trial's record under `dir`, one file each (see [`file()`]): a record read from
 /// elsewhere as it was read, the engine's as its lines; a trial that recorded nothing (it could
 /// not run) has none.
 pub fn write_all<'a>(records: impl IntoIterator<Item = &'a RunRecord>, dir: &Path) -> Result<()> {

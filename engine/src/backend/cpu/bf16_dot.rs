@@ -13,8 +13,8 @@
 //!
 //! The operands are packed into the product's workspace, the same buffers the widened product
 //! takes, so the memory a step uses does not depend on the choice: `a` as `[m, ⌈k/2⌉]` pairs
-//! in micro-panels of [`MR`] rows (each pair of a panel's rows together), `b` as `⌈k/2⌉` rows
-//! of pairs in panels of [`NR`] columns, each panel's rows contiguous, the last panels as
+//! in micro-panels of `MR` rows (each pair of a panel's rows together), `b` as `⌈k/2⌉` rows
+//! of pairs in panels of `NR` columns, each panel's rows contiguous, the last panels as
 //! small as the rows and columns left.
 
 use crate::error::{EngineError, Result};
@@ -241,7 +241,7 @@ pub(crate) fn gemm(
         });
 }
 
-/// One tile of `rows` ≤ [`MR`] rows of `a` (a micro-panel's) and `width` ≤ [`NR`] columns,
+/// One tile of `rows` ≤ `MR` rows of `a` (a micro-panel's) and `width` ≤ `NR` columns,
 /// `pairs` of its inner dimension.
 unsafe fn tile(
     rows: usize,

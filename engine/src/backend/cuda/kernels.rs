@@ -392,7 +392,7 @@ impl Device for CudaDevice {
         )
     }
 
-    /// `dw`'s rows are summed per column in [`DW_WARPS`] contiguous shares, each in row order,
+    /// `dw`'s rows are summed per column in `DW_WARPS` contiguous shares, each in row order,
     /// and the shares in order.
     fn rmsnorm_backward<E: Elem>(
         &self,

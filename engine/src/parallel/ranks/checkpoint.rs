@@ -30,7 +30,7 @@ impl<D: Device> Ranks<D> {
 
     /// What a checkpoint of the ranks holds: one rank's tensors; with several ranks that save
     /// [`Checkpoints::Sharded`], each rank's chunk of every tensor (see
-    /// [`Ranks::checkpoint_chunks`]: where the ranks are processes of their own, this
+    /// `Ranks::checkpoint_chunks`: where the ranks are processes of their own, this
     /// process's rank's alone); else every tensor gathered whole (see
     /// [`Ranks::checkpoint_entries`]).
     pub fn checkpoint_tensors(&self) -> Result<Tensors<'_>> {
