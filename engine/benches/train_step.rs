@@ -13,15 +13,19 @@
 //! cargo bench -p ckpt-engine --bench train_step -- [--device cpu|cuda] [--model bench|llama-1b]
 //!     [--batch N] [--seq N] [--layers N] [--threads N] [--steps N] [--warmup N]
 //!     [--checkpointing none,full] [--precision fp32|bf16-mixed] [--loss standard|chunked:N]
-//!     [--peak-tflops X]
+//!     [--peak-tflops X] [--loops widest|avx2|baseline]
 //! ```
 //! The first options can also be given as environment variables (`BENCH_THREADS`,
 //! `BENCH_STEPS`, `BENCH_WARMUP`, `BENCH_CHECKPOINTING`, `BENCH_PRECISION`, `BENCH_LOSS`);
 //! arguments win. With more than one policy the output also holds each policy's step time over
 //! the first one's. On the CPU, `CKPT_CPU_BF16_PRODUCTS=dot` multiplies bf16 with the bf16
-//! dot-product instruction, as it does in runs; `cpu_kernels` in the output says so.
+//! dot-product instruction, as it does in runs; `cpu_kernels` in the output says so. `--loops`
+//! holds the engine's own loops (all but the matrix products) to narrower vector instructions
+//! than the CPU's widest, with the same bits (`CpuDevice::limit_vector_isa`); `cpu_loops` in the
+//! output says which ran.
 
 use ckpt_engine::backend::cpu::bf16_dot::Bf16Products;
+use ckpt_engine::backend::cpu::VectorIsa;
 use ckpt_engine::{CpuDevice, CudaDevice, Device, LlamaConfig, TrainConfig, Trainer};
 use serde_json::{json, Value};
 use std::time::Instant;
@@ -40,6 +44,7 @@ struct Options {
     seq: Option<usize>,
     layers: Option<usize>,
     peak_tflops: f64,
+    loops: VectorIsa,
 }
 
 impl Options {
@@ -59,6 +64,7 @@ impl Options {
             seq: None,
             layers: None,
             peak_tflops: 989.0,
+            loops: VectorIsa::Avx512,
         };
         let mut args = std::env::args().skip(1);
         while let Some(arg) = args.next() {
@@ -90,6 +96,18 @@ impl Options {
                 "--layers" => opts.layers = Some(value()?.parse().map_err(bad("layers"))?),
                 "--peak-tflops" => {
                     opts.peak_tflops = value()?.parse().map_err(bad("peak-tflops"))?
+                }
+                "--loops" => {
+                    opts.loops = match value()?.as_str() {
+                        "widest" => VectorIsa::Avx512,
+                        "avx2" => VectorIsa::Avx2Fma,
+                        "baseline" => VectorIsa::Baseline,
+                        other => {
+                            return Err(format!(
+                                "--loops takes widest, avx2 or baseline, not {other}"
+                            ))
+                        }
+                    }
                 }
                 other => return Err(format!("unknown argument {other}")),
             }
@@ -242,7 +260,8 @@ fn measure(opts: &Options, checkpointing: &str) -> Result<Value, String> {
     } else {
         let dev = CpuDevice::new(opts.threads, u64::MAX)
             .and_then(|d| d.with_bf16_products(Bf16Products::from_env()?))
-            .map_err(err)?;
+            .map_err(err)?
+            .limit_vector_isa(opts.loops);
         time_steps(
             opts,
             checkpointing,
@@ -333,6 +352,7 @@ fn run() -> Result<Value, String> {
         "batch": batch,
         "seq": seq,
         "threads": opts.threads,
+        "cpu_loops": (opts.device == "cpu").then(|| format!("{:?}", opts.loops.min(VectorIsa::detect()))),
         "steps": opts.steps,
         "warmup": opts.warmup,
         "precision": opts.precision,

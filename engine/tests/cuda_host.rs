@@ -13,8 +13,6 @@
 //! Needs a C++20 compiler (`$CXX`, else `c++`); without one the trials are listed as ignored.
 //! The compiler is told not to fuse multiplies and adds, as NVRTC is (`--fmad=false`).
 
-// Only the tiny model of the shared builders is used here.
-#[allow(dead_code)]
 mod common;
 
 use ckpt_engine::backend::cuda::{attention_tiles, tensor_core_keys, TC_ROWS};

@@ -1,9 +1,12 @@
 //! Training is a function of its configuration: two runs give the same bits, whatever the number
-//! of threads, in fp32 and in bf16-mixed precision, with and without dropout.
+//! of threads and the vector instructions the engine's own loops run in, in fp32 and in
+//! bf16-mixed precision, with and without dropout.
 
 mod common;
 
+use ckpt_engine::backend::cpu::VectorIsa;
 use ckpt_engine::config::{Precision, TrainConfig};
+use ckpt_engine::model::Family;
 use ckpt_engine::trainer::StepStats;
 use ckpt_engine::{CpuDevice, Trainer};
 
@@ -33,7 +36,10 @@ fn bits(values: &[f32]) -> Vec<u32> {
 
 fn run(precision: Precision, dropout: f32, threads: usize) -> Run {
     let dev = CpuDevice::new(threads, u64::MAX).unwrap();
-    let cfg = config(precision, dropout);
+    run_on(dev, config(precision, dropout))
+}
+
+fn run_on(dev: CpuDevice, cfg: TrainConfig) -> Run {
     let names = ckpt_engine::model::param_specs(&cfg.model);
     let mut trainer = Trainer::new(cfg, dev).unwrap();
     let stats = (0..STEPS).map(|_| trainer.step().unwrap()).collect();
@@ -131,5 +137,46 @@ fn dropout_masks_do_not_depend_on_the_thread_count() {
         );
         let plain = run(precision, 0.0, 1);
         assert_ne!(trajectory(&one), trajectory(&plain), "dropout acts");
+    }
+}
+
+/// The engine's own loops (everything but the matrix products) give the same bits in every
+/// vector instruction set they run in: the CPU's widest, AVX2 with FMA, and the build's baseline
+/// (4-lane SSE2 on x86-64), with dropout, in fp32 and bf16-mixed, on dense models (Llama, Qwen2's
+/// biases) and a mixture of experts (Qwen3-MoE, its heads' norms too). Where the CPU has neither
+/// AVX-512 nor AVX2, all three run the baseline.
+#[test]
+fn the_engine_loops_give_the_same_bits_in_every_vector_instruction_set() {
+    let moe = {
+        let mut cfg = config(Precision::Fp32, 0.1);
+        cfg.model = common::qwen3_moe(cfg.model, 64);
+        cfg
+    };
+    let qwen2 = {
+        let mut cfg = config(Precision::Bf16Mixed, 0.1);
+        cfg.model.family = Family::Qwen2;
+        cfg
+    };
+    let configs = [
+        ("fp32 Llama", config(Precision::Fp32, 0.1)),
+        ("bf16-mixed Qwen2", qwen2),
+        ("fp32 Qwen3-MoE", moe),
+    ];
+    for (what, cfg) in configs {
+        let widest = CpuDevice::new(2, u64::MAX).unwrap();
+        let isa = widest.vector_isa();
+        let reference = run_on(widest, cfg.clone());
+        for narrower in [VectorIsa::Avx2Fma, VectorIsa::Baseline] {
+            let dev = CpuDevice::new(2, u64::MAX)
+                .unwrap()
+                .limit_vector_isa(narrower);
+            let limited = dev.vector_isa();
+            assert!(
+                limited <= narrower,
+                "{limited:?} is wider than {narrower:?}"
+            );
+            let run = run_on(dev, cfg.clone());
+            assert_same_run(&format!("{what}, {isa:?} vs {limited:?}"), &reference, &run);
+        }
     }
 }

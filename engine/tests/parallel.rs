@@ -9,9 +9,8 @@ use ckpt_engine::backend::count::{Like, Routes};
 use ckpt_engine::checkpoint::{step_dir_name, STATE_FILE};
 use ckpt_engine::config::Precision;
 use ckpt_engine::estimate::{estimate, routed_rank_steps, EstimateConfig, StepEstimate};
-use ckpt_engine::model::config::MoeConfig;
 use ckpt_engine::model::loss::LossKind;
-use ckpt_engine::model::{Checkpointing, Family};
+use ckpt_engine::model::Checkpointing;
 use ckpt_engine::parallel::ranks::Ranks;
 use ckpt_engine::parallel::sockets::Meeting;
 use ckpt_engine::parallel::source::{RowSource, Which};
@@ -42,16 +41,7 @@ fn dense(precision: Precision) -> TrainConfig {
 /// [`dense`] as a Qwen3-MoE: 4 experts, top-2, with full checkpointing.
 fn moe() -> TrainConfig {
     let mut cfg = dense(Precision::Fp32);
-    cfg.model.family = Family::Qwen3Moe;
-    cfg.model.moe = Some(MoeConfig {
-        num_experts: 4,
-        num_experts_per_tok: 2,
-        moe_intermediate_size: 8,
-        norm_topk_prob: true,
-        router_aux_loss_coef: 0.01,
-        decoder_sparse_step: 1,
-        mlp_only_layers: vec![],
-    });
+    cfg.model = common::qwen3_moe(cfg.model, 8);
     cfg.checkpointing = Checkpointing::Full;
     cfg
 }

@@ -1,9 +1,14 @@
-//! Shared builders for the training-loop tests: a tiny Llama and a short run on synthetic data.
+//! Shared builders for the training-loop tests: a tiny Llama, as a Qwen3-MoE too, and a short
+//! run on synthetic data.
+
+// Every test crate compiles this module; not every one uses each builder.
+#![allow(dead_code)]
 
 use ckpt_engine::config::{Init, Precision, TrainConfig};
 use ckpt_engine::data::DataConfig;
+use ckpt_engine::model::config::MoeConfig;
 use ckpt_engine::model::loss::LossKind;
-use ckpt_engine::model::{Checkpointing, LlamaConfig};
+use ckpt_engine::model::{Checkpointing, Family, LlamaConfig};
 use ckpt_engine::optim::{AdamWConfig, Schedule};
 
 /// A Llama with grouped-query attention (4 query heads, 2 key/value heads), an MLP twice the
@@ -24,6 +29,24 @@ pub fn llama(vocab: usize, hidden: usize, layers: usize) -> LlamaConfig {
         family: Default::default(),
         sliding_window: None,
         moe: None,
+    }
+}
+
+/// `model` as a Qwen3-MoE: every layer's MLP 4 experts of SwiGLU width `width`, each token
+/// routed to 2.
+pub fn qwen3_moe(model: LlamaConfig, width: usize) -> LlamaConfig {
+    LlamaConfig {
+        family: Family::Qwen3Moe,
+        moe: Some(MoeConfig {
+            num_experts: 4,
+            num_experts_per_tok: 2,
+            moe_intermediate_size: width,
+            norm_topk_prob: true,
+            router_aux_loss_coef: 0.01,
+            decoder_sparse_step: 1,
+            mlp_only_layers: vec![],
+        }),
+        ..model
     }
 }
 

@@ -6,8 +6,9 @@
 //! backward so that a key/value gradient is summed over its heads by one thread, in head order).
 //! Each thread works in its own slice of one tracked workspace tensor.
 
+use super::math::{self, vectorized};
 use super::matmul::gemm_f32;
-use super::{math, CpuDevice, SharedMut};
+use super::{CpuDevice, SharedMut};
 use crate::device::{AttnShape, Device};
 use crate::error::Result;
 use crate::memory::Category;
@@ -64,6 +65,7 @@ pub(crate) fn scratch<D: Device>(
 }
 
 /// Copies head `col` (width `d`) of rows `[row0, row0 + t)` of a `[rows, width]` matrix into `dst`.
+#[inline(always)]
 fn gather<E: Elem>(src: &[E], width: usize, row0: usize, col: usize, d: usize, dst: &mut [f32]) {
     for (i, dst) in dst.chunks_mut(d).enumerate() {
         let s = &src[(row0 + i) * width + col..(row0 + i) * width + col + d];
@@ -77,6 +79,7 @@ fn gather<E: Elem>(src: &[E], width: usize, row0: usize, col: usize, d: usize, d
 ///
 /// # Safety
 /// No other thread may write the same rows and columns concurrently; `dst` must hold the rows.
+#[inline(always)]
 unsafe fn scatter<E: Elem>(
     dst: SharedMut<E>,
     width: usize,
@@ -149,15 +152,17 @@ fn for_each_unit(
     Ok(())
 }
 
-/// Calls `f(i0, i1)` for each block of query rows; a block's rows see keys `0..i1`.
-fn for_each_query_block(t: usize, mut f: impl FnMut(usize, usize)) {
-    for i0 in (0..t).step_by(QUERY_BLOCK) {
-        f(i0, (i0 + QUERY_BLOCK).min(t));
-    }
+/// The blocks of query rows, each as `(i0, i1)`: rows `i0..i1`, which see keys `0..i1`.
+#[inline(always)]
+fn query_blocks(t: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..t)
+        .step_by(QUERY_BLOCK)
+        .map(move |i0| (i0, (i0 + QUERY_BLOCK).min(t)))
 }
 
 /// Softmax of one causal score row in place, `row[j] = e^{scale·row[j] − lse}`, returning the
 /// row's log-sum-exp of the scaled scores.
+#[inline(always)]
 fn softmax_row(row: &mut [f32], scale: f32) -> f32 {
     let max = scale * math::max(row);
     for x in row.iter_mut() {
@@ -186,47 +191,49 @@ pub(crate) fn forward<E: Elem>(
     let out_ptr = SharedMut(out.as_mut_ptr());
     let lse_ptr = SharedMut(lse.as_mut_ptr());
     for_each_unit(dev, &s, Pass::Forward, |unit, scratch| {
-        let (qh, rest) = scratch.split_at_mut(t * d);
-        let (kh, rest) = rest.split_at_mut(t * d);
-        let (vh, rest) = rest.split_at_mut(t * d);
-        let (oh, scores) = rest.split_at_mut(t * d);
-        let (b, h) = (unit / s.heads, unit % s.heads);
-        let g = h / s.group();
-        gather(q, s.q_width(), b * t, h * d, d, qh);
-        gather(k, s.kv_width(), b * t, g * d, d, kh);
-        gather(v, s.kv_width(), b * t, g * d, d, vh);
-        for_each_query_block(t, |i0, i1| {
-            let kv = i1;
-            let p = &mut scores[..(i1 - i0) * kv];
-            // p = q·kᵀ over the keys the block can see
-            mm(
-                (i1 - i0, kv, d),
-                &qh[i0 * d..i1 * d],
-                (di, 1),
-                &kh[..kv * d],
-                (1, di),
-                p,
-                false,
-            );
-            for (i, row) in (i0..i1).zip(p.chunks_mut(kv)) {
-                let (seen, masked) = row.split_at_mut(i + 1);
-                let l = softmax_row(seen, s.scale());
-                masked.fill(0.0);
-                // SAFETY: each (b, h, i) is written by exactly one unit.
-                unsafe { *lse_ptr.get().add(unit * t + i) = l };
+        vectorized!(dev.vector_isa(), {
+            let (qh, rest) = scratch.split_at_mut(t * d);
+            let (kh, rest) = rest.split_at_mut(t * d);
+            let (vh, rest) = rest.split_at_mut(t * d);
+            let (oh, scores) = rest.split_at_mut(t * d);
+            let (b, h) = (unit / s.heads, unit % s.heads);
+            let g = h / s.group();
+            gather(q, s.q_width(), b * t, h * d, d, qh);
+            gather(k, s.kv_width(), b * t, g * d, d, kh);
+            gather(v, s.kv_width(), b * t, g * d, d, vh);
+            for (i0, i1) in query_blocks(t) {
+                let kv = i1;
+                let p = &mut scores[..(i1 - i0) * kv];
+                // p = q·kᵀ over the keys the block can see
+                mm(
+                    (i1 - i0, kv, d),
+                    &qh[i0 * d..i1 * d],
+                    (di, 1),
+                    &kh[..kv * d],
+                    (1, di),
+                    p,
+                    false,
+                );
+                for (i, row) in (i0..i1).zip(p.chunks_mut(kv)) {
+                    let (seen, masked) = row.split_at_mut(i + 1);
+                    let l = softmax_row(seen, s.scale());
+                    masked.fill(0.0);
+                    // SAFETY: each (b, h, i) is written by exactly one unit.
+                    unsafe { *lse_ptr.get().add(unit * t + i) = l };
+                }
+                mm(
+                    (i1 - i0, d, kv),
+                    p,
+                    (kv as isize, 1),
+                    &vh[..kv * d],
+                    (di, 1),
+                    &mut oh[i0 * d..i1 * d],
+                    false,
+                );
             }
-            mm(
-                (i1 - i0, d, kv),
-                p,
-                (kv as isize, 1),
-                &vh[..kv * d],
-                (di, 1),
-                &mut oh[i0 * d..i1 * d],
-                false,
-            );
-        });
-        // SAFETY: unit (b, h) alone writes rows of batch b, columns of head h.
-        unsafe { scatter(out_ptr, s.q_width(), b * t, h * d, d, oh) };
+            // SAFETY: unit (b, h) alone writes rows of batch b, columns of head h.
+            unsafe { scatter(out_ptr, s.q_width(), b * t, h * d, d, oh) };
+        })
     })
 }
 
@@ -248,98 +255,100 @@ pub(crate) fn backward<E: Elem>(
     let di = d as isize;
     let scale = s.scale();
     for_each_unit(dev, &s, Pass::Backward, |unit, scratch| {
-        let (heads, scores) = scratch.split_at_mut(8 * t * d);
-        let (p, dp) = scores.split_at_mut(scores.len() / 2);
-        let mut parts = heads.chunks_mut(t * d);
-        let mut next = || parts.next().expect("scratch holds eight head buffers");
-        let (kh, vh, dkh, dvh, qh, oh, doh, dqh) = (
-            next(),
-            next(),
-            next(),
-            next(),
-            next(),
-            next(),
-            next(),
-            next(),
-        );
-        let (b, g) = (unit / s.kv_heads, unit % s.kv_heads);
-        gather(k, s.kv_width(), b * t, g * d, d, kh);
-        gather(v, s.kv_width(), b * t, g * d, d, vh);
-        dkh.fill(0.0);
-        dvh.fill(0.0);
-        for h in g * s.group()..(g + 1) * s.group() {
-            gather(q, s.q_width(), b * t, h * d, d, qh);
-            gather(out, s.q_width(), b * t, h * d, d, oh);
-            gather(dout, s.q_width(), b * t, h * d, d, doh);
-            let lse_row = &lse[(b * s.heads + h) * t..(b * s.heads + h + 1) * t];
-            for_each_query_block(t, |i0, i1| {
-                let (rows, kv) = (i1 - i0, i1);
-                let kvi = kv as isize;
-                let (p, dp) = (&mut p[..rows * kv], &mut dp[..rows * kv]);
-                let (qb, dob) = (&qh[i0 * d..i1 * d], &doh[i0 * d..i1 * d]);
-                // p = softmax(q·kᵀ), recomputed from the saved log-sum-exp
-                mm((rows, kv, d), qb, (di, 1), &kh[..kv * d], (1, di), p, false);
-                for (i, row) in (i0..i1).zip(p.chunks_mut(kv)) {
-                    let (seen, masked) = row.split_at_mut(i + 1);
-                    for x in seen {
-                        *x = math::exp(*x * scale - lse_row[i]);
+        vectorized!(dev.vector_isa(), {
+            let (heads, scores) = scratch.split_at_mut(8 * t * d);
+            let (p, dp) = scores.split_at_mut(scores.len() / 2);
+            let mut parts = heads.chunks_mut(t * d);
+            let mut next = || parts.next().expect("scratch holds eight head buffers");
+            let (kh, vh, dkh, dvh, qh, oh, doh, dqh) = (
+                next(),
+                next(),
+                next(),
+                next(),
+                next(),
+                next(),
+                next(),
+                next(),
+            );
+            let (b, g) = (unit / s.kv_heads, unit % s.kv_heads);
+            gather(k, s.kv_width(), b * t, g * d, d, kh);
+            gather(v, s.kv_width(), b * t, g * d, d, vh);
+            dkh.fill(0.0);
+            dvh.fill(0.0);
+            for h in g * s.group()..(g + 1) * s.group() {
+                gather(q, s.q_width(), b * t, h * d, d, qh);
+                gather(out, s.q_width(), b * t, h * d, d, oh);
+                gather(dout, s.q_width(), b * t, h * d, d, doh);
+                let lse_row = &lse[(b * s.heads + h) * t..(b * s.heads + h + 1) * t];
+                for (i0, i1) in query_blocks(t) {
+                    let (rows, kv) = (i1 - i0, i1);
+                    let kvi = kv as isize;
+                    let (p, dp) = (&mut p[..rows * kv], &mut dp[..rows * kv]);
+                    let (qb, dob) = (&qh[i0 * d..i1 * d], &doh[i0 * d..i1 * d]);
+                    // p = softmax(q·kᵀ), recomputed from the saved log-sum-exp
+                    mm((rows, kv, d), qb, (di, 1), &kh[..kv * d], (1, di), p, false);
+                    for (i, row) in (i0..i1).zip(p.chunks_mut(kv)) {
+                        let (seen, masked) = row.split_at_mut(i + 1);
+                        for x in seen {
+                            *x = math::exp(*x * scale - lse_row[i]);
+                        }
+                        masked.fill(0.0);
                     }
-                    masked.fill(0.0);
-                }
-                // dV += pᵀ·dO ; dP = dO·Vᵀ
-                mm(
-                    (kv, d, rows),
-                    p,
-                    (1, kvi),
-                    dob,
-                    (di, 1),
-                    &mut dvh[..kv * d],
-                    true,
-                );
-                mm(
-                    (rows, kv, d),
-                    dob,
-                    (di, 1),
-                    &vh[..kv * d],
-                    (1, di),
-                    dp,
-                    false,
-                );
-                // dS = p ∘ (dP − rowsum(dO ∘ O)), scaled
-                for ((i, dpr), pr) in (i0..i1).zip(dp.chunks_mut(kv)).zip(p.chunks(kv)) {
-                    let delta = math::dot(&doh[i * d..(i + 1) * d], &oh[i * d..(i + 1) * d]);
-                    for (x, &pv) in dpr.iter_mut().zip(pr) {
-                        *x = pv * (*x - delta) * scale;
+                    // dV += pᵀ·dO ; dP = dO·Vᵀ
+                    mm(
+                        (kv, d, rows),
+                        p,
+                        (1, kvi),
+                        dob,
+                        (di, 1),
+                        &mut dvh[..kv * d],
+                        true,
+                    );
+                    mm(
+                        (rows, kv, d),
+                        dob,
+                        (di, 1),
+                        &vh[..kv * d],
+                        (1, di),
+                        dp,
+                        false,
+                    );
+                    // dS = p ∘ (dP − rowsum(dO ∘ O)), scaled
+                    for ((i, dpr), pr) in (i0..i1).zip(dp.chunks_mut(kv)).zip(p.chunks(kv)) {
+                        let delta = math::dot(&doh[i * d..(i + 1) * d], &oh[i * d..(i + 1) * d]);
+                        for (x, &pv) in dpr.iter_mut().zip(pr) {
+                            *x = pv * (*x - delta) * scale;
+                        }
                     }
+                    // dQ = dS·K ; dK += dSᵀ·Q
+                    mm(
+                        (rows, d, kv),
+                        dp,
+                        (kvi, 1),
+                        &kh[..kv * d],
+                        (di, 1),
+                        &mut dqh[i0 * d..i1 * d],
+                        false,
+                    );
+                    mm(
+                        (kv, d, rows),
+                        dp,
+                        (1, kvi),
+                        qb,
+                        (di, 1),
+                        &mut dkh[..kv * d],
+                        true,
+                    );
                 }
-                // dQ = dS·K ; dK += dSᵀ·Q
-                mm(
-                    (rows, d, kv),
-                    dp,
-                    (kvi, 1),
-                    &kh[..kv * d],
-                    (di, 1),
-                    &mut dqh[i0 * d..i1 * d],
-                    false,
-                );
-                mm(
-                    (kv, d, rows),
-                    dp,
-                    (1, kvi),
-                    qb,
-                    (di, 1),
-                    &mut dkh[..kv * d],
-                    true,
-                );
-            });
-            // SAFETY: unit (b, g) alone writes rows of batch b in the heads of group g.
-            unsafe { scatter(dq_ptr, s.q_width(), b * t, h * d, d, dqh) };
-        }
-        // SAFETY: as above, for kv-head g.
-        unsafe {
-            scatter(dk_ptr, s.kv_width(), b * t, g * d, d, dkh);
-            scatter(dv_ptr, s.kv_width(), b * t, g * d, d, dvh);
-        }
+                // SAFETY: unit (b, g) alone writes rows of batch b in the heads of group g.
+                unsafe { scatter(dq_ptr, s.q_width(), b * t, h * d, d, dqh) };
+            }
+            // SAFETY: as above, for kv-head g.
+            unsafe {
+                scatter(dk_ptr, s.kv_width(), b * t, g * d, d, dkh);
+                scatter(dv_ptr, s.kv_width(), b * t, g * d, d, dvh);
+            }
+        })
     })
 }
 

@@ -3,7 +3,7 @@
 //! written by one thread; reductions across rows (weight gradients) run in a fixed sequential
 //! order, so results do not depend on the thread count.
 
-use super::math::convert;
+use super::math::{convert, vectorized};
 use super::{attention, math, matmul, CpuDevice, CpuRope};
 use crate::device::{AdamWArgs, AttnShape, Device, DeviceKind, Operand, Out};
 use crate::environment::ExecutionEnv;
@@ -20,6 +20,7 @@ use std::borrow::Cow;
 /// Rows handed to a thread at a time: large enough to amortise scheduling.
 const ROWS_PER_TASK: usize = 16;
 
+#[inline(always)]
 fn softmax_xent_grad<E: Elem>(row: &mut [E], label: i64, scale: f32) -> f32 {
     if label == IGNORE_INDEX {
         row.fill(E::default());
@@ -109,8 +110,9 @@ impl Device for CpuDevice {
         let capacity = self.rank_capacity(world);
         (0..world)
             .map(|_| {
-                CpuDevice::new((self.threads() / world).max(1), capacity)?
-                    .with_bf16_products(self.bf16_products())
+                Ok(CpuDevice::new((self.threads() / world).max(1), capacity)?
+                    .with_bf16_products(self.bf16_products())?
+                    .limit_vector_isa(self.vector_isa()))
             })
             .collect()
     }
@@ -190,12 +192,14 @@ impl Device for CpuDevice {
     ) -> Result<()> {
         let (dout, dtable) = (dout.as_slice(), dtable.as_mut_slice());
         let width = dout.len() / ids.len().max(1);
-        for (row, &id) in dout.chunks(width).zip(ids) {
-            let id = id as usize;
-            for (d, g) in dtable[id * width..(id + 1) * width].iter_mut().zip(row) {
-                *d += g.to_f32();
+        vectorized!(self.vector_isa(), {
+            for (row, &id) in dout.chunks(width).zip(ids) {
+                let id = id as usize;
+                for (d, g) in dtable[id * width..(id + 1) * width].iter_mut().zip(row) {
+                    *d += g.to_f32();
+                }
             }
-        }
+        });
         Ok(())
     }
 
@@ -215,14 +219,16 @@ impl Device for CpuDevice {
                 .zip(x.par_chunks(h * ROWS_PER_TASK))
                 .zip(rinv.par_chunks_mut(ROWS_PER_TASK))
                 .for_each(|((y, x), r)| {
-                    for ((y, x), r) in y.chunks_mut(h).zip(x.chunks(h)).zip(r.iter_mut()) {
-                        let ss: f32 = x.iter().map(|v| v.to_f32() * v.to_f32()).sum();
-                        *r = 1.0 / (ss / h as f32 + eps).sqrt();
-                        for ((y, x), w) in y.iter_mut().zip(x).zip(w) {
-                            let normed = E::from_f32(x.to_f32() * *r).to_f32();
-                            *y = E::from_f32(w.to_f32() * normed);
+                    vectorized!(self.vector_isa(), {
+                        for ((y, x), r) in y.chunks_mut(h).zip(x.chunks(h)).zip(r.iter_mut()) {
+                            let ss: f32 = x.iter().map(|v| v.to_f32() * v.to_f32()).sum();
+                            *r = 1.0 / (ss / h as f32 + eps).sqrt();
+                            for ((y, x), w) in y.iter_mut().zip(x).zip(w) {
+                                let normed = E::from_f32(x.to_f32() * *r).to_f32();
+                                *y = E::from_f32(w.to_f32() * normed);
+                            }
                         }
-                    }
+                    })
                 })
         });
         Ok(())
@@ -252,30 +258,34 @@ impl Device for CpuDevice {
                 .zip(x.par_chunks(h * ROWS_PER_TASK))
                 .zip(rinv.par_chunks(ROWS_PER_TASK))
                 .for_each(|(((dx, dy), x), r)| {
-                    for (((dx, dy), x), &r) in
-                        dx.chunks_mut(h).zip(dy.chunks(h)).zip(x.chunks(h)).zip(r)
-                    {
-                        // g = dy·w; dx = r·g − r³·x·mean(g·x)
-                        let dot: f32 = dy
-                            .iter()
-                            .zip(w)
-                            .zip(x)
-                            .map(|((d, w), x)| d.to_f32() * w.to_f32() * x.to_f32())
-                            .sum();
-                        let c = r * r * r * dot / h as f32;
-                        for (((dx, dy), w), x) in dx.iter_mut().zip(dy).zip(w).zip(x) {
-                            let g = dy.to_f32() * w.to_f32();
-                            *dx = E::from_f32(dx.to_f32() + r * g - c * x.to_f32());
+                    vectorized!(self.vector_isa(), {
+                        for (((dx, dy), x), &r) in
+                            dx.chunks_mut(h).zip(dy.chunks(h)).zip(x.chunks(h)).zip(r)
+                        {
+                            // g = dy·w; dx = r·g − r³·x·mean(g·x)
+                            let dot: f32 = dy
+                                .iter()
+                                .zip(w)
+                                .zip(x)
+                                .map(|((d, w), x)| d.to_f32() * w.to_f32() * x.to_f32())
+                                .sum();
+                            let c = r * r * r * dot / h as f32;
+                            for (((dx, dy), w), x) in dx.iter_mut().zip(dy).zip(w).zip(x) {
+                                let g = dy.to_f32() * w.to_f32();
+                                *dx = E::from_f32(dx.to_f32() + r * g - c * x.to_f32());
+                            }
                         }
-                    }
+                    })
                 })
         });
         // dw[j] = Σ_i dy[i,j]·x[i,j]·r_i, summed over rows in order.
-        for ((dy, x), &r) in dy.chunks(h).zip(x.chunks(h)).zip(rinv) {
-            for ((dw, dy), x) in dw.iter_mut().zip(dy).zip(x) {
-                *dw += dy.to_f32() * E::from_f32(x.to_f32() * r).to_f32();
+        vectorized!(self.vector_isa(), {
+            for ((dy, x), &r) in dy.chunks(h).zip(x.chunks(h)).zip(rinv) {
+                for ((dw, dy), x) in dw.iter_mut().zip(dy).zip(x) {
+                    *dw += dy.to_f32() * E::from_f32(x.to_f32() * r).to_f32();
+                }
             }
-        }
+        });
         Ok(())
     }
 
@@ -291,18 +301,20 @@ impl Device for CpuDevice {
         let sign = if inverse { -1.0 } else { 1.0 };
         dev.install(|| {
             x.par_chunks_mut(width).enumerate().for_each(|(row, x)| {
-                let p = row % seq;
-                let cos = &table.cos[p * half..(p + 1) * half];
-                let sin = &table.sin[p * half..(p + 1) * half];
-                for head in x.chunks_mut(2 * half) {
-                    let (lo, hi) = head.split_at_mut(half);
-                    for i in 0..half {
-                        let (a, b) = (lo[i].to_f32(), hi[i].to_f32());
-                        let s = sign * sin[i];
-                        lo[i] = E::from_f32(a * cos[i] - b * s);
-                        hi[i] = E::from_f32(b * cos[i] + a * s);
+                vectorized!(self.vector_isa(), {
+                    let p = row % seq;
+                    let cos = &table.cos[p * half..(p + 1) * half];
+                    let sin = &table.sin[p * half..(p + 1) * half];
+                    for head in x.chunks_mut(2 * half) {
+                        let (lo, hi) = head.split_at_mut(half);
+                        for i in 0..half {
+                            let (a, b) = (lo[i].to_f32(), hi[i].to_f32());
+                            let s = sign * sin[i];
+                            lo[i] = E::from_f32(a * cos[i] - b * s);
+                            hi[i] = E::from_f32(b * cos[i] + a * s);
+                        }
                     }
-                }
+                })
             })
         });
         Ok(())
@@ -313,11 +325,13 @@ impl Device for CpuDevice {
         let w = b.len();
         self.install(|| {
             y.par_chunks_mut(w * ROWS_PER_TASK).for_each(|rows| {
-                for row in rows.chunks_mut(w) {
-                    for (y, b) in row.iter_mut().zip(b) {
-                        *y = E::from_f32(y.to_f32() + b.to_f32());
+                vectorized!(self.vector_isa(), {
+                    for row in rows.chunks_mut(w) {
+                        for (y, b) in row.iter_mut().zip(b) {
+                            *y = E::from_f32(y.to_f32() + b.to_f32());
+                        }
                     }
-                }
+                })
             })
         });
         Ok(())
@@ -325,11 +339,13 @@ impl Device for CpuDevice {
 
     fn bias_grad<E: Elem>(&self, dy: &Tensor<E>, db: &mut Tensor<f32>) -> Result<()> {
         let db = db.as_mut_slice();
-        for row in dy.as_slice().chunks(db.len()) {
-            for (d, g) in db.iter_mut().zip(row) {
-                *d += g.to_f32();
+        vectorized!(self.vector_isa(), {
+            for row in dy.as_slice().chunks(db.len()) {
+                for (d, g) in db.iter_mut().zip(row) {
+                    *d += g.to_f32();
+                }
             }
-        }
+        });
         Ok(())
     }
 
@@ -338,10 +354,12 @@ impl Device for CpuDevice {
         let width = x.len() / w.len().max(1);
         self.install(|| {
             x.par_chunks_mut(width).zip(w).for_each(|(row, w)| {
-                let w = w.to_f32();
-                for x in row {
-                    *x = E::from_f32(x.to_f32() * w);
-                }
+                vectorized!(self.vector_isa(), {
+                    let w = w.to_f32();
+                    for x in row {
+                        *x = E::from_f32(x.to_f32() * w);
+                    }
+                })
             })
         });
         Ok(())
@@ -356,14 +374,16 @@ impl Device for CpuDevice {
     ) -> Result<()> {
         let (src, dst) = (src.as_slice(), dst.as_mut_slice());
         let width = src.len() / rows.len().max(1);
-        for (i, (s, &r)) in src.chunks(width).zip(rows).enumerate() {
-            let w = weights.map_or(1.0, |w| w.as_slice()[i].to_f32());
-            let d = &mut dst[r as usize * width..(r as usize + 1) * width];
-            for (d, s) in d.iter_mut().zip(s) {
-                let product = E::from_f32(s.to_f32() * w).to_f32();
-                *d = E::from_f32(d.to_f32() + product);
+        vectorized!(self.vector_isa(), {
+            for (i, (s, &r)) in src.chunks(width).zip(rows).enumerate() {
+                let w = weights.map_or(1.0, |w| w.as_slice()[i].to_f32());
+                let d = &mut dst[r as usize * width..(r as usize + 1) * width];
+                for (d, s) in d.iter_mut().zip(s) {
+                    let product = E::from_f32(s.to_f32() * w).to_f32();
+                    *d = E::from_f32(d.to_f32() + product);
+                }
             }
-        }
+        });
         Ok(())
     }
 
@@ -389,11 +409,13 @@ impl Device for CpuDevice {
             act.par_chunks_mut(4096)
                 .zip(gate.par_chunks(4096).zip(up.par_chunks(4096)))
                 .for_each(|(a, (g, u))| {
-                    for ((a, g), u) in a.iter_mut().zip(g).zip(u) {
-                        let g = g.to_f32();
-                        let silu = E::from_f32(g * math::sigmoid(g)).to_f32();
-                        *a = E::from_f32(silu * u.to_f32());
-                    }
+                    vectorized!(self.vector_isa(), {
+                        for ((a, g), u) in a.iter_mut().zip(g).zip(u) {
+                            let g = g.to_f32();
+                            let silu = E::from_f32(g * math::sigmoid(g)).to_f32();
+                            *a = E::from_f32(silu * u.to_f32());
+                        }
+                    })
                 })
         });
         Ok(())
@@ -415,13 +437,16 @@ impl Device for CpuDevice {
                 .zip(dact.par_chunks(4096))
                 .zip(gate.par_chunks(4096).zip(up.par_chunks(4096)))
                 .for_each(|(((dg, du), da), (g, u))| {
-                    for ((((dg, du), da), g), u) in dg.iter_mut().zip(du).zip(da).zip(g).zip(u) {
-                        let (g, u, da) = (g.to_f32(), u.to_f32(), da.to_f32());
-                        let s = math::sigmoid(g);
-                        let silu = E::from_f32(g * s).to_f32();
-                        *du = E::from_f32(da * silu);
-                        *dg = E::from_f32(da * u * s * (1.0 + g * (1.0 - s)));
-                    }
+                    vectorized!(self.vector_isa(), {
+                        for ((((dg, du), da), g), u) in dg.iter_mut().zip(du).zip(da).zip(g).zip(u)
+                        {
+                            let (g, u, da) = (g.to_f32(), u.to_f32(), da.to_f32());
+                            let s = math::sigmoid(g);
+                            let silu = E::from_f32(g * s).to_f32();
+                            *du = E::from_f32(da * silu);
+                            *dg = E::from_f32(da * u * s * (1.0 + g * (1.0 - s)));
+                        }
+                    })
                 })
         });
         Ok(())
@@ -443,14 +468,16 @@ impl Device for CpuDevice {
                 .zip(x.par_chunks(4096).zip(y.par_chunks(4096)))
                 .enumerate()
                 .for_each(|(c, (o, (x, y)))| {
-                    let base = (c * 4096) as u64;
-                    for (i, (o, (x, y))) in o.iter_mut().zip(x.iter().zip(y)).enumerate() {
-                        *o = if mask.keeps(base + i as u64) {
-                            E::from_f32(x.to_f32() + y.to_f32() * scale)
-                        } else {
-                            *x
-                        };
-                    }
+                    vectorized!(self.vector_isa(), {
+                        let base = (c * 4096) as u64;
+                        for (i, (o, (x, y))) in o.iter_mut().zip(x.iter().zip(y)).enumerate() {
+                            *o = if mask.keeps(base + i as u64) {
+                                E::from_f32(x.to_f32() + y.to_f32() * scale)
+                            } else {
+                                *x
+                            };
+                        }
+                    })
                 })
         });
         Ok(())
@@ -470,14 +497,16 @@ impl Device for CpuDevice {
                 .zip(dout.par_chunks(4096))
                 .enumerate()
                 .for_each(|(c, (d, g))| {
-                    let base = (c * 4096) as u64;
-                    for (i, (d, g)) in d.iter_mut().zip(g).enumerate() {
-                        *d = if mask.keeps(base + i as u64) {
-                            E::from_f32(g.to_f32() * scale)
-                        } else {
-                            E::default()
-                        };
-                    }
+                    vectorized!(self.vector_isa(), {
+                        let base = (c * 4096) as u64;
+                        for (i, (d, g)) in d.iter_mut().zip(g).enumerate() {
+                            *d = if mask.keeps(base + i as u64) {
+                                E::from_f32(g.to_f32() * scale)
+                            } else {
+                                E::default()
+                            };
+                        }
+                    })
                 })
         });
         Ok(())
@@ -529,7 +558,9 @@ impl Device for CpuDevice {
                 .par_chunks_mut(vocab)
                 .zip(row_loss.par_iter_mut())
                 .zip(labels.par_iter())
-                .for_each(|((row, loss), &label)| *loss = softmax_xent_grad(row, label, scale))
+                .for_each(|((row, loss), &label)| {
+                    *loss = vectorized!(self.vector_isa(), softmax_xent_grad(row, label, scale))
+                })
         });
         Ok(())
     }
@@ -553,7 +584,8 @@ impl Device for CpuDevice {
     }
 
     fn scale(&self, x: &mut Tensor<f32>, coef: f32) -> Result<()> {
-        x.as_mut_slice().iter_mut().for_each(|v| *v *= coef);
+        let x = x.as_mut_slice();
+        vectorized!(self.vector_isa(), x.iter_mut().for_each(|v| *v *= coef));
         Ok(())
     }
 
@@ -576,13 +608,15 @@ impl Device for CpuDevice {
                 .zip(g.par_chunks(CHUNK))
                 .zip(m.par_chunks_mut(CHUNK).zip(v.par_chunks_mut(CHUNK)))
                 .for_each(|((p, g), (m, v))| {
-                    for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m).zip(v) {
-                        *p *= a.decay;
-                        *m += (g - *m) * a.one_minus_b1;
-                        *v = *v * a.b2 + a.one_minus_b2 * g * g;
-                        let denom = v.sqrt() / a.bc2_sqrt + a.eps;
-                        *p -= a.step_size * *m / denom;
-                    }
+                    vectorized!(self.vector_isa(), {
+                        for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m).zip(v) {
+                            *p *= a.decay;
+                            *m += (g - *m) * a.one_minus_b1;
+                            *v = *v * a.b2 + a.one_minus_b2 * g * g;
+                            let denom = v.sqrt() / a.bc2_sqrt + a.eps;
+                            *p -= a.step_size * *m / denom;
+                        }
+                    })
                 })
         });
         Ok(())

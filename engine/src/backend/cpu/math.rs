@@ -1,11 +1,109 @@
 //! Branch-free f32 math that the compiler vectorises: `exp`, and sums, maxima and dot products
 //! over fixed lanes (any element type, computed in f32), and conversions between element types.
 //! Every function gives the same bits for the same inputs on every thread count: lanes are
-//! combined in one fixed order.
+//! combined in one fixed order. [`vectorized!`] compiles a kernel's loops for the widest vector
+//! instructions the CPU has.
 
 use super::CpuDevice;
 use crate::tensor::Elem;
 use rayon::prelude::*;
+
+/// `vectorized!(isa, expr)`: evaluates `expr` compiled for the vector instructions `isa` names
+/// ([`run_vectorized`] with `expr` in an `#[inline(always)]` closure).
+macro_rules! vectorized {
+    ($isa:expr, $body:expr) => {
+        $crate::backend::cpu::math::run_vectorized(
+            $isa,
+            #[inline(always)]
+            || $body,
+        )
+    };
+}
+pub(crate) use vectorized;
+
+/// The vector instructions the CPU's kernels run with: `gemm`'s matrix kernels pick the widest
+/// this CPU has ([`VectorIsa::detect`]), the engine's own loops run with their device's
+/// ([`super::CpuDevice::vector_isa`]). Ordered from the narrowest.
+///
+/// The engine's loops give the same bits in each: Rust neither fuses a multiply and an add into
+/// one FMA nor reorders floating-point operations, so every instruction set computes the same
+/// operations in the same order, only more lanes at a time. Only which NaN an operation on two
+/// NaNs returns (its sign and payload) may differ, as the compiler may swap the operands of a
+/// commutative operation; Rust leaves it unspecified.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum VectorIsa {
+    /// What the engine is built for: its target's baseline (on x86-64, 4-lane SSE2).
+    Baseline,
+    /// AVX2 with FMA.
+    Avx2Fma,
+    /// AVX-512 (foundation, byte and word, doubleword and quadword, vector length): only with the
+    /// `avx512` feature, which builds `gemm`'s AVX-512 kernels.
+    Avx512,
+}
+
+impl VectorIsa {
+    /// The widest this CPU has, as this build uses it.
+    pub fn detect() -> Self {
+        #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+        {
+            if cfg!(feature = "avx512") && std::arch::is_x86_feature_detected!("avx512f") {
+                return Self::Avx512;
+            }
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
+                return Self::Avx2Fma;
+            }
+        }
+        Self::Baseline
+    }
+}
+
+/// Runs `f` compiled for the vector instructions `isa` names, which the CPU must have (a
+/// [`VectorIsa::detect`] or narrower). The engine is built for its target's baseline, so
+/// without this its element-wise loops vectorise 4 lanes wide on x86-64.
+///
+/// Only what is inlined into the dispatching function is compiled for its instructions: `f` must
+/// be `#[inline(always)]` ([`vectorized!`] makes it so), and so must every function it calls for
+/// its loops (the math here is).
+///
+/// The bits are the same on every path ([`VectorIsa`]).
+#[inline(always)]
+pub(crate) fn run_vectorized<R>(isa: VectorIsa, f: impl FnOnce() -> R) -> R {
+    debug_assert!(
+        isa <= VectorIsa::detect(),
+        "{isa:?} is wider than this CPU's"
+    );
+    match isa {
+        // SAFETY: the CPU has the instructions `with_avx512` is compiled for (above).
+        #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+        VectorIsa::Avx512 => unsafe { with_avx512(f) },
+        // SAFETY: the CPU has the instructions `with_avx2` is compiled for (above).
+        #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+        VectorIsa::Avx2Fma => unsafe { with_avx2(f) },
+        _ => f(),
+    }
+}
+
+/// `f()` compiled for AVX-512 ([`VectorIsa::Avx512`]).
+///
+/// # Safety
+/// The CPU must have those instructions.
+#[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl")]
+unsafe fn with_avx512<R>(f: impl FnOnce() -> R) -> R {
+    f()
+}
+
+/// `f()` compiled for AVX2 and FMA.
+///
+/// # Safety
+/// The CPU must have those instructions.
+#[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn with_avx2<R>(f: impl FnOnce() -> R) -> R {
+    f()
+}
 
 /// Lanes of the partial sums and maxima.
 const LANES: usize = 8;
@@ -145,9 +243,11 @@ pub(crate) fn convert<S: Elem, D: Elem>(dev: &CpuDevice, src: &[S], dst: &mut [D
         dst.par_chunks_mut(4096)
             .zip(src.par_chunks(4096))
             .for_each(|(d, s)| {
-                for (d, s) in d.iter_mut().zip(s) {
-                    *d = D::from_f32(s.to_f32());
-                }
+                vectorized!(dev.vector_isa(), {
+                    for (d, s) in d.iter_mut().zip(s) {
+                        *d = D::from_f32(s.to_f32());
+                    }
+                })
             })
     });
 }

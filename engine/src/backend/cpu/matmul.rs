@@ -7,6 +7,7 @@
 //! them.
 
 use super::bf16_dot::{self, Bf16Products};
+use super::math::VectorIsa;
 use super::CpuDevice;
 use crate::device::{Device, Operand, Out};
 use crate::error::Result;
@@ -133,8 +134,9 @@ fn strides(transposed: bool, cols: usize, rows: usize) -> (isize, isize) {
     }
 }
 
-/// The matrix kernels `gemm` picks on this CPU, as it picks them: `<arch> avx512f` (only with
-/// the `avx512` feature, which builds them), `<arch> fma` or `<arch> neon`, else
+/// The vector instructions of this CPU's kernels ([`VectorIsa`]), which `gemm`'s matrix kernels
+/// and the engine's own loops run with: `<arch> avx512f` (only with the `avx512` feature, which
+/// builds `gemm`'s AVX-512 kernels), `<arch> fma` (AVX2 with FMA) or `<arch> neon`, else
 /// `<arch> scalar`; ` avx512_bf16` after them where bf16 is multiplied with the dot-product
 /// instruction ([`Bf16Products::Dot`]). Some small products (those `gemm` computes
 /// as dot products across SIMD lanes) sum in another order with another lane width, so the bits
@@ -142,12 +144,10 @@ fn strides(transposed: bool, cols: usize, rows: usize) -> (isize, isize) {
 /// of the inner dimension is fixed (`depth_chunk`), so the record needs no cache sizes.
 pub fn kernels(bf16_products: Bf16Products) -> String {
     #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-    let kernels = if cfg!(feature = "avx512") && std::arch::is_x86_feature_detected!("avx512f") {
-        "avx512f"
-    } else if std::arch::is_x86_feature_detected!("fma") {
-        "fma"
-    } else {
-        "scalar"
+    let kernels = match VectorIsa::detect() {
+        VectorIsa::Avx512 => "avx512f",
+        VectorIsa::Avx2Fma => "fma",
+        VectorIsa::Baseline => "scalar",
     };
     #[cfg(target_arch = "aarch64")]
     let kernels = if std::arch::is_aarch64_feature_detected!("neon") {

@@ -14,6 +14,7 @@ use crate::memory::{host_available, Category, Lease, MemoryTracker, OutOfMemory}
 use crate::model::rope::RopeTable;
 use crate::tensor::{Elem, Tensor};
 use bf16_dot::Bf16Products;
+pub use math::VectorIsa;
 use std::sync::Arc;
 
 /// A CPU "device": every tensor it hands out is counted by its tracker, and every kernel runs on
@@ -24,11 +25,12 @@ pub struct CpuDevice {
     pool: Arc<rayon::ThreadPool>,
     threads: usize,
     bf16_products: Bf16Products,
+    vector_isa: VectorIsa,
 }
 
 impl CpuDevice {
     /// A device with `threads` worker threads (0 = one per core) and `capacity` bytes that
-    /// multiplies bf16 widened to f32.
+    /// multiplies bf16 widened to f32, its loops in the widest vector instructions the CPU has.
     pub fn new(threads: usize, capacity: u64) -> Result<Self> {
         let threads = if threads == 0 {
             std::thread::available_parallelism().map_or(1, |n| n.get())
@@ -48,6 +50,7 @@ impl CpuDevice {
             pool: Arc::new(pool),
             threads,
             bf16_products: Bf16Products::Widened,
+            vector_isa: VectorIsa::detect(),
         })
     }
 
@@ -59,6 +62,20 @@ impl CpuDevice {
             bf16_products: products,
             ..self
         })
+    }
+
+    /// This device running its own loops (not `gemm`'s matrix kernels) in vector instructions
+    /// no wider than `widest`. The bits do not change (see [`VectorIsa`]); the speed does.
+    pub fn limit_vector_isa(self, widest: VectorIsa) -> Self {
+        CpuDevice {
+            vector_isa: self.vector_isa.min(widest),
+            ..self
+        }
+    }
+
+    /// The vector instructions this device's own loops run in.
+    pub fn vector_isa(&self) -> VectorIsa {
+        self.vector_isa
     }
 
     /// How this device multiplies bf16 operands.
@@ -117,8 +134,8 @@ impl std::fmt::Debug for CpuDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "CpuDevice({} threads, bf16 {:?})",
-            self.threads, self.bf16_products
+            "CpuDevice({} threads, bf16 {:?}, loops {:?})",
+            self.threads, self.bf16_products, self.vector_isa
         )
     }
 }
