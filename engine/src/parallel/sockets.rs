@@ -358,9 +358,11 @@ fn read_meeting_frame(stream: &TcpStream, wait: Wait) -> std::io::Result<Vec<u8>
     read_frame(stream, MEETING_FRAME)?.ok_or_else(|| ErrorKind::UnexpectedEof.into())
 }
 
-/// The next frame from `stream`, of at most `most` bytes; `None` where the stream ends (or is
-/// reset) before a frame begins. A frame cut short, or longer than `most`, is an error saying
-/// so.
+/// The next frame from `stream`, of at most `most` bytes; `None` where the stream ends before a
+/// frame begins, or is reset anywhere: a reset peer has gone (it closed with bytes of ours
+/// unread, or its process ended), and the kernel may have dropped bytes it had sent, so a frame
+/// the reset cuts short is its stopping too. A frame that ends short otherwise, or is longer
+/// than `most`, is an error saying so.
 fn read_frame(stream: &TcpStream, most: u64) -> std::io::Result<Option<Vec<u8>>> {
     let broken = |kind, message: String| std::io::Error::new(kind, message);
     let mut len = [0; 8];
@@ -380,7 +382,11 @@ fn read_frame(stream: &TcpStream, most: u64) -> std::io::Result<Option<Vec<u8>>>
     // Room for the whole message up front, up to a bound: a length no peer would send (a
     // broken one) allocates only as its bytes come.
     let mut bytes = Vec::with_capacity(len.min(RESERVED_UP_FRONT) as usize);
-    let n = Read::take(stream, len).read_to_end(&mut bytes)?;
+    let n = match Read::take(stream, len).read_to_end(&mut bytes) {
+        Ok(n) => n,
+        Err(e) if e.kind() == ErrorKind::ConnectionReset => return Ok(None),
+        Err(e) => return Err(e),
+    };
     if n as u64 != len {
         let message = format!("its message ended after {n} of {len} bytes");
         return Err(broken(ErrorKind::UnexpectedEof, message));
