@@ -262,12 +262,15 @@ fn measure(opts: &Options, checkpointing: &str) -> Result<Value, String> {
             .and_then(|d| d.with_bf16_products(Bf16Products::from_env()?))
             .map_err(err)?
             .limit_vector_isa(opts.loops);
-        time_steps(
+        let loops = format!("{:?}", dev.vector_isa());
+        let mut result = time_steps(
             opts,
             checkpointing,
             Trainer::new(cfg, dev).map_err(err)?,
             None,
-        )
+        )?;
+        result["cpu_loops"] = json!(loops);
+        Ok(result)
     }
 }
 
@@ -352,7 +355,6 @@ fn run() -> Result<Value, String> {
         "batch": batch,
         "seq": seq,
         "threads": opts.threads,
-        "cpu_loops": (opts.device == "cpu").then(|| format!("{:?}", opts.loops.min(VectorIsa::detect()))),
         "steps": opts.steps,
         "warmup": opts.warmup,
         "precision": opts.precision,
