@@ -13,7 +13,7 @@
 //! cargo bench -p ckpt-engine --bench train_step -- [--device cpu|cuda] [--model bench|llama-1b]
 //!     [--batch N] [--seq N] [--layers N] [--threads N] [--steps N] [--warmup N]
 //!     [--checkpointing none,full] [--precision fp32|bf16-mixed] [--loss standard|chunked:N]
-//!     [--peak-tflops X] [--loops widest|avx2|baseline]
+//!     [--peak-tflops X] [--loops widest|avx2|baseline] [--world N] [--shard none|gradients|full]
 //! ```
 //! The first options can also be given as environment variables (`BENCH_THREADS`,
 //! `BENCH_STEPS`, `BENCH_WARMUP`, `BENCH_CHECKPOINTING`, `BENCH_PRECISION`, `BENCH_LOSS`);
@@ -22,7 +22,9 @@
 //! dot-product instruction, as it does in runs; `cpu_kernels` in the output says so. `--loops`
 //! holds the engine's own loops (all but the matrix products) to narrower vector instructions
 //! than the CPU's widest, with the same bits (`CpuDevice::limit_vector_isa`); `cpu_loops` in the
-//! output says which ran.
+//! output says which ran. `--world N` trains data-parallel over N ranks (`--shard` says what
+//! they shard; on the CPU each rank has `--threads` / N threads): the step's batch is cut into N
+//! micro-batches of `batch` / N rows, so a step holds the same tokens as on one rank.
 
 use ckpt_engine::backend::cpu::bf16_dot::Bf16Products;
 use ckpt_engine::backend::cpu::VectorIsa;
@@ -45,6 +47,8 @@ struct Options {
     layers: Option<usize>,
     peak_tflops: f64,
     loops: VectorIsa,
+    world: usize,
+    shard: String,
 }
 
 impl Options {
@@ -65,6 +69,8 @@ impl Options {
             layers: None,
             peak_tflops: 989.0,
             loops: VectorIsa::Avx512,
+            world: 1,
+            shard: "none".into(),
         };
         let mut args = std::env::args().skip(1);
         while let Some(arg) = args.next() {
@@ -97,6 +103,8 @@ impl Options {
                 "--peak-tflops" => {
                     opts.peak_tflops = value()?.parse().map_err(bad("peak-tflops"))?
                 }
+                "--world" => opts.world = value()?.parse().map_err(bad("world"))?,
+                "--shard" => opts.shard = value()?,
                 "--loops" => {
                     opts.loops = match value()?.as_str() {
                         "widest" => VectorIsa::Avx512,
@@ -114,6 +122,9 @@ impl Options {
         }
         if opts.steps == 0 || opts.checkpointing.is_empty() {
             return Err("at least one step and one checkpointing policy are needed".into());
+        }
+        if opts.world == 0 {
+            return Err("--world needs at least one rank".into());
         }
         if !["cpu", "cuda"].contains(&opts.device.as_str()) {
             return Err(format!("device {} is neither cpu nor cuda", opts.device));
@@ -200,6 +211,12 @@ fn bad<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> String {
 fn train_config(opts: &Options, checkpointing: &str) -> Result<Value, String> {
     let (model, _, _) = opts.model_json()?;
     let (batch, seq) = opts.batch_shape()?;
+    if !batch.is_multiple_of(opts.world) {
+        return Err(format!(
+            "a batch of {batch} rows cannot be cut into {} ranks' micro-batches; give a --batch that --world divides",
+            opts.world
+        ));
+    }
     Ok(json!({
         "model": model,
         "init": {"kind": "random", "seed": 0, "std": 0.02},
@@ -213,7 +230,9 @@ fn train_config(opts: &Options, checkpointing: &str) -> Result<Value, String> {
         },
         "schedule": {"kind": "constant"},
         "data": {"kind": "synthetic", "seed": 0, "samples": 4096},
-        "batch_size": batch,
+        "batch_size": batch / opts.world,
+        "accumulation": opts.world,
+        "parallel": {"world_size": opts.world, "shard": opts.shard},
         "seq_len": seq,
         "checkpointing": checkpointing,
         "loss": opts.loss_json()?,
@@ -286,7 +305,8 @@ fn time_steps<D: Device>(
     gpu: Option<&CudaDevice>,
 ) -> Result<Value, String> {
     let sync = || gpu.map_or(Ok(()), |d| d.sync()).map_err(err);
-    let tokens = trainer.config().batch_size * trainer.config().seq_len;
+    let tokens =
+        trainer.config().batch_size * trainer.config().seq_len * trainer.config().accumulation;
     for _ in 0..opts.warmup {
         trainer.step().map_err(|e| e.to_string())?;
     }
@@ -355,6 +375,8 @@ fn run() -> Result<Value, String> {
         "batch": batch,
         "seq": seq,
         "threads": opts.threads,
+        "world": opts.world,
+        "shard": opts.shard,
         "steps": opts.steps,
         "warmup": opts.warmup,
         "precision": opts.precision,

@@ -299,9 +299,15 @@ impl<D: Device> Ranks<D> {
                 .map(|(state, (comm, gather))| {
                     let rank = comm.rank();
                     let (step, mine) = parts.of_rank(rank);
+                    // The rank's step runs where its device's kernels run (`run_step`), so
+                    // that each kernel's parallel loop starts there instead of waking the
+                    // rank's pool from this thread: its connections go with it.
                     std::thread::Builder::new()
                         .name(format!("rank-{rank}"))
-                        .spawn_scoped(s, move || step.run(state, (&*comm, &*gather), &mine))
+                        .spawn_scoped(s, move || {
+                            let dev = state.device().clone();
+                            dev.run_step(move || step.run(state, (&*comm, &*gather), &mine))
+                        })
                 })
                 .collect();
             handles
@@ -462,12 +468,16 @@ impl ProcessRank {
     /// The connections to the other ranks: for the step's chain, ring and collectives, and for
     /// the weight gathers.
     fn connections(&self) -> Result<(&BufferedRank, &BufferedRank)> {
-        let rank = self.rank;
-        self.mesh.as_ref().map(|(c, g)| (c, g)).ok_or_else(|| {
-            EngineError::Config(format!(
-                "rank {rank}'s connections to the other ranks were closed by an earlier failure; start the run again"
-            ))
-        })
+        let mesh = self.mesh.as_ref().map(|(c, g)| (c, g));
+        mesh.ok_or_else(|| self.closed())
+    }
+
+    /// The error of a step or collective after a failure closed the connections.
+    fn closed(&self) -> EngineError {
+        EngineError::Config(format!(
+            "rank {}'s connections to the other ranks were closed by an earlier failure; start the run again",
+            self.rank
+        ))
     }
 
     /// The connections checkpoints are saved over.
@@ -488,21 +498,29 @@ impl ProcessRank {
         state: &mut State<D>,
         parts: &StepParts<'_>,
     ) -> Result<(PassOutput, f64)> {
-        let (comm, gather) = self.connections()?;
+        let (comm, gather) = self.mesh.take().ok_or_else(|| self.closed())?;
         let (step, mine) = parts.of_rank(self.rank);
-        let ran = step
-            .run(state, (comm, gather), &mine)
-            .and_then(|(passes, norm)| {
-                let all = comm.all_gather(wire::encode_passes(&passes))?;
-                let by_rank = (all.iter().enumerate())
-                    .map(|(from, bytes)| wire::decode_passes(from, bytes))
-                    .collect::<Result<Vec<_>>>()?;
-                Ok((in_global_order(by_rank, parts.shard), norm))
-            });
+        // The step runs where the device's kernels run (`run_step`), its connections with it;
+        // they come back unless it failed.
+        let dev = state.device().clone();
+        let (ran, mesh) = dev.run_step(|| {
+            let ran = step
+                .run(state, (&comm, &gather), &mine)
+                .and_then(|(passes, norm)| {
+                    let all = comm.all_gather(wire::encode_passes(&passes))?;
+                    let by_rank = (all.iter().enumerate())
+                        .map(|(from, bytes)| wire::decode_passes(from, bytes))
+                        .collect::<Result<Vec<_>>>()?;
+                    Ok((in_global_order(by_rank, parts.shard), norm))
+                });
+            (ran, (comm, gather))
+        });
         match ran {
-            Ok((passes, norm)) => Ok((state.model().step_output(passes), norm)),
+            Ok((passes, norm)) => {
+                self.mesh = Some(mesh);
+                Ok((state.model().step_output(passes), norm))
+            }
             Err(e) => {
-                self.mesh = None;
                 self.saves = None;
                 Err(e)
             }
