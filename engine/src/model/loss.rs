@@ -136,7 +136,9 @@ fn logit_grads<D: Device, E: Elem>(
     let (chunk, category) = kind.chunk(rows);
     let mut row_loss = dev.zeros::<f32>(&[rows], Category::Workspace)?;
     let label_buf = dev.labels(labels)?;
-    let mut logits = dev.zeros::<E>(&[chunk, vocab], category)?;
+    // Each chunk's rows are written by the product before anything reads them, and only they
+    // are read (a shorter last chunk leaves the rows after it alone).
+    let mut logits = dev.uninit::<E>(&[chunk, vocab], category)?;
     for start in (0..rows).step_by(chunk) {
         let len = chunk.min(rows - start);
         let x = n(hn).at(start * hidden);
