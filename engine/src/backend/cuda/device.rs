@@ -442,11 +442,18 @@ impl CudaDevice {
 
     /// The bytes of a device buffer, after every queued operation.
     pub(crate) fn download_bytes(&self, buf: &Buffer) -> Result<Vec<u8>> {
-        let mut out = vec![0u8; buf.bytes()];
+        self.download_from(buf.ptr(), buf.bytes())
+    }
+
+    /// `len` bytes of device memory from `ptr` (which must hold them), after every queued
+    /// operation.
+    pub(crate) fn download_from(&self, ptr: drv_sys::CUdeviceptr, len: usize) -> Result<Vec<u8>> {
+        let mut out = vec![0u8; len];
         self.bind()?;
         if !out.is_empty() {
-            // SAFETY: `out` holds the buffer's bytes; the stream is synchronised before reading.
-            unsafe { drv::memcpy_dtoh_async(&mut out, buf.ptr(), self.stream()) }
+            // SAFETY: the caller's `ptr` holds `len` bytes, as `out` does; the stream is
+            // synchronised before `out` is read.
+            unsafe { drv::memcpy_dtoh_async(&mut out, ptr, self.stream()) }
                 .map_err(cuda_err("cuMemcpyDtoHAsync"))?;
         }
         self.sync()?;

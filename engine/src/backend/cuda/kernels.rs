@@ -208,15 +208,13 @@ impl Device for CudaDevice {
     }
 
     fn read_bytes<E: Elem>(&self, t: &CudaTensor<E>, offset: usize, len: usize) -> Result<Vec<u8>> {
-        let all = self.download_bytes(t.buffer())?;
-        all.get(offset..offset.saturating_add(len))
-            .map(<[u8]>::to_vec)
-            .ok_or_else(|| {
-                EngineError::Config(format!(
-                    "a copy of {len} bytes from {offset} runs past the {} a tensor holds",
-                    all.len()
-                ))
-            })
+        let total = t.buffer().bytes();
+        if offset.checked_add(len).is_none_or(|end| end > total) {
+            return Err(EngineError::Config(format!(
+                "a copy of {len} bytes from {offset} runs past the {total} a tensor holds"
+            )));
+        }
+        self.download_from(t.ptr() + offset as u64, len)
     }
 
     fn write_bytes<E: Elem>(
