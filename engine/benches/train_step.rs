@@ -123,8 +123,12 @@ impl Options {
         if opts.steps == 0 || opts.checkpointing.is_empty() {
             return Err("at least one step and one checkpointing policy are needed".into());
         }
-        if opts.world == 0 {
-            return Err("--world needs at least one rank".into());
+        let (batch, _) = opts.batch_shape()?;
+        if opts.world == 0 || !batch.is_multiple_of(opts.world) {
+            return Err(format!(
+                "a batch of {batch} rows cannot be cut into {} ranks' micro-batches; give a --world that divides --batch",
+                opts.world
+            ));
         }
         if !["cpu", "cuda"].contains(&opts.device.as_str()) {
             return Err(format!("device {} is neither cpu nor cuda", opts.device));
@@ -211,12 +215,6 @@ fn bad<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> String {
 fn train_config(opts: &Options, checkpointing: &str) -> Result<Value, String> {
     let (model, _, _) = opts.model_json()?;
     let (batch, seq) = opts.batch_shape()?;
-    if !batch.is_multiple_of(opts.world) {
-        return Err(format!(
-            "a batch of {batch} rows cannot be cut into {} ranks' micro-batches; give a --batch that --world divides",
-            opts.world
-        ));
-    }
     Ok(json!({
         "model": model,
         "init": {"kind": "random", "seed": 0, "std": 0.02},

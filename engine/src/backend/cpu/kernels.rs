@@ -5,9 +5,10 @@
 
 use super::math::{convert, vectorized};
 use super::{attention, math, matmul, CpuDevice, CpuRope};
+use crate::backend::span;
 use crate::device::{AdamWArgs, AttnShape, Device, DeviceKind, Operand, Out};
 use crate::environment::ExecutionEnv;
-use crate::error::{EngineError, Result};
+use crate::error::Result;
 use crate::memory::{Category, MemoryTracker};
 use crate::model::dropout::DropoutMask;
 use crate::model::loss::IGNORE_INDEX;
@@ -630,17 +631,6 @@ impl Device for CpuDevice {
         a: AdamWArgs,
     ) -> Result<()> {
         self.adamw_range(p, g, moments, a, (0, 0))
-    }
-}
-
-/// `offset..offset + len` when it lies within `total` (bytes or elements); else an error
-/// naming all three.
-fn span(total: usize, offset: usize, len: usize) -> Result<std::ops::Range<usize>> {
-    match offset.checked_add(len) {
-        Some(end) if end <= total => Ok(offset..end),
-        _ => Err(EngineError::Config(format!(
-            "a span of {len} from {offset} runs past the {total} a tensor holds"
-        ))),
     }
 }
 

@@ -9,6 +9,7 @@ use super::attention::{
 use super::device::{cards_of_ranks, CudaDevice};
 use super::gemm;
 use super::tensor::{from_bytes, Buffer, CudaTensor};
+use crate::backend::span;
 use crate::device::{AdamWArgs, AttnShape, Device, DeviceTensor, Operand, Out};
 use crate::environment::ExecutionEnv;
 use crate::error::{EngineError, Result};
@@ -208,13 +209,8 @@ impl Device for CudaDevice {
     }
 
     fn read_bytes<E: Elem>(&self, t: &CudaTensor<E>, offset: usize, len: usize) -> Result<Vec<u8>> {
-        let total = t.buffer().bytes();
-        if offset.checked_add(len).is_none_or(|end| end > total) {
-            return Err(EngineError::Config(format!(
-                "a copy of {len} bytes from {offset} runs past the {total} a tensor holds"
-            )));
-        }
-        self.download_from(t.ptr() + offset as u64, len)
+        let range = span(t.buffer().bytes(), offset, len)?;
+        self.download_from(t.ptr() + range.start as u64, range.len())
     }
 
     fn write_bytes<E: Elem>(
@@ -223,17 +219,8 @@ impl Device for CudaDevice {
         offset: usize,
         bytes: &[u8],
     ) -> Result<()> {
-        let total = t.buffer().bytes();
-        if offset
-            .checked_add(bytes.len())
-            .is_none_or(|end| end > total)
-        {
-            return Err(EngineError::Config(format!(
-                "a copy of {} bytes to {offset} runs past the {total} a tensor holds",
-                bytes.len()
-            )));
-        }
-        self.upload_into(t.ptr() + offset as u64, bytes)
+        let range = span(t.buffer().bytes(), offset, bytes.len())?;
+        self.upload_into(t.ptr() + range.start as u64, bytes)
     }
 
     fn ranks(&self, world: usize) -> Result<Vec<Self>> {
