@@ -14,6 +14,7 @@ use crate::error::Result;
 use crate::memory::Category;
 use crate::tensor::{DType, Elem, Tensor};
 use gemm::Parallelism;
+use rayon::prelude::*;
 
 /// The f32 workspace a product takes on the CPU, in allocation order: each bf16 operand
 /// widened, then a bf16 output's accumulator. The CPU's product allocates exactly this, and the
@@ -188,15 +189,42 @@ fn depth_chunk((m, n, k): (usize, usize, usize)) -> usize {
     k.div_ceil(k.div_ceil(DEPTH_BLOCK))
 }
 
+/// Rows of the output each thread takes where a product's depth is handed over in more than
+/// one chunk, or `m` where `gemm` parallelises it better itself.
+///
+/// `gemm` adds each chunk to the whole output before the next, so a deep product with a large
+/// output (a weight's gradient: `[out, in]` summed over every token) reads and writes all of it
+/// once a chunk from memory. Split by rows among the threads, each thread adds every chunk to
+/// its own rows while they are in its cache. The bits are those of one call: each output is
+/// summed by the same kernel in the same order, whichever rows share a call with it, as long as
+/// no call falls to `gemm`'s paths for tiny products (one row, or at most 16 × 16 outputs), hence
+/// at least [`MIN_ROWS`] rows a thread and more than 16 columns.
+fn rows_per_thread((m, n, k): (usize, usize, usize), chunk: usize, threads: usize) -> usize {
+    if threads < 2 || chunk >= k || n <= 16 {
+        return m;
+    }
+    let rows = m.div_ceil(threads).next_multiple_of(MIN_ROWS);
+    let last = m - (m.div_ceil(rows) - 1) * rows;
+    if rows >= m || last < MIN_ROWS {
+        return m;
+    }
+    rows
+}
+
+/// The fewest output rows a thread takes in [`rows_per_thread`]: one register block of `gemm`'s
+/// AVX2 kernels.
+const MIN_ROWS: usize = 16;
+
 /// The single call into `gemm`: `c = (accumulate ? c : 0) + a·b`, all f32 and row-major `c`,
-/// the inner dimension handed over in [`depth_chunk`]s, each added to what the ones before left.
+/// the inner dimension handed over in [`depth_chunk`]s, each added to what the ones before left;
+/// a deep product's output rows shared among the threads ([`rows_per_thread`]).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm_f32(
     (m, n, k): (usize, usize, usize),
     a: &[f32],
-    (a_rs, a_cs): (isize, isize),
+    a_strides: (isize, isize),
     b: &[f32],
-    (b_rs, b_cs): (isize, isize),
+    b_strides: (isize, isize),
     c: &mut [f32],
     accumulate: bool,
     parallelism: Parallelism,
@@ -211,22 +239,67 @@ pub(crate) fn gemm_f32(
         return;
     }
     let chunk = depth_chunk((m, n, k));
+    let threads = match parallelism {
+        Parallelism::None => 1,
+        Parallelism::Rayon(threads) => threads,
+    };
+    let rows = rows_per_thread((m, n, k), chunk, threads);
+    if rows == m {
+        return in_depth_chunks(
+            (0, m, n, k),
+            chunk,
+            (a, a_strides),
+            (b, b_strides),
+            c,
+            accumulate,
+            parallelism,
+        );
+    }
+    c[..m * n]
+        .par_chunks_mut(rows * n)
+        .enumerate()
+        .for_each(|(part, c)| {
+            in_depth_chunks(
+                (part * rows, c.len() / n, n, k),
+                chunk,
+                (a, a_strides),
+                (b, b_strides),
+                c,
+                accumulate,
+                Parallelism::None,
+            )
+        });
+}
+
+/// `c` (`rows` rows from row `row0` of the product) `= (accumulate ? c : 0) + a·b` over those
+/// rows, the inner dimension handed over in `chunk`s.
+fn in_depth_chunks(
+    (row0, rows, n, k): (usize, usize, usize, usize),
+    chunk: usize,
+    (a, (a_rs, a_cs)): (&[f32], (isize, isize)),
+    (b, (b_rs, b_cs)): (&[f32], (isize, isize)),
+    c: &mut [f32],
+    accumulate: bool,
+    parallelism: Parallelism,
+) {
+    let a_rows = a.as_ptr().wrapping_offset(row0 as isize * a_rs);
     let mut depth = 0;
     while depth < k {
         let len = chunk.min(k - depth);
         // SAFETY: the slices hold m·k, k·n and m·n elements (checked by callers), and the
-        // strides describe row-major layouts of exactly those shapes; the operands' pointers
-        // start at column `depth` of a and row `depth` of b, `len` more of which lie inside.
+        // strides describe row-major layouts of exactly those shapes; `c` holds rows
+        // `row0..row0 + rows` of the output, and the operands' pointers start at row `row0` and
+        // column `depth` of a and row `depth` of b, `rows` and `len` more of which lie inside.
         unsafe {
             gemm::gemm(
-                m,
+                rows,
                 n,
                 len,
                 c.as_mut_ptr(),
                 1,
                 n as isize,
                 accumulate || depth > 0,
-                a.as_ptr().offset(depth as isize * a_cs),
+                a_rows.wrapping_offset(depth as isize * a_cs),
                 a_cs,
                 a_rs,
                 b.as_ptr().offset(depth as isize * b_rs),
@@ -352,6 +425,64 @@ mod tests {
             matmul(&dev, (m, nn, k), ua, ub, out(&mut c), true).unwrap();
             let plus_one: Vec<f32> = want.iter().map(|x| x + 1.0).collect();
             assert_close(c.as_slice(), &plus_one);
+        }
+    }
+
+    #[test]
+    fn deep_products_shared_by_rows_among_threads_have_the_bits_of_one_thread() {
+        assert_eq!(rows_per_thread((256, 256, 2048), 512, 2), 128);
+        assert_eq!(rows_per_thread((130, 66, 1300), 434, 2), 80);
+        assert_eq!(rows_per_thread((256, 256, 512), 512, 2), 256, "one chunk");
+        assert_eq!(rows_per_thread((256, 16, 2048), 512, 2), 256, "16 columns");
+        assert_eq!(
+            rows_per_thread((34, 66, 2048), 512, 2),
+            34,
+            "a 2-row last part"
+        );
+        assert_eq!(rows_per_thread((256, 256, 2048), 512, 1), 256, "one thread");
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(4)
+            .build()
+            .unwrap();
+        let value = |i: usize| ((i * 7919 % 1009) as f32 - 504.0) / 97.0;
+        for (m, n, k) in [
+            (130, 66, 1300),
+            (64, 17, 1025),
+            (33, 40, 700),
+            (200, 24, 2048),
+        ] {
+            let a: Vec<f32> = (0..m * k).map(value).collect();
+            let b: Vec<f32> = (0..k * n).map(|i| value(i + 3)).collect();
+            for (a_strides, b_strides) in [
+                ((k as isize, 1), (n as isize, 1)),
+                ((1, m as isize), (n as isize, 1)),
+                ((k as isize, 1), (1, k as isize)),
+                ((1, m as isize), (1, k as isize)),
+            ] {
+                let product = |parallelism| {
+                    let mut c: Vec<f32> = (0..m * n).map(|i| value(i + 5)).collect();
+                    pool.install(|| {
+                        gemm_f32(
+                            (m, n, k),
+                            &a,
+                            a_strides,
+                            &b,
+                            b_strides,
+                            &mut c,
+                            true,
+                            parallelism,
+                        )
+                    });
+                    c.into_iter().map(f32::to_bits).collect::<Vec<_>>()
+                };
+                let one = product(Parallelism::None);
+                for threads in [2, 3, 4] {
+                    assert!(
+                        one == product(Parallelism::Rayon(threads)),
+                        "[{m}, {k}] · [{k}, {n}], strides {a_strides:?} {b_strides:?}, {threads} threads"
+                    );
+                }
+            }
         }
     }
 
