@@ -45,9 +45,9 @@ json_number() {
     sed -nE "s/.*\"$1\": *([-0-9.eE+]+).*/\1/p" <<<"$2" | head -n 1
 }
 
-# The median of numbers given one per line.
+# The median of numbers given one per line; nothing for none.
 median() {
-    sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+    sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) exit; if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
 
 # The median of the figure named KEY over JSON lines given one per line.
@@ -92,13 +92,14 @@ if command -v "$python" >/dev/null 2>&1 && "$python" -c "import torch, transform
     have_torch=1
 fi
 
-ours=() theirs=()
+ours=() ours_lines=() theirs=()
 for ((round = 1; round <= rounds; round++)); do
     line=$(cargo bench -p ckpt-engine "${engine_features[@]}" --bench train_step --locked -q -- \
         --threads "$threads" --steps "$steps" --warmup "$warmup" --checkpointing none \
         --precision "$precision" | tail -n 1)
     echo "engine:  $line"
     ours+=("$(json_number tokens_per_s "$line")")
+    ours_lines+=("$line")
     if [[ $have_torch == 1 ]]; then
         line=$(env "${torch_env[@]}" "$python" scripts/bench_torch.py --threads "$threads" --steps "$steps" --warmup "$warmup" \
             --precision "$precision")
@@ -111,6 +112,12 @@ config="$precision, $threads thread$([[ $threads == 1 ]] || echo s)"
 [[ $kernels == native ]] || config+=", $kernels kernels"
 ours_tps=$(printf '%s\n' "${ours[@]}" | median)
 printf 'engine tokens/s:  %.1f (%d thread(s), median of %d round(s))\n' "$ours_tps" "$threads" "$rounds"
+fraction=$(printf '%s\n' "${ours_lines[@]}" | median_of fraction_of_cpu_peak)
+if [[ -n $fraction ]]; then
+    printf 'engine at %.0f%% of the CPU'"'"'s fp32 peak (%.0f GFLOP/s measured on %d thread(s))\n' \
+        "$(awk -v f="$fraction" 'BEGIN { print 100 * f }')" \
+        "$(printf '%s\n' "${ours_lines[@]}" | median_of cpu_peak_gflops)" "$threads"
+fi
 figure "training, engine ($config)" tokens/s "$ours_tps"
 if [[ $have_torch == 0 ]]; then
     echo "pytorch reference skipped: $python cannot import torch and transformers"

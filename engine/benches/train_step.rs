@@ -7,7 +7,10 @@
 //! 2048, 16 layers, 32 heads, 8 KV heads, FFN 8192, tied embeddings, batch 8 × 2048 tokens, as
 //! `scripts/bench_gpu_torch.py` runs it). On `--device cuda` it also reports the memory pool's
 //! high-water mark and the model-FLOPs utilisation against `--peak-tflops` (the card's dense
-//! bf16 peak; H100 SXM: 989), counted as `bench_gpu_torch.py` counts it.
+//! bf16 peak; H100 SXM: 989), counted as `bench_gpu_torch.py` counts it. On the CPU it reports
+//! the CPU's fp32 peak instead (`cpu_peak_gflops`: fused multiply-adds in the products' vector
+//! instructions on `--threads` threads at once, measured after the steps) and the step's FLOPs,
+//! counted the same way, as a fraction of it (`fraction_of_cpu_peak`).
 //!
 //! ```text
 //! cargo bench -p ckpt-engine --bench train_step -- [--device cpu|cuda] [--model bench|llama-1b]
@@ -27,7 +30,7 @@
 //! micro-batches of `batch` / N rows, so a step holds the same tokens as on one rank.
 
 use ckpt_engine::backend::cpu::bf16_dot::Bf16Products;
-use ckpt_engine::backend::cpu::VectorIsa;
+use ckpt_engine::backend::cpu::{peak, VectorIsa};
 use ckpt_engine::{CpuDevice, CudaDevice, Device, LlamaConfig, TrainConfig, Trainer};
 use serde_json::{json, Value};
 use std::time::Instant;
@@ -287,6 +290,12 @@ fn measure(opts: &Options, checkpointing: &str) -> Result<Value, String> {
             None,
         )?;
         result["cpu_loops"] = json!(loops);
+        let peak = peak::fp32_peak_gflops(opts.threads);
+        let achieved = result["flops_per_step"].as_f64().unwrap_or(f64::NAN)
+            / (result["median_step_ms"].as_f64().unwrap_or(f64::NAN) * 1e-3)
+            / 1e9;
+        result["cpu_peak_gflops"] = json!(peak);
+        result["fraction_of_cpu_peak"] = json!(peak.map(|p| achieved / p));
         Ok(result)
     }
 }
@@ -334,6 +343,7 @@ fn time_steps<D: Device>(
         "min_step_ms": min * 1e3,
         "median_cpu_ms_per_step": cpu_ms,
         "tokens_per_s": tokens as f64 / step,
+        "flops_per_step": flops,
         "peak_bytes": peak,
         "recomputed_blocks": recomputed,
         "last_loss": loss,

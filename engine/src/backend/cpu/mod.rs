@@ -7,6 +7,7 @@ pub mod bf16_dot;
 pub mod kernels;
 pub(crate) mod math;
 pub mod matmul;
+pub mod peak;
 
 use crate::device::DeviceTensor;
 use crate::error::{EngineError, Result};
