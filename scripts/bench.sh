@@ -92,13 +92,12 @@ if command -v "$python" >/dev/null 2>&1 && "$python" -c "import torch, transform
     have_torch=1
 fi
 
-ours=() ours_lines=() theirs=()
+ours_lines=() theirs=()
 for ((round = 1; round <= rounds; round++)); do
     line=$(cargo bench -p ckpt-engine "${engine_features[@]}" --bench train_step --locked -q -- \
         --threads "$threads" --steps "$steps" --warmup "$warmup" --checkpointing none \
         --precision "$precision" | tail -n 1)
     echo "engine:  $line"
-    ours+=("$(json_number tokens_per_s "$line")")
     ours_lines+=("$line")
     if [[ $have_torch == 1 ]]; then
         line=$(env "${torch_env[@]}" "$python" scripts/bench_torch.py --threads "$threads" --steps "$steps" --warmup "$warmup" \
@@ -110,7 +109,7 @@ done
 
 config="$precision, $threads thread$([[ $threads == 1 ]] || echo s)"
 [[ $kernels == native ]] || config+=", $kernels kernels"
-ours_tps=$(printf '%s\n' "${ours[@]}" | median)
+ours_tps=$(printf '%s\n' "${ours_lines[@]}" | median_of tokens_per_s)
 printf 'engine tokens/s:  %.1f (%d thread(s), median of %d round(s))\n' "$ours_tps" "$threads" "$rounds"
 fraction=$(printf '%s\n' "${ours_lines[@]}" | median_of fraction_of_cpu_peak)
 if [[ -n $fraction ]]; then

@@ -9,7 +9,7 @@
 //! high-water mark and the model-FLOPs utilisation against `--peak-tflops` (the card's dense
 //! bf16 peak; H100 SXM: 989), counted as `bench_gpu_torch.py` counts it. On the CPU it reports
 //! the CPU's fp32 peak instead (`cpu_peak_gflops`: fused multiply-adds in the products' vector
-//! instructions on `--threads` threads at once, measured after the steps) and the step's FLOPs,
+//! instructions on `--threads` threads at once, measured before the steps) and the step's FLOPs,
 //! counted the same way, as a fraction of it (`fraction_of_cpu_peak`).
 //!
 //! ```text
@@ -276,7 +276,7 @@ fn measure(opts: &Options, checkpointing: &str) -> Result<Value, String> {
     if opts.device == "cuda" {
         let dev = CudaDevice::new(0, None).map_err(err)?;
         let trainer = Trainer::new(cfg, dev.clone()).map_err(err)?;
-        time_steps(opts, checkpointing, trainer, Some(&dev))
+        time_steps(opts, checkpointing, trainer, Some(&dev), None)
     } else {
         let dev = CpuDevice::new(opts.threads, u64::MAX)
             .and_then(|d| d.with_bf16_products(Bf16Products::from_env()?))
@@ -288,14 +288,9 @@ fn measure(opts: &Options, checkpointing: &str) -> Result<Value, String> {
             checkpointing,
             Trainer::new(cfg, dev).map_err(err)?,
             None,
+            peak::fp32_peak_gflops(opts.threads),
         )?;
         result["cpu_loops"] = json!(loops);
-        let peak = peak::fp32_peak_gflops(opts.threads);
-        let achieved = result["flops_per_step"].as_f64().unwrap_or(f64::NAN)
-            / (result["median_step_ms"].as_f64().unwrap_or(f64::NAN) * 1e-3)
-            / 1e9;
-        result["cpu_peak_gflops"] = json!(peak);
-        result["fraction_of_cpu_peak"] = json!(peak.map(|p| achieved / p));
         Ok(result)
     }
 }
@@ -304,12 +299,14 @@ fn err(e: ckpt_engine::EngineError) -> String {
     e.to_string()
 }
 
-/// Times `opts.steps` steps of `trainer` after `opts.warmup` (`gpu` is its device on CUDA).
+/// Times `opts.steps` steps of `trainer` after `opts.warmup` (`gpu` is its device on CUDA;
+/// `cpu_peak_gflops` the CPU's measured fp32 peak on the CPU).
 fn time_steps<D: Device>(
     opts: &Options,
     checkpointing: &str,
     mut trainer: Trainer<D>,
     gpu: Option<&CudaDevice>,
+    cpu_peak_gflops: Option<f64>,
 ) -> Result<Value, String> {
     let sync = || gpu.map_or(Ok(()), |d| d.sync()).map_err(err);
     let tokens =
@@ -351,6 +348,8 @@ fn time_steps<D: Device>(
         "pool_used_high_bytes": pool.map(|p| p.used_high),
         "mfu": gpu.is_some().then(|| flops / step / (opts.peak_tflops * 1e12)),
         "cpu_kernels": gpu.is_none().then(|| trainer.device().execution_env().cpu_kernels),
+        "cpu_peak_gflops": cpu_peak_gflops,
+        "fraction_of_cpu_peak": cpu_peak_gflops.map(|p| flops / step / (p * 1e9)),
     }))
 }
 

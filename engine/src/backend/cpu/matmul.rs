@@ -244,37 +244,30 @@ pub(crate) fn gemm_f32(
         Parallelism::Rayon(threads) => threads,
     };
     let rows = rows_per_thread((m, n, k), chunk, threads);
-    if rows == m {
-        return in_depth_chunks(
-            (0, m, n, k),
+    let part = |row0, c: &mut [f32], parallelism| {
+        in_depth_chunks(
+            (row0, n, k),
             chunk,
             (a, a_strides),
             (b, b_strides),
             c,
             accumulate,
             parallelism,
-        );
+        )
+    };
+    let c = &mut c[..m * n];
+    if rows == m {
+        return part(0, c, parallelism);
     }
-    c[..m * n]
-        .par_chunks_mut(rows * n)
+    c.par_chunks_mut(rows * n)
         .enumerate()
-        .for_each(|(part, c)| {
-            in_depth_chunks(
-                (part * rows, c.len() / n, n, k),
-                chunk,
-                (a, a_strides),
-                (b, b_strides),
-                c,
-                accumulate,
-                Parallelism::None,
-            )
-        });
+        .for_each(|(i, c)| part(i * rows, c, Parallelism::None));
 }
 
-/// `c` (`rows` rows from row `row0` of the product) `= (accumulate ? c : 0) + a·b` over those
+/// `c` (whole rows of the product from row `row0`) `= (accumulate ? c : 0) + a·b` over those
 /// rows, the inner dimension handed over in `chunk`s.
 fn in_depth_chunks(
-    (row0, rows, n, k): (usize, usize, usize, usize),
+    (row0, n, k): (usize, usize, usize),
     chunk: usize,
     (a, (a_rs, a_cs)): (&[f32], (isize, isize)),
     (b, (b_rs, b_cs)): (&[f32], (isize, isize)),
@@ -282,6 +275,7 @@ fn in_depth_chunks(
     accumulate: bool,
     parallelism: Parallelism,
 ) {
+    let rows = c.len() / n;
     let a_rows = a.as_ptr().wrapping_offset(row0 as isize * a_rs);
     let mut depth = 0;
     while depth < k {
