@@ -1,7 +1,7 @@
 //! Which job runs what: mutation testing (`scripts/mutants.sh`, hours of rebuilds) is part of the
 //! nightly job and of nothing CI runs; CI runs every tier's CPU suites, and the suites that judge
 //! other trainers; the nightly job's summary carries its benchmarks' figures, and its workflow
-//! runs the CPU suites under the FMA kernels too.
+//! runs the CPU suites under the FMA kernels too, as CI replays the frozen checkpoints.
 
 use std::path::{Path, PathBuf};
 
@@ -220,4 +220,26 @@ fn the_nightly_workflow_runs_every_cpu_suite_with_the_fma_kernels_too() {
             && manifest.contains("avx512 = [\"gemm/x86-v4\"]"),
         "the engine's AVX-512 kernels are a default feature the FMA build leaves out"
     );
+}
+
+/// Where CI's CPU has AVX-512, CI replays the frozen checkpoints under the FMA kernels as well,
+/// so a checkpoint whose steps differ there and that lacks their record (`losses.x86_64-fma.json`)
+/// fails CI, not the first resume on a CPU without AVX-512.
+#[test]
+fn ci_replays_the_frozen_checkpoints_with_the_fma_kernels_too() {
+    let ci = commands(".ci/run");
+    let replay = ci
+        .iter()
+        .position(|l| {
+            l.starts_with("cargo test -p ckpt-harness --no-default-features")
+                && l.ends_with("--test golden_checkpoints")
+        })
+        .unwrap_or_else(|| panic!("CI does not replay them with the FMA kernels: {ci:?}"));
+    assert_eq!(
+        ci[replay - 1],
+        "if grep -qw avx512f /proc/cpuinfo; then",
+        "only where the tests before ran the AVX-512 kernels"
+    );
+    let tests = ci.iter().position(|l| l == "scripts/test.sh");
+    assert!(tests < Some(replay), "{ci:?}");
 }
