@@ -1,4 +1,6 @@
-//! Matrix products through the `gemm` crate, with f32 accumulation for every element type.
+//! Matrix products through the `gemm` crate, with f32 accumulation for every element type; on
+//! CPUs with AVX2 and FMA (but not AVX-512) most of them through a kernel of the engine's own
+//! instead (`fma_gemm`), with the same bits.
 //!
 //! bf16 operands are widened into tracked workspace first (exact), the product runs in f32, and a
 //! bf16 output is rounded once at the end: the arithmetic of a tensor-core GEMM with fp32
@@ -7,6 +9,8 @@
 //! them.
 
 use super::bf16_dot::{self, Bf16Products};
+#[cfg(target_arch = "x86_64")]
+use super::fma_gemm;
 use super::math::VectorIsa;
 use super::CpuDevice;
 use crate::device::{Device, Operand, Out};
@@ -215,9 +219,10 @@ fn rows_per_thread((m, n, k): (usize, usize, usize), chunk: usize, threads: usiz
 /// AVX2 kernels.
 const MIN_ROWS: usize = 16;
 
-/// The single call into `gemm`: `c = (accumulate ? c : 0) + a·b`, all f32 and row-major `c`,
-/// the inner dimension handed over in [`depth_chunk`]s, each added to what the ones before left;
-/// a deep product's output rows shared among the threads ([`rows_per_thread`]).
+/// The single call into `gemm` (or [`fma_gemm`], [`by_fma_gemm`]): `c = (accumulate ? c : 0) +
+/// a·b`, all f32 and row-major `c`, the inner dimension handed over in [`depth_chunk`]s, each
+/// added to what the ones before left; a deep product's output rows shared among the threads
+/// ([`rows_per_thread`]).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm_f32(
     (m, n, k): (usize, usize, usize),
@@ -280,35 +285,98 @@ fn in_depth_chunks(
     let mut depth = 0;
     while depth < k {
         let len = chunk.min(k - depth);
+        let a_chunk = a_rows.wrapping_offset(depth as isize * a_cs);
+        let read_c = accumulate || depth > 0;
         // SAFETY: the slices hold m·k, k·n and m·n elements (checked by callers), and the
         // strides describe row-major layouts of exactly those shapes; `c` holds rows
         // `row0..row0 + rows` of the output, and the operands' pointers start at row `row0` and
         // column `depth` of a and row `depth` of b, `rows` and `len` more of which lie inside.
         unsafe {
-            gemm::gemm(
-                rows,
-                n,
-                len,
-                c.as_mut_ptr(),
-                1,
-                n as isize,
-                accumulate || depth > 0,
-                a_rows.wrapping_offset(depth as isize * a_cs),
-                a_cs,
-                a_rs,
-                b.as_ptr().offset(depth as isize * b_rs),
-                b_cs,
-                b_rs,
-                1.0,
-                1.0,
-                false,
-                false,
-                false,
-                parallelism,
-            )
+            let b_chunk = b.as_ptr().offset(depth as isize * b_rs);
+            let operands = ((a_chunk, a_rs, a_cs), (b_chunk, b_rs, b_cs));
+            if !by_fma_gemm((rows, n, len), operands, c, read_c, parallelism) {
+                gemm::gemm(
+                    rows,
+                    n,
+                    len,
+                    c.as_mut_ptr(),
+                    1,
+                    n as isize,
+                    read_c,
+                    a_chunk,
+                    a_cs,
+                    a_rs,
+                    b_chunk,
+                    b_cs,
+                    b_rs,
+                    1.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    parallelism,
+                )
+            }
         }
         depth += len;
     }
+}
+
+/// An operand of [`by_fma_gemm`]: its first element, row stride and column stride.
+type Strided = (*const f32, isize, isize);
+
+/// `c (+)= a·b` for one depth chunk by [`fma_gemm`], where the CPU has AVX2 and FMA and it takes
+/// the product (the same bits as `gemm`'s, faster); false, with nothing done, where it leaves the
+/// product to `gemm`.
+///
+/// # Safety
+/// The operands address `m × k` and `k × n` readable elements through their strides, and `c`
+/// holds `m × n`.
+#[cfg(target_arch = "x86_64")]
+unsafe fn by_fma_gemm(
+    (m, n, k): (usize, usize, usize),
+    ((a, a_rs, a_cs), (b, b_rs, b_cs)): (Strided, Strided),
+    c: &mut [f32],
+    accumulate: bool,
+    parallelism: Parallelism,
+) -> bool {
+    if VectorIsa::detect() != VectorIsa::Avx2Fma || !fma_gemm::takes((m, n, k)) {
+        return false;
+    }
+    let threads = match parallelism {
+        Parallelism::None => 1,
+        Parallelism::Rayon(threads) => threads,
+    };
+    let operand = |ptr, row_stride, col_stride| fma_gemm::Matrix {
+        ptr,
+        row_stride,
+        col_stride,
+    };
+    // SAFETY: the CPU has AVX2 and FMA and `fma_gemm` takes the product; the caller vouches
+    // for the operands and the output.
+    unsafe {
+        fma_gemm::product(
+            (m, n, k),
+            operand(a, a_rs, a_cs),
+            operand(b, b_rs, b_cs),
+            c,
+            accumulate,
+            threads,
+        )
+    };
+    true
+}
+
+/// Off x86-64 every product goes to `gemm`.
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn by_fma_gemm(
+    _: (usize, usize, usize),
+    _: (Strided, Strided),
+    _: &mut [f32],
+    _: bool,
+    _: Parallelism,
+) -> bool {
+    false
 }
 
 #[cfg(test)]

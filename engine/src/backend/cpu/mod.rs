@@ -4,6 +4,8 @@
 
 pub mod attention;
 pub mod bf16_dot;
+#[cfg(target_arch = "x86_64")]
+mod fma_gemm;
 pub mod kernels;
 pub(crate) mod math;
 pub mod matmul;
