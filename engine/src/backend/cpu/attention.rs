@@ -13,7 +13,6 @@ use crate::device::{AttnShape, Device};
 use crate::error::Result;
 use crate::memory::Category;
 use crate::tensor::Elem;
-use gemm::Parallelism;
 use rayon::prelude::*;
 use std::sync::Mutex;
 
@@ -105,16 +104,7 @@ fn mm(
     c: &mut [f32],
     accumulate: bool,
 ) {
-    gemm_f32(
-        dims,
-        a,
-        a_strides,
-        b,
-        b_strides,
-        c,
-        accumulate,
-        Parallelism::None,
-    );
+    gemm_f32(dims, a, a_strides, b, b_strides, c, accumulate, 1);
 }
 
 /// Runs `f(unit, scratch)` for every unit of `pass`, handing units to threads as they free up.

@@ -14,6 +14,7 @@
 //! vectors, tiny outputs, a depth of one or two, or split along the depth); every other one
 //! goes to `gemm`.
 
+use super::matmul::Strided;
 use std::arch::x86_64::*;
 
 /// Output rows of the micro-kernel.
@@ -36,17 +37,6 @@ pub(crate) fn takes((m, n, k): (usize, usize, usize)) -> bool {
     (3..=MAX_DEPTH).contains(&k) && m > 1 && n > 1 && m * n > 256 && (m > 64 || n > 64)
 }
 
-/// An operand: its first element and its (row, column) strides in elements.
-#[derive(Clone, Copy)]
-pub(crate) struct Matrix {
-    /// The element at row 0, column 0.
-    pub ptr: *const f32,
-    /// Elements from one row to the next.
-    pub row_stride: isize,
-    /// Elements from one column to the next.
-    pub col_stride: isize,
-}
-
 /// The output pointer, shared by the threads that write disjoint parts of it.
 #[derive(Clone, Copy)]
 struct Out(*mut f32);
@@ -54,10 +44,6 @@ struct Out(*mut f32);
 unsafe impl Send for Out {}
 // SAFETY: as above.
 unsafe impl Sync for Out {}
-// SAFETY: the operands are only read while the product runs.
-unsafe impl Send for Matrix {}
-// SAFETY: as above.
-unsafe impl Sync for Matrix {}
 
 /// `c = (accumulate ? c : 0) + a·b` for `c` row-major `[m, n]`, `a` `[m, k]` and `b` `[k, n]`,
 /// the work shared among `threads` (by rows where the output has at least as many rows as
@@ -69,8 +55,8 @@ unsafe impl Sync for Matrix {}
 /// else reads or writes meanwhile.
 pub(crate) unsafe fn product(
     (m, n, k): (usize, usize, usize),
-    a: Matrix,
-    b: Matrix,
+    a: Strided,
+    b: Strided,
     c: &mut [f32],
     accumulate: bool,
     threads: usize,
@@ -88,17 +74,23 @@ pub(crate) unsafe fn product(
         // rows (or columns) are among those the caller vouches for.
         unsafe {
             if by_rows {
-                let a = Matrix {
-                    ptr: a.ptr.offset(lo as isize * a.row_stride),
-                    ..a
-                };
-                block((hi - lo, n, k), a, b, out.0.add(lo * n), n, accumulate);
+                block(
+                    (hi - lo, n, k),
+                    a.from(lo, 0),
+                    b,
+                    out.0.add(lo * n),
+                    n,
+                    accumulate,
+                );
             } else {
-                let b = Matrix {
-                    ptr: b.ptr.offset(lo as isize * b.col_stride),
-                    ..b
-                };
-                block((m, hi - lo, k), a, b, out.0.add(lo), n, accumulate);
+                block(
+                    (m, hi - lo, k),
+                    a,
+                    b.from(0, lo),
+                    out.0.add(lo),
+                    n,
+                    accumulate,
+                );
             }
         }
     };
@@ -120,8 +112,8 @@ pub(crate) unsafe fn product(
 /// As [`product`], for this share.
 unsafe fn block(
     (m, n, k): (usize, usize, usize),
-    a: Matrix,
-    b: Matrix,
+    a: Strided,
+    b: Strided,
     c: *mut f32,
     ldc: usize,
     accumulate: bool,
@@ -200,7 +192,7 @@ struct LeftPanel {
 ///
 /// # Safety
 /// `b` addresses those columns through its strides; `out` holds the panels.
-unsafe fn pack_right(k: usize, cols: usize, b: Matrix, j0: usize, out: &mut [f32]) {
+unsafe fn pack_right(k: usize, cols: usize, b: Strided, j0: usize, out: &mut [f32]) {
     for jp in 0..cols.div_ceil(NR) {
         let panel = &mut out[jp * NR * k..(jp + 1) * NR * k];
         let first = j0 + jp * NR;
@@ -230,7 +222,7 @@ unsafe fn pack_right(k: usize, cols: usize, b: Matrix, j0: usize, out: &mut [f32
 ///
 /// # Safety
 /// `a` addresses those rows through its strides; `out` holds the panels.
-unsafe fn pack_left(k: usize, rows: usize, a: Matrix, i0: usize, out: &mut [f32]) {
+unsafe fn pack_left(k: usize, rows: usize, a: Strided, i0: usize, out: &mut [f32]) {
     for ip in 0..rows.div_ceil(MR) {
         let panel = &mut out[ip * MR * k..(ip + 1) * MR * k];
         let first = i0 + ip * MR;
@@ -347,12 +339,12 @@ mod tests {
                 false,
                 gemm::Parallelism::None,
             );
-            let a = Matrix {
+            let a = Strided {
                 ptr: a.as_ptr(),
                 row_stride: ars,
                 col_stride: acs,
             };
-            let b = Matrix {
+            let b = Strided {
                 ptr: b.as_ptr(),
                 row_stride: brs,
                 col_stride: bcs,

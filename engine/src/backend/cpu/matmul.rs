@@ -105,11 +105,6 @@ pub fn matmul<A: Elem, B: Elem, C: Elem>(
         _ => {
             let a32 = widen(dev, elements(&a, m * k), &mut ws.a);
             let b32 = widen(dev, elements(&b, k * n), &mut ws.b);
-            let parallelism = if dev.threads() > 1 {
-                Parallelism::Rayon(dev.threads())
-            } else {
-                Parallelism::None
-            };
             dev.install(|| {
                 gemm_f32(
                     (m, n, k),
@@ -119,7 +114,7 @@ pub fn matmul<A: Elem, B: Elem, C: Elem>(
                     (b_rs, b_cs),
                     c32,
                     accumulate,
-                    parallelism,
+                    dev.threads(),
                 )
             })
         }
@@ -221,8 +216,8 @@ const MIN_ROWS: usize = 16;
 
 /// The single call into `gemm` (or [`fma_gemm`], [`by_fma_gemm`]): `c = (accumulate ? c : 0) +
 /// a·b`, all f32 and row-major `c`, the inner dimension handed over in [`depth_chunk`]s, each
-/// added to what the ones before left; a deep product's output rows shared among the threads
-/// ([`rows_per_thread`]).
+/// added to what the ones before left, on `threads` threads (1: the calling thread alone); a deep
+/// product's output rows shared among the threads ([`rows_per_thread`]).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm_f32(
     (m, n, k): (usize, usize, usize),
@@ -232,7 +227,7 @@ pub(crate) fn gemm_f32(
     b_strides: (isize, isize),
     c: &mut [f32],
     accumulate: bool,
-    parallelism: Parallelism,
+    threads: usize,
 ) {
     if m == 0 || n == 0 {
         return;
@@ -244,57 +239,91 @@ pub(crate) fn gemm_f32(
         return;
     }
     let chunk = depth_chunk((m, n, k));
-    let threads = match parallelism {
-        Parallelism::None => 1,
-        Parallelism::Rayon(threads) => threads,
-    };
     let rows = rows_per_thread((m, n, k), chunk, threads);
-    let part = |row0, c: &mut [f32], parallelism| {
-        in_depth_chunks(
-            (row0, n, k),
-            chunk,
-            (a, a_strides),
-            (b, b_strides),
-            c,
-            accumulate,
-            parallelism,
-        )
+    let a = Strided::new(a, a_strides);
+    let b = Strided::new(b, b_strides);
+    let part = |row0, c: &mut [f32], threads| {
+        in_depth_chunks((row0, n, k), chunk, a, b, c, accumulate, threads)
     };
     let c = &mut c[..m * n];
     if rows == m {
-        return part(0, c, parallelism);
+        return part(0, c, threads);
     }
     c.par_chunks_mut(rows * n)
         .enumerate()
-        .for_each(|(i, c)| part(i * rows, c, Parallelism::None));
+        .for_each(|(i, c)| part(i * rows, c, 1));
+}
+
+/// An f32 operand as the product kernels read it: its first element and its (row, column)
+/// strides in elements.
+#[derive(Clone, Copy)]
+pub(crate) struct Strided {
+    /// The element at row 0, column 0.
+    pub ptr: *const f32,
+    /// Elements from one row to the next.
+    pub row_stride: isize,
+    /// Elements from one column to the next.
+    pub col_stride: isize,
+}
+
+// SAFETY: an operand is only read, and only while the product that holds it runs.
+unsafe impl Send for Strided {}
+// SAFETY: as above.
+unsafe impl Sync for Strided {}
+
+impl Strided {
+    /// `data` read through `(row stride, column stride)`.
+    fn new(data: &[f32], (row_stride, col_stride): (isize, isize)) -> Self {
+        Strided {
+            ptr: data.as_ptr(),
+            row_stride,
+            col_stride,
+        }
+    }
+
+    /// The operand from row `row`, column `col` on (the pointer moved, not read).
+    pub(crate) fn from(self, row: usize, col: usize) -> Self {
+        let offset = row as isize * self.row_stride + col as isize * self.col_stride;
+        Strided {
+            ptr: self.ptr.wrapping_offset(offset),
+            ..self
+        }
+    }
+}
+
+/// `gemm`'s own threading for `threads` threads.
+fn gemm_parallelism(threads: usize) -> Parallelism {
+    if threads > 1 {
+        Parallelism::Rayon(threads)
+    } else {
+        Parallelism::None
+    }
 }
 
 /// `c` (whole rows of the product from row `row0`) `= (accumulate ? c : 0) + a·b` over those
-/// rows, the inner dimension handed over in `chunk`s.
+/// rows, the inner dimension handed over in `chunk`s, on `threads` threads.
 fn in_depth_chunks(
     (row0, n, k): (usize, usize, usize),
     chunk: usize,
-    (a, (a_rs, a_cs)): (&[f32], (isize, isize)),
-    (b, (b_rs, b_cs)): (&[f32], (isize, isize)),
+    a: Strided,
+    b: Strided,
     c: &mut [f32],
     accumulate: bool,
-    parallelism: Parallelism,
+    threads: usize,
 ) {
     let rows = c.len() / n;
-    let a_rows = a.as_ptr().wrapping_offset(row0 as isize * a_rs);
     let mut depth = 0;
     while depth < k {
         let len = chunk.min(k - depth);
-        let a_chunk = a_rows.wrapping_offset(depth as isize * a_cs);
+        let a_chunk = a.from(row0, depth);
+        let b_chunk = b.from(depth, 0);
         let read_c = accumulate || depth > 0;
-        // SAFETY: the slices hold m·k, k·n and m·n elements (checked by callers), and the
+        // SAFETY: the operands address m·k and k·n elements (checked by callers) and their
         // strides describe row-major layouts of exactly those shapes; `c` holds rows
-        // `row0..row0 + rows` of the output, and the operands' pointers start at row `row0` and
-        // column `depth` of a and row `depth` of b, `rows` and `len` more of which lie inside.
+        // `row0..row0 + rows` of the output, and the chunks start at row `row0` and column
+        // `depth` of a and row `depth` of b, `rows` and `len` more of which lie inside.
         unsafe {
-            let b_chunk = b.as_ptr().offset(depth as isize * b_rs);
-            let operands = ((a_chunk, a_rs, a_cs), (b_chunk, b_rs, b_cs));
-            if !by_fma_gemm((rows, n, len), operands, c, read_c, parallelism) {
+            if !by_fma_gemm((rows, n, len), a_chunk, b_chunk, c, read_c, threads) {
                 gemm::gemm(
                     rows,
                     n,
@@ -303,18 +332,18 @@ fn in_depth_chunks(
                     1,
                     n as isize,
                     read_c,
-                    a_chunk,
-                    a_cs,
-                    a_rs,
-                    b_chunk,
-                    b_cs,
-                    b_rs,
+                    a_chunk.ptr,
+                    a_chunk.col_stride,
+                    a_chunk.row_stride,
+                    b_chunk.ptr,
+                    b_chunk.col_stride,
+                    b_chunk.row_stride,
                     1.0,
                     1.0,
                     false,
                     false,
                     false,
-                    parallelism,
+                    gemm_parallelism(threads),
                 )
             }
         }
@@ -322,12 +351,9 @@ fn in_depth_chunks(
     }
 }
 
-/// An operand of [`by_fma_gemm`]: its first element, row stride and column stride.
-type Strided = (*const f32, isize, isize);
-
-/// `c (+)= a·b` for one depth chunk by [`fma_gemm`], where the CPU has AVX2 and FMA and it takes
-/// the product (the same bits as `gemm`'s, faster); false, with nothing done, where it leaves the
-/// product to `gemm`.
+/// `c (+)= a·b` for one depth chunk by [`fma_gemm`] on `threads` threads, where the CPU has AVX2
+/// and FMA and it takes the product (the same bits as `gemm`'s, faster); false, with nothing
+/// done, where it leaves the product to `gemm`.
 ///
 /// # Safety
 /// The operands address `m × k` and `k × n` readable elements through their strides, and `c`
@@ -335,35 +361,18 @@ type Strided = (*const f32, isize, isize);
 #[cfg(target_arch = "x86_64")]
 unsafe fn by_fma_gemm(
     (m, n, k): (usize, usize, usize),
-    ((a, a_rs, a_cs), (b, b_rs, b_cs)): (Strided, Strided),
+    a: Strided,
+    b: Strided,
     c: &mut [f32],
     accumulate: bool,
-    parallelism: Parallelism,
+    threads: usize,
 ) -> bool {
     if VectorIsa::detect() != VectorIsa::Avx2Fma || !fma_gemm::takes((m, n, k)) {
         return false;
     }
-    let threads = match parallelism {
-        Parallelism::None => 1,
-        Parallelism::Rayon(threads) => threads,
-    };
-    let operand = |ptr, row_stride, col_stride| fma_gemm::Matrix {
-        ptr,
-        row_stride,
-        col_stride,
-    };
     // SAFETY: the CPU has AVX2 and FMA and `fma_gemm` takes the product; the caller vouches
     // for the operands and the output.
-    unsafe {
-        fma_gemm::product(
-            (m, n, k),
-            operand(a, a_rs, a_cs),
-            operand(b, b_rs, b_cs),
-            c,
-            accumulate,
-            threads,
-        )
-    };
+    unsafe { fma_gemm::product((m, n, k), a, b, c, accumulate, threads) };
     true
 }
 
@@ -371,10 +380,11 @@ unsafe fn by_fma_gemm(
 #[cfg(not(target_arch = "x86_64"))]
 unsafe fn by_fma_gemm(
     _: (usize, usize, usize),
-    _: (Strided, Strided),
+    _: Strided,
+    _: Strided,
     _: &mut [f32],
     _: bool,
-    _: Parallelism,
+    _: usize,
 ) -> bool {
     false
 }
@@ -521,7 +531,7 @@ mod tests {
                 ((k as isize, 1), (1, k as isize)),
                 ((1, m as isize), (1, k as isize)),
             ] {
-                let product = |parallelism| {
+                let product = |threads| {
                     let mut c: Vec<f32> = (0..m * n).map(|i| value(i + 5)).collect();
                     pool.install(|| {
                         gemm_f32(
@@ -532,15 +542,15 @@ mod tests {
                             b_strides,
                             &mut c,
                             true,
-                            parallelism,
+                            threads,
                         )
                     });
                     c.into_iter().map(f32::to_bits).collect::<Vec<_>>()
                 };
-                let one = product(Parallelism::None);
+                let one = product(1);
                 for threads in [2, 3, 4] {
                     assert!(
-                        one == product(Parallelism::Rayon(threads)),
+                        one == product(threads),
                         "[{m}, {k}] · [{k}, {n}], strides {a_strides:?} {b_strides:?}, {threads} threads"
                     );
                 }
