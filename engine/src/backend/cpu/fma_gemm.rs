@@ -11,8 +11,8 @@
 //! bits whichever computes it, and only the time differs.
 //!
 //! [`takes`] says which products these are (those `gemm` would not hand to its paths for
-//! vectors, tiny outputs, a depth of one or two, or split along the depth); every other one
-//! goes to `gemm`.
+//! vectors, tiny outputs, a depth of one or two, or split along the depth, less the small ones
+//! it computes faster); every other one goes to `gemm`.
 
 use super::matmul::Strided;
 use std::arch::x86_64::*;
@@ -31,8 +31,9 @@ const LEFT_BLOCK_ROWS: usize = 8 * MR;
 /// Whether this module computes an `[m, k] · [k, n]` product: one `gemm` would put through its
 /// blocked path unsplit. `gemm` takes a depth of at most 2 as outer products, a single row or
 /// column as a matrix-vector product, at most 256 outputs with dot products across lanes, and
-/// splits the depth of products of at most 64 × 64 outputs at 512; the depth of any other it
-/// splits only beyond 512, whatever the caches.
+/// splits the depth of any other product only beyond 512, whatever the caches. Of those, the
+/// products of at most 64 × 64 outputs (attention's, a query block's) stay with `gemm` too: it
+/// computes them faster than this module does.
 pub(crate) fn takes((m, n, k): (usize, usize, usize)) -> bool {
     (3..=MAX_DEPTH).contains(&k) && m > 1 && n > 1 && m * n > 256 && (m > 64 || n > 64)
 }
