@@ -14,7 +14,7 @@
 //! vectors, tiny outputs, a depth of one or two, or split along the depth, less the small ones
 //! it computes faster); every other one goes to `gemm`.
 
-use super::matmul::Strided;
+use super::strided::Strided;
 use std::arch::x86_64::*;
 
 /// Output rows of the micro-kernel.

@@ -12,6 +12,7 @@ use super::bf16_dot::{self, Bf16Products};
 #[cfg(target_arch = "x86_64")]
 use super::fma_gemm;
 use super::math::VectorIsa;
+use super::strided::Strided;
 use super::CpuDevice;
 use crate::device::{Device, Operand, Out};
 use crate::error::Result;
@@ -252,43 +253,6 @@ pub(crate) fn gemm_f32(
     c.par_chunks_mut(rows * n)
         .enumerate()
         .for_each(|(i, c)| part(i * rows, c, 1));
-}
-
-/// An f32 operand as the product kernels read it: its first element and its (row, column)
-/// strides in elements.
-#[derive(Clone, Copy)]
-pub(crate) struct Strided {
-    /// The element at row 0, column 0.
-    pub ptr: *const f32,
-    /// Elements from one row to the next.
-    pub row_stride: isize,
-    /// Elements from one column to the next.
-    pub col_stride: isize,
-}
-
-// SAFETY: an operand is only read, and only while the product that holds it runs.
-unsafe impl Send for Strided {}
-// SAFETY: as above.
-unsafe impl Sync for Strided {}
-
-impl Strided {
-    /// `data` read through `(row stride, column stride)`.
-    fn new(data: &[f32], (row_stride, col_stride): (isize, isize)) -> Self {
-        Strided {
-            ptr: data.as_ptr(),
-            row_stride,
-            col_stride,
-        }
-    }
-
-    /// The operand from row `row`, column `col` on (the pointer moved, not read).
-    pub(crate) fn from(self, row: usize, col: usize) -> Self {
-        let offset = row as isize * self.row_stride + col as isize * self.col_stride;
-        Strided {
-            ptr: self.ptr.wrapping_offset(offset),
-            ..self
-        }
-    }
 }
 
 /// `gemm`'s own threading for `threads` threads.

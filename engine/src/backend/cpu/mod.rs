@@ -10,6 +10,7 @@ pub mod kernels;
 pub(crate) mod math;
 pub mod matmul;
 pub mod peak;
+mod strided;
 
 use crate::device::DeviceTensor;
 use crate::error::{EngineError, Result};
