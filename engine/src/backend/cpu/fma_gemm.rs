@@ -340,16 +340,7 @@ mod tests {
                 false,
                 gemm::Parallelism::None,
             );
-            let a = Strided {
-                ptr: a.as_ptr(),
-                row_stride: ars,
-                col_stride: acs,
-            };
-            let b = Strided {
-                ptr: b.as_ptr(),
-                row_stride: brs,
-                col_stride: bcs,
-            };
+            let (a, b) = (Strided::new(&a, (ars, acs)), Strided::new(&b, (brs, bcs)));
             if takes((m, n, k)) {
                 let c = &mut by_module;
                 pool.install(move || product((m, n, k), a, b, c, accumulate, threads));

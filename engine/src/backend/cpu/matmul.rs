@@ -317,12 +317,12 @@ fn in_depth_chunks(
 
 /// `c (+)= a·b` for one depth chunk by [`fma_gemm`] on `threads` threads, where the CPU has AVX2
 /// and FMA and it takes the product (the same bits as `gemm`'s, faster); false, with nothing
-/// done, where it leaves the product to `gemm`.
+/// done, where it leaves the product to `gemm` (always, off x86-64).
 ///
 /// # Safety
 /// The operands address `m × k` and `k × n` readable elements through their strides, and `c`
 /// holds `m × n`.
-#[cfg(target_arch = "x86_64")]
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
 unsafe fn by_fma_gemm(
     (m, n, k): (usize, usize, usize),
     a: Strided,
@@ -331,25 +331,13 @@ unsafe fn by_fma_gemm(
     accumulate: bool,
     threads: usize,
 ) -> bool {
-    if VectorIsa::detect() != VectorIsa::Avx2Fma || !fma_gemm::takes((m, n, k)) {
-        return false;
+    #[cfg(target_arch = "x86_64")]
+    if VectorIsa::detect() == VectorIsa::Avx2Fma && fma_gemm::takes((m, n, k)) {
+        // SAFETY: the CPU has AVX2 and FMA and `fma_gemm` takes the product; the caller
+        // vouches for the operands and the output.
+        unsafe { fma_gemm::product((m, n, k), a, b, c, accumulate, threads) };
+        return true;
     }
-    // SAFETY: the CPU has AVX2 and FMA and `fma_gemm` takes the product; the caller vouches
-    // for the operands and the output.
-    unsafe { fma_gemm::product((m, n, k), a, b, c, accumulate, threads) };
-    true
-}
-
-/// Off x86-64 every product goes to `gemm`.
-#[cfg(not(target_arch = "x86_64"))]
-unsafe fn by_fma_gemm(
-    _: (usize, usize, usize),
-    _: Strided,
-    _: Strided,
-    _: &mut [f32],
-    _: bool,
-    _: usize,
-) -> bool {
     false
 }
 
