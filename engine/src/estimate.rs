@@ -20,8 +20,8 @@ use crate::memory::{Breakdown, MemoryStats};
 use crate::model::params::param_specs;
 use crate::model::{Batch, Checkpointing, Dropout};
 use crate::parallel::plan;
-use crate::parallel::ranks::Ranks;
 use crate::parallel::Checkpoints;
+use crate::ranks::Ranks;
 use crate::state::State;
 use serde::{Deserialize, Serialize};
 

@@ -3,8 +3,9 @@
 //!
 //! The layers, from the bottom: [`memory`] and [`tensor`] (accounted bytes), [`device`] (the
 //! contract every backend implements), [`model`] and [`optim`] (written once over a device),
-//! [`state`] (weights, gradients and moments on one device), [`trainer`] (the loop, with
-//! [`data`] and [`checkpoint`]). The [`backend`]s implement the device: CPU, CUDA, and the
+//! [`state`] (weights, gradients and moments on one device), [`parallel`] (what data-parallel
+//! ranks share: collectives, the shard plan), [`checkpoint`], [`ranks`] (a step over several
+//! ranks, and what their checkpoints hold), [`trainer`] (the loop, with [`data`]). The [`backend`]s implement the device: CPU, CUDA, and the
 //! counting device that [`estimate`] runs the step on to predict its memory. A device reports
 //! what bitwise resume depends on ([`environment`]); a checkpoint keeps it.
 
@@ -22,6 +23,7 @@ pub mod memory;
 pub mod model;
 pub mod optim;
 pub mod parallel;
+pub mod ranks;
 pub mod regular_file;
 pub mod state;
 pub mod tensor;

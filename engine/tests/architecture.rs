@@ -1,7 +1,8 @@
 //! The layering docs/ARCHITECTURE.md describes, checked on the engine's source: no module imports
-//! another that imports it back (a device and its tensor type excepted), and the code written
-//! once (model, optimizer, state, checkpoints, data, the trainer) never names a backend; and on
-//! the harness's: no import cycle either.
+//! another that imports it back (a device and its tensor type excepted), no folder imports
+//! another that imports it back (the parts of one folder, files or folders, import one way
+//! only), and the code written once (model, optimizer, state, checkpoints, data, the trainer)
+//! never names a backend.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -187,6 +188,46 @@ fn reaches(graph: &BTreeMap<String, BTreeSet<String>>, from: &str, to: &str) -> 
     false
 }
 
+/// The folders' graph: for every import `a -> b`, an edge between the two children of their
+/// deepest common folder that hold them (`checkpoint::shards -> parallel::plan` is `checkpoint
+/// -> parallel`; `backend::cuda::gemm -> backend::cuda::device` is itself), with the imports
+/// behind each edge. A cycle in it is a circle between folders (or files) of one folder.
+fn folder_graph(
+    graph: &BTreeMap<String, BTreeSet<String>>,
+) -> BTreeMap<(String, String), Vec<String>> {
+    let mut folders: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+    for (a, targets) in graph {
+        let from: Vec<&str> = a.split("::").filter(|s| !s.is_empty()).collect();
+        for b in targets {
+            let to: Vec<&str> = b.split("::").filter(|s| !s.is_empty()).collect();
+            let common = from.iter().zip(&to).take_while(|(x, y)| x == y).count();
+            let child = |path: &[&str]| path[..=common.min(path.len() - 1)].join("::");
+            folders
+                .entry((child(&from), child(&to)))
+                .or_default()
+                .push(format!("{a} -> {b}"));
+        }
+    }
+    folders
+}
+
+/// Every edge of the folders' graph on a cycle, with the imports behind it.
+fn folder_edges_on_cycles(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
+    let folders = folder_graph(graph);
+    let mut lifted: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (from, to) in folders.keys() {
+        lifted.entry(from.clone()).or_default().insert(to.clone());
+    }
+    edges_on_cycles(&lifted)
+        .into_iter()
+        .map(|edge| {
+            let (from, to) = edge.split_once(" -> ").unwrap();
+            let behind = &folders[&(from.to_string(), to.to_string())];
+            format!("{edge} ({})", behind.join(", "))
+        })
+        .collect()
+}
+
 /// Every import `a -> b` on a cycle: `b` leads back to `a`.
 fn edges_on_cycles(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
     graph
@@ -221,6 +262,23 @@ fn no_module_imports_one_that_imports_it_back() {
         unexpected.is_empty(),
         "import cycles (docs/ARCHITECTURE.md: imports go one way; move what both sides use \
          into a module of its own): {unexpected:?}"
+    );
+}
+
+#[test]
+fn no_folder_imports_one_that_imports_it_back() {
+    let modules = engine_modules();
+    let mut graph = import_graph(&modules);
+    for [a, b] in ALLOWED_CYCLES {
+        for (from, to) in [(a, b), (b, a)] {
+            graph.get_mut(*from).unwrap().remove(*to);
+        }
+    }
+    let circles = folder_edges_on_cycles(&graph);
+    assert!(
+        circles.is_empty(),
+        "circles between folders (docs/ARCHITECTURE.md: a folder's parts import one way; move \
+         what both sides use into a folder or module below both): {circles:?}"
     );
 }
 
@@ -273,6 +331,36 @@ fn the_import_reader_sees_plain_grouped_and_relative_paths() {
     .map(|(m, t)| (m.to_string(), t.into_iter().map(str::to_string).collect()))
     .collect();
     assert_eq!(edges_on_cycles(&graph), ["a -> b", "b -> c", "c -> a"]);
+}
+
+#[test]
+fn the_folder_check_sees_a_circle_that_no_two_modules_make() {
+    let graph: BTreeMap<String, BTreeSet<String>> = [
+        ("checkpoint::shards", vec!["ranks::experts"]),
+        ("ranks::experts", vec!["checkpoint"]),
+        ("ranks::step", vec!["parallel::plan"]),
+        ("checkpoint", vec![]),
+        ("parallel::plan", vec![]),
+    ]
+    .into_iter()
+    .map(|(m, t)| (m.to_string(), t.into_iter().map(str::to_string).collect()))
+    .collect();
+    assert!(edges_on_cycles(&graph).is_empty());
+    assert_eq!(
+        folder_edges_on_cycles(&graph),
+        [
+            "checkpoint -> ranks (checkpoint::shards -> ranks::experts)",
+            "ranks -> checkpoint (ranks::experts -> checkpoint)"
+        ]
+    );
+    let nested: BTreeMap<String, BTreeSet<String>> = [
+        ("report::html::plots", vec!["report::trends"]),
+        ("report::trends", vec!["report::html::timeline"]),
+    ]
+    .into_iter()
+    .map(|(m, t)| (m.to_string(), t.into_iter().map(str::to_string).collect()))
+    .collect();
+    assert_eq!(folder_edges_on_cycles(&nested).len(), 2);
 }
 
 #[test]

@@ -16,10 +16,10 @@
 mod common;
 
 use ckpt_engine::backend::cuda::{attention_tiles, tensor_core_keys, TC_ROWS};
+use ckpt_engine::device::dropout::{Dropout, Site, DRAW_SHIFT};
+use ckpt_engine::device::rope::{RopeSpec, RopeTable};
 use ckpt_engine::device::AttnShape;
 use ckpt_engine::memory::Category;
-use ckpt_engine::model::dropout::{Dropout, Site, DRAW_SHIFT};
-use ckpt_engine::model::rope::{RopeSpec, RopeTable};
 use ckpt_engine::optim::{grad_norm, AdamW, AdamWConfig};
 use ckpt_engine::Device;
 use ckpt_engine::{CpuDevice, Elem};

@@ -11,10 +11,10 @@ use ckpt_engine::config::Precision;
 use ckpt_engine::estimate::{estimate, routed_rank_steps, EstimateConfig, StepEstimate};
 use ckpt_engine::model::loss::LossKind;
 use ckpt_engine::model::Checkpointing;
-use ckpt_engine::parallel::ranks::Ranks;
 use ckpt_engine::parallel::sockets::Meeting;
 use ckpt_engine::parallel::source::{RowSource, Which};
 use ckpt_engine::parallel::{Checkpoints, Parallel, Shard, Transport};
+use ckpt_engine::ranks::Ranks;
 use ckpt_engine::state::Weights;
 use ckpt_engine::{
     Category, CpuDevice, EngineError, Fault, MemoryTracker, StateDigest, TrainConfig, Trainer,

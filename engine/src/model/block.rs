@@ -2,14 +2,14 @@
 //! exactly the activations the backward pass consumes, and the backward pass frees each one as
 //! soon as it has used it.
 
+use crate::device::dropout::Site;
+use crate::device::router::Routing;
 use crate::device::{Device, DeviceTensor};
 use crate::error::Result;
 use crate::memory::Category::Activations;
 use crate::model::ctx::{linear, linear_backward, BlockCtx};
-use crate::model::dropout::Site;
 use crate::model::moe::{self, MoeActs};
 use crate::model::params::{Ffn, LayerLayout, Mlp, Params, Rows};
-use crate::model::router::Routing;
 use crate::tensor::Elem;
 
 /// An RMSNorm's output and the per-row `1 / rms` its backward pass reads.

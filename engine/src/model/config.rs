@@ -1,8 +1,8 @@
 //! The shape of a Llama-family decoder, read from a Hugging Face `config.json` by its
 //! `model_type` ([`Family`]) or written inline, and written back so transformers loads it.
 
+use crate::device::router::RouteSpec;
 use crate::error::{EngineError, Result};
-use crate::model::router::RouteSpec;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 

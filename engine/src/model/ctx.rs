@@ -1,12 +1,12 @@
 //! What every part of a decoder block (attention, the dense MLP, the mixture of experts) works
 //! with: the block's context and the products of a weight's block of rows.
 
+use crate::device::dropout::{Dropout, DropoutMask, Site};
+use crate::device::router::RouteSpec;
 use crate::device::{n, out, t, AttnShape, Device, DeviceTensor, Out};
 use crate::error::Result;
 use crate::memory::Category::Activations;
-use crate::model::dropout::{Dropout, DropoutMask, Site};
 use crate::model::params::{Params, Rows};
-use crate::model::router::RouteSpec;
 use crate::tensor::Elem;
 
 /// Sizes the block's kernels need.

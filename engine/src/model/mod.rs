@@ -4,14 +4,14 @@
 pub mod block;
 pub mod config;
 pub mod ctx;
-pub mod dropout;
 pub mod loss;
 pub mod moe;
 pub mod params;
-pub mod rope;
-pub mod router;
 pub mod weights;
 
+pub use crate::device::dropout::Dropout;
+use crate::device::rope::RopeSpec;
+use crate::device::router::LoadBalance;
 use crate::device::{AttnShape, Device, StepPhase};
 use crate::error::{EngineError, Result};
 use crate::fault::{Fault, Faults};
@@ -20,11 +20,8 @@ use crate::tensor::Elem;
 use block::BlockActivations;
 pub use config::{Family, LlamaConfig};
 use ctx::{BlockCtx, BlockDims};
-pub use dropout::Dropout;
 use loss::{head_gradient, linear_cross_entropy, mean_scale, LossKind, IGNORE_INDEX};
 pub use params::{param_specs, Layout, ParamSpec, Params};
-use rope::RopeSpec;
-use router::LoadBalance;
 use serde::{Deserialize, Serialize};
 
 /// Which activations a block keeps for its backward pass.

@@ -5,9 +5,9 @@
 //! fixed order, so the pass is deterministic.
 
 use super::ctx::{linear, linear_backward, BlockCtx};
-use super::dropout::Site;
 use super::params::{Ffn, Params, Rows};
-use super::router::{Dispatch, Routing};
+use crate::device::dropout::Site;
+use crate::device::router::{Dispatch, Routing};
 use crate::device::{Device, DeviceTensor};
 use crate::error::Result;
 use crate::memory::Category::Activations;

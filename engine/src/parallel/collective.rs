@@ -1,6 +1,6 @@
 //! The collective: how ranks move bytes to each other. It moves data and never adds it: every
 //! floating-point sum across ranks is the engine's, in an order the engine fixes
-//! ([`super::ranks`]), so the bits of a step do not depend on the world size. Integer counts are
+//! ([`crate::ranks`]), so the bits of a step do not depend on the world size. Integer counts are
 //! the one thing it sums, where order cannot matter.
 //!
 //! [`thread_group`] is the in-process implementation CPU ranks use: one thread per rank, a

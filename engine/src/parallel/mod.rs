@@ -1,5 +1,7 @@
-//! Data parallelism: one model trained by several ranks, each a [`crate::state::State`] on its
-//! own device, with bits that do not depend on how many ranks there are.
+//! What data-parallel ranks share below the checkpoints: how they move bytes, which rows each
+//! holds, what they are built from, and how a suite configures them. The ranks themselves, one
+//! model trained by several ranks with the bits of one, are [`crate::ranks`], above
+//! [`crate::checkpoint`], which reads and writes through the plan and the collectives here.
 //!
 //! - [`collective`]: how ranks move bytes (never add them): the trait and the in-process group
 //!   CPU ranks use.
@@ -10,28 +12,21 @@
 //! - [`sockets`]: a transport over TCP, a connection for each pair of ranks, wherever the
 //!   ranks run; CPU ranks in one process can run on it over the loopback
 //!   ([`Transport::Sockets`]).
-//! - [`wire`]: a rank's passes of a step as bytes, for ranks in processes of their own.
-//! - [`experts`]: experts as an expert-parallel layout owns them, for the fault that saves
-//!   rank 0's experts in every rank's place.
 //! - [`plan`]: which rows of each tensor a rank holds (`ceil(d0 / N)` rows, the last shards
 //!   short or empty).
-//! - [`ranks`]: one step over the ranks: the micro-batches of the step split in global order,
-//!   the gradients summed along a chain in that order, the optimizer state sharded by the plan.
+//! - [`source`]: the rows a rank is built from.
 //!
-//! The model never sees a rank; the trainer drives the ranks of a step. docs/PARALLEL.md has the
-//! design and why the reduction order does not depend on the world size.
+//! docs/PARALLEL.md has the design and why the reduction order does not depend on the world
+//! size.
 
 pub mod buffered;
 pub mod collective;
 #[cfg(test)]
 mod conformance;
-pub mod experts;
 pub mod plan;
-pub mod ranks;
 pub mod rendezvous;
 pub mod sockets;
 pub mod source;
-pub mod wire;
 
 use serde::{Deserialize, Serialize};
 

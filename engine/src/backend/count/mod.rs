@@ -4,15 +4,15 @@
 //! model's step on it is the memory model: the tracker's figures are the prediction.
 
 use crate::backend::{cpu, cuda};
+use crate::device::dropout::DropoutMask;
+use crate::device::rope::RopeSpec;
+use crate::device::router::{RouteSpec, Routing};
 use crate::device::{
     AdamWArgs, AttnShape, Device, DeviceKind, DeviceTensor, Operand, Out, StepPhase,
 };
 use crate::environment::ExecutionEnv;
 use crate::error::{try_vec, EngineError, Result};
 use crate::memory::{Breakdown, Category, Lease, MemoryTracker};
-use crate::model::dropout::DropoutMask;
-use crate::model::rope::RopeSpec;
-use crate::model::router::{RouteSpec, Routing};
 use crate::tensor::{bytes_of, Elem, Tensor};
 use std::borrow::Cow;
 use std::marker::PhantomData;

@@ -6,13 +6,13 @@
 use super::math::{convert, vectorized};
 use super::{attention, math, matmul, CpuDevice, CpuRope};
 use crate::backend::span;
+use crate::device::dropout::DropoutMask;
+use crate::device::rope::RopeSpec;
 use crate::device::{AdamWArgs, AttnShape, Device, DeviceKind, Operand, Out};
 use crate::environment::ExecutionEnv;
 use crate::error::Result;
 use crate::memory::{Category, MemoryTracker};
-use crate::model::dropout::DropoutMask;
 use crate::model::loss::IGNORE_INDEX;
-use crate::model::rope::RopeSpec;
 use crate::optim::CHUNK;
 use crate::tensor::{Elem, Tensor};
 use rayon::prelude::*;

@@ -12,10 +12,10 @@ pub mod matmul;
 pub mod peak;
 mod strided;
 
+use crate::device::rope::RopeTable;
 use crate::device::DeviceTensor;
 use crate::error::{EngineError, Result};
 use crate::memory::{host_available, Category, Lease, MemoryTracker, OutOfMemory};
-use crate::model::rope::RopeTable;
 use crate::tensor::{Elem, Tensor};
 use bf16_dot::Bf16Products;
 pub use math::VectorIsa;

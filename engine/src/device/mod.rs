@@ -5,14 +5,22 @@
 //! Every tensor a device hands out is leased from its [`MemoryTracker`], and each operation
 //! allocates its own scratch there too, so the counting device (which holds sizes only) makes
 //! the same allocations as the backend it imitates.
+//!
+//! Beside the trait, what its operations take besides tensors, each computed on the host the
+//! same way for every backend: [`dropout`] (the masks), [`rope`] (the rotary tables) and
+//! [`router`] (a mixture of experts' routing).
+
+pub mod dropout;
+pub mod rope;
+pub mod router;
 
 use crate::environment::ExecutionEnv;
 use crate::error::Result;
 use crate::memory::{Category, MemoryTracker};
-use crate::model::dropout::DropoutMask;
-use crate::model::rope::RopeSpec;
-use crate::model::router::{RouteSpec, Routing};
 use crate::tensor::{Elem, Tensor};
+use dropout::DropoutMask;
+use rope::RopeSpec;
+use router::{RouteSpec, Routing};
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 

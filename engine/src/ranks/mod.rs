@@ -11,7 +11,7 @@
 //! The last rank holds the whole gradient, so it takes the norm (the single device's
 //! arithmetic) and the ranks get it by broadcast. Then, by [`Shard`]:
 //! - `none`: the gradient is broadcast, and every rank clips and updates every weight;
-//! - `optimizer`: each rank receives its rows of every gradient ([`super::plan`]), clips them,
+//! - `optimizer`: each rank receives its rows of every gradient ([`crate::parallel::plan`]), clips them,
 //!   updates its rows of the master weights with its shard of the moments, and the ranks gather
 //!   the updated rows. AdamW is element-wise, so a row updated on its rank has the bits it has
 //!   on one device.
@@ -25,28 +25,35 @@
 //! Here: the ranks, in this process or one rank in each process, and how a step is run over
 //! them. Apart: `build` (a rank's tensors from its rows of the source), `step` (one rank's part
 //! of a step), `exchange` (the chain's and the update's messages), `ring` (the gradients' ring),
-//! `gather` (the weight gathers of `full`), `checkpoint` (what a checkpoint of the ranks holds).
+//! `gather` (the weight gathers of `full`), `checkpoint` (what a checkpoint of the ranks holds),
+//! [`wire`] (a rank's passes of a step as bytes, for ranks in processes of their own),
+//! [`experts`] (experts as an expert-parallel layout owns them, for the fault that saves rank
+//! 0's experts in every rank's place). Below them, in [`crate::parallel`]: the collectives and
+//! transports, the shard plan and the row sources; the model never sees a rank, the trainer
+//! drives the ranks of a step.
 
 mod build;
 mod checkpoint;
 mod exchange;
+pub mod experts;
 mod gather;
 mod ring;
 mod step;
+pub mod wire;
 
-use super::buffered::BufferedRank;
-use super::collective::{thread_group, Collective};
-use super::plan::shard_of;
-use super::sockets::Meeting;
-use super::source::{Placed, RowSource, Which};
-use super::{rendezvous, sockets, wire};
-use super::{Parallel, Shard, Transport};
 use crate::config::TrainConfig;
 use crate::device::{Device, DeviceTensor};
 use crate::error::{EngineError, Result};
 use crate::fault::{Fault, Faults};
 use crate::memory::Category;
 use crate::model::{param_specs, Batch, Dropout, ParamSpec, PassOutput};
+use crate::parallel::buffered::BufferedRank;
+use crate::parallel::collective::{thread_group, Collective};
+use crate::parallel::plan::shard_of;
+use crate::parallel::sockets::Meeting;
+use crate::parallel::source::{Placed, RowSource, Which};
+use crate::parallel::{rendezvous, sockets};
+use crate::parallel::{Parallel, Shard, Transport};
 use crate::state::State;
 use build::build_rank;
 use std::ops::Range;

@@ -1,6 +1,7 @@
 //! What a checkpoint of the ranks holds: each rank's chunk of every tensor for a sharded save, or
 //! every tensor gathered whole in one device's layout.
 
+use super::experts;
 use super::{shard_rows, Ranks};
 use crate::checkpoint::{Chunk, Entry, RankChunks, Tensors};
 use crate::device::Device;
@@ -8,7 +9,6 @@ use crate::error::{EngineError, Result};
 use crate::fault::Fault;
 use crate::model::ParamSpec;
 use crate::parallel::collective::Collective;
-use crate::parallel::experts;
 use crate::parallel::plan::shard_of;
 use crate::parallel::{Checkpoints, Shard};
 use crate::state::State;

@@ -5,8 +5,8 @@
 //!
 //! [`Fault::OnlyRankZeroExpertsSaved`]: crate::Fault::OnlyRankZeroExpertsSaved
 
-use super::plan;
 use crate::checkpoint::Entry;
+use crate::parallel::plan;
 use std::collections::HashMap;
 
 /// The parts of a checkpoint entry's name around its expert index: `(block, expert, rest)` for
