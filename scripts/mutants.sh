@@ -4,7 +4,6 @@
 # can see them:
 #
 #   checks      harness/src/checks/*.rs   the harness's unit tests
-#               harness/src/checks_spec.rs
 #   optim       engine/src/optim.rs       the engine's unit, training, fault and determinism tests
 #   data        engine/src/data.rs        the same
 #   checkpoint  engine/src/checkpoint/    the engine's unit and fault tests and the harness's
@@ -34,7 +33,7 @@ engine_tests=(--test-package ckpt-engine --cargo-arg=--lib --cargo-arg=--test=tr
     --cargo-arg=--test=faults --cargo-arg=--test=determinism)
 args_for() {
     case "$1" in
-        checks) args=(-p ckpt-harness -f 'harness/src/checks/*.rs' -f harness/src/checks_spec.rs --cargo-arg=--lib) ;;
+        checks) args=(-p ckpt-harness -f 'harness/src/checks/*.rs' --cargo-arg=--lib) ;;
         optim) args=(-f engine/src/optim.rs "${engine_tests[@]}") ;;
         data) args=(-f engine/src/data.rs "${engine_tests[@]}") ;;
         checkpoint)

@@ -1,32 +1,19 @@
 //! ckpt-harness: drives the training engine through train → save → resume phases and checks that
 //! resuming changed nothing and memory behaved. This crate also holds the command-line tool.
+//!
+//! The stages, in the order data flows through them: [`suite`] (a YAML file read and
+//! validated), [`run`] (the trials planned and driven through their phases), [`record`] (what a
+//! trial observed, the only thing the checks read, and its published JSON-lines form),
+//! [`checks`] (pure functions over a record), [`report`] (summaries, trends, the page), and
+//! [`cli`] (the commands). Leaves every stage may use: [`devices`], [`error_text`],
+//! [`atomic_file`].
 
-pub mod bench;
-pub mod changes;
+pub mod atomic_file;
 pub mod checks;
-pub mod checks_spec;
 pub mod cli;
-pub mod command_phases;
 pub mod devices;
 pub mod error_text;
-pub mod exit_codes;
-pub mod host_memory;
-pub mod html;
-pub mod meeting;
-pub mod memory_trace;
-pub mod merge;
-pub mod phases;
-pub mod plan;
-pub mod progress;
 pub mod record;
-pub mod record_fields;
-pub mod repeat;
 pub mod report;
-pub mod report_file;
-pub mod run_record;
-pub mod saves;
-pub mod snapshot;
+pub mod run;
 pub mod suite;
-pub mod training_state;
-pub mod trends;
-pub mod trial;

@@ -2,7 +2,7 @@
 //! `validate`.
 
 use ckpt_harness::checks::Check;
-use ckpt_harness::exit_codes;
+use ckpt_harness::cli::exit_codes;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};

@@ -2,11 +2,11 @@
 //! them, and the controls that need no fault are what they say they are (the golden control's
 //! snapshot differs from its twin's in the one deliberate loss only).
 
+use ckpt_harness::checks::golden_file::Snapshot;
 use ckpt_harness::checks::{Check, Status};
 use ckpt_harness::devices::DeviceKind;
-use ckpt_harness::snapshot::Snapshot;
+use ckpt_harness::run::trial::{self, GoldenMode};
 use ckpt_harness::suite::Suite;
-use ckpt_harness::trial::{self, GoldenMode};
 use common::{root, suites_in};
 use std::collections::BTreeSet;
 

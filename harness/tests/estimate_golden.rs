@@ -8,7 +8,8 @@
 use ckpt_engine::backend::count::{Like, Routes};
 use ckpt_engine::estimate::{estimate, routed_steps, Estimate, EstimateConfig};
 use ckpt_engine::memory::Breakdown;
-use ckpt_harness::checks::golden;
+
+use ckpt_harness::checks::{golden, Check};
 use ckpt_harness::suite::{Suite, Tier};
 use common::{root, suites_in};
 
@@ -116,7 +117,7 @@ fn predicted(e: &Estimate, suite: &Suite, measured: &[Row]) -> Vec<Row> {
 /// it is a CI suite or the device is the CPU (every tier's CPU snapshot is blessed here; CUDA
 /// snapshots need a GPU, and the nightly suites' are not written yet).
 fn needs_snapshot(suite: &Suite, device: &str) -> bool {
-    suite.file.checks.golden
+    suite.file.checks.enabled(Check::Golden)
         && suite.devices().iter().any(|d| d.name() == device)
         && (suite.file.tier == Tier::Ci || device == "cpu")
 }

@@ -5,7 +5,7 @@
 //! regression fails the test instead of hanging it.
 
 use ckpt_engine::checkpoint::{MODEL_FILE, OPTIMIZER_FILE, STATE_FILE};
-use ckpt_harness::exit_codes;
+use ckpt_harness::cli::exit_codes;
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

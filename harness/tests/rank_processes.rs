@@ -4,8 +4,8 @@
 //! step included; and a rank that fails is named with what it printed.
 
 use ckpt_harness::devices::DeviceKind;
+use ckpt_harness::run::trial::{self, GoldenMode, TrialResult};
 use ckpt_harness::suite::Suite;
-use ckpt_harness::trial::{self, GoldenMode, TrialResult};
 use common::{first_difference, root, suites_in, without_timings};
 use std::path::Path;
 use std::process::Command;

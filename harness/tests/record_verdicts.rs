@@ -4,9 +4,9 @@
 
 use ckpt_harness::checks::{self, golden, Check, Status};
 use ckpt_harness::devices::DeviceKind;
-use ckpt_harness::plan;
-use ckpt_harness::record::{from_run, to_run};
-use ckpt_harness::trial::{self, GoldenMode};
+use ckpt_harness::record::jsonl::{from_run, to_run};
+use ckpt_harness::run::plan;
+use ckpt_harness::run::trial::{self, GoldenMode};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 

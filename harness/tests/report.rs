@@ -3,9 +3,9 @@
 //! fault causes), and a regression (tiny-fp32 with a wider FFN and another learning rate)
 //! against the passing run as its baseline.
 
-use ckpt_harness::html;
-use ckpt_harness::report::Summary;
-use ckpt_harness::trends::Trends;
+use ckpt_harness::report::html;
+use ckpt_harness::report::summary::Summary;
+use ckpt_harness::report::trends::Trends;
 use std::path::{Path, PathBuf};
 
 fn recorded(name: &str) -> Summary {

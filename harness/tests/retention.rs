@@ -3,8 +3,8 @@
 
 use ckpt_engine::checkpoint;
 use ckpt_harness::devices::DeviceKind;
-use ckpt_harness::phases;
-use ckpt_harness::run_record::Phase;
+use ckpt_harness::record::Phase;
+use ckpt_harness::run::phases;
 use ckpt_harness::suite::Suite;
 use std::path::Path;
 

@@ -19,11 +19,11 @@
 mod common;
 
 use anyhow::{ensure, Context};
-use ckpt_harness::merge;
-use ckpt_harness::plan::{self, DeviceChoice, TierFilter};
-use ckpt_harness::report;
+use ckpt_harness::report::merge;
+use ckpt_harness::report::summary;
+use ckpt_harness::run::plan::{self, DeviceChoice, TierFilter};
+use ckpt_harness::run::trial::{self, GoldenMode};
 use ckpt_harness::suite::Suite;
-use ckpt_harness::trial::{self, GoldenMode};
 use libtest_mimic::{Arguments, Trial};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -65,7 +65,7 @@ fn trials() -> Result<Vec<Trial>, String> {
                     return Ok(());
                 }
                 let mut msg = t.verdict.clone();
-                for line in t.failure_lines(report::FAILURES_SHOWN) {
+                for line in t.failure_lines(summary::FAILURES_SHOWN) {
                     msg.push_str(&format!("\n  {line}"));
                 }
                 Err(msg.into())
@@ -159,7 +159,7 @@ fn scale_out() -> anyhow::Result<()> {
 }
 
 fn main() {
-    ckpt_harness::host_memory::limit_malloc_arenas();
+    ckpt_harness::run::host_memory::limit_malloc_arenas();
     let mut args = Arguments::from_args();
     if args.test_threads.is_none() {
         args.test_threads = Some(1);

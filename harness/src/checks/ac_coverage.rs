@@ -1,7 +1,17 @@
 //! `ac_coverage`: with activation checkpointing on, every step recomputes every block.
 
-use super::{Check, Failure, Outcome};
-use crate::run_record::RunRecord;
+use super::{Check, Failure, Input, Outcome};
+use crate::record::fields::RecordField;
+use crate::record::RunRecord;
+
+
+/// The optional parts of a record it compares.
+pub const NEEDS: &[RecordField] = &[RecordField::RecomputedBlocks];
+
+/// The check as [`super::run_all`] runs it.
+pub fn run(input: &Input) -> Outcome {
+    check(input.record)
+}
 
 /// Counts the blocks recomputed in every step of every phase; `compared` counts the steps.
 /// Without checkpointing it asks nothing.

@@ -4,9 +4,19 @@
 //! asynchronous save's files are byte for byte those of a synchronous save of the same state.
 //! It runs for synchronous saves too, so every suite's checkpoints are read back.
 
-use super::{Check, Failure, Outcome};
-use crate::run_record::{Phase, RunRecord};
-use crate::saves::SaveRecord;
+use super::{Check, Failure, Input, Outcome};
+use crate::record::fields::RecordField;
+use crate::record::saves::SaveRecord;
+use crate::record::{Phase, RunRecord};
+
+
+/// The optional parts of a record it compares.
+pub const NEEDS: &[RecordField] = &[RecordField::OnDisk];
+
+/// The check as [`super::run_all`] runs it.
+pub fn run(input: &Input) -> Outcome {
+    check(input.record)
+}
 
 /// Compares every recorded save with the state it was asked to write; `compared` counts the
 /// saves read back, `implied` the saves the suite plans.

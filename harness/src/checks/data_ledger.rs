@@ -5,10 +5,20 @@
 //! holds (another trainer's) has its ledgers compared with the reference's, and a figure says
 //! the epoch rules were not checked.
 
-use super::{Check, Failure, Outcome};
-use crate::run_record::{PhaseRecord, RunRecord};
+use super::{Check, Failure, Input, Outcome};
+use crate::record::fields::RecordField;
+use crate::record::{PhaseRecord, RunRecord};
 use ckpt_engine::data::SampleId;
 use std::collections::BTreeSet;
+
+
+/// The optional parts of a record it compares.
+pub const NEEDS: &[RecordField] = &[RecordField::Samples];
+
+/// The check as [`super::run_all`] runs it.
+pub fn run(input: &Input) -> Outcome {
+    check(input.record)
+}
 
 /// Compares every phase's ledger with the reference's and checks each joined ledger's epochs;
 /// `compared` counts the steps whose samples were checked.
@@ -147,7 +157,7 @@ fn epoch_break(
 mod tests {
     use super::*;
     use crate::checks::fixtures;
-    use crate::run_record::StepRecord;
+    use crate::record::StepRecord;
 
     fn id(epoch: u64, index: u64) -> SampleId {
         SampleId { epoch, index }

@@ -2,8 +2,8 @@
 //! diverged (NaN or infinity) can still resume bit for bit and keep its memory in order, so the
 //! other checks pass it; this one does not.
 
-use super::{Check, Failure, Outcome};
-use crate::run_record::{RunRecord, StepRecord};
+use super::{Check, Failure, Input, Outcome};
+use crate::record::{RunRecord, StepRecord};
 
 /// The step's values that are not finite, by name.
 fn non_finite(s: &StepRecord) -> Vec<(&'static str, f64)> {
@@ -11,6 +11,15 @@ fn non_finite(s: &StepRecord) -> Vec<(&'static str, f64)> {
         .into_iter()
         .filter(|(_, v)| !v.is_finite())
         .collect()
+}
+
+
+/// The optional parts of a record it compares.
+pub const NEEDS: &[crate::record::fields::RecordField] = &[];
+
+/// The check as [`super::run_all`] runs it.
+pub fn run(input: &Input) -> Outcome {
+    check(input.record)
 }
 
 /// Names the first step of each phase whose loss or gradient norm is not finite; `compared`

@@ -2,7 +2,8 @@
 //! bytes of every category at each step's peak and end) equals its snapshot in `golden/`.
 //!
 //! Snapshots are `golden/<device>/<suite>.snap` files in the `.snap` layout (see
-//! [`crate::snapshot`]). Checking never writes them; `ckpt-harness run --bless` rewrites them.
+//! [`crate::checks::golden_file`]). Checking never writes them; `ckpt-harness run --bless`
+//! rewrites them.
 //!
 //! A snapshot's losses are bits of the execution environment they were made in. One whose header
 //! names that environment (`environment: x86_64 fma`, the CPU's matrix kernels; `environment:
@@ -15,9 +16,9 @@
 //! `<suite>.<environment>.snap` beside it (`NVIDIA-H200`), which then takes its place there. A
 //! snapshot without `environment:` holds everywhere.
 
-use super::{Check, Failure, GoldenInput, Outcome};
-use crate::run_record::{Phase, RunRecord, StepRecord};
-use crate::snapshot::{normalise, Snapshot};
+use super::{Check, Failure, GoldenInput, Input, Outcome};
+use crate::checks::golden_file::{normalise, Snapshot};
+use crate::record::{Phase, RunRecord, StepRecord};
 use anyhow::{Context, Result};
 use ckpt_engine::backend::cpu::bf16_dot::Bf16Products;
 use ckpt_engine::backend::cpu::matmul;
@@ -56,6 +57,15 @@ fn tokens_per_expert(s: &StepRecord) -> String {
         })
         .collect::<Vec<_>>()
         .join(" | ")
+}
+
+
+/// The optional parts of a record it compares.
+pub const NEEDS: &[crate::record::fields::RecordField] = &[];
+
+/// The check as [`super::run_all`] runs it.
+pub fn run(input: &Input) -> Outcome {
+    check(input.record, input.golden)
 }
 
 /// The snapshot text of a run's reference trajectory.
@@ -217,7 +227,7 @@ fn bless_in(dir: &Path, r: &RunRecord, here: Option<String>) -> Result<PathBuf> 
         environments: here.into_iter().collect(),
         text,
     };
-    crate::report_file::write(&file, snap.to_file().as_bytes())?;
+    crate::atomic_file::write(&file, snap.to_file().as_bytes())?;
     Ok(file)
 }
 
@@ -248,7 +258,7 @@ fn made_in_words(made_in: &[String]) -> String {
 /// gives, and removes `own`, a snapshot of `env` beside it that would take its place there.
 fn add_environment(main: PathBuf, mut snap: Snapshot, env: &str, own: &Path) -> Result<PathBuf> {
     snap.environments.push(env.to_string());
-    crate::report_file::write(&main, snap.to_file().as_bytes())?;
+    crate::atomic_file::write(&main, snap.to_file().as_bytes())?;
     if own.exists() {
         std::fs::remove_file(own).with_context(|| format!("{}: cannot remove", own.display()))?;
     }

@@ -2,9 +2,9 @@
 //! learning rate and gradient norm, bit for bit or within a tolerance. A mismatch in a phase that
 //! resumed in another execution environment than its checkpoint's names what differed.
 
-use super::{Check, Failure, Outcome};
-use crate::checks_spec::Continuity;
-use crate::run_record::{Phase, PhaseRecord, RunRecord};
+use super::{Check, Failure, Input, Outcome};
+use crate::checks::spec::Continuity;
+use crate::record::{Phase, PhaseRecord, RunRecord};
 use ckpt_engine::environment;
 
 fn same(c: Continuity, want: f64, got: f64, bits_equal: bool) -> bool {
@@ -36,6 +36,15 @@ fn environment_note(phase: &PhaseRecord) -> String {
         "; the resume ran in another execution environment than the checkpoint's: {}",
         environment::describe(&phase.env_changes)
     )
+}
+
+
+/// The optional parts of a record it compares.
+pub const NEEDS: &[crate::record::fields::RecordField] = &[];
+
+/// The check as [`super::run_all`] runs it.
+pub fn run(input: &Input) -> Outcome {
+    check(input.record, input.spec.loss_continuity.0.unwrap_or(Continuity::Bitwise))
 }
 
 /// Compares every resumed step with the reference under `c`; `compared` counts the resumed
@@ -105,7 +114,7 @@ pub fn check(r: &RunRecord, c: Continuity) -> Outcome {
 mod tests {
     use super::*;
     use crate::checks::fixtures;
-    use crate::checks_spec::Tolerance;
+    use crate::checks::spec::Tolerance;
     use ckpt_engine::EnvChange;
     use proptest::prelude::*;
 

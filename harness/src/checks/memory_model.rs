@@ -9,8 +9,9 @@
 //! flight holds its staging buffers throughout: its prediction is the same step's with the
 //! model's staging bytes added under `io` from start to peak.
 
-use super::{bytes, excess, Check, Failure, Outcome};
-use crate::run_record::{Phase, PredictedStep, RunRecord};
+use super::{bytes, excess, per_rank, Check, Failure, Input, Outcome};
+use crate::record::fields::RecordField;
+use crate::record::{Phase, PredictedStep, RunRecord};
 
 /// How far a measured peak may be from the predicted `want` bytes on the run's device.
 fn tolerance(r: &RunRecord, want: u64) -> u64 {
@@ -18,6 +19,15 @@ fn tolerance(r: &RunRecord, want: u64) -> u64 {
         "cuda" => want / 50,
         _ => 0,
     }
+}
+
+
+/// The optional parts of a record it compares.
+pub const NEEDS: &[RecordField] = &[RecordField::MemoryModel];
+
+/// The check as [`super::run_all`] runs it.
+pub fn run(input: &Input) -> Outcome {
+    per_rank::check(input.record, check)
 }
 
 /// Compares each step with the prediction for a step starting as it did (with or without

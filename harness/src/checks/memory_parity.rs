@@ -14,9 +14,9 @@
 //! Phases at another world size than the reference's hold another plan's shards and are not
 //! compared.
 
-use super::{bytes, per_rank, Check, Failure, Outcome};
-use crate::record_fields::RecordField;
-use crate::run_record::{Phase, PhaseRecord, RunRecord, StepRecord};
+use super::{bytes, per_rank, Check, Failure, Input, Outcome};
+use crate::record::fields::RecordField;
+use crate::record::{Phase, PhaseRecord, RunRecord, StepRecord};
 use ckpt_engine::memory::{Breakdown, Category};
 
 /// How far a resumed step's bytes, as a whole or in one category, may exceed the reference
@@ -53,6 +53,15 @@ fn own(p: &PhaseRecord, s: &StepRecord) -> (u64, Option<Breakdown>) {
 /// The steps from `from` to `end` that the reference's `[0, reference_end)` also plans.
 fn shared(from: u64, end: u64, reference_end: u64) -> u64 {
     end.min(reference_end).saturating_sub(from)
+}
+
+
+/// The optional parts of a record it compares.
+pub const NEEDS: &[RecordField] = &[RecordField::StepMemory, RecordField::DeviceMemory];
+
+/// The check as [`super::run_all`] runs it.
+pub fn run(input: &Input) -> Outcome {
+    check_every_rank(input.record)
 }
 
 /// [`check`] over every rank's view of `r` ([`per_rank`]: each rank against its own reference

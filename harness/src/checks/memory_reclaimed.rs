@@ -1,8 +1,18 @@
 //! `memory_reclaimed`: after each phase's trainer is dropped, the device holds exactly what it
 //! held before the trainer was built.
 
-use super::{bytes, excess, Check, Failure, Outcome};
-use crate::run_record::RunRecord;
+use super::{bytes, excess, per_rank, Check, Failure, Input, Outcome};
+use crate::record::fields::RecordField;
+use crate::record::RunRecord;
+
+
+/// The optional parts of a record it compares.
+pub const NEEDS: &[RecordField] = &[RecordField::MemoryByCategory];
+
+/// The check as [`super::run_all`] runs it.
+pub fn run(input: &Input) -> Outcome {
+    per_rank::check(input.record, check)
+}
 
 /// Compares the bytes held before each phase with the bytes held after its trainer was dropped;
 /// `compared` counts the phases.

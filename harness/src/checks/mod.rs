@@ -1,30 +1,117 @@
 //! Checks: pure functions over a [`RunRecord`]. Each returns an [`Outcome`] holding its figures
 //! and the failures it found; every failure names the check, suite, device, phase and step, and
 //! what was expected against what was seen.
+//!
+//! Each check is a file of this folder with its `NEEDS` (the optional parts of a record it
+//! compares) and its `run` (the check over an [`Input`]), and a line in the list below, which
+//! gives its name, its place in reports and what it asks.
 
-pub use crate::checks_spec::Check;
-use crate::checks_spec::{ChecksSpec, Continuity};
-use crate::record_fields::RecordField;
-use crate::run_record::{Phase, RunRecord};
+use crate::record::fields::RecordField;
+use crate::record::{Phase, RunRecord};
 use ckpt_engine::memory::{human_bytes, Breakdown, Category};
 use serde::{Deserialize, Serialize};
+use spec::ChecksSpec;
 use std::collections::BTreeMap;
 use std::fmt;
 
-pub mod ac_coverage;
-pub mod checkpoint_equivalence;
-pub mod data_ledger;
-pub mod finite;
-pub mod golden;
-pub mod loss_continuity;
-pub mod memory_model;
-pub mod memory_parity;
-pub mod memory_reclaimed;
-pub mod no_leak;
-pub mod oom_free;
-pub mod peak_budget;
+pub mod golden_file;
 pub mod per_rank;
-pub mod state_digest;
+pub mod spec;
+
+/// The checks from one list: each `Variant => module` line declares the check's module, its
+/// [`Check`] variant (documented by the line's comment) and its name, the module's; the list's
+/// order is the reports' order.
+macro_rules! checks {
+    ($($(#[doc = $doc:literal])* $variant:ident => $module:ident,)+) => {
+        $(pub mod $module;)+
+
+        /// A check's name.
+        #[derive(
+            Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+        )]
+        #[serde(rename_all = "snake_case")]
+        pub enum Check {
+            $($(#[doc = $doc])* $variant,)+
+        }
+
+        impl Check {
+            /// Every check, in report order.
+            pub const ALL: [Check; [$(Check::$variant),+].len()] = [$(Check::$variant),+];
+            /// Every check's name, in report order.
+            pub const NAMES: [&'static str; Check::ALL.len()] = [$(stringify!($module)),+];
+
+            /// The name used in suites and reports.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(Check::$variant => stringify!($module),)+
+                }
+            }
+
+            /// The optional parts of a record the check compares (docs/RECORD.md): without one
+            /// of them it is not applicable.
+            pub fn needs(self) -> &'static [RecordField] {
+                match self {
+                    $(Check::$variant => $module::NEEDS,)+
+                }
+            }
+
+            /// The check over `input`, whatever the suite turned off.
+            fn run(self, input: &Input) -> Outcome {
+                match self {
+                    $(Check::$variant => $module::run(input),)+
+                }
+            }
+        }
+    };
+}
+
+checks! {
+    /// Resumed steps equal the reference's (bitwise, or within a tolerance).
+    LossContinuity => loss_continuity,
+    /// Weights, optimizer state, step, learning rate and batch equal at the first resumed step.
+    StateDigest => state_digest,
+    /// Every phase's samples, joined at its resume point, are the reference's; none skipped or
+    /// repeated within an epoch.
+    DataLedger => data_ledger,
+    /// Every byte comes back when a trainer is dropped.
+    MemoryReclaimed => memory_reclaimed,
+    /// Every resumed step's peak at most the reference's same step's.
+    MemoryParity => memory_parity,
+    /// Every step's peak, and checkpoint loading's, under the budget.
+    PeakBudget => peak_budget,
+    /// Allocated bytes flat at step boundaries.
+    NoLeak => no_leak,
+    /// Every block recomputed under activation checkpointing.
+    AcCoverage => ac_coverage,
+    /// Measured step peaks equal the memory model's.
+    MemoryModel => memory_model,
+    /// No allocation refused.
+    OomFree => oom_free,
+    /// The reference trajectory equals its snapshot.
+    Golden => golden,
+    /// Every step's loss and gradient norm are finite.
+    Finite => finite,
+    /// Every checkpoint on disk holds the state of its step; an asynchronous save's files are a
+    /// synchronous save's.
+    CheckpointEquivalence => checkpoint_equivalence,
+}
+
+impl fmt::Display for Check {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What a check reads: the record, the suite's settings of the checks, and the stored golden
+/// snapshot.
+pub struct Input<'a> {
+    /// The trial's record.
+    pub record: &'a RunRecord,
+    /// The suite's `checks:`.
+    pub spec: &'a ChecksSpec,
+    /// The snapshot the run is compared with.
+    pub golden: &'a GoldenInput,
+}
 
 /// One failed expectation.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -266,51 +353,23 @@ pub struct GoldenInput {
 
 /// Runs every check `spec` enables over `r`, in report order.
 pub fn run_all(r: &RunRecord, spec: &ChecksSpec, golden: &GoldenInput) -> Vec<Outcome> {
+    let input = Input {
+        record: r,
+        spec,
+        golden,
+    };
     Check::ALL
         .into_iter()
         .map(|check| {
             if !spec.enabled(check) {
                 return Outcome::off(check);
             }
-            if let Some(field) = needs(check).iter().find(|f| r.lacks.contains(f)) {
+            if let Some(field) = check.needs().iter().find(|f| r.lacks.contains(f)) {
                 return Outcome::not_applicable(check, format!("the record lacks it: {field}"));
             }
-            match check {
-                Check::LossContinuity => {
-                    loss_continuity::check(r, spec.loss_continuity.0.unwrap_or(Continuity::Bitwise))
-                }
-                Check::StateDigest => state_digest::check(r),
-                Check::DataLedger => data_ledger::check(r),
-                Check::MemoryReclaimed => per_rank::check(r, memory_reclaimed::check),
-                Check::MemoryParity => memory_parity::check_every_rank(r),
-                Check::PeakBudget => per_rank::check(r, peak_budget::check),
-                Check::NoLeak => per_rank::check(r, no_leak::check),
-                Check::AcCoverage => ac_coverage::check(r),
-                Check::MemoryModel => per_rank::check(r, memory_model::check),
-                Check::OomFree => oom_free::check(r),
-                Check::Golden => golden::check(r, golden),
-                Check::Finite => finite::check(r),
-                Check::CheckpointEquivalence => checkpoint_equivalence::check(r),
-            }
+            check.run(&input)
         })
         .collect()
-}
-
-/// The optional parts of a record that `check` compares (docs/RECORD.md): without one of them
-/// the check is not applicable.
-pub fn needs(check: Check) -> &'static [RecordField] {
-    match check {
-        Check::LossContinuity | Check::StateDigest | Check::Golden | Check::Finite => &[],
-        Check::DataLedger => &[RecordField::Samples],
-        Check::MemoryReclaimed => &[RecordField::MemoryByCategory],
-        Check::PeakBudget => &[RecordField::StepMemory],
-        Check::MemoryParity => &[RecordField::StepMemory, RecordField::DeviceMemory],
-        Check::NoLeak => &[RecordField::DeviceMemory, RecordField::StepByCategory],
-        Check::AcCoverage => &[RecordField::RecomputedBlocks],
-        Check::MemoryModel => &[RecordField::MemoryModel],
-        Check::OomFree => &[RecordField::OomCount],
-        Check::CheckpointEquivalence => &[RecordField::OnDisk],
-    }
 }
 
 /// `a - b` per category, clamped at zero.
@@ -363,11 +422,11 @@ pub fn bytes(n: u64) -> String {
 pub(crate) mod fixtures {
     //! Hand-made records: a faithful run that every check passes.
 
-    use crate::run_record::ranks::{RankModel, RankPhase, RankStep, WorldModel};
-    use crate::run_record::{
+    use crate::record::ranks::{RankModel, RankPhase, RankStep, WorldModel};
+    use crate::record::saves::{SaveRecord, SavedState};
+    use crate::record::{
         Oom, Phase, PhaseRecord, PlannedPhase, PredictedStep, RunRecord, StepRecord, Window,
     };
-    use crate::saves::{SaveRecord, SavedState};
     use ckpt_engine::checkpoint::state::RngState;
     use ckpt_engine::data::{LoaderState, SampleId};
     use ckpt_engine::memory::{Breakdown, MemoryStats, Usage};
@@ -613,7 +672,7 @@ pub(crate) mod fixtures {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checks_spec::ChecksSpec;
+    use crate::checks::spec::{ChecksSpec, Continuity};
 
     /// Every check over `r`, with its own trajectory as the snapshot.
     fn outcomes(r: &RunRecord) -> Vec<Outcome> {

@@ -1,8 +1,18 @@
 //! `no_leak`: within each phase, the bytes held at step boundaries stay flat once the optimizer
 //! state exists (from the end of the first step on).
 
-use super::{bytes, excess, Check, Failure, Outcome};
-use crate::run_record::RunRecord;
+use super::{bytes, excess, per_rank, Check, Failure, Input, Outcome};
+use crate::record::fields::RecordField;
+use crate::record::RunRecord;
+
+
+/// The optional parts of a record it compares.
+pub const NEEDS: &[RecordField] = &[RecordField::DeviceMemory, RecordField::StepByCategory];
+
+/// The check as [`super::run_all`] runs it.
+pub fn run(input: &Input) -> Outcome {
+    per_rank::check(input.record, check)
+}
 
 /// Compares every step's closing bytes with the first step's, phase by phase; `compared` counts
 /// the steps after each phase's first.

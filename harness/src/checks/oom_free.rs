@@ -1,7 +1,17 @@
 //! `oom_free`: the device refused no allocation in any phase, checkpoint loading included.
 
-use super::{Check, Failure, Outcome};
-use crate::run_record::RunRecord;
+use super::{Check, Failure, Input, Outcome};
+use crate::record::fields::RecordField;
+use crate::record::RunRecord;
+
+
+/// The optional parts of a record it compares.
+pub const NEEDS: &[RecordField] = &[RecordField::OomCount];
+
+/// The check as [`super::run_all`] runs it.
+pub fn run(input: &Input) -> Outcome {
+    check(input.record)
+}
 
 /// Reads the refusals recorded in every phase; `compared` counts the trainers built and the
 /// steps.

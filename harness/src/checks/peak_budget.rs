@@ -3,8 +3,18 @@
 //! phase adds at its peak (above the resident bytes at its start) at or under
 //! `memory.rss_budget`.
 
-use super::{bytes, memory_detail, Check, Failure, Outcome};
-use crate::run_record::{Phase, RunRecord};
+use super::{bytes, memory_detail, per_rank, Check, Failure, Input, Outcome};
+use crate::record::fields::RecordField;
+use crate::record::{Phase, RunRecord};
+
+
+/// The optional parts of a record it compares.
+pub const NEEDS: &[RecordField] = &[RecordField::StepMemory];
+
+/// The check as [`super::run_all`] runs it.
+pub fn run(input: &Input) -> Outcome {
+    per_rank::check(input.record, check)
+}
 
 /// Compares every peak with the suite's budgets; `compared` counts the peaks compared (each
 /// trainer built, each step and each refused step under `memory.budget`, each phase's host peak
@@ -110,7 +120,7 @@ pub fn check(r: &RunRecord) -> Outcome {
 mod tests {
     use super::*;
     use crate::checks::fixtures;
-    use crate::run_record::HostMemory;
+    use crate::record::HostMemory;
     use proptest::prelude::*;
 
     #[test]

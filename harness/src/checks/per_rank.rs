@@ -3,7 +3,7 @@
 //! rank.
 
 use super::{Outcome, Status};
-use crate::run_record::RunRecord;
+use crate::record::RunRecord;
 
 /// `check` over each rank's view of `r`: the things compared and implied summed, the failures
 /// of every rank (each with its rank), each figure the largest any rank gave (the first rank's
@@ -48,7 +48,7 @@ fn labelled(mut o: Outcome, rank: Option<usize>) -> Outcome {
 mod tests {
     use super::*;
     use crate::checks::{fixtures, memory_model, memory_reclaimed, no_leak, peak_budget};
-    use crate::run_record::{HostMemory, Phase};
+    use crate::record::{HostMemory, Phase};
 
     #[test]
     fn every_rank_of_a_faithful_run_passes_and_is_counted() {

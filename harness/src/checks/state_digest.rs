@@ -5,9 +5,18 @@
 //! the data position): its resumed state is compared with the state the reference recorded
 //! at the save it resumes from, part by part, each failure naming the first tensor that differs.
 
-use super::{Check, Failure, Outcome};
-use crate::run_record::{Phase, PhaseRecord, RunRecord};
-use crate::training_state::State;
+use super::{Check, Failure, Input, Outcome};
+use crate::record::training_state::State;
+use crate::record::{Phase, PhaseRecord, RunRecord};
+
+
+/// The optional parts of a record it compares.
+pub const NEEDS: &[crate::record::fields::RecordField] = &[];
+
+/// The check as [`super::run_all`] runs it.
+pub fn run(input: &Input) -> Outcome {
+    check(input.record)
+}
 
 /// Compares the resumed state with the reference's at every resume point; `compared` counts the
 /// resume points.

@@ -3,6 +3,7 @@
 //! loss switched on one at a time and together, for the CPU or the CUDA backend; a suite's
 //! budget checked against it; optionally next to the peaks measured on this machine's CPU.
 
+use super::exit_codes;
 use crate::checks::bytes as exact_bytes;
 use crate::suite::{Budget, Suite};
 use anyhow::{bail, Context, Result};
@@ -16,6 +17,7 @@ use ckpt_engine::parallel::Shard;
 use ckpt_engine::{Checkpointing, CpuDevice, DeviceKind, Init, LlamaConfig, Precision};
 use ckpt_engine::{TrainConfig, Trainer};
 use clap::{Args, ValueEnum};
+use std::io::Write;
 use std::path::PathBuf;
 
 mod limits;
@@ -558,6 +560,17 @@ pub struct Report {
     pub text: String,
     /// Whether the run as configured stays within the suite's budget (true without one).
     pub within_budget: bool,
+}
+
+/// Prints the table; exits [`exit_codes::FAILED`] when the run breaks the suite's budget.
+pub fn exec(args: EstimateArgs) -> Result<u8> {
+    let report = table(&args)?;
+    write!(std::io::stdout(), "{}", report.text)?;
+    Ok(if report.within_budget {
+        exit_codes::SUCCESS
+    } else {
+        exit_codes::FAILED
+    })
 }
 
 /// Builds the table the subcommand prints.

@@ -1,6 +1,7 @@
 //! `ckpt-harness eval`: the loss and gradients of a Hugging Face model on one batch, and
 //! optionally the parameters after N AdamW steps on that batch, for comparison with PyTorch.
 
+use super::exit_codes;
 use anyhow::{bail, Context, Result};
 use ckpt_engine::backend::cpu::bf16_dot::Bf16Products;
 use ckpt_engine::model::loss::LossKind;
@@ -12,7 +13,74 @@ use ckpt_engine::{Batch, Category, Checkpointing, CpuDevice, Params, Tensor};
 use safetensors::Dtype;
 use serde::Serialize;
 use std::collections::BTreeMap;
+use std::io::Write;
 use std::path::{Path, PathBuf};
+
+/// `eval`'s arguments.
+#[derive(clap::Args)]
+pub struct EvalArgs {
+    /// Hugging Face Llama directory (config.json + model.safetensors).
+    #[arg(long)]
+    pub model: PathBuf,
+    /// safetensors file with `input_ids` and `labels` ([B, T] int64, -100 ignored).
+    #[arg(long)]
+    pub batch: PathBuf,
+    /// Write `grad.<name>` (and `after_adamw.<name>`) tensors to this safetensors file.
+    #[arg(long)]
+    pub grads_out: Option<PathBuf>,
+    /// AdamW steps to take on the batch; prints the loss before each.
+    #[arg(long, default_value_t = 0)]
+    pub adamw_steps: usize,
+    /// Learning rate of the AdamW steps (constant).
+    #[arg(long, default_value_t = 1e-3)]
+    pub lr: f64,
+    /// Decoupled weight decay, on every parameter.
+    #[arg(long, default_value_t = 0.01)]
+    pub weight_decay: f64,
+    /// β₁,β₂.
+    #[arg(long, value_parser = parse_betas, default_value = "0.9,0.999")]
+    pub betas: [f64; 2],
+    /// Denominator epsilon.
+    #[arg(long, default_value_t = 1e-8)]
+    pub eps: f64,
+    /// Step arithmetic.
+    #[arg(long, value_enum, default_value_t = Precision::Fp32)]
+    pub precision: Precision,
+    /// Worker threads (0 = one per core).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+}
+
+fn parse_betas(text: &str) -> Result<[f64; 2], String> {
+    let parts: Vec<&str> = text.split(',').collect();
+    let [a, b] = parts.as_slice() else {
+        return Err(format!("expected two numbers like 0.9,0.95, got {text:?}"));
+    };
+    let num = |s: &str| s.trim().parse::<f64>().map_err(|e| format!("{s:?}: {e}"));
+    Ok([num(a)?, num(b)?])
+}
+
+/// Evaluates and prints the report as one JSON line; exits 0.
+pub fn exec(args: EvalArgs) -> Result<u8> {
+    let req = EvalRequest {
+        model: args.model,
+        batch: args.batch,
+        grads_out: args.grads_out,
+        adamw_steps: args.adamw_steps,
+        adamw: AdamWConfig {
+            lr: args.lr,
+            betas: args.betas,
+            eps: args.eps,
+            weight_decay: args.weight_decay,
+            grad_clip: None,
+        },
+        precision: args.precision,
+        threads: args.threads,
+    };
+    let line = serde_json::to_string(&run(&req)?)?;
+    writeln!(std::io::stdout(), "{line}")?;
+    Ok(exit_codes::SUCCESS)
+}
 
 /// What to evaluate.
 #[derive(Clone, Debug)]

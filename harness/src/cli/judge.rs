@@ -4,17 +4,59 @@
 //! trial's record is `DIR/<trial>.jsonl` (`cpu::tiny` is `cpu.tiny.jsonl`); a check whose inputs
 //! the record lacks is reported not applicable, with the reason.
 
-use super::run as run_cmd;
+use super::run::{self as run_cmd, RunArgs};
+use super::{default_paths, run_status, summary_file, Reports};
 use crate::checks::golden;
 use crate::error_text::printable;
-use crate::plan;
-use crate::record::{self, to_run};
-use crate::report::{Skipped, Summary};
-use crate::trial;
+use crate::record::jsonl::{self, to_run};
+use crate::report::summary::{Skipped, Summary};
+use crate::run::plan;
+use crate::run::plan::{DeviceChoice, TierFilter};
+use crate::run::trial;
 use anyhow::{bail, Context, Result};
 use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+
+/// `judge`'s arguments.
+#[derive(clap::Args)]
+pub struct JudgeArgs {
+    /// Suite files or directories: the trials to judge and their checks (default: suites/).
+    pub paths: Vec<PathBuf>,
+    /// The directory of records, `<trial>.jsonl` each (`cpu::tiny` is `cpu.tiny.jsonl`).
+    #[arg(long)]
+    pub records: Option<PathBuf>,
+    /// Where the reports go.
+    #[command(flatten)]
+    pub reports: Reports,
+}
+
+/// Judges the records of `--records`, or without it runs the suites' trainers as `run` does;
+/// exits as `run` does.
+pub fn exec(args: JudgeArgs) -> Result<u8> {
+    let Some(records) = args.records else {
+        return run_cmd::exec(RunArgs {
+            paths: args.paths,
+            device: DeviceChoice::Auto,
+            tier: TierFilter::Ci,
+            reports: args.reports,
+            memory_trace: false,
+            bench: None,
+            bless: false,
+            repeat: 1,
+        });
+    };
+    let opts = JudgeOptions {
+        paths: default_paths(args.paths),
+        records,
+        report: args.reports.report,
+        junit: args.reports.junit,
+        golden: args.reports.golden,
+        baseline: args.reports.baseline.as_deref().map(summary_file),
+    };
+    let summary = judge(&opts, &mut std::io::stdout().lock())?;
+    Ok(run_status(&summary, args.reports.fail_on_regression))
+}
 
 /// What `judge` was asked to do.
 #[derive(Clone, Debug)]
@@ -57,7 +99,7 @@ pub fn judge(opts: &JudgeOptions, out: &mut impl Write) -> Result<Summary> {
         let mut found = false;
         for &device in suite.devices() {
             let name = suite.trial_name(device);
-            let file = record::file(&opts.records, &name);
+            let file = jsonl::file(&opts.records, &name);
             if !file.is_file() {
                 continue;
             }
@@ -80,7 +122,7 @@ pub fn judge(opts: &JudgeOptions, out: &mut impl Write) -> Result<Summary> {
                 .devices()
                 .iter()
                 .map(|&d| {
-                    record::file(&opts.records, &suite.trial_name(d))
+                    jsonl::file(&opts.records, &suite.trial_name(d))
                         .display()
                         .to_string()
                 })

@@ -4,22 +4,82 @@
 //! JUnit XML, memory traces, the benchmarks' figures measured with the run, and the changes
 //! against a baseline; the caller exits non-zero on any failure.
 
-use crate::bench::Bench;
+use super::{default_paths, run_status, summary_file, Reports};
 use crate::checks::golden;
 use crate::error_text::printable;
-use crate::html;
-use crate::memory_trace::{self, Tracer};
-use crate::plan::{self, DeviceChoice, TierFilter};
-use crate::progress::{Reporter, Style};
-use crate::record;
-use crate::repeat::Spread;
-use crate::report::{Skipped, Summary};
-use crate::trends::Trends;
-use crate::trial::{self, GoldenMode};
+use crate::record::jsonl;
+use crate::report::bench::Bench;
+use crate::report::html;
+use crate::report::summary::{Skipped, Summary};
+use crate::report::trends::Trends;
+use crate::run::memory_trace::{self, Tracer};
+use crate::run::plan::{self, DeviceChoice, TierFilter};
+use crate::run::progress::{Reporter, Style};
+use crate::run::repeat::Spread;
+use crate::run::trial::{self, GoldenMode};
 use anyhow::Result;
 use indicatif::ProgressDrawTarget;
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
+
+/// `run`'s arguments.
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// Suite files or directories; a directory's faults/ holds negative controls (default:
+    /// suites/).
+    pub paths: Vec<PathBuf>,
+    /// Devices: each suite's that are present (auto), or one.
+    #[arg(long, value_enum, default_value_t = DeviceChoice::Auto)]
+    pub device: DeviceChoice,
+    /// Tiers to run from directories (a suite file named runs whatever its tier).
+    #[arg(long, value_enum, default_value_t = TierFilter::Ci)]
+    pub tier: TierFilter,
+    /// Where the reports go.
+    #[command(flatten)]
+    pub reports: Reports,
+    /// Write every phase's allocations and frees as PyTorch memory snapshots
+    /// (`REPORT/memory/<trial>/<phase>.pickle`).
+    #[arg(
+        long,
+        help = "Write every phase's allocations and frees as PyTorch memory snapshots (REPORT/memory/<trial>/<phase>.pickle)"
+    )]
+    pub memory_trace: bool,
+    /// The benchmarks' figures measured with this run (`scripts/bench.sh --json FILE`): put
+    /// in summary.json and index.html, compared with --baseline's.
+    #[arg(long)]
+    pub bench: Option<PathBuf>,
+    /// Rewrite the golden snapshots from this run.
+    #[arg(long)]
+    pub bless: bool,
+    /// Run each trial N times: report the per-step spread of losses, gradient norms and
+    /// peaks, and the loss_continuity tolerance it calls for; a trial passes only when
+    /// every run does.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    pub repeat: u16,
+}
+
+/// Runs the suites with progress on standard output (bars on a terminal without `CI` set);
+/// exits 1 if a trial failed, or something regressed when that must fail.
+pub fn exec(args: RunArgs) -> Result<u8> {
+    let stdout = std::io::stdout();
+    let progress = Style::detect(stdout.is_terminal(), std::env::var_os("CI").as_deref());
+    let opts = RunOptions {
+        paths: default_paths(args.paths),
+        device: args.device,
+        tier: args.tier,
+        report: args.reports.report,
+        junit: args.reports.junit,
+        golden: args.reports.golden,
+        bless: args.bless,
+        progress,
+        memory_trace: args.memory_trace,
+        baseline: args.reports.baseline.as_deref().map(summary_file),
+        bench: args.bench,
+        repeat: args.repeat.into(),
+    };
+    let summary = run(&opts, &mut stdout.lock())?;
+    Ok(run_status(&summary, args.reports.fail_on_regression))
+}
 
 /// What `run` was asked to do.
 #[derive(Clone, Debug)]
@@ -56,9 +116,9 @@ pub struct RunOptions {
 /// `ckpt-record/1` record under `records/`) and JUnit XML to `junit` when given.
 pub fn write_reports(summary: &Summary, dir: &Path, junit: Option<&Path>) -> Result<()> {
     summary.write_json(dir)?;
-    record::write_all(
+    jsonl::write_all(
         summary.trials.iter().map(|t| &t.record),
-        &dir.join(record::DIR),
+        &dir.join(jsonl::DIR),
     )?;
     html::write(summary, dir)?;
     if let Some(file) = junit {
@@ -169,5 +229,5 @@ pub fn conclude(
 }
 
 fn write_file(file: &Path, text: &str) -> Result<()> {
-    crate::report_file::write(file, text.as_bytes())
+    crate::atomic_file::write(file, text.as_bytes())
 }

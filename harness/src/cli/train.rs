@@ -23,8 +23,9 @@
 //! checkpoint of finite numbers, and `train` fails with [`Stopped`]. So does a save that fails
 //! (a full disk): the message names the step and the checkpoint `latest` still names.
 
+use super::exit_codes;
 use crate::devices::{self, DeviceKind, OnDevice};
-use crate::meeting::MeetAt;
+use crate::run::meeting::MeetAt;
 use crate::suite::Suite;
 use anyhow::{bail, Result};
 use ckpt_engine::checkpoint::{self, Foreign, RunLock};
@@ -32,7 +33,67 @@ use ckpt_engine::environment;
 use ckpt_engine::{Device, EngineError, Trainer};
 use serde::Serialize;
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+/// `train`'s arguments.
+#[derive(clap::Args)]
+pub struct TrainArgs {
+    /// The suite file.
+    pub suite: PathBuf,
+    /// Run directory for checkpoints.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Continue from this checkpoint (or run directory, following its `latest`).
+    #[arg(long)]
+    pub resume: Option<PathBuf>,
+    /// Train until this many steps are done (default: the suite's max_steps). The last step
+    /// trained is always saved.
+    #[arg(long)]
+    pub steps: Option<u64>,
+    /// Delete the checkpoints of another configuration that --out holds, instead of
+    /// refusing to train into it.
+    #[arg(long)]
+    pub overwrite: bool,
+    /// The device to train on.
+    #[arg(long, value_enum, default_value_t = DeviceKind::Cpu)]
+    pub device: DeviceKind,
+    /// Train only rank RANK of the suite's `parallel.world_size` ranks, each rank a `train`
+    /// of its own, started with the same arguments and its own --rank (as torchrun starts
+    /// them); the ranks meet at --meet or through --meet-file.
+    #[arg(long, requires = "meeting")]
+    pub rank: Option<usize>,
+    /// Where the ranks of --rank meet (HOST:PORT): rank 0 listens there, every other rank
+    /// connects to it.
+    #[arg(long, group = "meeting", requires = "rank")]
+    pub meet: Option<std::net::SocketAddr>,
+    /// A file through which the ranks of --rank, all on this machine, meet: rank 0 listens
+    /// at a port of the loopback the system gives it and writes its address there, the
+    /// other ranks read it (no port to choose). It must not exist when the ranks start.
+    #[arg(long, group = "meeting", requires = "rank")]
+    pub meet_file: Option<PathBuf>,
+}
+
+/// Trains the suite as the arguments say; exits 0, or fails with [`Stopped`] or bad input.
+pub fn exec(args: TrainArgs) -> Result<u8> {
+    let suite = Suite::load(&args.suite)?;
+    let meet = args
+        .meet
+        .map(MeetAt::Address)
+        .or(args.meet_file.map(MeetAt::File));
+    let opts = TrainOptions {
+        out: &args.out,
+        resume: args.resume.as_deref(),
+        steps: args.steps,
+        overwrite: args.overwrite,
+        device: args.device,
+        rank: args
+            .rank
+            .zip(meet)
+            .map(|(rank, meet)| RankOf { rank, meet }),
+    };
+    run(&suite, &opts)?;
+    Ok(exit_codes::SUCCESS)
+}
 
 /// One line of `train`'s output.
 #[derive(Serialize)]

@@ -4,7 +4,7 @@
 
 use super::places::{place, place_of, Places};
 use super::SuiteFile;
-use crate::checks_spec::Check;
+use crate::checks::Check;
 use anyhow::{bail, Result};
 use serde_saphyr::Location;
 use std::path::Path;
