@@ -3,7 +3,7 @@
 //! impossible run before anything is allocated ([`TrainConfig::validate`]).
 
 use crate::data::{DataConfig, DataLoader, LongBatch};
-use crate::error::{EngineError, Result};
+use crate::error::{EngineError, Result, Setting};
 use crate::fault::Faults;
 use crate::memory::Category;
 use crate::model::loss::LossKind;
@@ -114,12 +114,12 @@ fn accumulates_nothing(accumulation: &usize) -> bool {
     *accumulation == 1
 }
 
-/// `Err(message)` unless `ok`.
-fn require(ok: bool, message: impl FnOnce() -> String) -> Result<()> {
+/// `Err` unless `ok`: the value at `key` is wrong as `message` says.
+fn require(ok: bool, key: &str, message: impl FnOnce() -> String) -> Result<()> {
     if ok {
         Ok(())
     } else {
-        Err(EngineError::Config(message()))
+        Err(Setting::new(key, message()).into())
     }
 }
 
@@ -176,15 +176,19 @@ impl TrainConfig {
     /// the step's micro-batches (each rank takes an equal run of them).
     pub fn validate_ranks(&self) -> Result<()> {
         let world = self.parallel.world_size;
-        require(world >= 1, || {
+        require(world >= 1, "parallel.world_size", || {
             "parallel.world_size is 0; write the number of ranks, at least 1".into()
         })?;
-        require(self.accumulation.is_multiple_of(world), || {
-            format!(
+        require(
+            self.accumulation.is_multiple_of(world),
+            "parallel.world_size",
+            || {
+                format!(
                 "parallel.world_size is {world}, which does not divide the {} micro-batches of a step (accumulation); each rank takes an equal run of them, so write an accumulation that is a multiple of {world} or a world_size that divides {}",
                 self.accumulation, self.accumulation
             )
-        })
+            },
+        )
     }
 
     /// Everything a trainer refuses at start, checked without allocating on a device: the
@@ -193,51 +197,52 @@ impl TrainConfig {
     /// data (a token file is read), and the initial weights' directory. The message names the
     /// value and what to write instead.
     pub fn validate(&self) -> Result<()> {
-        self.model.validate().map_err(EngineError::Config)?;
+        self.model.validate().map_err(|e| e.under("model"))?;
         let max = self.model.max_position_embeddings;
-        require(self.batch_size >= 1, || {
+        require(self.batch_size >= 1, "batch_size", || {
             "batch_size is 0; it must be at least 1".into()
         })?;
-        require(self.accumulation >= 1, || {
+        require(self.accumulation >= 1, "accumulation", || {
             "accumulation is 0; write the micro-batches per optimizer step, at least 1 (1 accumulates nothing)".into()
         })?;
         self.validate_ranks()?;
         for (name, seq) in std::iter::once(("seq_len", self.seq_len))
             .chain(self.long_batch.map(|l| ("long_batch.seq_len", l.seq_len)))
         {
-            require((1..=max).contains(&seq), || {
+            require((1..=max).contains(&seq), name, || {
                 format!("{name} is {seq}; it must be between 1 and max_position_embeddings ({max})")
             })?;
         }
         if let Some(window) = self.model.sliding_window {
             let longest = self.long_batch.map_or(0, |l| l.seq_len).max(self.seq_len);
-            require(window >= longest, || {
+            require(window >= longest, "model.sliding_window", || {
                 format!("model.sliding_window is {window}, shorter than the rows of {longest} tokens; the engine's attention sees every earlier token, so write rows of at most {window} tokens")
             })?;
         }
         self.validate_optimizer()?;
         if let LossKind::Chunked { chunk_tokens } = self.loss {
-            require(chunk_tokens >= 1, || {
+            require(chunk_tokens >= 1, "loss.chunk_tokens", || {
                 "loss.chunk_tokens is 0; write the tokens per chunk, e.g. 1024".into()
             })?;
         }
-        require((0.0..1.0).contains(&self.dropout), || {
+        require((0.0..1.0).contains(&self.dropout), "dropout", || {
             format!(
                 "dropout is {}; it must be at least 0 and below 1",
                 self.dropout
             )
         })?;
         match &self.init {
-            Init::Random { std, .. } => require(std.is_finite() && *std > 0.0, || {
+            Init::Random { std, .. } => require(std.is_finite() && *std > 0.0, "init.std", || {
                 format!("init.std is {std}; write a positive standard deviation such as 0.02")
             })?,
             Init::HfDir { path } => {
                 let found = LlamaConfig::from_hf_file(&path.join("config.json")).map_err(|e| {
-                    EngineError::Config(format!(
-                        "init.path: {e}; write the directory of a Hugging Face checkpoint (config.json and model.safetensors)"
-                    ))
+                    Setting::new(
+                        "init.path",
+                        format!("init.path: {e}; write the directory of a Hugging Face checkpoint (config.json and model.safetensors)"),
+                    )
                 })?;
-                require(found == self.model, || {
+                require(found == self.model, "init.path", || {
                     format!(
                         "{}: config.json does not match the run's model configuration",
                         path.display()
@@ -259,9 +264,11 @@ impl TrainConfig {
             (
                 Err(e @ (EngineError::Io { .. } | EngineError::BadFile { .. })),
                 DataConfig::TokenFile { .. },
-            ) => Err(EngineError::Config(format!(
-                "data.path: {e}; write the path of a file of token ids"
-            ))),
+            ) => Err(Setting::new(
+                "data.path",
+                format!("data.path: {e}; write the path of a file of token ids"),
+            )
+            .into()),
             (Err(e), _) => Err(e),
         }
     }
@@ -275,7 +282,7 @@ impl TrainConfig {
                 "above 0"
             };
             let ok = x.is_finite() && (x > 0.0 || (zero_allowed && x == 0.0));
-            require(ok, || {
+            require(ok, &format!("optimizer.{name}"), || {
                 format!(
                     "optimizer.{name} is {x}; it must be a finite number {bound}, e.g. {example}"
                 )
@@ -285,19 +292,27 @@ impl TrainConfig {
         finite("eps", o.eps, false, "1e-8")?;
         finite("weight_decay", o.weight_decay, true, "0.1")?;
         for (i, b) in o.betas.iter().enumerate() {
-            require((0.0..1.0).contains(b), || {
-                format!("optimizer.betas[{i}] is {b}; it must be at least 0 and below 1, e.g. betas: [0.9, 0.95]")
-            })?;
+            require(
+                (0.0..1.0).contains(b),
+                &format!("optimizer.betas[{i}]"),
+                || {
+                    format!("optimizer.betas[{i}] is {b}; it must be at least 0 and below 1, e.g. betas: [0.9, 0.95]")
+                },
+            )?;
         }
         if let Some(clip) = o.grad_clip {
             finite("grad_clip", clip, false, "1.0")?;
         }
         if let Schedule::WarmupCosine { min_lr_ratio, .. } = self.schedule {
-            require((0.0..=1.0).contains(&min_lr_ratio), || {
-                format!(
+            require(
+                (0.0..=1.0).contains(&min_lr_ratio),
+                "schedule.min_lr_ratio",
+                || {
+                    format!(
                     "schedule.min_lr_ratio is {min_lr_ratio}; it must be between 0 and 1, e.g. 0.1"
                 )
-            })?;
+                },
+            )?;
         }
         Ok(())
     }
@@ -358,45 +373,61 @@ mod tests {
         }
     }
 
-    /// Every value a trainer would refuse at start is refused here, by name, before anything is
-    /// allocated; the run it starts from is accepted.
+    /// Every value a trainer would refuse at start is refused here, by name and with its key,
+    /// before anything is allocated; the run it starts from is accepted.
     #[test]
     fn impossible_values_are_refused_by_name() {
         run().validate().unwrap();
         type Breaks = fn(&mut TrainConfig);
-        let cases: Vec<(&str, Breaks)> = vec![
-            ("optimizer.lr is -0.001", |r| r.optimizer.lr = -1e-3),
-            ("optimizer.lr is NaN", |r| r.optimizer.lr = f64::NAN),
-            ("optimizer.betas[0] is 1.5", |r| {
+        let cases: Vec<(&str, &str, Breaks)> = vec![
+            ("optimizer.lr", "optimizer.lr is -0.001", |r| {
+                r.optimizer.lr = -1e-3
+            }),
+            ("optimizer.lr", "optimizer.lr is NaN", |r| {
+                r.optimizer.lr = f64::NAN
+            }),
+            ("optimizer.betas[0]", "optimizer.betas[0] is 1.5", |r| {
                 r.optimizer.betas = [1.5, 2.0]
             }),
-            ("optimizer.eps is 0", |r| r.optimizer.eps = 0.0),
-            ("optimizer.grad_clip is -1", |r| {
+            ("optimizer.eps", "optimizer.eps is 0", |r| {
+                r.optimizer.eps = 0.0
+            }),
+            ("optimizer.grad_clip", "optimizer.grad_clip is -1", |r| {
                 r.optimizer.grad_clip = Some(-1.0)
             }),
-            ("schedule.min_lr_ratio is -0.5", |r| {
-                r.schedule = Schedule::WarmupCosine {
-                    warmup_steps: 0,
-                    horizon: 4,
-                    min_lr_ratio: -0.5,
-                }
-            }),
-            ("loss.chunk_tokens is 0", |r| {
+            (
+                "schedule.min_lr_ratio",
+                "schedule.min_lr_ratio is -0.5",
+                |r| {
+                    r.schedule = Schedule::WarmupCosine {
+                        warmup_steps: 0,
+                        horizon: 4,
+                        min_lr_ratio: -0.5,
+                    }
+                },
+            ),
+            ("loss.chunk_tokens", "loss.chunk_tokens is 0", |r| {
                 r.loss = LossKind::Chunked { chunk_tokens: 0 }
             }),
-            ("batch_size is 0", |r| r.batch_size = 0),
-            ("accumulation is 0", |r| r.accumulation = 0),
-            ("seq_len is 17", |r| r.seq_len = 17),
-            ("dropout is 1", |r| r.dropout = 1.0),
-            ("init.std is -1", |r| {
+            ("batch_size", "batch_size is 0", |r| r.batch_size = 0),
+            ("accumulation", "accumulation is 0", |r| r.accumulation = 0),
+            ("parallel.world_size", "parallel.world_size is 0", |r| {
+                r.parallel.world_size = 0
+            }),
+            ("seq_len", "seq_len is 17", |r| r.seq_len = 17),
+            ("dropout", "dropout is 1", |r| r.dropout = 1.0),
+            ("init.std", "init.std is -1", |r| {
                 r.init = Init::Random { seed: 0, std: -1.0 }
             }),
-            ("head_dim is 0", |r| r.model.head_dim = Some(0)),
+            ("model.head_dim", "head_dim is 0", |r| {
+                r.model.head_dim = Some(0)
+            }),
             (
+                "model.sliding_window",
                 "model.sliding_window is 4, shorter than the rows of 8 tokens",
                 |r| r.model.sliding_window = Some(4),
             ),
-            ("data.min_len is 9", |r| {
+            ("data.min_len", "data.min_len is 9", |r| {
                 r.data = DataConfig::Synthetic {
                     seed: 0,
                     samples: 8,
@@ -404,7 +435,7 @@ mod tests {
                     min_len: Some(9),
                 }
             }),
-            ("data.samples must be at least 1", |r| {
+            ("data.samples", "data.samples must be at least 1", |r| {
                 r.data = DataConfig::Synthetic {
                     seed: 0,
                     samples: 0,
@@ -412,23 +443,27 @@ mod tests {
                     min_len: None,
                 }
             }),
-            ("init.path", |r| {
+            ("init.path", "init.path", |r| {
                 r.init = Init::HfDir {
                     path: "no/such/dir".into(),
                 }
             }),
-            ("data.path", |r| {
+            ("data.path", "data.path", |r| {
                 r.data = DataConfig::TokenFile {
                     path: "no/such/tokens.bin".into(),
                     dtype: crate::data::TokenDtype::U16,
                 }
             }),
         ];
-        for (want, break_it) in cases {
+        for (key, want, break_it) in cases {
             let mut r = run();
             break_it(&mut r);
-            let err = r.validate().expect_err(want).to_string();
-            assert!(err.contains(want), "{want}: {err}");
+            let err = r.validate().expect_err(want);
+            assert!(err.to_string().contains(want), "{want}: {err}");
+            match err {
+                EngineError::Setting(s) => assert_eq!(s.key, key, "{want}"),
+                other => panic!("{want}: not a setting's error: {other:?}"),
+            }
         }
     }
 }

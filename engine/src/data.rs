@@ -2,7 +2,7 @@
 //! and a dataset of flat token files. The loader's position is a plain value ([`LoaderState`]),
 //! so a checkpoint can store it and a resumed run reads exactly the batches it would have.
 
-use crate::error::{check_host, try_vec, EngineError, Result};
+use crate::error::{check_host, try_vec, EngineError, Result, Setting};
 use crate::model::loss::IGNORE_INDEX;
 use crate::model::Batch;
 use crate::regular_file;
@@ -171,9 +171,8 @@ impl DataLoader {
         shuffle_seed: u64,
     ) -> Result<Self> {
         if batch == 0 || seq == 0 {
-            return Err(EngineError::Config(
-                "batch_size and seq_len must be at least 1".into(),
-            ));
+            let key = if batch == 0 { "batch_size" } else { "seq_len" };
+            return Err(Setting::new(key, "batch_size and seq_len must be at least 1").into());
         }
         let source = match cfg {
             DataConfig::Synthetic {
@@ -185,14 +184,18 @@ impl DataLoader {
                 let branching = (*branching).clamp(1, vocab);
                 let min_len = min_len.unwrap_or(seq);
                 if min_len == 0 || min_len > seq {
-                    return Err(EngineError::Config(format!(
-                        "data.min_len is {min_len}; it must be between 1 and seq_len ({seq})"
-                    )));
+                    return Err(Setting::new(
+                        "data.min_len",
+                        format!(
+                            "data.min_len is {min_len}; it must be between 1 and seq_len ({seq})"
+                        ),
+                    )
+                    .into());
                 }
                 if *samples == 0 {
-                    return Err(EngineError::Config(
-                        "data.samples must be at least 1".into(),
-                    ));
+                    return Err(
+                        Setting::new("data.samples", "data.samples must be at least 1").into(),
+                    );
                 }
                 check_host(
                     samples.saturating_mul(8),

@@ -25,7 +25,11 @@ pub enum EngineError {
         /// What is wrong, and the fix where there is one.
         message: String,
     },
-    /// A configuration value is impossible.
+    /// A value of the run's configuration is impossible: [`Setting`] names its key.
+    #[error("invalid configuration: {0}")]
+    Setting(#[from] Setting),
+    /// The engine cannot run as it is set up: an environment variable, ranks that disagree, a
+    /// batch that does not fit the model.
     #[error("invalid configuration: {0}")]
     Config(String),
     /// The CUDA backend cannot run here: a library or the device is missing.
@@ -104,6 +108,38 @@ pub enum EngineError {
         /// Why not.
         message: String,
     },
+}
+
+/// An impossible value of a run's configuration: the key that holds it, as the run's schema
+/// spells it (`optimizer.lr`, `optimizer.betas[1]`, `model.head_dim`; a model's own keys
+/// without `model.`, as its `config.json` spells them), apart from what is wrong with it and
+/// what to write instead. Whoever wrote the configuration finds the key's place by the key,
+/// never by reading the message.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct Setting {
+    /// The key's path.
+    pub key: String,
+    /// What is wrong, and the fix; it names the key too, for people.
+    pub message: String,
+}
+
+impl Setting {
+    /// The value at `key` is wrong as `message` says.
+    pub fn new(key: impl Into<String>, message: impl Into<String>) -> Self {
+        Setting {
+            key: key.into(),
+            message: message.into(),
+        }
+    }
+
+    /// The same setting with its key under `parent` (`head_dim` under `model`).
+    pub fn under(self, parent: &str) -> Self {
+        Setting {
+            key: format!("{parent}.{}", self.key),
+            ..self
+        }
+    }
 }
 
 impl EngineError {

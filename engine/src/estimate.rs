@@ -57,7 +57,7 @@ impl EstimateConfig {
 
     fn validate(&self) -> Result<()> {
         let r = &self.run;
-        r.model.validate().map_err(EngineError::Config)?;
+        r.model.validate().map_err(|e| e.under("model"))?;
         if r.batch_size == 0
             || r.accumulation == 0
             || r.seq_len == 0

@@ -33,7 +33,7 @@ pub use backend::{CountingDevice, CpuDevice, CudaDevice};
 pub use config::{Init, Precision, TrainConfig};
 pub use device::{Device, DeviceKind};
 pub use environment::{EnvChange, ExecutionEnv};
-pub use error::{EngineError, Result};
+pub use error::{EngineError, Result, Setting};
 pub use fault::{Fault, Faults};
 pub use memory::{Category, MemoryStats, MemoryTracker, OutOfMemory};
 pub use model::{Batch, Checkpointing, LlamaConfig, Model, Params};

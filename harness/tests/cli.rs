@@ -799,7 +799,7 @@ fn validate_refuses_what_the_run_would_refuse_at_start() {
                 "num_key_value_heads: 4",
                 "num_key_value_heads: 4\n  head_dim: 0",
             ),
-            ":11:13: model: head_dim is 0",
+            ":11:3: model: head_dim is 0",
         ),
     ];
     assert!(

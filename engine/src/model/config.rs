@@ -2,7 +2,7 @@
 //! `model_type` ([`Family`]) or written inline, and written back so transformers loads it.
 
 use crate::device::router::RouteSpec;
-use crate::error::{EngineError, Result};
+use crate::error::{EngineError, Result, Setting};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -91,35 +91,50 @@ impl MoeConfig {
             && (layer + 1).is_multiple_of(self.decoder_sparse_step.max(1))
     }
 
-    fn validate(&self, family: Family, layers: usize, ffn: usize) -> Result<(), String> {
+    fn validate(&self, family: Family, layers: usize, ffn: usize) -> Result<(), Setting> {
         let (e, k) = (self.num_experts, self.num_experts_per_tok);
-        if e == 0 || self.moe_intermediate_size == 0 || self.decoder_sparse_step == 0 {
-            return Err(
-                "num_experts, moe_intermediate_size and decoder_sparse_step must be at least 1"
-                    .into(),
-            );
+        let zero = [
+            ("num_experts", e),
+            ("moe_intermediate_size", self.moe_intermediate_size),
+            ("decoder_sparse_step", self.decoder_sparse_step),
+        ]
+        .into_iter()
+        .find(|(_, v)| *v == 0);
+        if let Some((key, _)) = zero {
+            return Err(Setting::new(
+                key,
+                "num_experts, moe_intermediate_size and decoder_sparse_step must be at least 1",
+            ));
         }
         if k == 0 || k > e {
-            return Err(format!(
-                "num_experts_per_tok is {k}; it must be between 1 and num_experts ({e})"
+            return Err(Setting::new(
+                "num_experts_per_tok",
+                format!("num_experts_per_tok is {k}; it must be between 1 and num_experts ({e})"),
             ));
         }
         let c = self.router_aux_loss_coef;
         if !c.is_finite() || c < 0.0 {
-            return Err(format!(
-                "router_aux_loss_coef is {c}; it must be a finite number of at least 0"
+            return Err(Setting::new(
+                "router_aux_loss_coef",
+                format!("router_aux_loss_coef is {c}; it must be a finite number of at least 0"),
             ));
         }
         if let Some(l) = self.mlp_only_layers.iter().find(|&&l| l >= layers) {
-            return Err(format!(
-                "mlp_only_layers names layer {l}; the model has layers 0 to {}",
-                layers - 1
+            return Err(Setting::new(
+                "mlp_only_layers",
+                format!(
+                    "mlp_only_layers names layer {l}; the model has layers 0 to {}",
+                    layers - 1
+                ),
             ));
         }
         if family == Family::Mixtral && ffn != self.moe_intermediate_size {
-            return Err(format!(
-                "mixtral's experts are its MLP: intermediate_size ({ffn}) must equal moe_intermediate_size ({})",
-                self.moe_intermediate_size
+            return Err(Setting::new(
+                "moe_intermediate_size",
+                format!(
+                    "mixtral's experts are its MLP: intermediate_size ({ffn}) must equal moe_intermediate_size ({})",
+                    self.moe_intermediate_size
+                ),
             ));
         }
         if family == Family::Mixtral
@@ -127,17 +142,24 @@ impl MoeConfig {
                 || self.decoder_sparse_step != 1
                 || !self.mlp_only_layers.is_empty())
         {
-            return Err(
+            let key = if !self.norm_topk_prob {
+                "norm_topk_prob"
+            } else if self.decoder_sparse_step != 1 {
+                "decoder_sparse_step"
+            } else {
+                "mlp_only_layers"
+            };
+            return Err(Setting::new(
+                key,
                 "mixtral renormalises the top-k probabilities and routes every layer: \
-                 remove norm_topk_prob, decoder_sparse_step and mlp_only_layers"
-                    .into(),
-            );
+                 remove norm_topk_prob, decoder_sparse_step and mlp_only_layers",
+            ));
         }
         if !(0..layers).any(|l| self.is_moe_layer(l)) {
-            return Err(
-                "no layer is MoE: decoder_sparse_step and mlp_only_layers leave every MLP dense"
-                    .into(),
-            );
+            return Err(Setting::new(
+                "decoder_sparse_step",
+                "no layer is MoE: decoder_sparse_step and mlp_only_layers leave every MLP dense",
+            ));
         }
         Ok(())
     }
@@ -417,7 +439,7 @@ impl LlamaConfig {
             sliding_window,
             moe,
         };
-        cfg.validate()?;
+        cfg.validate().map_err(|e| e.message)?;
         Ok(cfg)
     }
 
@@ -472,7 +494,7 @@ impl LlamaConfig {
     }
 
     /// Checks the shape is buildable; the message says which value to change.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), Setting> {
         let positive = [
             ("vocab_size", self.vocab_size),
             ("hidden_size", self.hidden_size),
@@ -483,49 +505,82 @@ impl LlamaConfig {
         ];
         for (name, v) in positive {
             if v == 0 {
-                return Err(format!("{name} is 0; it must be at least 1"));
+                return Err(Setting::new(
+                    name,
+                    format!("{name} is 0; it must be at least 1"),
+                ));
             }
         }
         if self.head_dim.is_none() && !self.hidden_size.is_multiple_of(self.num_attention_heads) {
-            return Err(format!(
-                "num_attention_heads ({}) does not divide hidden_size ({}); choose a divisor or set head_dim",
-                self.num_attention_heads, self.hidden_size
+            return Err(Setting::new(
+                "num_attention_heads",
+                format!(
+                    "num_attention_heads ({}) does not divide hidden_size ({}); choose a divisor or set head_dim",
+                    self.num_attention_heads, self.hidden_size
+                ),
             ));
         }
         if !self
             .num_attention_heads
             .is_multiple_of(self.num_key_value_heads)
         {
-            return Err(format!(
-                "num_key_value_heads ({}) does not divide num_attention_heads ({})",
-                self.num_key_value_heads, self.num_attention_heads
+            return Err(Setting::new(
+                "num_key_value_heads",
+                format!(
+                    "num_key_value_heads ({}) does not divide num_attention_heads ({})",
+                    self.num_key_value_heads, self.num_attention_heads
+                ),
             ));
         }
         if self.head_dim == Some(0) {
-            return Err(
-                "head_dim is 0; write an even width of at least 2, or remove it to use hidden_size / num_attention_heads".into(),
-            );
+            return Err(Setting::new(
+                "head_dim",
+                "head_dim is 0; write an even width of at least 2, or remove it to use hidden_size / num_attention_heads",
+            ));
         }
         if !self.head_dim().is_multiple_of(2) {
-            return Err(format!(
-                "head dimension {} is odd; rotary embeddings need an even head dimension",
-                self.head_dim()
+            let key = match self.head_dim {
+                Some(_) => "head_dim",
+                None => "num_attention_heads",
+            };
+            return Err(Setting::new(
+                key,
+                format!(
+                    "head dimension {} is odd; rotary embeddings need an even head dimension",
+                    self.head_dim()
+                ),
             ));
         }
         let positive = |x: f64| x.is_finite() && x > 0.0;
-        if !positive(self.rms_norm_eps) || !positive(self.rope_theta) {
-            return Err("rms_norm_eps and rope_theta must be positive".into());
+        for (key, x) in [
+            ("rms_norm_eps", self.rms_norm_eps),
+            ("rope_theta", self.rope_theta),
+        ] {
+            if !positive(x) {
+                return Err(Setting::new(
+                    key,
+                    "rms_norm_eps and rope_theta must be positive",
+                ));
+            }
         }
         match (&self.moe, self.family.moe()) {
-            (Some(m), true) => m.validate(self.family, self.num_hidden_layers, self.intermediate_size),
+            (Some(m), true) => m
+                .validate(self.family, self.num_hidden_layers, self.intermediate_size)
+                .map_err(|e| e.under("moe")),
             (None, false) => Ok(()),
-            (None, true) => Err(format!(
-                "family {} needs its experts: add moe (num_experts, num_experts_per_tok, moe_intermediate_size)",
-                self.family.model_type()
+            (None, true) => Err(Setting::new(
+                "moe",
+                format!(
+                    "family {} needs its experts: add moe (num_experts, num_experts_per_tok, moe_intermediate_size)",
+                    self.family.model_type()
+                ),
             )),
-            (Some(_), false) => Err(format!(
-                "family {} has a dense MLP: remove moe, or choose qwen3_moe or mixtral",
-                self.family.model_type()
+            (Some(_), false) => Err(Setting::new(
+                "moe",
+                format!(
+                    "family {} has a dense MLP: remove moe, or choose qwen3_moe or mixtral",
+                    self.family.model_type()
+                ),
             )),
         }
     }

@@ -237,7 +237,7 @@ pub struct Model<D: Device> {
 impl<D: Device> Model<D> {
     /// Builds the model's buffers on `dev` (the rotary tables count as params).
     pub fn new(dev: &D, cfg: LlamaConfig) -> Result<Self> {
-        cfg.validate().map_err(EngineError::Config)?;
+        cfg.validate().map_err(|e| e.under("model"))?;
         let rope = dev.rope_tables(RopeSpec {
             head_dim: cfg.head_dim(),
             theta: cfg.rope_theta,

@@ -2,7 +2,7 @@
 //! off, whose every check is expected to fail or not to run, or whose negative control has
 //! nothing that could make its checks fail, would pass while checking nothing.
 
-use super::places::{place, place_of, Places};
+use super::places::{place, Places};
 use super::SuiteFile;
 use crate::checks::Check;
 use anyhow::{bail, Result};
@@ -25,7 +25,7 @@ pub(super) fn check(path: &Path, places: &Places, file: &SuiteFile) -> Result<()
     if on.is_empty() {
         bail!(
             "{}: every check is off, so the trial would compare nothing and pass; turn at least one on (remove its `false`)",
-            place_of(path, &places.checks)
+            places.value("checks")
         );
     }
     let listed = |list: &Option<serde_saphyr::Spanned<Vec<Check>>>, c: &Check| {

@@ -10,9 +10,9 @@ use ckpt_engine::fault::Fault;
 use ckpt_engine::model::loss::LossKind;
 use ckpt_engine::optim::{AdamWConfig, Schedule};
 use ckpt_engine::parallel::Parallel;
-use ckpt_engine::{regular_file, Checkpointing, EngineError, LlamaConfig};
+use ckpt_engine::{regular_file, Checkpointing, EngineError, LlamaConfig, Setting};
 use engine::CommandEngine;
-use places::{key_path_place, location, model_error_place, place, place_of, yaml_error, Places};
+use places::{place, yaml_error, Places};
 use serde::de;
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_saphyr::{Location, Spanned};
@@ -161,10 +161,8 @@ pub struct Suite {
     pub file: SuiteFile,
     /// The engine configuration it describes.
     pub train: TrainConfig,
-    /// Where its name is written.
-    name_at: Location,
-    /// Where `training.keep_last` is written.
-    keep_last_at: Location,
+    /// Where each of its keys is written.
+    places: Places,
 }
 
 /// The checks a list names, in report order.
@@ -174,6 +172,15 @@ fn in_report_order(list: &Option<Spanned<Vec<Check>>>) -> Vec<Check> {
         .into_iter()
         .filter(|c| listed.contains(c))
         .collect()
+}
+
+/// An engine's configuration key as a suite spells it: the run's shape and data are written at
+/// the top, as the engine names them, but `accumulation` under `training`.
+fn suite_key(engine_key: &str) -> std::borrow::Cow<'_, str> {
+    match engine_key.strip_prefix("accumulation") {
+        Some(rest) => format!("training.accumulation{rest}").into(),
+        None => engine_key.into(),
+    }
 }
 
 impl Suite {
@@ -203,21 +210,21 @@ impl Suite {
     pub fn parse(path: &Path, text: &str) -> Result<Self> {
         let file: SuiteFile = serde_saphyr::from_str(text)
             .map_err(|e| anyhow::anyhow!(yaml_error(path, text, &e)))?;
-        let places = Places::of(text);
+        let places = Places::of(path, text);
         let base = path.parent().unwrap_or(Path::new("."));
         let model = match &file.model {
             ModelSpec::Inline(cfg) => cfg.clone(),
             ModelSpec::Path(p) => LlamaConfig::from_hf_file(&base.join(p)).map_err(|e| {
                 anyhow::anyhow!(
                     "{}: model: {e}; write the path of a Hugging Face config.json relative to the suite file, or the model's keys inline",
-                    place_of(path, &places.model)
+                    places.value("model")
                 )
             })?,
         };
         let problem = model.validate().err().or_else(|| {
             let longest = file.long_batch.map_or(0, |l| l.seq_len).max(file.seq_len);
             (model.max_position_embeddings == 0).then(|| {
-                format!("max_position_embeddings is 0; write max_position_embeddings: {longest} or more (the longest row the suite trains on)")
+                Setting::new("max_position_embeddings", format!("max_position_embeddings is 0; write max_position_embeddings: {longest} or more (the longest row the suite trains on)"))
             })
         });
         let problem = problem.or_else(|| {
@@ -227,7 +234,7 @@ impl Suite {
             size::too_large(&model, file.precision, cpu, capacity, host)
         });
         if let Some(m) = problem {
-            bail!("{}: model: {m}", model_error_place(path, text, &m));
+            bail!("{}: model: {m}", places.key(&format!("model.{}", m.key)));
         }
         Self::validate(path, &places, &file, &model)?;
         let t = &file.training;
@@ -281,14 +288,13 @@ impl Suite {
             path: path.to_path_buf(),
             file,
             train,
-            name_at: location(&places.name),
-            keep_last_at: location(&places.training.keep_last),
+            places,
         })
     }
 
     fn validate(path: &Path, places: &Places, file: &SuiteFile, model: &LlamaConfig) -> Result<()> {
         if let Some(engine) = &file.engine {
-            Self::validate_engine(path, places, file, engine)?;
+            Self::validate_engine(places, file, engine)?;
         }
         let t = &file.training;
         let max_steps = t.max_steps.value;
@@ -304,14 +310,14 @@ impl Suite {
         if t.extra_steps == 0 {
             bail!(
                 "{}: training.extra_steps is 0; the resume-end phase trains past max_steps and needs at least 1, e.g. extra_steps: 3",
-                place_of(path, &places.training.extra_steps)
+                places.value("training.extra_steps")
             );
         }
         let end = max_steps + t.extra_steps;
         if let Some(long) = file.long_batch.filter(|l| l.from_step >= end) {
             bail!(
                 "{}: long_batch.from_step is {}, but the run ends after step {} (max_steps + extra_steps), so no long batch would be drawn; write a from_step below {end}",
-                place_of(path, &places.long_batch.from_step),
+                places.value("long_batch.from_step"),
                 long.from_step,
                 end - 1
             );
@@ -319,37 +325,33 @@ impl Suite {
         if file.threads == 0 {
             bail!(
                 "{}: threads is 0; write the worker threads, at least 1",
-                place_of(path, &places.threads)
+                places.value("threads")
             );
         }
         if file.threads > MAX_THREADS {
             bail!(
                 "{}: threads is {}, more worker threads than any machine runs at once (each costs a stack and a start-up); write at most {MAX_THREADS}, such as the machine's cores",
-                place_of(path, &places.threads),
+                places.value("threads"),
                 file.threads
             );
         }
         if !(0.0..1.0).contains(&file.dropout) {
             bail!(
                 "{}: dropout ({}) must be at least 0 and below 1; write e.g. dropout: 0.1",
-                place_of(path, &places.dropout),
+                places.value("dropout"),
                 file.dropout
             );
         }
         let rows = [
-            (
-                "long_batch.seq_len",
-                file.long_batch.map(|l| l.seq_len),
-                &places.long_batch.seq_len,
-            ),
-            ("seq_len", Some(file.seq_len), &places.seq_len),
+            ("long_batch.seq_len", file.long_batch.map(|l| l.seq_len)),
+            ("seq_len", Some(file.seq_len)),
         ];
         let positions = model.max_position_embeddings;
-        for (key, len, at) in rows {
+        for (key, len) in rows {
             if let Some(len) = len.filter(|&l| l > positions) {
                 bail!(
                     "{}: {key} ({len}) exceeds the model's max_position_embeddings ({positions}); write seq_len: {positions} or less, or max_position_embeddings: {len} or more",
-                    place_of(path, at)
+                    places.value(key)
                 );
             }
         }
@@ -388,7 +390,7 @@ impl Suite {
         if !file.faults.is_empty() && expect.is_none_or(|e| e.value.is_empty()) {
             bail!(
                 "{}: faults are injected but expect_fail is empty; list the checks the faults must fail, e.g. expect_fail: [loss_continuity]",
-                place_of(path, &places.faults)
+                places.value("faults")
             );
         }
         let lists = [
@@ -427,34 +429,29 @@ impl Suite {
         expectations::check(path, places, file)
     }
 
-    /// Checks `training.resume_from`: every step between 1 and `max_steps - 1`, a list not
-    /// empty and strictly increasing; the error names the step's place.
     /// A suite whose phases another trainer runs: a command that can run, and none of the
     /// built-in engine's own settings that the command would silently ignore.
-    fn validate_engine(
-        path: &Path,
-        places: &Places,
-        file: &SuiteFile,
-        engine: &CommandEngine,
-    ) -> Result<()> {
+    fn validate_engine(places: &Places, file: &SuiteFile, engine: &CommandEngine) -> Result<()> {
         if let Some(problem) = engine.problem() {
-            bail!("{}: {problem}", place_of(path, &places.engine));
+            bail!("{}: {problem}", places.value("engine"));
         }
         if !file.faults.is_empty() {
             bail!(
                 "{}: faults are the built-in engine's, and engine.command runs another trainer; give the command the fault to inject instead (an argument or an environment variable)",
-                place_of(path, &places.faults)
+                places.value("faults")
             );
         }
         if file.parallel.is_some() {
             bail!(
                 "{}: parallel sets the built-in engine's ranks, and engine.command runs another trainer, one process per phase; remove parallel",
-                place_of(path, &places.engine)
+                places.value("engine")
             );
         }
         Ok(())
     }
 
+    /// Checks `training.resume_from`: every step between 1 and `max_steps - 1`, a list not
+    /// empty and strictly increasing; the error names the step's place.
     fn validate_resume_from(path: &Path, r: &Spanned<ResumeFrom>, max_steps: u64) -> Result<()> {
         let steps: Vec<(u64, Location)> = match &r.value {
             ResumeFrom::Step(step) => vec![(*step, r.referenced)],
@@ -516,7 +513,7 @@ impl Suite {
         if (keep as u64) < saves {
             bail!(
                 "{}: training.keep_last ({keep}) would delete the checkpoint of step {from}, which resume-mid loads: the reference saves {saves} times from step {from} to step {end}; write keep_last: {saves} or more",
-                place(&self.path, self.keep_last_at)
+                self.places.value("training.keep_last")
             );
         }
         Ok(())
@@ -524,7 +521,7 @@ impl Suite {
 
     /// `file:line:column` of its name.
     pub fn name_place(&self) -> String {
-        place(&self.path, self.name_at)
+        self.places.value("name")
     }
 
     /// Checks what the engine would refuse when this suite's trainer starts, without allocating
@@ -535,16 +532,7 @@ impl Suite {
             return Ok(());
         };
         let at = match &e {
-            EngineError::Config(message) => {
-                let text = regular_file::read(&self.path, SUITE_FILE).unwrap_or_default();
-                let text = String::from_utf8_lossy(&text);
-                let key = message
-                    .split(' ')
-                    .next()
-                    .unwrap_or_default()
-                    .trim_end_matches(':');
-                key_path_place(&self.path, &text, key)
-            }
+            EngineError::Setting(s) => self.places.key(&suite_key(&s.key)),
             _ => self.path.display().to_string(),
         };
         bail!("{at}: {e}")
@@ -1106,5 +1094,178 @@ expect_fail: [state_digest, loss_continuity]
         let e = error("checks: {golden: false}\nexpect_fail: [golden]\n");
         assert!(e.starts_with("s.yaml:10:14:"), "{e}");
         assert!(e.contains("turns off"), "{e}");
+    }
+
+    /// A suite that writes every key the engine validates, each on a line of its own.
+    const EVERY_KEY: &str = "name: t
+model:
+  vocab_size: 64
+  hidden_size: 32
+  intermediate_size: 64
+  num_hidden_layers: 2
+  num_attention_heads: 4
+  num_key_value_heads: 4
+  max_position_embeddings: 64
+  sliding_window: 64
+init: {kind: random, seed: 1, std: 0.1}
+data: {kind: synthetic, seed: 1, samples: 64, min_len: 4}
+batch_size: 2
+seq_len: 16
+dropout: 0.1
+long_batch: {from_step: 9, seq_len: 32}
+optimizer: {lr: 0.001, betas: [0.9, 0.95], eps: 1.0e-8, weight_decay: 0.1, grad_clip: 1.0}
+schedule: {warmup_steps: 1, min_lr_ratio: 0.1}
+loss: {kind: chunked, chunk_tokens: 8}
+training:
+  max_steps: 8
+  accumulation: 2
+parallel: {world_size: 2}
+";
+
+    /// The key written at the `file:line:column` an error starts with, in `text`.
+    fn key_at(text: &str, error: &str) -> String {
+        let mut parts = error.splitn(4, ':');
+        let (_, line, column) = (parts.next(), parts.next(), parts.next());
+        let line: usize = line
+            .and_then(|l| l.parse().ok())
+            .unwrap_or_else(|| panic!("{error}"));
+        let column: usize = column
+            .and_then(|c| c.parse().ok())
+            .unwrap_or_else(|| panic!("{error}"));
+        let at: String = text
+            .lines()
+            .nth(line - 1)
+            .unwrap()
+            .chars()
+            .skip(column - 1)
+            .collect();
+        at.split(':').next().unwrap().to_string()
+    }
+
+    /// Every refusal of the engine's `TrainConfig::validate`, and of the model's shape when the
+    /// suite is read, is placed at the key that holds the refused value: looked up by the key
+    /// the error carries, whatever its message says.
+    #[test]
+    fn every_refusal_of_the_engine_is_placed_at_its_key() {
+        let suite = Suite::parse(Path::new("s.yaml"), EVERY_KEY).unwrap();
+        suite.check_run().unwrap();
+        type Breaks = fn(&mut TrainConfig);
+        let cases: Vec<(&str, Breaks)> = vec![
+            ("lr", |r| r.optimizer.lr = -1.0),
+            ("eps", |r| r.optimizer.eps = 0.0),
+            ("weight_decay", |r| r.optimizer.weight_decay = f64::NAN),
+            ("betas", |r| r.optimizer.betas = [0.9, 1.5]),
+            ("grad_clip", |r| r.optimizer.grad_clip = Some(-1.0)),
+            ("min_lr_ratio", |r| {
+                r.schedule = Schedule::WarmupCosine {
+                    warmup_steps: 1,
+                    horizon: 8,
+                    min_lr_ratio: 2.0,
+                }
+            }),
+            ("chunk_tokens", |r| {
+                r.loss = LossKind::Chunked { chunk_tokens: 0 }
+            }),
+            ("batch_size", |r| r.batch_size = 0),
+            ("accumulation", |r| r.accumulation = 0),
+            ("world_size", |r| r.parallel.world_size = 0),
+            ("world_size", |r| r.parallel.world_size = 3),
+            ("seq_len", |r| r.seq_len = 65),
+            ("seq_len", |r| {
+                r.long_batch = Some(LongBatch {
+                    from_step: 9,
+                    seq_len: 0,
+                })
+            }),
+            ("sliding_window", |r| r.model.sliding_window = Some(4)),
+            ("dropout", |r| r.dropout = 1.0),
+            ("std", |r| r.init = Init::Random { seed: 1, std: 0.0 }),
+            ("min_len", |r| {
+                r.data = DataConfig::Synthetic {
+                    seed: 1,
+                    samples: 64,
+                    branching: 2,
+                    min_len: Some(99),
+                }
+            }),
+            ("samples", |r| {
+                r.data = DataConfig::Synthetic {
+                    seed: 1,
+                    samples: 0,
+                    branching: 2,
+                    min_len: None,
+                }
+            }),
+            ("vocab_size", |r| r.model.vocab_size = 0),
+            ("num_key_value_heads", |r| r.model.num_key_value_heads = 3),
+            ("model", |r| r.model.rope_theta = -1.0),
+        ];
+        for (key, break_it) in cases {
+            let mut broken = suite.clone();
+            break_it(&mut broken.train);
+            let e = format!("{:#}", broken.check_run().unwrap_err());
+            assert!(
+                e.starts_with("s.yaml:") && e.contains("invalid configuration"),
+                "{e}"
+            );
+            assert_eq!(key_at(EVERY_KEY, &e), key, "{e}");
+        }
+        let written = [
+            (
+                "init: {kind: random, seed: 1, std: 0.1}",
+                "init: {kind: hf_dir, path: nope}",
+                "path",
+            ),
+            (
+                "data: {kind: synthetic, seed: 1, samples: 64, min_len: 4}",
+                "data: {kind: token_file, path: nope.bin, dtype: u16}",
+                "path",
+            ),
+            ("lr: 0.001", "lr: .nan", "lr"),
+            ("weight_decay: 0.1", "weight_decay: -.inf", "weight_decay"),
+        ];
+        for (from, to, key) in written {
+            assert!(EVERY_KEY.contains(from), "{from}");
+            let text = EVERY_KEY.replace(from, to);
+            let e = format!(
+                "{:#}",
+                Suite::parse(Path::new("s.yaml"), &text)
+                    .unwrap()
+                    .check_run()
+                    .unwrap_err()
+            );
+            assert_eq!(key_at(&text, &e), key, "{e}");
+        }
+        let shapes = [
+            (
+                "  num_key_value_heads: 4\n",
+                "  num_key_value_heads: 3\n",
+                "num_key_value_heads",
+            ),
+            (
+                "  sliding_window: 64\n",
+                "  sliding_window: 64\n  head_dim: 0\n",
+                "head_dim",
+            ),
+            (
+                "  sliding_window: 64\n",
+                "  sliding_window: 64\n  rope_theta: -1\n",
+                "rope_theta",
+            ),
+            (
+                "  max_position_embeddings: 64\n",
+                "  max_position_embeddings: 0\n",
+                "max_position_embeddings",
+            ),
+        ];
+        for (from, to, key) in shapes {
+            let text = EVERY_KEY.replace(from, to);
+            let e = format!(
+                "{:#}",
+                Suite::parse(Path::new("s.yaml"), &text).unwrap_err()
+            );
+            assert!(e.contains(": model: "), "{e}");
+            assert_eq!(key_at(&text, &e), key, "{e}");
+        }
     }
 }

@@ -1,6 +1,6 @@
 //! `parallel:` in a suite: how many ranks each phase runs on and what they shard.
 
-use super::places::{place, place_of, Places};
+use super::places::{place, Places};
 use anyhow::{bail, Result};
 use ckpt_engine::parallel::{Checkpoints, Shard, Transport};
 use serde::Deserialize;
@@ -63,7 +63,7 @@ impl ParallelSpec {
         accumulation: usize,
         resumes: usize,
     ) -> Result<()> {
-        let at_world = place_of(path, &places.parallel.world_size);
+        let at_world = places.value("parallel.world_size");
         divides(
             &at_world,
             "parallel.world_size",

@@ -1,15 +1,16 @@
-//! Where things are in a suite file, for errors: `file:line:column` of the keys validated after
-//! parsing, of an inline model's keys, and of the YAML library's own errors, worded for a
+//! Where things are in a suite file, for errors: `file:line:column` of every key and its value,
+//! recorded when the suite is parsed, for what is validated after parsing (the engine's
+//! refusals included, which name their key); and the YAML library's own errors, worded for a
 //! suite's author.
 
-use serde::de::IgnoredAny;
-use serde::Deserialize;
-use serde_saphyr::{DefaultMessageFormatter, Location, MessageFormatter, Spanned};
+use serde::de::{MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer};
+use serde_saphyr::{
+    DefaultMessageFormatter, Location, MessageFormatter, NonFiniteFloatPolicy, Spanned,
+};
 use std::collections::BTreeMap;
-use std::path::Path;
-
-/// A key's value and where it is written.
-type Place = Option<Spanned<IgnoredAny>>;
+use std::fmt;
+use std::path::{Path, PathBuf};
 
 /// `file:line:column`, or the file alone when the place is unknown.
 pub fn place(path: &Path, loc: Location) -> String {
@@ -38,141 +39,163 @@ pub fn utf8_text(path: &Path, bytes: Vec<u8>) -> Result<String, String> {
     })
 }
 
-/// Where `key` is, or the file alone when it is not written.
-pub fn place_of(path: &Path, key: &Place) -> String {
-    place(path, location(key))
-}
-
-/// Where `key` is, if it is written.
-pub fn location(key: &Place) -> Location {
-    key.as_ref().map_or(Location::UNKNOWN, |k| k.referenced)
-}
-
-/// Where keys validated after parsing are written: a second, lenient pass over the text.
-#[derive(Default, Deserialize)]
+/// Where every key of a suite file is written, read once when the suite is parsed: each key by
+/// its path (`training.keep_last`; a list's item as `optimizer.betas[1]`), with the place of
+/// the key and of its value. Errors found after parsing, the engine's included, are placed by
+/// looking their key up here, never by searching the text.
+#[derive(Clone, Debug, Default)]
 pub struct Places {
-    /// `name`.
-    #[serde(default)]
-    pub name: Place,
-    /// `model`.
-    #[serde(default)]
-    pub model: Place,
-    /// `seq_len`.
-    #[serde(default)]
-    pub seq_len: Place,
-    /// `dropout`.
-    #[serde(default)]
-    pub dropout: Place,
-    /// `faults`.
-    #[serde(default)]
-    pub faults: Place,
-    /// `engine`.
-    #[serde(default)]
-    pub engine: Place,
-    /// `checks`.
-    #[serde(default)]
-    pub checks: Place,
-    /// `threads`.
-    #[serde(default)]
-    pub threads: Place,
-    /// Keys under `long_batch`.
-    #[serde(default)]
-    pub long_batch: LongBatchPlaces,
-    /// Keys under `training`.
-    #[serde(default)]
-    pub training: TrainingPlaces,
-    /// Keys under `parallel`.
-    #[serde(default)]
-    pub parallel: ParallelPlaces,
+    file: PathBuf,
+    keys: BTreeMap<String, Spot>,
 }
 
-/// Where keys under `parallel:` are written.
-#[derive(Default, Deserialize)]
-pub struct ParallelPlaces {
-    /// `parallel.world_size`.
-    #[serde(default)]
-    pub world_size: Place,
-}
-
-/// Where keys under `long_batch:` are written.
-#[derive(Default, Deserialize)]
-pub struct LongBatchPlaces {
-    /// `long_batch.seq_len`.
-    #[serde(default)]
-    pub seq_len: Place,
-    /// `long_batch.from_step`.
-    #[serde(default)]
-    pub from_step: Place,
-}
-
-/// Where keys under `training:` are written.
-#[derive(Default, Deserialize)]
-pub struct TrainingPlaces {
-    /// `training.keep_last`.
-    #[serde(default)]
-    pub keep_last: Place,
-    /// `training.extra_steps`.
-    #[serde(default)]
-    pub extra_steps: Place,
+/// Where a key and its value are written; a list's item has no key of its own.
+#[derive(Clone, Copy, Debug)]
+struct Spot {
+    key: Option<Location>,
+    value: Location,
 }
 
 impl Places {
-    /// The places in `text`; none when it cannot be read so.
-    pub fn of(text: &str) -> Self {
-        serde_saphyr::from_str(text).unwrap_or_default()
-    }
-}
-
-/// Where the inline model's keys are, to point model errors at the key they name.
-#[derive(Deserialize)]
-struct ModelKeys {
-    model: BTreeMap<String, Spanned<IgnoredAny>>,
-}
-
-/// Where a model error about `message` belongs: the inline model key it names first, else the
-/// `model` key.
-pub fn model_error_place(path: &Path, text: &str, message: &str) -> String {
-    if let Ok(keys) = serde_saphyr::from_str::<ModelKeys>(text) {
-        let named = keys
-            .model
-            .iter()
-            .filter_map(|(k, v)| message.find(k.as_str()).map(|at| (at, v.referenced)))
-            .min_by_key(|(at, _)| *at);
-        if let Some((_, loc)) = named {
-            return place(path, loc);
+    /// The places of the keys in `text`, read from `file`; none where `text` cannot be read so
+    /// (the suite's own parse says why).
+    pub fn of(file: &Path, text: &str) -> Self {
+        let mut keys = BTreeMap::new();
+        // A NaN or an infinity is a value like any other here; the suite's own parse reads it.
+        let options = serde_saphyr::options! {
+            non_finite_float_policy: NonFiniteFloatPolicy::PassThrough,
+        };
+        if let Ok(root) = serde_saphyr::from_str_with_options::<Node>(text, options) {
+            root.flatten("", &mut keys);
+        }
+        Places {
+            file: file.to_path_buf(),
+            keys,
         }
     }
-    place_of(path, &Places::of(text).model)
+
+    /// `file:line:column` of the value of `key`, or of the nearest key above it that is
+    /// written (`optimizer.betas[1]`, `optimizer.betas`, then `optimizer`); the file alone
+    /// when none is.
+    pub fn value(&self, key: &str) -> String {
+        self.nearest(key, |spot| Some(spot.value))
+    }
+
+    /// `file:line:column` of `key` itself, or of the nearest key above it that is written (a
+    /// list's item is placed at its list's key); the file alone when none is.
+    pub fn key(&self, key: &str) -> String {
+        self.nearest(key, |spot| spot.key)
+    }
+
+    fn nearest(&self, key: &str, at: impl Fn(&Spot) -> Option<Location>) -> String {
+        let mut path = key;
+        loop {
+            if let Some(loc) = self.keys.get(path).and_then(&at) {
+                return place(&self.file, loc);
+            }
+            match path.rfind(['.', '[']) {
+                Some(end) => path = &path[..end],
+                None => return self.file.display().to_string(),
+            }
+        }
+    }
 }
 
-/// Where the key `path` (`optimizer.lr`, `optimizer.betas[1]`, as the engine's messages name
-/// keys) is written: its first part at the start of a line, each next part after it; the file
-/// alone when it cannot be found.
-pub fn key_path_place(path: &Path, text: &str, key: &str) -> String {
-    let is_key_char = |c: char| c.is_alphanumeric() || c == '_';
-    let find = |from: usize, part: &str, line_start: bool| {
-        text[from..]
-            .match_indices(&format!("{part}:"))
-            .map(|(at, _)| from + at)
-            .find(|&at| {
-                let before = text[..at].chars().next_back();
-                match line_start {
-                    true => before.is_none_or(|c| c == '\n'),
-                    false => !before.is_some_and(is_key_char),
-                }
-            })
-    };
-    let mut parts = key.split('.').map(|p| p.split('[').next().unwrap_or(p));
-    let mut at = parts.next().and_then(|first| find(0, first, true));
-    for part in parts {
-        at = at.and_then(|from| find(from, part, false));
+/// A YAML node's keys (or a list's items), each with where it is written, for [`Places`].
+#[derive(Default)]
+struct Node(Vec<(String, Option<Location>, Spanned<Node>)>);
+
+impl Node {
+    /// Every key below this node, by its path after `prefix`, into `keys`.
+    fn flatten(self, prefix: &str, keys: &mut BTreeMap<String, Spot>) {
+        for (part, key, value) in self.0 {
+            let path = match (prefix.is_empty(), part.starts_with('[')) {
+                (true, _) | (false, true) => format!("{prefix}{part}"),
+                (false, false) => format!("{prefix}.{part}"),
+            };
+            let spot = Spot {
+                key,
+                value: value.referenced,
+            };
+            keys.insert(path.clone(), spot);
+            value.value.flatten(&path, keys);
+        }
     }
-    let Some(at) = at else {
-        return path.display().to_string();
-    };
-    let line = text[..at].matches('\n').count() + 1;
-    let column = text[..at].rfind('\n').map_or(at, |nl| at - nl - 1) + 1;
-    format!("{}:{line}:{column}", path.display())
+}
+
+impl<'de> Deserialize<'de> for Node {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct NodeVisitor;
+        impl<'de> Visitor<'de> for NodeVisitor {
+            type Value = Node;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any YAML value")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Node, A::Error> {
+                let mut parts = Vec::new();
+                while let Some(key) = map.next_key::<Spanned<String>>()? {
+                    let value = map.next_value::<Spanned<Node>>()?;
+                    parts.push((key.value, Some(key.referenced), value));
+                }
+                Ok(Node(parts))
+            }
+
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Node, A::Error> {
+                let mut parts = Vec::new();
+                while let Some(item) = seq.next_element::<Spanned<Node>>()? {
+                    parts.push((format!("[{}]", parts.len()), None, item));
+                }
+                Ok(Node(parts))
+            }
+
+            fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Node, D::Error> {
+                Node::deserialize(d)
+            }
+
+            fn visit_bool<E>(self, _: bool) -> Result<Node, E> {
+                Ok(Node::default())
+            }
+
+            fn visit_i64<E>(self, _: i64) -> Result<Node, E> {
+                Ok(Node::default())
+            }
+
+            fn visit_i128<E>(self, _: i128) -> Result<Node, E> {
+                Ok(Node::default())
+            }
+
+            fn visit_u64<E>(self, _: u64) -> Result<Node, E> {
+                Ok(Node::default())
+            }
+
+            fn visit_u128<E>(self, _: u128) -> Result<Node, E> {
+                Ok(Node::default())
+            }
+
+            fn visit_f64<E>(self, _: f64) -> Result<Node, E> {
+                Ok(Node::default())
+            }
+
+            fn visit_str<E>(self, _: &str) -> Result<Node, E> {
+                Ok(Node::default())
+            }
+
+            fn visit_bytes<E>(self, _: &[u8]) -> Result<Node, E> {
+                Ok(Node::default())
+            }
+
+            fn visit_none<E>(self) -> Result<Node, E> {
+                Ok(Node::default())
+            }
+
+            fn visit_unit<E>(self) -> Result<Node, E> {
+                Ok(Node::default())
+            }
+        }
+        d.deserialize_any(NodeVisitor)
+    }
 }
 
 /// The key written just before the value at `loc` on its line: `key: value`, or

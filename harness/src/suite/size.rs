@@ -3,7 +3,7 @@
 //! holds, from its shape alone, against the memory it would run in.
 
 use ckpt_engine::memory::human_bytes;
-use ckpt_engine::{LlamaConfig, Precision};
+use ckpt_engine::{LlamaConfig, Precision, Setting};
 
 /// Bytes the engine's tables of a model's tensors (names, shapes, where each projection lives)
 /// hold per layer at least, on the host whatever the device.
@@ -19,14 +19,17 @@ pub fn too_large(
     cpu: bool,
     capacity: Option<u64>,
     host: Option<u64>,
-) -> Option<String> {
+) -> Option<Setting> {
     let layers = model.num_hidden_layers as u128;
     let tables = layers * TABLE_BYTES_PER_LAYER;
     if let Some(host) = host.filter(|&h| tables > h as u128) {
-        return Some(format!(
-            "num_hidden_layers is {layers}: the engine's tables of its tensors alone take at least {} on the host, which has {} available; write fewer layers",
-            human(tables),
-            human_bytes(host)
+        return Some(Setting::new(
+            "num_hidden_layers",
+            format!(
+                "num_hidden_layers is {layers}: the engine's tables of its tensors alone take at least {} on the host, which has {} available; write fewer layers",
+                human(tables),
+                human_bytes(host)
+            ),
         ));
     }
     let limit = host.filter(|_| cpu && capacity.is_none())?;
@@ -48,17 +51,29 @@ pub fn too_large(
     if weights <= limit as u128 {
         return None;
     }
-    let key = if embedding >= layers * per_layer {
-        format!("vocab_size is {v} and hidden_size {h}")
+    let (key, sizes) = if embedding >= layers * per_layer {
+        (
+            "vocab_size",
+            format!("vocab_size is {v} and hidden_size {h}"),
+        )
     } else if h > layers {
-        format!("hidden_size is {h} and num_hidden_layers {layers}")
+        (
+            "hidden_size",
+            format!("hidden_size is {h} and num_hidden_layers {layers}"),
+        )
     } else {
-        format!("num_hidden_layers is {layers} and hidden_size {h}")
+        (
+            "num_hidden_layers",
+            format!("num_hidden_layers is {layers} and hidden_size {h}"),
+        )
     };
-    Some(format!(
-        "{key}: its weights alone take at least {} ({params} parameters at {per_param} bytes), more than the {} of host memory the CPU device may use; write a smaller model",
-        human(weights),
-        human_bytes(limit)
+    Some(Setting::new(
+        key,
+        format!(
+            "{sizes}: its weights alone take at least {} ({params} parameters at {per_param} bytes), more than the {} of host memory the CPU device may use; write a smaller model",
+            human(weights),
+            human_bytes(limit)
+        ),
     ))
 }
 
@@ -94,6 +109,8 @@ mod tests {
     fn a_model_whose_tables_exceed_the_host_is_refused_at_its_layers() {
         let m = model(100_000_000, 32, 64);
         let e = too_large(&m, Precision::Fp32, false, None, Some(1 << 30)).unwrap();
+        assert_eq!(e.key, "num_hidden_layers");
+        let e = e.message;
         assert!(
             e.starts_with("num_hidden_layers is 100000000: the engine's tables of its tensors alone take at least 23.8 GiB on the host, which has 1.0 GiB available"),
             "{e}"
@@ -105,6 +122,8 @@ mod tests {
         let host = Some(1 << 30);
         let deep = model(1_000_000, 32, 64);
         let e = too_large(&deep, Precision::Fp32, true, None, host).unwrap();
+        assert_eq!(e.key, "num_hidden_layers");
+        let e = e.message;
         assert!(
             e.starts_with(
                 "num_hidden_layers is 1000000 and hidden_size 32: its weights alone take at least"
@@ -113,6 +132,8 @@ mod tests {
         );
         let wide = model(2, 32, 100_000_000);
         let e = too_large(&wide, Precision::Bf16Mixed, true, None, host).unwrap();
+        assert_eq!(e.key, "vocab_size");
+        let e = e.message;
         assert!(e.starts_with("vocab_size is 100000000 and hidden_size 32: its weights alone take at least 17.9 GiB (3200"), "{e}");
         assert!(
             e.contains("at 6 bytes), more than the 1.0 GiB of host memory"),
