@@ -124,6 +124,45 @@ fn require(ok: bool, key: &str, message: impl FnOnce() -> String) -> Result<()> 
 }
 
 impl TrainConfig {
+    /// A run of `model` on `batch_size` rows of `seq_len` tokens: seeded random weights (seed 0,
+    /// std 0.02) in fp32, AdamW (lr 1e-3, betas 0.9 and 0.95, ε 1e-8, weight decay 0.1, the
+    /// gradient norm clipped at 1) at a constant learning rate, the synthetic data (seed 0, 4096
+    /// samples of 4 likely successors a token, full rows, unshuffled), one micro-batch a step,
+    /// no activation checkpointing, the standard loss, no dropout, long batches or faults, one
+    /// rank. Every run built in code (tests, benches, fuzz targets, `estimate`'s flags) starts
+    /// here and changes what it needs, so that a new setting is added in one place.
+    pub fn new(model: LlamaConfig, batch_size: usize, seq_len: usize) -> Self {
+        TrainConfig {
+            model,
+            init: Init::Random { seed: 0, std: 0.02 },
+            precision: Precision::Fp32,
+            optimizer: AdamWConfig {
+                lr: 1e-3,
+                betas: [0.9, 0.95],
+                eps: 1e-8,
+                weight_decay: 0.1,
+                grad_clip: Some(1.0),
+            },
+            schedule: Schedule::Constant,
+            data: DataConfig::Synthetic {
+                seed: 0,
+                samples: 4096,
+                branching: 4,
+                min_len: None,
+            },
+            batch_size,
+            accumulation: 1,
+            seq_len,
+            shuffle_seed: 0,
+            checkpointing: Checkpointing::None,
+            loss: LossKind::Standard,
+            dropout: 0.0,
+            long_batch: None,
+            faults: Faults::default(),
+            parallel: Parallel::default(),
+        }
+    }
+
     /// What a checkpoint must share with a run to resume it: everything that changes the
     /// numbers (model, precision, optimizer, schedule, data, batch shape, accumulation, dropout,
     /// long batches), not how memory is managed (checkpointing, loss chunking) nor where the
@@ -324,31 +363,6 @@ mod tests {
 
     fn run() -> TrainConfig {
         TrainConfig {
-            model: LlamaConfig {
-                vocab_size: 32,
-                hidden_size: 8,
-                intermediate_size: 16,
-                num_hidden_layers: 1,
-                num_attention_heads: 2,
-                num_key_value_heads: 1,
-                head_dim: None,
-                rms_norm_eps: 1e-5,
-                rope_theta: 10000.0,
-                tie_word_embeddings: false,
-                max_position_embeddings: 16,
-                family: Default::default(),
-                sliding_window: None,
-                moe: None,
-            },
-            init: Init::Random { seed: 0, std: 0.02 },
-            precision: Precision::Fp32,
-            optimizer: AdamWConfig {
-                lr: 1e-3,
-                betas: [0.9, 0.95],
-                eps: 1e-8,
-                weight_decay: 0.1,
-                grad_clip: Some(1.0),
-            },
             schedule: Schedule::WarmupCosine {
                 warmup_steps: 1,
                 horizon: 4,
@@ -360,16 +374,14 @@ mod tests {
                 branching: 2,
                 min_len: None,
             },
-            batch_size: 2,
-            accumulation: 1,
-            seq_len: 8,
-            shuffle_seed: 0,
-            checkpointing: Checkpointing::None,
-            loss: LossKind::Standard,
-            dropout: 0.0,
-            long_batch: None,
-            faults: Faults::default(),
-            parallel: Default::default(),
+            ..TrainConfig::new(
+                LlamaConfig {
+                    max_position_embeddings: 16,
+                    ..LlamaConfig::new(32, 8, 16, 1, 2, 1)
+                },
+                2,
+                8,
+            )
         }
     }
 

@@ -566,59 +566,32 @@ fn anatomy(cfg: &EstimateConfig, seq: usize) -> Anatomy {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Init;
     use crate::data::{DataConfig, LongBatch};
     use crate::model::config::MoeConfig;
     use crate::model::loss::LossKind;
     use crate::model::{Family, LlamaConfig};
-    use crate::optim::{AdamWConfig, Schedule};
+
     use crate::parallel::Shard;
 
     fn config(checkpointing: Checkpointing, precision: Precision) -> EstimateConfig {
-        let run = TrainConfig {
-            model: LlamaConfig {
-                vocab_size: 50,
-                hidden_size: 24,
-                intermediate_size: 40,
-                num_hidden_layers: 3,
-                num_attention_heads: 6,
-                num_key_value_heads: 2,
-                head_dim: None,
-                rms_norm_eps: 1e-5,
-                rope_theta: 10000.0,
-                tie_word_embeddings: false,
-                max_position_embeddings: 8,
-                family: Default::default(),
-                sliding_window: None,
-                moe: None,
-            },
-            init: Init::Random { seed: 0, std: 0.02 },
+        let model = LlamaConfig {
+            max_position_embeddings: 8,
+            ..LlamaConfig::new(50, 24, 40, 3, 6, 2)
+        };
+        let mut run = TrainConfig {
             precision,
-            optimizer: AdamWConfig {
-                lr: 1e-3,
-                betas: [0.9, 0.95],
-                eps: 1e-8,
-                weight_decay: 0.0,
-                grad_clip: None,
-            },
-            schedule: Schedule::Constant,
             data: DataConfig::Synthetic {
                 seed: 0,
                 samples: 16,
                 branching: 2,
                 min_len: None,
             },
-            batch_size: 2,
-            accumulation: 1,
-            seq_len: 5,
-            shuffle_seed: 0,
             checkpointing,
             loss: LossKind::Chunked { chunk_tokens: 3 },
-            dropout: 0.0,
-            long_batch: None,
-            faults: Default::default(),
-            parallel: Default::default(),
+            ..TrainConfig::new(model, 2, 5)
         };
+        run.optimizer.weight_decay = 0.0;
+        run.optimizer.grad_clip = None;
         EstimateConfig::from_train(&run, Like::Cpu { threads: 2 })
     }
 

@@ -82,19 +82,11 @@ fn cases() -> impl Strategy<Value = Case> {
                     other => (other.unwrap_or(4), Some(head_dim)),
                 };
                 let cfg = LlamaConfig {
-                    vocab_size: vocab,
-                    hidden_size: hidden,
-                    intermediate_size: ffn,
-                    num_hidden_layers: layers,
-                    num_attention_heads: heads,
-                    num_key_value_heads: kv,
                     head_dim,
                     rms_norm_eps: 1e-2,
-                    rope_theta: 10000.0,
                     tie_word_embeddings: tied,
                     max_position_embeddings: 16,
                     family,
-                    sliding_window: None,
                     // A coefficient large enough that the load-balancing loss's gradient shows.
                     moe: family.moe().then(|| MoeConfig {
                         num_experts: experts,
@@ -108,6 +100,7 @@ fn cases() -> impl Strategy<Value = Case> {
                         decoder_sparse_step: 1,
                         mlp_only_layers: vec![],
                     }),
+                    ..LlamaConfig::new(vocab, hidden, ffn, layers, heads, kv)
                 };
                 let rows = batch * seq;
                 let label = prop_oneof![3 => 0..vocab as i64, 1 => Just(IGNORE_INDEX)];

@@ -12,7 +12,6 @@ use ckpt_engine::estimate::{
 use ckpt_engine::model::config::MoeConfig;
 use ckpt_engine::model::loss::{counted, LossKind, IGNORE_INDEX};
 use ckpt_engine::model::{weights, Family, Group, PassConfig, PassHooks, StepShare};
-use ckpt_engine::optim::{AdamWConfig, Schedule};
 use ckpt_engine::parallel::{Parallel, Shard};
 use ckpt_engine::state::rounded;
 use ckpt_engine::{
@@ -32,20 +31,8 @@ const POLICIES: [Checkpointing; 3] = [
 
 fn tiny() -> LlamaConfig {
     LlamaConfig {
-        vocab_size: 37,
-        hidden_size: 16,
-        intermediate_size: 24,
-        num_hidden_layers: 3,
-        num_attention_heads: 4,
-        num_key_value_heads: 2,
-        head_dim: None,
-        rms_norm_eps: 1e-5,
-        rope_theta: 10000.0,
-        tie_word_embeddings: false,
         max_position_embeddings: 16,
-        family: Default::default(),
-        sliding_window: None,
-        moe: None,
+        ..LlamaConfig::new(37, 16, 24, 3, 4, 2)
     }
 }
 
@@ -419,42 +406,22 @@ fn case() -> impl Strategy<Value = Case> {
             });
             let heads = kv * group;
             let model = LlamaConfig {
-                vocab_size: vocab,
-                hidden_size: heads * 2 * half,
-                intermediate_size: ffn,
-                num_hidden_layers: layers,
-                num_attention_heads: heads,
-                num_key_value_heads: kv,
-                head_dim: None,
-                rms_norm_eps: 1e-5,
-                rope_theta: 10000.0,
                 tie_word_embeddings: tied,
                 max_position_embeddings: seq + extra,
                 family,
-                sliding_window: None,
                 moe,
+                ..LlamaConfig::new(vocab, heads * 2 * half, ffn, layers, heads, kv)
             };
-            let train = TrainConfig {
-                model,
+            let mut train = TrainConfig {
                 init: Init::Random { seed, std: 0.05 },
                 precision,
-                optimizer: AdamWConfig {
-                    lr: 1e-2,
-                    betas: [0.9, 0.95],
-                    eps: 1e-8,
-                    weight_decay: 0.1,
-                    grad_clip: Some(1.0),
-                },
-                schedule: Schedule::Constant,
                 data: DataConfig::Synthetic {
                     seed,
                     samples: 16,
                     branching: 2,
                     min_len: Some(1),
                 },
-                batch_size: rows,
                 accumulation,
-                seq_len: seq,
                 shuffle_seed: seed,
                 checkpointing,
                 loss,
@@ -463,9 +430,9 @@ fn case() -> impl Strategy<Value = Case> {
                     from_step,
                     seq_len: seq + more.min(extra),
                 }),
-                faults: Default::default(),
-                parallel: Default::default(),
+                ..TrainConfig::new(model, rows, seq)
             };
+            train.optimizer.lr = 1e-2;
             Case { train, threads }
         },
     )

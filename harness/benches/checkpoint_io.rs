@@ -30,11 +30,10 @@
 //! resume point) is timed in turn with one sha256 stream over the same tensors' bytes
 //! (`state_digest_vs_one_sha256_stream`: above 1 where its tensors are hashed on several cores).
 
-use ckpt_engine::config::{Init, Precision, TrainConfig};
+use ckpt_engine::config::TrainConfig;
 use ckpt_engine::data::DataConfig;
-use ckpt_engine::optim::{AdamWConfig, Schedule};
 use ckpt_engine::parallel::{Parallel, Shard};
-use ckpt_engine::{Checkpointing, CpuDevice, LlamaConfig, Trainer};
+use ckpt_engine::{CpuDevice, LlamaConfig, Trainer};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -264,50 +263,27 @@ fn main() {
     // `cargo bench` passes --bench; `cargo test --benches` passes nothing: run small then.
     let quick = !std::env::args().any(|a| a == "--bench");
     let hidden = env("CKPT_BENCH_HIDDEN", if quick { 64 } else { 512 });
-    let cfg = TrainConfig {
-        model: LlamaConfig {
-            vocab_size: env("CKPT_BENCH_VOCAB", if quick { 256 } else { 32000 }),
-            hidden_size: hidden,
-            intermediate_size: hidden * 8 / 3,
-            num_hidden_layers: env("CKPT_BENCH_LAYERS", if quick { 2 } else { 8 }),
-            num_attention_heads: 8,
-            num_key_value_heads: 4,
-            head_dim: None,
-            rms_norm_eps: 1e-5,
-            rope_theta: 10000.0,
-            tie_word_embeddings: false,
-            max_position_embeddings: 64,
-            family: Default::default(),
-            sliding_window: None,
-            moe: None,
-        },
-        init: Init::Random { seed: 0, std: 0.02 },
-        precision: Precision::Fp32,
-        optimizer: AdamWConfig {
-            lr: 1e-3,
-            betas: [0.9, 0.95],
-            eps: 1e-8,
-            weight_decay: 0.1,
-            grad_clip: None,
-        },
-        schedule: Schedule::Constant,
+    let model = LlamaConfig {
+        max_position_embeddings: 64,
+        ..LlamaConfig::new(
+            env("CKPT_BENCH_VOCAB", if quick { 256 } else { 32000 }),
+            hidden,
+            hidden * 8 / 3,
+            env("CKPT_BENCH_LAYERS", if quick { 2 } else { 8 }),
+            8,
+            4,
+        )
+    };
+    let mut cfg = TrainConfig {
         data: DataConfig::Synthetic {
             seed: 0,
             samples: 16,
             branching: 4,
             min_len: None,
         },
-        batch_size: 1,
-        accumulation: 1,
-        seq_len: 16,
-        shuffle_seed: 0,
-        checkpointing: Checkpointing::None,
-        loss: ckpt_engine::model::loss::LossKind::Standard,
-        dropout: 0.0,
-        long_batch: None,
-        faults: Default::default(),
-        parallel: Default::default(),
+        ..TrainConfig::new(model, 1, 16)
     };
+    cfg.optimizer.grad_clip = None;
     let repeats = env("CKPT_BENCH_REPEATS", if quick { 1 } else { 3 });
     let tmp = tempfile::tempdir_in(std::env::var("CKPT_BENCH_DIR").unwrap_or_else(|_| ".".into()))
         .unwrap();

@@ -348,6 +348,37 @@ struct HfRope {
 }
 
 impl LlamaConfig {
+    /// A Llama of this shape, the rest as a suite or a `config.json` that leaves it out gets
+    /// it: heads `hidden_size / num_attention_heads` wide, RMSNorm ε 1e-5, rotary θ 10000, 2048
+    /// positions, untied embeddings, full attention and a dense MLP. Every model built in code
+    /// (tests, benches, fuzz targets, `estimate`'s flags) starts here and changes what it
+    /// needs, so that a new setting is added in one place.
+    pub fn new(
+        vocab_size: usize,
+        hidden_size: usize,
+        intermediate_size: usize,
+        num_hidden_layers: usize,
+        num_attention_heads: usize,
+        num_key_value_heads: usize,
+    ) -> Self {
+        LlamaConfig {
+            vocab_size,
+            hidden_size,
+            intermediate_size,
+            num_hidden_layers,
+            num_attention_heads,
+            num_key_value_heads,
+            head_dim: None,
+            rms_norm_eps: default_eps(),
+            rope_theta: default_theta(),
+            tie_word_embeddings: false,
+            max_position_embeddings: default_positions(),
+            family: Family::default(),
+            sliding_window: None,
+            moe: None,
+        }
+    }
+
     /// Reads a Hugging Face `config.json` of the Llama family.
     pub fn from_hf_file(path: &Path) -> Result<Self> {
         let bytes = crate::regular_file::read(path, "a Hugging Face config.json")?;

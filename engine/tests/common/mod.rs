@@ -7,28 +7,15 @@
 use ckpt_engine::config::{Init, Precision, TrainConfig};
 use ckpt_engine::data::DataConfig;
 use ckpt_engine::model::config::MoeConfig;
-use ckpt_engine::model::loss::LossKind;
-use ckpt_engine::model::{Checkpointing, Family, LlamaConfig};
-use ckpt_engine::optim::{AdamWConfig, Schedule};
+use ckpt_engine::model::{Family, LlamaConfig};
+use ckpt_engine::optim::Schedule;
 
 /// A Llama with grouped-query attention (4 query heads, 2 key/value heads), an MLP twice the
 /// residual width and untied embeddings.
 pub fn llama(vocab: usize, hidden: usize, layers: usize) -> LlamaConfig {
     LlamaConfig {
-        vocab_size: vocab,
-        hidden_size: hidden,
-        intermediate_size: 2 * hidden,
-        num_hidden_layers: layers,
-        num_attention_heads: 4,
-        num_key_value_heads: 2,
-        head_dim: None,
-        rms_norm_eps: 1e-5,
-        rope_theta: 10000.0,
-        tie_word_embeddings: false,
         max_position_embeddings: 128,
-        family: Default::default(),
-        sliding_window: None,
-        moe: None,
+        ..LlamaConfig::new(vocab, hidden, 2 * hidden, layers, 4, 2)
     }
 }
 
@@ -59,20 +46,12 @@ pub fn train_config(
     seq_len: usize,
     horizon: u64,
 ) -> TrainConfig {
-    TrainConfig {
-        model,
+    let mut run = TrainConfig {
         init: Init::Random {
             seed: 11,
             std: 0.02,
         },
         precision,
-        optimizer: AdamWConfig {
-            lr: 1e-2,
-            betas: [0.9, 0.95],
-            eps: 1e-8,
-            weight_decay: 0.1,
-            grad_clip: Some(1.0),
-        },
         schedule: Schedule::WarmupCosine {
             warmup_steps: 2,
             horizon,
@@ -84,15 +63,9 @@ pub fn train_config(
             branching: 2,
             min_len: Some(seq_len / 4),
         },
-        batch_size,
-        accumulation: 1,
-        seq_len,
         shuffle_seed: 3,
-        checkpointing: Checkpointing::None,
-        loss: LossKind::Standard,
-        dropout: 0.0,
-        long_batch: None,
-        faults: Default::default(),
-        parallel: Default::default(),
-    }
+        ..TrainConfig::new(model, batch_size, seq_len)
+    };
+    run.optimizer.lr = 1e-2;
+    run
 }

@@ -4,47 +4,28 @@
 use ckpt_engine::checkpoint::{files::record, state_file, LoadRequest, STATE_FILE, STATE_SUM_FILE};
 use ckpt_engine::config::{Init, Precision, TrainConfig};
 use ckpt_engine::data::DataConfig;
-use ckpt_engine::optim::{AdamWConfig, Schedule};
 use ckpt_engine::parallel::Parallel;
-use ckpt_engine::{Category, Checkpointing, LlamaConfig};
+use ckpt_engine::{Category, LlamaConfig};
 use std::path::Path;
 
 /// A bf16-mixed run of a one-layer Llama of `vocab_size` tokens, `accumulation` micro-batches a
 /// step, spread as `parallel` says.
 pub fn tiny_run(vocab_size: usize, accumulation: usize, parallel: Parallel) -> TrainConfig {
-    TrainConfig {
-        model: LlamaConfig {
-            vocab_size,
-            hidden_size: 8,
-            intermediate_size: 16,
-            num_hidden_layers: 1,
-            num_attention_heads: 2,
-            num_key_value_heads: 1,
-            head_dim: None,
-            rms_norm_eps: 1e-5,
-            rope_theta: 10000.0,
-            tie_word_embeddings: false,
-            max_position_embeddings: 8,
-            family: Default::default(),
-            sliding_window: None,
-            moe: None,
-        },
+    let model = LlamaConfig {
+        max_position_embeddings: 8,
+        ..LlamaConfig::new(vocab_size, 8, 16, 1, 2, 1)
+    };
+    let mut run = TrainConfig {
         init: Init::Random { seed: 0, std: 0.1 },
         precision: Precision::Bf16Mixed,
-        optimizer: AdamWConfig { lr: 1e-3, betas: [0.9, 0.95], eps: 1e-8, weight_decay: 0.0, grad_clip: None },
-        schedule: Schedule::Constant,
         data: DataConfig::Synthetic { seed: 0, samples: 12, branching: 2, min_len: None },
-        batch_size: 1,
         accumulation,
-        seq_len: 4,
-        shuffle_seed: 0,
-        checkpointing: Checkpointing::None,
-        loss: ckpt_engine::model::loss::LossKind::Standard,
-        dropout: 0.0,
-        long_batch: None,
-        faults: Default::default(),
         parallel,
-    }
+        ..TrainConfig::new(model, 1, 4)
+    };
+    run.optimizer.weight_decay = 0.0;
+    run.optimizer.grad_clip = None;
+    run
 }
 
 /// Writes `content` as file `victim` of the checkpoint in `dir`, its size and checksums

@@ -8,13 +8,11 @@ use crate::checks::bytes as exact_bytes;
 use crate::suite::{Budget, Suite};
 use anyhow::{bail, Context, Result};
 use ckpt_engine::backend::count::{Like, Routes};
-use ckpt_engine::data::DataConfig;
 use ckpt_engine::estimate::{estimate, Estimate, EstimateConfig};
 use ckpt_engine::memory::human_bytes;
 use ckpt_engine::model::loss::LossKind;
-use ckpt_engine::optim::{AdamWConfig, Schedule};
 use ckpt_engine::parallel::Shard;
-use ckpt_engine::{Checkpointing, CpuDevice, DeviceKind, Init, LlamaConfig, Precision};
+use ckpt_engine::{Checkpointing, CpuDevice, DeviceKind, LlamaConfig, Precision};
 use ckpt_engine::{TrainConfig, Trainer};
 use clap::{Args, ValueEnum};
 use std::io::Write;
@@ -110,53 +108,11 @@ enum PolicyArg {
 /// Llama-3.2-1B's published shape (tied embeddings, 131072 positions).
 fn llama_1b() -> LlamaConfig {
     LlamaConfig {
-        vocab_size: 128256,
-        hidden_size: 2048,
-        intermediate_size: 8192,
-        num_hidden_layers: 16,
-        num_attention_heads: 32,
-        num_key_value_heads: 8,
         head_dim: Some(64),
-        rms_norm_eps: 1e-5,
         rope_theta: 500000.0,
         tie_word_embeddings: true,
         max_position_embeddings: 131072,
-        family: Default::default(),
-        sliding_window: None,
-        moe: None,
-    }
-}
-
-/// A run of `model` with seeded random weights and synthetic data.
-fn synthetic_run(model: LlamaConfig, batch_size: usize, seq_len: usize) -> TrainConfig {
-    TrainConfig {
-        model,
-        init: Init::Random { seed: 0, std: 0.02 },
-        precision: Precision::Fp32,
-        optimizer: AdamWConfig {
-            lr: 1e-3,
-            betas: [0.9, 0.95],
-            eps: 1e-8,
-            weight_decay: 0.1,
-            grad_clip: Some(1.0),
-        },
-        schedule: Schedule::Constant,
-        data: DataConfig::Synthetic {
-            seed: 0,
-            samples: 4096,
-            branching: 4,
-            min_len: None,
-        },
-        batch_size,
-        accumulation: 1,
-        seq_len,
-        shuffle_seed: 0,
-        checkpointing: Checkpointing::None,
-        loss: LossKind::Standard,
-        dropout: 0.0,
-        long_batch: None,
-        faults: Default::default(),
-        parallel: Default::default(),
+        ..LlamaConfig::new(128256, 2048, 8192, 16, 32, 8)
     }
 }
 
@@ -169,7 +125,7 @@ fn run_config(a: &EstimateArgs, suite: Option<&Suite>) -> Result<TrainConfig> {
         serde_json::from_slice(&text)
             .with_context(|| format!("{}: not a TrainConfig", path.display()))?
     } else if a.llama_1b {
-        let mut run = synthetic_run(llama_1b(), 8, 2048);
+        let mut run = TrainConfig::new(llama_1b(), 8, 2048);
         run.precision = Precision::Bf16Mixed;
         run
     } else {
@@ -182,22 +138,17 @@ fn run_config(a: &EstimateArgs, suite: Option<&Suite>) -> Result<TrainConfig> {
         let num_hidden_layers = need(a.layers, "layers")?;
         let heads = need(a.heads, "heads")?;
         let model = LlamaConfig {
-            vocab_size,
-            hidden_size,
-            intermediate_size,
-            num_hidden_layers,
-            num_attention_heads: heads,
-            num_key_value_heads: heads,
-            head_dim: None,
-            rms_norm_eps: 1e-5,
-            rope_theta: 10000.0,
-            tie_word_embeddings: false,
             max_position_embeddings: need(a.seq, "seq")?,
-            family: Default::default(),
-            sliding_window: None,
-            moe: None,
+            ..LlamaConfig::new(
+                vocab_size,
+                hidden_size,
+                intermediate_size,
+                num_hidden_layers,
+                heads,
+                heads,
+            )
         };
-        synthetic_run(model, need(a.batch, "batch")?, need(a.seq, "seq")?)
+        TrainConfig::new(model, need(a.batch, "batch")?, need(a.seq, "seq")?)
     };
     let m = &mut run.model;
     let overrides = [
@@ -882,7 +833,7 @@ mod tests {
 
     #[test]
     fn a_config_file_is_read_and_flags_override_it() {
-        let mut run = synthetic_run(llama_1b(), 2, 16);
+        let mut run = TrainConfig::new(llama_1b(), 2, 16);
         run.model.num_hidden_layers = 1;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("run.json");
@@ -896,7 +847,7 @@ mod tests {
 
     #[test]
     fn accumulation_is_named_beside_the_batch() {
-        let mut run = synthetic_run(llama_1b(), 2, 16);
+        let mut run = TrainConfig::new(llama_1b(), 2, 16);
         run.model.num_hidden_layers = 1;
         run.accumulation = 3;
         let dir = tempfile::tempdir().unwrap();

@@ -88,20 +88,8 @@ mod tests {
 
     fn model(layers: usize, hidden: usize, vocab: usize) -> LlamaConfig {
         LlamaConfig {
-            vocab_size: vocab,
-            hidden_size: hidden,
-            intermediate_size: 88,
-            num_hidden_layers: layers,
-            num_attention_heads: 4,
-            num_key_value_heads: 4,
-            head_dim: None,
-            rms_norm_eps: 1e-5,
-            rope_theta: 10000.0,
-            tie_word_embeddings: false,
             max_position_embeddings: 64,
-            family: Default::default(),
-            sliding_window: None,
-            moe: None,
+            ..LlamaConfig::new(vocab, hidden, 88, layers, 4, 4)
         }
     }
 
