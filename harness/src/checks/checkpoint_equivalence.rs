@@ -9,7 +9,6 @@ use crate::record::fields::RecordField;
 use crate::record::saves::SaveRecord;
 use crate::record::{Phase, RunRecord};
 
-
 /// The optional parts of a record it compares.
 pub const NEEDS: &[RecordField] = &[RecordField::OnDisk];
 

@@ -11,7 +11,6 @@ use crate::record::{PhaseRecord, RunRecord};
 use ckpt_engine::data::SampleId;
 use std::collections::BTreeSet;
 
-
 /// The optional parts of a record it compares.
 pub const NEEDS: &[RecordField] = &[RecordField::Samples];
 

@@ -3,6 +3,7 @@
 //! other checks pass it; this one does not.
 
 use super::{Check, Failure, Input, Outcome};
+use crate::record::fields::RecordField;
 use crate::record::{RunRecord, StepRecord};
 
 /// The step's values that are not finite, by name.
@@ -13,9 +14,8 @@ fn non_finite(s: &StepRecord) -> Vec<(&'static str, f64)> {
         .collect()
 }
 
-
 /// The optional parts of a record it compares.
-pub const NEEDS: &[crate::record::fields::RecordField] = &[];
+pub const NEEDS: &[RecordField] = &[];
 
 /// The check as [`super::run_all`] runs it.
 pub fn run(input: &Input) -> Outcome {

@@ -18,6 +18,7 @@
 
 use super::{Check, Failure, GoldenInput, Input, Outcome};
 use crate::checks::golden_file::{normalise, Snapshot};
+use crate::record::fields::RecordField;
 use crate::record::{Phase, RunRecord, StepRecord};
 use anyhow::{Context, Result};
 use ckpt_engine::backend::cpu::bf16_dot::Bf16Products;
@@ -57,15 +58,6 @@ fn tokens_per_expert(s: &StepRecord) -> String {
         })
         .collect::<Vec<_>>()
         .join(" | ")
-}
-
-
-/// The optional parts of a record it compares.
-pub const NEEDS: &[crate::record::fields::RecordField] = &[];
-
-/// The check as [`super::run_all`] runs it.
-pub fn run(input: &Input) -> Outcome {
-    check(input.record, input.golden)
 }
 
 /// The snapshot text of a run's reference trajectory.
@@ -354,6 +346,14 @@ fn first_difference(
             }
         }
     }
+}
+
+/// The optional parts of a record it compares.
+pub const NEEDS: &[RecordField] = &[];
+
+/// The check as [`super::run_all`] runs it.
+pub fn run(input: &Input) -> Outcome {
+    check(input.record, input.golden)
 }
 
 /// Compares the run's reference trajectory with the stored snapshot; `compared` counts the

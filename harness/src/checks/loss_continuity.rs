@@ -4,6 +4,7 @@
 
 use super::{Check, Failure, Input, Outcome};
 use crate::checks::spec::Continuity;
+use crate::record::fields::RecordField;
 use crate::record::{Phase, PhaseRecord, RunRecord};
 use ckpt_engine::environment;
 
@@ -38,9 +39,8 @@ fn environment_note(phase: &PhaseRecord) -> String {
     )
 }
 
-
 /// The optional parts of a record it compares.
-pub const NEEDS: &[crate::record::fields::RecordField] = &[];
+pub const NEEDS: &[RecordField] = &[];
 
 /// The check as [`super::run_all`] runs it.
 pub fn run(input: &Input) -> Outcome {

@@ -21,7 +21,6 @@ fn tolerance(r: &RunRecord, want: u64) -> u64 {
     }
 }
 
-
 /// The optional parts of a record it compares.
 pub const NEEDS: &[RecordField] = &[RecordField::MemoryModel];
 

@@ -55,7 +55,6 @@ fn shared(from: u64, end: u64, reference_end: u64) -> u64 {
     end.min(reference_end).saturating_sub(from)
 }
 
-
 /// The optional parts of a record it compares.
 pub const NEEDS: &[RecordField] = &[RecordField::StepMemory, RecordField::DeviceMemory];
 

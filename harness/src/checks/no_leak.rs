@@ -5,7 +5,6 @@ use super::{bytes, excess, per_rank, Check, Failure, Input, Outcome};
 use crate::record::fields::RecordField;
 use crate::record::RunRecord;
 
-
 /// The optional parts of a record it compares.
 pub const NEEDS: &[RecordField] = &[RecordField::DeviceMemory, RecordField::StepByCategory];
 

@@ -4,7 +4,6 @@ use super::{Check, Failure, Input, Outcome};
 use crate::record::fields::RecordField;
 use crate::record::RunRecord;
 
-
 /// The optional parts of a record it compares.
 pub const NEEDS: &[RecordField] = &[RecordField::OomCount];
 

@@ -7,7 +7,6 @@ use super::{bytes, memory_detail, per_rank, Check, Failure, Input, Outcome};
 use crate::record::fields::RecordField;
 use crate::record::{Phase, RunRecord};
 
-
 /// The optional parts of a record it compares.
 pub const NEEDS: &[RecordField] = &[RecordField::StepMemory];
 

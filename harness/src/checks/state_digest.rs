@@ -6,12 +6,12 @@
 //! at the save it resumes from, part by part, each failure naming the first tensor that differs.
 
 use super::{Check, Failure, Input, Outcome};
+use crate::record::fields::RecordField;
 use crate::record::training_state::State;
 use crate::record::{Phase, PhaseRecord, RunRecord};
 
-
 /// The optional parts of a record it compares.
-pub const NEEDS: &[crate::record::fields::RecordField] = &[];
+pub const NEEDS: &[RecordField] = &[];
 
 /// The check as [`super::run_all`] runs it.
 pub fn run(input: &Input) -> Outcome {

@@ -10,8 +10,7 @@ use crate::checks::golden;
 use crate::error_text::printable;
 use crate::record::jsonl::{self, to_run};
 use crate::report::summary::{Skipped, Summary};
-use crate::run::plan;
-use crate::run::plan::{DeviceChoice, TierFilter};
+use crate::run::plan::{self, DeviceChoice, TierFilter};
 use crate::run::trial;
 use anyhow::{bail, Context, Result};
 use std::collections::BTreeSet;
@@ -50,12 +49,15 @@ pub fn exec(args: JudgeArgs) -> Result<u8> {
         paths: default_paths(args.paths),
         records,
         report: args.reports.report,
-        junit: args.reports.junit,
+        junit: args.reports.verdicts.junit,
         golden: args.reports.golden,
-        baseline: args.reports.baseline.as_deref().map(summary_file),
+        baseline: args.reports.verdicts.baseline.as_deref().map(summary_file),
     };
     let summary = judge(&opts, &mut std::io::stdout().lock())?;
-    Ok(run_status(&summary, args.reports.fail_on_regression))
+    Ok(run_status(
+        &summary,
+        args.reports.verdicts.fail_on_regression,
+    ))
 }
 
 /// What `judge` was asked to do.

@@ -2,7 +2,7 @@
 //! ([`crate::report::merge`]), with the benchmarks' figures and the changes against a baseline,
 //! written as `run` writes its own.
 
-use super::{run, run_status, summary_file};
+use super::{run, run_status, summary_file, Verdicts};
 use crate::error_text;
 use crate::report::bench::Bench;
 use crate::report::merge;
@@ -20,15 +20,9 @@ pub struct MergeArgs {
     /// Where to write the merged report.
     #[arg(long, default_value = "report")]
     pub out: PathBuf,
-    /// Also write JUnit XML to this file.
-    #[arg(long)]
-    pub junit: Option<PathBuf>,
-    /// The summary.json of an earlier run: say what changed against it.
-    #[arg(long)]
-    pub baseline: Option<PathBuf>,
-    /// Exit 1 when something regressed against --baseline, even if every trial passed.
-    #[arg(long, requires = "baseline")]
-    pub fail_on_regression: bool,
+    /// JUnit XML and the baseline.
+    #[command(flatten)]
+    pub verdicts: Verdicts,
     /// The benchmarks' figures measured with the run (`scripts/bench.sh --json FILE`), in
     /// place of those a merged summary carries.
     #[arg(long)]
@@ -38,6 +32,7 @@ pub struct MergeArgs {
 /// Merges, prints the table and the changes, writes the reports; exits as `run` would have.
 pub fn exec(args: MergeArgs) -> Result<u8> {
     let old = args
+        .verdicts
         .baseline
         .as_deref()
         .map(summary_file)
@@ -54,7 +49,7 @@ pub fn exec(args: MergeArgs) -> Result<u8> {
         text.push_str(&t.text());
         summary.trends = Some(t);
     }
-    run::write_reports(&summary, &args.out, args.junit.as_deref())?;
+    run::write_reports(&summary, &args.out, args.verdicts.junit.as_deref())?;
     write!(std::io::stdout(), "{}", error_text::printable(&text))?;
-    Ok(run_status(&summary, args.fail_on_regression))
+    Ok(run_status(&summary, args.verdicts.fail_on_regression))
 }

@@ -102,6 +102,20 @@ pub struct Reports {
     /// Where to write summary.json, index.html, each trial's record and the memory traces.
     #[arg(long, default_value = "report")]
     pub report: PathBuf,
+    /// JUnit XML and the baseline.
+    #[command(flatten)]
+    pub verdicts: Verdicts,
+    /// The golden snapshot directory [default: the nearest golden/ in or above each suite
+    /// file's directory; without one, golden/ beside the directory of suites (where --bless
+    /// creates it), whatever the working directory].
+    #[arg(long)]
+    pub golden: Option<PathBuf>,
+}
+
+/// What the verdicts of a run (or a judging, or a merge) are also written as, and what they
+/// are compared with.
+#[derive(clap::Args)]
+pub struct Verdicts {
     /// Also write JUnit XML to this file.
     #[arg(long)]
     pub junit: Option<PathBuf>,
@@ -111,11 +125,6 @@ pub struct Reports {
     /// Exit 1 when something regressed against --baseline, even if every trial passed.
     #[arg(long, requires = "baseline")]
     pub fail_on_regression: bool,
-    /// The golden snapshot directory [default: the nearest golden/ in or above each suite
-    /// file's directory; without one, golden/ beside the directory of suites (where --bless
-    /// creates it), whatever the working directory].
-    #[arg(long)]
-    pub golden: Option<PathBuf>,
 }
 
 /// The summary file `path` names: itself, or the `summary.json` in a directory.

@@ -68,17 +68,20 @@ pub fn exec(args: RunArgs) -> Result<u8> {
         device: args.device,
         tier: args.tier,
         report: args.reports.report,
-        junit: args.reports.junit,
+        junit: args.reports.verdicts.junit,
         golden: args.reports.golden,
         bless: args.bless,
         progress,
         memory_trace: args.memory_trace,
-        baseline: args.reports.baseline.as_deref().map(summary_file),
+        baseline: args.reports.verdicts.baseline.as_deref().map(summary_file),
         bench: args.bench,
         repeat: args.repeat.into(),
     };
     let summary = run(&opts, &mut stdout.lock())?;
-    Ok(run_status(&summary, args.reports.fail_on_regression))
+    Ok(run_status(
+        &summary,
+        args.reports.verdicts.fail_on_regression,
+    ))
 }
 
 /// What `run` was asked to do.
