@@ -127,10 +127,11 @@ impl TrainConfig {
     /// A run of `model` on `batch_size` rows of `seq_len` tokens: seeded random weights (seed 0,
     /// std 0.02) in fp32, AdamW (lr 1e-3, betas 0.9 and 0.95, ε 1e-8, weight decay 0.1, the
     /// gradient norm clipped at 1) at a constant learning rate, the synthetic data (seed 0, 4096
-    /// samples of 4 likely successors a token, full rows, unshuffled), one micro-batch a step,
-    /// no activation checkpointing, the standard loss, no dropout, long batches or faults, one
-    /// rank. Every run built in code (tests, benches, fuzz targets, `estimate`'s flags) starts
-    /// here and changes what it needs, so that a new setting is added in one place.
+    /// samples of 4 likely successors a token, full rows, shuffled with seed 0), one
+    /// micro-batch a step, no activation checkpointing, the standard loss, no dropout, long
+    /// batches or faults, one rank. Every run built in code (tests, benches, fuzz targets,
+    /// `estimate`'s flags) starts here and changes what it needs, so that a new setting is
+    /// added in one place.
     pub fn new(model: LlamaConfig, batch_size: usize, seq_len: usize) -> Self {
         TrainConfig {
             model,
