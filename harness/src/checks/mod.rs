@@ -42,9 +42,7 @@ macro_rules! checks {
 
             /// The name used in suites and reports.
             pub fn name(self) -> &'static str {
-                match self {
-                    $(Check::$variant => stringify!($module),)+
-                }
+                Check::NAMES[self as usize]
             }
 
             /// The optional parts of a record the check compares (docs/RECORD.md): without one
@@ -673,6 +671,17 @@ pub(crate) mod fixtures {
 mod tests {
     use super::*;
     use crate::checks::spec::{ChecksSpec, Continuity};
+
+    #[test]
+    fn each_check_is_written_in_suites_and_summaries_by_its_module_s_name() {
+        for check in Check::ALL {
+            let json = serde_json::to_string(&check).unwrap();
+            assert_eq!(json, format!("\"{}\"", check.name()));
+            assert_eq!(serde_json::from_str::<Check>(&json).unwrap(), check);
+        }
+        assert_eq!(Check::NAMES[0], "loss_continuity");
+        assert_eq!(Check::ALL.len(), 13);
+    }
 
     /// Every check over `r`, with its own trajectory as the snapshot.
     fn outcomes(r: &RunRecord) -> Vec<Outcome> {

@@ -2,14 +2,11 @@
 //! `checkpoint_equivalence` reads: the state digest taken in memory at the save, the digest of
 //! what the checkpoint holds on disk once it is complete, and, for an asynchronous save, which
 //! files differ from a synchronous save of the same state written into a directory of their own.
-//! The saving itself is the runner's (`run::saver`).
+//! The saving, and reading a checkpoint back, are the runner's (`run::saver`).
 
 use crate::record::training_state::State;
-use anyhow::Result;
-use ckpt_engine::checkpoint::{self, state_file};
 use ckpt_engine::StateDigest;
 use serde::{Deserialize, Serialize};
-use std::path::Path;
 
 /// The part of a training state a checkpoint holds that `checkpoint_equivalence` compares.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -35,20 +32,6 @@ impl SavedState {
             optimizer: d.optimizer.clone(),
         }
     }
-
-    /// What the checkpoint in `dir` holds: its tensors' digests and its trainer state's steps.
-    pub fn on_disk(dir: &Path) -> Result<Self> {
-        let [params, optimizer] = checkpoint::tensor_digests(dir)?;
-        let state = state_file::read(dir)
-            .map_err(ckpt_engine::EngineError::from)?
-            .state;
-        Ok(SavedState {
-            step: state.global_step,
-            optimizer_steps: state.optimizer_step,
-            params,
-            optimizer,
-        })
-    }
 }
 
 /// One checkpoint save of the reference phase.
@@ -73,14 +56,4 @@ pub struct SaveRecord {
     /// records, whose digests above say it all.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub named: Option<State>,
-}
-
-impl SaveRecord {
-    /// Reads the complete checkpoint in `dir` back: what it holds, or why it cannot be read.
-    pub fn read_back(&mut self, dir: &Path) {
-        match SavedState::on_disk(dir) {
-            Ok(disk) => self.on_disk = Some(disk),
-            Err(e) => self.unreadable = Some(format!("{e:#}")),
-        }
-    }
 }

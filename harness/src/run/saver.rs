@@ -7,7 +7,7 @@ use crate::devices::DeviceKind;
 use crate::record::saves::{SaveRecord, SavedState};
 use crate::suite::Suite;
 use anyhow::{Context, Result};
-use ckpt_engine::checkpoint::step_dir_name;
+use ckpt_engine::checkpoint::{self, state_file, step_dir_name};
 use ckpt_engine::{Device, StateDigest, Trainer};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -59,7 +59,7 @@ impl Saver {
             self.pending = Some(record);
         } else {
             let dir = trainer.save(&self.run_dir, self.keep_last)?;
-            record.read_back(&dir);
+            read_back(&mut record, &dir);
             self.records.push(record);
         }
         Ok(())
@@ -73,7 +73,7 @@ impl Saver {
         };
         let name = step_dir_name(record.step);
         let dir = self.run_dir.join(&name);
-        record.read_back(&dir);
+        read_back(&mut record, &dir);
         record.differing_files = Some(differing_files(&dir, &self.twin_dir.join(&name))?);
         self.records.push(record);
         Ok(())
@@ -95,6 +95,29 @@ impl Saver {
             0
         }
     }
+}
+
+/// Reads the complete checkpoint in `dir` back into `record`: what it holds, or why it cannot
+/// be read.
+fn read_back(record: &mut SaveRecord, dir: &Path) {
+    match on_disk(dir) {
+        Ok(disk) => record.on_disk = Some(disk),
+        Err(e) => record.unreadable = Some(format!("{e:#}")),
+    }
+}
+
+/// What the checkpoint in `dir` holds: its tensors' digests and its trainer state's steps.
+fn on_disk(dir: &Path) -> Result<SavedState> {
+    let [params, optimizer] = checkpoint::tensor_digests(dir)?;
+    let state = state_file::read(dir)
+        .map_err(ckpt_engine::EngineError::from)?
+        .state;
+    Ok(SavedState {
+        step: state.global_step,
+        optimizer_steps: state.optimizer_step,
+        params,
+        optimizer,
+    })
 }
 
 /// The names of the files that differ between two checkpoint directories, or that one lacks.
