@@ -5,7 +5,7 @@
 #
 #   checks      harness/src/checks/*.rs   the harness's unit tests
 #   optim       engine/src/optim.rs       the engine's unit, training, fault and determinism tests
-#   data        engine/src/data.rs        the same
+#   data        engine/src/data/          the same, and the text data's and transformers' token tests
 #   checkpoint  engine/src/checkpoint/    the engine's unit and fault tests and the harness's
 #                                         checkpoint and frozen-checkpoint tests
 #
@@ -35,7 +35,8 @@ args_for() {
     case "$1" in
         checks) args=(-p ckpt-harness -f 'harness/src/checks/*.rs' --cargo-arg=--lib) ;;
         optim) args=(-f engine/src/optim.rs "${engine_tests[@]}") ;;
-        data) args=(-f engine/src/data.rs "${engine_tests[@]}") ;;
+        data) args=(-f 'engine/src/data/*.rs' -f 'engine/src/data/text/*.rs' "${engine_tests[@]}" --cargo-arg=--test=text_data
+            --cargo-arg=--test=transformers_tokens) ;;
         checkpoint)
             # cargo-mutants names only the mutated package; --package adds the harness's tests.
             args=(-f 'engine/src/checkpoint/*.rs' --test-package ckpt-engine --cargo-arg=--package=ckpt-harness

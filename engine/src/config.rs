@@ -253,6 +253,13 @@ impl TrainConfig {
                 format!("{name} is {seq}; it must be between 1 and max_position_embeddings ({max})")
             })?;
         }
+        require(
+            self.long_batch.is_none() || !matches!(self.data, DataConfig::Text(_)),
+            "long_batch",
+            || {
+                "long_batch lengthens synthetic and token-file rows; text data's rows are as long as its samples, so leave long_batch out".into()
+            },
+        )?;
         if let Some(window) = self.model.sliding_window {
             let longest = self.long_batch.map_or(0, |l| l.seq_len).max(self.seq_len);
             require(window >= longest, "model.sliding_window", || {

@@ -35,6 +35,11 @@ pub struct EstimateConfig {
     /// How a MoE model's layers route their rows (balanced unless said otherwise).
     #[serde(skip_serializing_if = "Routes::is_balanced")]
     pub routes: Routes,
+    /// Each micro-batch's tokens per row, in global order, where a step's micro-batches are
+    /// not all as long as the rows asked for (text padded to each one's longest sample);
+    /// empty where they are.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub seq_lens: Vec<usize>,
 }
 
 impl EstimateConfig {
@@ -47,12 +52,19 @@ impl EstimateConfig {
             },
             like,
             routes: Routes::Balanced,
+            seq_lens: Vec::new(),
         }
     }
 
     /// The same run with its MoE layers routing as `routes` says.
     pub fn with_routes(self, routes: Routes) -> Self {
         EstimateConfig { routes, ..self }
+    }
+
+    /// The same run with its micro-batches' rows `seq_lens` tokens long, in global order (one
+    /// length a micro-batch, as many as the run's `accumulation`).
+    pub fn with_seq_lens(self, seq_lens: Vec<usize>) -> Self {
+        EstimateConfig { seq_lens, ..self }
     }
 
     fn validate(&self) -> Result<()> {
@@ -68,7 +80,15 @@ impl EstimateConfig {
             ));
         }
         r.validate_ranks()?;
-        for seq in std::iter::once(r.seq_len).chain(r.long_batch.map(|l| l.seq_len)) {
+        if !self.seq_lens.is_empty() && self.seq_lens.len() != r.accumulation {
+            return Err(EngineError::Config(format!(
+                "{} micro-batch lengths for a step of {} micro-batches",
+                self.seq_lens.len(),
+                r.accumulation
+            )));
+        }
+        let lengths = (self.seq_lens.iter().copied()).chain(r.long_batch.map(|l| l.seq_len));
+        for seq in std::iter::once(r.seq_len).chain(lengths) {
             if seq == 0 || seq > r.model.max_position_embeddings {
                 return Err(EngineError::Config(format!(
                     "sequence length {seq} is 0 or exceeds max_position_embeddings {}",
@@ -313,17 +333,18 @@ fn assemble(
     })
 }
 
-/// A step without and with AdamW's moments at rows of `seq` tokens whose MoE layers route as
-/// `cfg.routes` says: what a step that recorded its tokens per expert should have held (rank
-/// 0's, on several ranks; [`routed_rank_steps`] gives every rank's).
-pub fn routed_steps(cfg: &EstimateConfig, seq: usize) -> Result<[StepEstimate; 2]> {
-    Ok(routed_rank_steps(cfg, seq)?.swap_remove(0))
+/// A step without and with AdamW's moments at rows of `seq` tokens (each micro-batch's own
+/// length where `cfg.seq_lens` gives them) whose MoE layers route as `cfg.routes` says: what a
+/// step that recorded its shape and tokens per expert should have held (rank 0's, on several
+/// ranks; [`recorded_rank_steps`] gives every rank's).
+pub fn recorded_steps(cfg: &EstimateConfig, seq: usize) -> Result<[StepEstimate; 2]> {
+    Ok(recorded_rank_steps(cfg, seq)?.swap_remove(0))
 }
 
-/// [`routed_steps`] for every rank, in rank order (one on one device). Recorded routes are a
+/// [`recorded_steps`] for every rank, in rank order (one on one device). Recorded routes are a
 /// step's in global micro-batch order; each rank routes the micro-batches it trains, by the
 /// rule the ranks train by ([`plan::micro_batches`]).
-pub fn routed_rank_steps(cfg: &EstimateConfig, seq: usize) -> Result<Vec<[StepEstimate; 2]>> {
+pub fn recorded_rank_steps(cfg: &EstimateConfig, seq: usize) -> Result<Vec<[StepEstimate; 2]>> {
     cfg.validate()?;
     let (_, ranks, _) = steps(cfg, seq)?;
     Ok(ranks)
@@ -359,6 +380,7 @@ const SHORT_RUN: usize = 3;
 fn repeating_steps(cfg: &EstimateConfig, seq: usize) -> Result<Option<Steps>> {
     let (accumulation, world) = (cfg.run.accumulation, cfg.run.parallel.world_size);
     if !cfg.routes.same_in_every_micro_batch()
+        || !cfg.seq_lens.is_empty()
         || world == 0
         || accumulation % world != 0
         || accumulation / world <= SHORT_RUN + 1
@@ -409,18 +431,26 @@ fn dry_run(cfg: &EstimateConfig, seq: usize, micro_batches: usize) -> Result<Ste
         1 => Ranks::single(State::zeros(run, dev.clone())?),
         _ => Ranks::new(run, devices.clone(), None, None)?,
     };
-    let rows = run.batch_size.saturating_mul(seq);
+    let seq_lens = match cfg.seq_lens.len() {
+        0 => vec![seq; micro_batches],
+        _ => cfg.seq_lens.clone(),
+    };
+    let tokens = seq_lens.iter().map(|&s| s as u64).sum::<u64>();
     check_host(
-        (rows as u64 * 12).saturating_mul(micro_batches as u64),
+        (run.batch_size as u64 * 12).saturating_mul(tokens),
         "the dry run's micro-batches (token ids and labels)",
     )?;
-    let batch = Batch {
-        batch: run.batch_size,
-        seq,
-        input_ids: try_vec(rows, 0, "the dry run's token ids")?,
-        labels: try_vec(rows, 0, "the dry run's labels")?,
-    };
-    let batches = vec![batch; micro_batches];
+    let batches = (seq_lens.iter())
+        .map(|&seq| {
+            let rows = run.batch_size.saturating_mul(seq);
+            Ok(Batch {
+                batch: run.batch_size,
+                seq,
+                input_ids: try_vec(rows, 0, "the dry run's token ids")?,
+                labels: try_vec(rows, 0, "the dry run's labels")?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
     let dropout = (run.dropout > 0.0).then_some(Dropout {
         p: run.dropout,
         seed: 0,
@@ -630,8 +660,9 @@ mod tests {
             if let Some(moe) = &mut cfg.run.model.moe {
                 moe.moe_intermediate_size = 400;
             }
-            let peak =
-                |routes: Routes| routed_steps(&cfg.clone().with_routes(routes), 5).unwrap()[1].peak;
+            let peak = |routes: Routes| {
+                recorded_steps(&cfg.clone().with_routes(routes), 5).unwrap()[1].peak
+            };
             let balanced = peak(Routes::Balanced);
             let bound = peak(Routes::Concentrated);
             // 10 rows, top-2 of 4 experts: 20 slots per layer.
@@ -670,7 +701,7 @@ mod tests {
         ] {
             let mut cfg = cfg.clone();
             cfg.run.parallel.shard = shard;
-            let peaks: Vec<u64> = (routed_rank_steps(&cfg, 5).unwrap().iter())
+            let peaks: Vec<u64> = (recorded_rank_steps(&cfg, 5).unwrap().iter())
                 .map(|r| r[1].peak)
                 .collect();
             assert!(peaks[busy] > peaks[1 - busy], "{shard:?}: {peaks:?}");
@@ -686,7 +717,7 @@ mod tests {
             vec![6, 6, 6, 6],
             vec![5, 5, 5, 5],
         ]));
-        let err = routed_steps(&cfg, 5).unwrap_err().to_string();
+        let err = recorded_steps(&cfg, 5).unwrap_err().to_string();
         assert!(err.contains("not a top-2 routing of 10 rows"), "{err}");
     }
 

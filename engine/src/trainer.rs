@@ -52,6 +52,10 @@ pub struct StepStats {
     /// The samples of the rows of the step's micro-batches, in order (the run's sample ledger).
     #[serde(default)]
     pub samples: Vec<SampleId>,
+    /// Each micro-batch's tokens per row, in order: the step's shape, which text data padded
+    /// to each micro-batch's longest sample changes from step to step.
+    #[serde(default)]
+    pub seq_lens: Vec<usize>,
     /// Blocks recomputed in the backward pass.
     pub recomputed_blocks: usize,
     /// Each block's tokens per expert (empty for a dense block) in a MoE model, one micro-batch's
@@ -644,6 +648,7 @@ impl<D: Device> Trainer<D> {
             tokens: pass.tokens,
             batch_digest: Batch::digest_all(&batches),
             samples: self.loader.take_drawn(),
+            seq_lens: batches.iter().map(|b| b.seq).collect(),
             recomputed_blocks: pass.recomputed_blocks,
             tokens_per_expert: pass.tokens_per_expert,
             memory: trackers[0].stats(),

@@ -7,7 +7,7 @@ use ckpt_engine::backend::count::{Like, Routes};
 use ckpt_engine::config::{Init, Precision};
 use ckpt_engine::data::{DataConfig, LongBatch};
 use ckpt_engine::estimate::{
-    estimate, estimate_every_micro_batch, routed_steps, EstimateConfig, StepEstimate,
+    estimate, estimate_every_micro_batch, recorded_steps, EstimateConfig, StepEstimate,
 };
 use ckpt_engine::model::config::MoeConfig;
 use ckpt_engine::model::loss::{counted, LossKind, IGNORE_INDEX};
@@ -459,7 +459,7 @@ proptest! {
                 true => est.at_step(step),
                 false => {
                     let cfg = cfg.clone().with_routes(Routes::Recorded(stats.tokens_per_expert.clone()));
-                    routed = routed_steps(&cfg, c.train.seq_len_at(step)).unwrap();
+                    routed = recorded_steps(&cfg, c.train.seq_len_at(step)).unwrap();
                     &routed[usize::from(step > 0)]
                 }
             };

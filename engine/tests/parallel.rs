@@ -8,7 +8,7 @@ mod common;
 use ckpt_engine::backend::count::{Like, Routes};
 use ckpt_engine::checkpoint::{step_dir_name, STATE_FILE};
 use ckpt_engine::config::Precision;
-use ckpt_engine::estimate::{estimate, routed_rank_steps, EstimateConfig, StepEstimate};
+use ckpt_engine::estimate::{estimate, recorded_rank_steps, EstimateConfig, StepEstimate};
 use ckpt_engine::model::loss::LossKind;
 use ckpt_engine::model::Checkpointing;
 use ckpt_engine::parallel::sockets::Meeting;
@@ -746,7 +746,7 @@ proptest! {
                 true => run_wide.clone(),
                 false => {
                     let routes = Routes::Recorded(stats.tokens_per_expert.clone());
-                    routed_rank_steps(&model.clone().with_routes(routes), cfg.seq_len).unwrap()
+                    recorded_rank_steps(&model.clone().with_routes(routes), cfg.seq_len).unwrap()
                 }
             };
             prop_assert_eq!(want.len(), world);
@@ -806,8 +806,8 @@ fn each_rank_of_a_moe_step_holds_its_own_routing_s_estimate() {
                     let start: Vec<_> = trackers.iter().map(|t| t.stats().current).collect();
                     let stats = t.step().unwrap();
                     let routes = Routes::Recorded(stats.tokens_per_expert.clone());
-                    let want =
-                        routed_rank_steps(&model.clone().with_routes(routes), cfg.seq_len).unwrap();
+                    let want = recorded_rank_steps(&model.clone().with_routes(routes), cfg.seq_len)
+                        .unwrap();
                     assert_eq!(want.len(), world);
                     let backward = |w: &[StepEstimate; 2]| w[step].phases.backward;
                     distinct |= want.iter().any(|w| backward(w) != backward(&want[0]));

@@ -15,6 +15,7 @@ fn dispatch(command: Command) -> Result<u8> {
         Command::Judge(args) => cli::judge::exec(args),
         Command::List(args) => cli::list::exec(args),
         Command::Validate(args) => cli::validate::exec(args),
+        Command::Batches(args) => cli::batches::exec(args),
         Command::Train(args) => cli::train::exec(args),
         Command::RankPhase(args) => cli::rank_phase::exec(args),
         Command::Estimate(args) => cli::estimate::exec(args),

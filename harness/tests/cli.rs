@@ -1,5 +1,5 @@
-//! The command-line tool: `run` over a suite, its summary, JUnit and exit statuses; `list` and
-//! `validate`.
+//! The command-line tool: `run` over a suite, its summary, JUnit and exit statuses; `list`,
+//! `validate` and `batches`.
 
 use ckpt_harness::checks::Check;
 use ckpt_harness::cli::exit_codes;
@@ -1337,4 +1337,67 @@ fn bf16_dot_products_are_asked_for_by_name_refused_where_missing_and_named_in_th
             text(&dot)
         );
     }
+}
+
+/// `batches --json`'s lines for `suite` with `args`.
+fn batches(suite: &str, args: &[&str]) -> Vec<serde_json::Value> {
+    let out = harness(&[&["batches", suite], args].concat(), &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn batches_shows_the_samples_and_shapes_the_trainer_trains_on() {
+    let suite = ckpt_harness::run::plan::load_one(&root().join("suites/sft-chat.yaml")).unwrap();
+    let steps = batches("suites/sft-chat.yaml", &["--json"]);
+    assert_eq!(steps.len(), 21, "every step of the run");
+    let dev = ckpt_engine::CpuDevice::new(2, u64::MAX).unwrap();
+    let mut trainer = ckpt_engine::Trainer::new(suite.train.clone(), dev).unwrap();
+    for (step, shown) in steps.iter().enumerate().take(13) {
+        let trained = trainer.step().unwrap();
+        assert_eq!(shown["step"], step);
+        let micro_batches = shown["micro_batches"].as_array().unwrap();
+        let seq_lens: Vec<u64> = (micro_batches.iter())
+            .map(|m| m["shape"][1].as_u64().unwrap())
+            .collect();
+        let want: Vec<u64> = trained.seq_lens.iter().map(|&l| l as u64).collect();
+        assert_eq!(seq_lens, want, "step {step}: shapes");
+        let rows: Vec<(u64, u64)> = (micro_batches.iter())
+            .flat_map(|m| m["rows"].as_array().unwrap().iter())
+            .map(|r| (r["epoch"].as_u64().unwrap(), r["index"].as_u64().unwrap()))
+            .collect();
+        let want: Vec<(u64, u64)> = trained.samples.iter().map(|s| (s.epoch, s.index)).collect();
+        assert_eq!(rows, want, "step {step}: samples");
+        for m in micro_batches {
+            let longest = (m["rows"].as_array().unwrap().iter())
+                .map(|r| r["length"].as_u64().unwrap())
+                .max();
+            assert_eq!(longest, m["shape"][1].as_u64(), "padded to the longest row");
+        }
+    }
+    let one = batches(
+        "suites/sft-chat.yaml",
+        &["--json", "--step", "12", "--tokens"],
+    );
+    assert_eq!(one.len(), 1);
+    assert_eq!(one[0]["step"], 12);
+    let row = &one[0]["micro_batches"][0]["rows"][0];
+    assert_eq!(row["epoch"], 1, "step 12 begins the second epoch");
+    let labels = row["labels"].as_array().unwrap();
+    let learned = labels.iter().filter(|l| l.as_i64().unwrap() >= 0).count();
+    assert_eq!(row["learned"].as_u64(), Some(learned as u64));
+    assert_eq!(labels.len(), row["input_ids"].as_array().unwrap().len());
+    let shown = harness(
+        &["batches", "suites/sft-chat.yaml", "--step", "0", "--tokens"],
+        &[],
+    );
+    let shown = text(&shown);
+    assert!(
+        shown.contains("<|im_start|>assistant\\n⟦") && shown.contains("<|im_end|>⟧"),
+        "the answer and its <|im_end|> marked learned: {shown}"
+    );
 }

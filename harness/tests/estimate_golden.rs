@@ -6,7 +6,8 @@
 //! every suite that needs one (see [`needs_snapshot`]), so none can vanish unnoticed.
 
 use ckpt_engine::backend::count::{Like, Routes};
-use ckpt_engine::estimate::{estimate, routed_steps, Estimate, EstimateConfig};
+use ckpt_engine::data::DataLoader;
+use ckpt_engine::estimate::{estimate, recorded_steps, Estimate, EstimateConfig};
 use ckpt_engine::memory::Breakdown;
 
 use ckpt_harness::checks::{golden, Check};
@@ -70,22 +71,52 @@ fn rows(text: &str) -> Vec<Row> {
     out
 }
 
-/// What the estimate says of the steps of `measured`: a MoE step's at the routing it recorded.
+/// Each step's micro-batch lengths, drawn as the trainer draws them, for the steps of
+/// `measured`: empty for a step of the run's own length.
+fn seq_lens(suite: &Suite, measured: &[Row]) -> Vec<Vec<usize>> {
+    let run = &suite.train;
+    let mut loader = DataLoader::new(
+        &run.data,
+        run.model.vocab_size,
+        run.batch_size,
+        run.seq_len,
+        run.shuffle_seed,
+    )
+    .unwrap();
+    let last = measured.iter().map(|m| m.step).max().unwrap_or(0);
+    (0..=last)
+        .map(|step| {
+            let seq = run.seq_len_at(step);
+            let lens: Vec<usize> = (0..run.accumulation)
+                .map(|_| loader.next_batch_of(seq).unwrap().seq)
+                .collect();
+            match lens.iter().all(|&l| l == seq) {
+                true => Vec::new(),
+                false => lens,
+            }
+        })
+        .collect()
+}
+
+/// What the estimate says of the steps of `measured`: a MoE step's at the routing it recorded,
+/// a step of text at its micro-batches' lengths.
 fn predicted(e: &Estimate, suite: &Suite, measured: &[Row]) -> Vec<Row> {
+    let shapes = seq_lens(suite, measured);
     measured
         .iter()
         .map(|m| {
-            let routed;
-            let s = match m.tokens_per_expert.is_empty() {
+            let own;
+            let lens = &shapes[m.step as usize];
+            let s = match m.tokens_per_expert.is_empty() && lens.is_empty() {
                 true => e.at_step(m.step),
                 false => {
-                    let cfg = e
-                        .config
-                        .clone()
-                        .with_routes(Routes::Recorded(m.tokens_per_expert.clone()));
+                    let mut cfg = e.config.clone().with_seq_lens(lens.clone());
+                    if !m.tokens_per_expert.is_empty() {
+                        cfg = cfg.with_routes(Routes::Recorded(m.tokens_per_expert.clone()));
+                    }
                     let seq = e.config.run.seq_len_at(m.step);
-                    routed = routed_steps(&cfg, seq).unwrap();
-                    &routed[usize::from(m.step > 0)]
+                    own = recorded_steps(&cfg, seq).unwrap();
+                    &own[usize::from(m.step > 0)]
                 }
             };
             // A step after an asynchronous save holds its staging buffers until its end: all of
@@ -125,8 +156,9 @@ fn needs_snapshot(suite: &Suite, device: &str) -> bool {
 /// The snapshots that a suite needs and that only its device can write, not blessed yet (a new
 /// CI suite's CUDA trajectory, to be blessed on a GPU with `ckpt-harness run --device cuda
 /// --bless`). Each must still be missing: the test fails once one is written, so that its entry
-/// goes. Empty since `parallel-processes` was blessed on an H200 (2026-11-27).
-const AWAITING_THEIR_DEVICE: [(&str, &str); 0] = [];
+/// goes. The fine-tuning suites' (2026-12-02) await a lent card.
+const AWAITING_THEIR_DEVICE: [(&str, &str); 2] =
+    [("cuda", "sft-chat"), ("cuda", "sft-prompt-completion")];
 
 /// Whether `device`/`suite` is listed in [`AWAITING_THEIR_DEVICE`].
 fn awaits_its_device(device: &str, suite: &str) -> bool {

@@ -334,7 +334,7 @@ pub(crate) fn check_identity(
     let diff = first_difference(&recorded, &current, "")
         .unwrap_or_else(|| "the recorded fingerprint does not match its configuration".into());
     let fix = if diff.starts_with("data.") {
-        "resume on the data it was trained on (a token file is recorded by its size and sha256, not its path)".to_string()
+        "resume on the data, tokenizer and chat template it was trained on (each is recorded by its size and sha256, not its path)".to_string()
     } else if diff.starts_with("batch_size") || diff.starts_with("accumulation") {
         batch_fix(&state.identity, identity)
     } else {

@@ -3,6 +3,7 @@
 //! exits with. The binary (`main.rs`) only hands each command to its file; the runner, the
 //! checks and the reports the commands drive are the library's other stages.
 
+pub mod batches;
 pub mod diff;
 pub mod estimate;
 pub mod eval;
@@ -53,6 +54,10 @@ pub enum Command {
     /// Lists the trials the suites hold, and which cannot run here.
     #[command(after_help = exit_codes::plain_help())]
     List(list::ListArgs),
+    /// What the model sees at each step of a suite, without training: each micro-batch's shape
+    /// and its rows' samples; with --tokens their text, the learned tokens marked.
+    #[command(after_help = exit_codes::plain_help())]
+    Batches(batches::BatchesArgs),
     /// Checks suite files without running them.
     #[command(after_help = exit_codes::validate_help())]
     Validate(validate::ValidateArgs),

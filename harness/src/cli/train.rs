@@ -332,7 +332,7 @@ fn stopped<D: Device>(trainer: &mut Trainer<D>, out: &Path, what: &str) -> anyho
 fn refusal(out: &Path, foreign: &[Foreign], resuming: bool) -> String {
     let first = &foreign[0];
     let fix = if resuming {
-        "Resume it with the suite and data it was saved with (a token file is recorded by its size and sha256, not its path), or train into another --out"
+        "Resume it with the suite and data it was saved with (token files, datasets, tokenizers and chat templates are recorded by their size and sha256, not their paths), or train into another --out"
     } else {
         "Train into another --out, resume it with the suite it was saved with, or pass --overwrite to delete those checkpoints first"
     };

@@ -251,6 +251,7 @@ impl Suite {
                 path: base.join(p),
                 dtype: *dtype,
             },
+            DataConfig::Text(text) => DataConfig::Text(text.relative_to(base)),
             other => other.clone(),
         };
         let init = match &file.init {

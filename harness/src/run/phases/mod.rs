@@ -21,7 +21,7 @@ use crate::suite::Suite;
 use anyhow::Result;
 use ckpt_engine::backend::count::{Like, Routes};
 use ckpt_engine::checkpoint::step_dir_name;
-use ckpt_engine::estimate::{estimate, routed_rank_steps, EstimateConfig, StepEstimate};
+use ckpt_engine::estimate::{estimate, recorded_rank_steps, EstimateConfig, StepEstimate};
 use ckpt_engine::memory::{Breakdown, MemoryTracker};
 use ckpt_engine::{Device, EngineError, MemoryStats, Placing, StateDigest, StepStats, Trainer};
 use serde::{Deserialize, Serialize};
@@ -422,15 +422,24 @@ impl<'a, D: Device> Trial<'a, D> {
         self.suite.max_steps() + self.suite.file.training.extra_steps
     }
 
-    /// A MoE step's memory model on each rank of `world`, at the tokens per expert it recorded
-    /// (each rank's at its own micro-batches'); empty for a dense step, whose model is the run's.
-    fn routed(&self, world: usize, s: &StepStats) -> Result<Vec<[PredictedStep; 2]>> {
-        if s.tokens_per_expert.is_empty() {
+    /// A step's own memory model on each rank of `world`, where the run's cannot hold it: a
+    /// MoE step's at the tokens per expert it recorded (each rank's at its own micro-batches'),
+    /// a step of text padded to its micro-batches' longest samples at their lengths. Empty for
+    /// a dense step of the run's shape, whose model is the run's.
+    fn own_model(&self, world: usize, s: &StepStats) -> Result<Vec<[PredictedStep; 2]>> {
+        let seq = self.suite.train.seq_len_at(s.step);
+        let shaped = s.seq_lens.iter().any(|&len| len != seq);
+        if s.tokens_per_expert.is_empty() && !shaped {
             return Ok(Vec::new());
         }
-        let cfg = EstimateConfig::from_train(&self.suite.train_at(world), self.like)
-            .with_routes(Routes::Recorded(s.tokens_per_expert.clone()));
-        let ranks = routed_rank_steps(&cfg, self.suite.train.seq_len_at(s.step))?;
+        let mut cfg = EstimateConfig::from_train(&self.suite.train_at(world), self.like);
+        if !s.tokens_per_expert.is_empty() {
+            cfg = cfg.with_routes(Routes::Recorded(s.tokens_per_expert.clone()));
+        }
+        if shaped {
+            cfg = cfg.with_seq_lens(s.seq_lens.clone());
+        }
+        let ranks = recorded_rank_steps(&cfg, seq)?;
         Ok(ranks
             .iter()
             .map(|[a, b]| [predict(a), predict(b)])
@@ -534,7 +543,7 @@ impl<'a, D: Device> Trial<'a, D> {
                     let step_start = Instant::now();
                     match trainer.step() {
                         Ok(s) => {
-                            let routed = self.routed(world, &s)?;
+                            let own_model = self.own_model(world, &s)?;
                             let first_rank = own_rank.unwrap_or(0);
                             // A rank of its own counts only its own bytes.
                             let memories = match s.rank_memory.is_empty() {
@@ -549,12 +558,12 @@ impl<'a, D: Device> Trial<'a, D> {
                                     start: *start,
                                     staging: if r == 0 { staging } else { 0 },
                                     memory,
-                                    predicted: routed.get(first_rank + r).cloned(),
+                                    predicted: own_model.get(first_rank + r).cloned(),
                                 })
                                 .collect();
                             let step = StepRecord {
                                 ranks,
-                                predicted: routed.into_iter().next(),
+                                predicted: own_model.into_iter().next(),
                                 tokens_per_expert: s.tokens_per_expert,
                                 step: s.step,
                                 loss: s.loss,

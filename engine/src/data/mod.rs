@@ -1,6 +1,9 @@
 //! Deterministic data: a seeded synthetic dataset with learnable structure and variable lengths,
-//! and a dataset of flat token files. The loader's position is a plain value ([`LoaderState`]),
-//! so a checkpoint can store it and a resumed run reads exactly the batches it would have.
+//! a dataset of flat token files, and fine-tuning text tokenized by the model's tokenizer
+//! ([`text`]). The loader's position is a plain value ([`LoaderState`]), so a checkpoint can
+//! store it and a resumed run reads exactly the batches it would have.
+
+pub mod text;
 
 use crate::error::{check_host, try_vec, EngineError, Result, Setting};
 use crate::model::loss::IGNORE_INDEX;
@@ -10,6 +13,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
+use text::{Padding, TextData, Tokens};
 
 /// Where samples come from.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -38,6 +42,8 @@ pub enum DataConfig {
         #[serde(default = "default_token_dtype")]
         dtype: TokenDtype,
     },
+    /// Fine-tuning text (a JSONL file) and the model's tokenizer: a row a sample.
+    Text(TextData),
 }
 
 impl DataConfig {
@@ -51,8 +57,9 @@ impl DataConfig {
             DataConfig::TokenFile { path, dtype } => serde_json::json!({
                 "kind": "token_file",
                 "dtype": dtype,
-                "content": content(path)?,
+                "content": content(path, TOKEN_FILE)?,
             }),
+            DataConfig::Text(text) => text.identity()?,
         })
     }
 }
@@ -60,18 +67,28 @@ impl DataConfig {
 /// What a token file must be, for the message refusing a FIFO, a device or a directory.
 const TOKEN_FILE: &str = "the path of a file of token ids";
 
-/// `"N bytes, sha256 HEX"` of the token file at `path`, read in pieces.
-fn content(path: &Path) -> Result<String> {
+/// `"N bytes, sha256 HEX"` of the file at `path` (`wanted` says what it should be), read in
+/// pieces.
+fn content(path: &Path, wanted: &str) -> Result<String> {
     use sha2::{Digest, Sha256};
-    let (mut file, _) = regular_file::open(path, TOKEN_FILE)?;
+    let (mut file, _) = regular_file::open(path, wanted)?;
     let mut hasher = Sha256::new();
     let bytes = std::io::copy(&mut file, &mut hasher).map_err(|e| EngineError::io(path, e))?;
-    let hex: String = hasher
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    Ok(format!("{bytes} bytes, sha256 {hex}"))
+    Ok(format!("{bytes} bytes, sha256 {}", hex(&hasher.finalize())))
+}
+
+/// `"N bytes, sha256 HEX"` of `bytes`.
+fn content_of(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    format!(
+        "{} bytes, sha256 {}",
+        bytes.len(),
+        hex(&Sha256::digest(bytes))
+    )
+}
+
+fn hex(digest: &[u8]) -> String {
+    digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The width of token ids in a token file.
@@ -144,6 +161,29 @@ enum Source {
     Tokens {
         tokens: Vec<u32>,
     },
+    Text {
+        samples: Vec<Tokens>,
+        pad: u32,
+        padding: Padding,
+        group_by_length: bool,
+    },
+}
+
+/// transformers' `LengthGroupedSampler` over a shuffled `order`, with micro-batches of `batch`
+/// rows: the order cut into mega-batches of `batch` times the lesser of 50 and a quarter of the
+/// micro-batches an epoch holds (at least 1), each sorted longest first (a stable sort, ties in
+/// shuffled order), and the longest sample of all moved to the front, so that the epoch's first
+/// micro-batch is its largest: a step that will not fit fails first, not hours in.
+fn group_by_length(order: &mut [u64], batch: usize, len: impl Fn(u64) -> usize) {
+    let mult = (order.len() / batch.saturating_mul(4)).clamp(1, 50);
+    let mega = batch.saturating_mul(mult);
+    for chunk in order.chunks_mut(mega) {
+        chunk.sort_by_key(|&i| std::cmp::Reverse(len(i)));
+    }
+    let firsts = (0..order.len()).step_by(mega);
+    if let Some(longest) = firsts.max_by_key(|&at| (len(order[at]), std::cmp::Reverse(at))) {
+        order.swap(0, longest);
+    }
 }
 
 /// Hands out batches in a seeded shuffled order.
@@ -261,6 +301,15 @@ impl DataLoader {
                 }
                 Source::Tokens { tokens }
             }
+            DataConfig::Text(text) => {
+                let samples = text.load(vocab, seq)?;
+                Source::Text {
+                    samples: samples.tokens,
+                    pad: samples.pad_id,
+                    padding: text.padding,
+                    group_by_length: text.group_by_length,
+                }
+            }
         };
         Ok(DataLoader {
             source,
@@ -282,6 +331,15 @@ impl DataLoader {
         match &self.source {
             Source::Synthetic { samples, .. } => *samples,
             Source::Tokens { tokens } => ((tokens.len() - 1) / self.seq) as u64,
+            Source::Text { samples, .. } => samples.len() as u64,
+        }
+    }
+
+    /// Text sample `index`'s tokens and which of them the loss learns; `None` for other data.
+    pub fn text_sample(&self, index: u64) -> Option<&Tokens> {
+        match &self.source {
+            Source::Text { samples, .. } => samples.get(usize::try_from(index).ok()?),
+            _ => None,
         }
     }
 
@@ -308,30 +366,34 @@ impl DataLoader {
     /// The next batch with `seq` tokens per row instead of the loader's own length; moves the
     /// position on as [`DataLoader::next_batch`] does. Synthetic samples are drawn up to `seq`
     /// tokens long; token-file samples are read from the same window starts, `seq + 1` tokens
-    /// long, padded with ignored labels where the file ends first.
+    /// long, padded with ignored labels where the file ends first. Text samples are as long as
+    /// they are, in rows as long as the micro-batch's longest or `seq` (its `padding`).
     pub fn next_batch_of(&mut self, seq: usize) -> Result<Batch> {
         let rows = self.batch;
+        let indices = (0..rows).map(|_| self.draw()).collect::<Result<Vec<_>>>()?;
+        let seq = match &self.source {
+            Source::Text {
+                samples,
+                padding: Padding::Longest,
+                ..
+            } => (indices.iter())
+                .map(|&i| samples[i as usize].ids.len())
+                .max()
+                .unwrap_or(1)
+                .max(1),
+            _ => seq,
+        };
         let tokens = rows.saturating_mul(seq);
         check_host(tokens as u64 * 12, "a batch (token ids and labels)")?;
-        let mut input_ids = try_vec(tokens, PAD, "a batch's token ids")?;
+        let pad = match &self.source {
+            Source::Text { pad, .. } => *pad,
+            _ => PAD,
+        };
+        let mut input_ids = try_vec(tokens, pad, "a batch's token ids")?;
         let mut labels = try_vec(tokens, IGNORE_INDEX, "a batch's labels")?;
-        for (ids, labels) in input_ids.chunks_mut(seq).zip(labels.chunks_mut(seq)) {
-            if self.state.position >= self.samples() {
-                self.state.epoch += 1;
-                self.state.position = 0;
-            }
-            let index = self.shuffled(self.state.position)?;
-            self.drawn.push(SampleId {
-                epoch: self.state.epoch,
-                index,
-            });
-            self.state.position += 1;
-            let tokens = self.sample(index, seq);
-            let len = tokens.len() - 1;
-            ids[..len].copy_from_slice(&tokens[..len]);
-            for (l, &t) in labels.iter_mut().zip(&tokens[1..]) {
-                *l = t as i64;
-            }
+        let chunks = input_ids.chunks_mut(seq).zip(labels.chunks_mut(seq));
+        for ((ids, labels), &index) in chunks.zip(&indices) {
+            self.fill_row(index, ids, labels);
         }
         Ok(Batch {
             batch: rows,
@@ -339,6 +401,43 @@ impl DataLoader {
             input_ids,
             labels,
         })
+    }
+
+    /// The dataset index of the next sample; moves the position on, into the next epoch
+    /// after the last sample of one.
+    fn draw(&mut self) -> Result<u64> {
+        if self.state.position >= self.samples() {
+            self.state.epoch += 1;
+            self.state.position = 0;
+        }
+        let index = self.shuffled(self.state.position)?;
+        self.drawn.push(SampleId {
+            epoch: self.state.epoch,
+            index,
+        });
+        self.state.position += 1;
+        Ok(index)
+    }
+
+    /// Writes sample `index` into a row's `ids` and `labels` (as long as each other): each
+    /// token's label is the next token, ignored where the next is not learned. A synthetic or
+    /// token-file row leaves out its sample's last token (the label of the one before it); a
+    /// text row holds every token, the last one's label ignored, as transformers' rows do.
+    fn fill_row(&self, index: u64, ids: &mut [u32], labels: &mut [i64]) {
+        let tokens = self.sample(index, ids.len());
+        let (len, learned) = match &self.source {
+            Source::Text { samples, .. } => (
+                tokens.len().min(ids.len()),
+                Some(&samples[index as usize].learned),
+            ),
+            _ => (tokens.len() - 1, None),
+        };
+        ids[..len].copy_from_slice(&tokens[..len]);
+        for (i, (l, &t)) in labels.iter_mut().zip(&tokens[1..]).enumerate() {
+            if learned.is_none_or(|learned| learned[i + 1]) {
+                *l = t as i64;
+            }
+        }
     }
 
     /// The dataset index at `position` of the current epoch's permutation.
@@ -354,13 +453,22 @@ impl DataLoader {
                 let j = rng.random_range(0..=i);
                 order.swap(i, j);
             }
+            if let Source::Text {
+                samples,
+                group_by_length: true,
+                ..
+            } = &self.source
+            {
+                group_by_length(&mut order, self.batch, |i| samples[i as usize].ids.len());
+            }
             self.order = order;
             self.order_epoch = Some(self.state.epoch);
         }
         Ok(self.order[position as usize])
     }
 
-    /// Sample `index` for rows of `seq` tokens: between `min_len + 1` and `seq + 1` tokens.
+    /// Sample `index` for rows of `seq` tokens: between `min_len + 1` and `seq + 1` tokens
+    /// (synthetic or a token file's), or a text sample's tokens, at most `seq`.
     fn sample(&self, index: u64, seq: usize) -> Vec<u32> {
         match &self.source {
             Source::Synthetic {
@@ -391,6 +499,7 @@ impl DataLoader {
                 let start = index as usize * self.seq;
                 tokens[start..(start + seq + 1).min(tokens.len())].to_vec()
             }
+            Source::Text { samples, .. } => samples[index as usize].ids.clone(),
         }
     }
 }
@@ -479,13 +588,7 @@ mod tests {
     #[test]
     fn long_token_file_windows_are_padded_at_the_end_of_the_file() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("tokens.bin");
-        let tokens: Vec<u8> = (0u16..41).flat_map(|t| t.to_le_bytes()).collect();
-        std::fs::write(&path, tokens).unwrap();
-        let cfg = DataConfig::TokenFile {
-            path,
-            dtype: TokenDtype::U16,
-        };
+        let cfg = counting_file(dir.path(), 41);
         let mut l = DataLoader::new(&cfg, 64, 5, 8, 3).unwrap();
         let b = l.next_batch_of(12).unwrap();
         for row in 0..5 {
@@ -500,13 +603,7 @@ mod tests {
     #[test]
     fn token_files_are_read_as_windows() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("tokens.bin");
-        let tokens: Vec<u8> = (0u16..41).flat_map(|t| t.to_le_bytes()).collect();
-        std::fs::write(&path, tokens).unwrap();
-        let cfg = DataConfig::TokenFile {
-            path,
-            dtype: TokenDtype::U16,
-        };
+        let cfg = counting_file(dir.path(), 41);
         let mut l = DataLoader::new(&cfg, 64, 1, 8, 3).unwrap();
         assert_eq!(l.samples(), 5);
         let b = l.next_batch().unwrap();
@@ -582,6 +679,25 @@ mod tests {
         let mut starts: Vec<u32> = b.input_ids.chunks(8).map(|row| row[0]).collect();
         starts.sort_unstable();
         assert_eq!(starts, [0, 8, 16, 24, 32]);
+    }
+
+    #[test]
+    fn grouping_by_length_sorts_each_mega_batch_and_puts_the_longest_first() {
+        // 40 samples in micro-batches of 2: mega-batches of 2 × min(40 / 8, 50) = 10.
+        let lengths: Vec<usize> = (0..40).map(|i| (i * 37) % 101).collect();
+        let mut order: Vec<u64> = (0..40).rev().collect();
+        group_by_length(&mut order, 2, |i| lengths[i as usize]);
+        let mut sorted = order.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..40).collect::<Vec<u64>>());
+        let len = |at: usize| lengths[order[at] as usize];
+        assert_eq!(len(0), *lengths.iter().max().unwrap());
+        // Each mega-batch sorted longest first, but for its first sample: the longest of all
+        // took the first mega-batch's front, and the one it replaced went to its place.
+        for mega in order.chunks(10) {
+            let l: Vec<usize> = mega[1..].iter().map(|&i| lengths[i as usize]).collect();
+            assert!(l.windows(2).all(|w| w[0] >= w[1]), "{l:?}");
+        }
     }
 
     #[test]
