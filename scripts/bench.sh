@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Training throughput on the CPU: the engine's train_step bench and, when python3 can import torch
 # and transformers, Hugging Face LlamaForCausalLM with the same model, batch and optimizer, run
-# one after the other in the same invocation; prints both and the ratio. Then checkpoint save and
-# load throughput next to a plain write + fsync and read of the same bytes (checkpoint_io bench).
+# one after the other in the same invocation; prints both and the ratio. Then fine-tuning data:
+# a step on the fixture conversations against one of the same shape on synthetic data, and
+# tokenizing 100,000 conversations against transformers' apply_chat_template (and the token
+# cache's read back against the first run). Then checkpoint save and load throughput next to a
+# plain write + fsync and read of the same bytes (checkpoint_io bench).
 #
 #   scripts/bench.sh [--threads N] [--steps N] [--warmup N] [--rounds N] [--precision P]
 #                    [--kernels native|fma] [--json FILE]
@@ -129,6 +132,50 @@ else
     printf 'ratio engine/pytorch: %.2fx %s\n' "$ratio" "$target"
     figure "training, PyTorch ($config)" tokens/s "$theirs_tps" reference
     figure "training, engine / PyTorch ($config)" x "$ratio"
+fi
+
+echo "fine-tuning data..." >&2
+# A training step on the fixture conversations (rows padded to the bench's length) against the
+# same shape of synthetic data, alternated; tokenizing 100,000 conversations against
+# transformers' apply_chat_template on the same file, and the cache's read back against the first.
+data_lines=() synthetic_lines=() tokenize_lines=() theirs_tokenize=()
+for ((round = 1; round <= rounds; round++)); do
+    for data in squad synthetic; do
+        line=$(cargo bench -p ckpt-engine "${engine_features[@]}" --bench train_step --locked -q -- \
+            --threads "$threads" --steps "$steps" --warmup "$warmup" --checkpointing none \
+            --precision "$precision" --data "$data" | tail -n 1)
+        echo "engine ($data data): $line"
+        if [[ $data == squad ]]; then data_lines+=("$line"); else synthetic_lines+=("$line"); fi
+    done
+    line=$(cargo bench -p ckpt-engine "${engine_features[@]}" --bench tokenize --locked -q | tail -n 1)
+    echo "tokenize: $line"
+    tokenize_lines+=("$line")
+    if [[ $have_torch == 1 ]]; then
+        line=$("$python" scripts/bench_tokenize.py target/bench/squad-sft-100k.jsonl suites/data/tokenizer)
+        echo "transformers tokenize: $line"
+        theirs_tokenize+=("$(json_number tokenize_rows_per_s "$line")")
+    fi
+done
+squad_tps=$(printf '%s\n' "${data_lines[@]}" | median_of tokens_per_s)
+synthetic_tps=$(printf '%s\n' "${synthetic_lines[@]}" | median_of tokens_per_s)
+data_ratio=$(awk -v a="$squad_tps" -v b="$synthetic_tps" 'BEGIN { printf "%.4f", a / b }')
+printf 'training on real data %.1f tokens/s, synthetic %.1f: %.3fx (target >= 0.95x)\n' \
+    "$squad_tps" "$synthetic_tps" "$data_ratio"
+figure "training on fine-tuning text, engine ($config)" tokens/s "$squad_tps"
+figure "training on fine-tuning text / synthetic data ($config)" x "$data_ratio"
+ours_rows=$(printf '%s\n' "${tokenize_lines[@]}" | median_of tokenize_rows_per_s)
+read_back=$(printf '%s\n' "${tokenize_lines[@]}" | median_of read_back_vs_first)
+printf 'tokenizing: %.0f rows/s; the cache read back %.1fx faster than the first run (target >= 20x)\n' \
+    "$ours_rows" "$read_back"
+figure "tokenizing chat samples, engine" rows/s "$ours_rows"
+figure "tokenized samples read back / tokenized and kept" x "$read_back"
+if [[ $have_torch == 1 ]]; then
+    theirs_rows=$(printf '%s\n' "${theirs_tokenize[@]}" | median)
+    tokenize_ratio=$(awk -v a="$ours_rows" -v b="$theirs_rows" 'BEGIN { printf "%.4f", a / b }')
+    printf 'transformers apply_chat_template: %.0f rows/s; engine/transformers: %.2fx (target >= 1x)\n' \
+        "$theirs_rows" "$tokenize_ratio"
+    figure "tokenizing chat samples, transformers" rows/s "$theirs_rows" reference
+    figure "tokenizing chat samples, engine / transformers" x "$tokenize_ratio"
 fi
 
 echo "checkpoint save and load..." >&2

@@ -17,6 +17,7 @@
 //!     [--batch N] [--seq N] [--layers N] [--threads N] [--steps N] [--warmup N]
 //!     [--checkpointing none,full] [--precision fp32|bf16-mixed] [--loss standard|chunked:N]
 //!     [--peak-tflops X] [--loops widest|avx2|baseline] [--world N] [--shard none|gradients|full]
+//!     [--data synthetic|squad]
 //! ```
 //! The first options can also be given as environment variables (`BENCH_THREADS`,
 //! `BENCH_STEPS`, `BENCH_WARMUP`, `BENCH_CHECKPOINTING`, `BENCH_PRECISION`, `BENCH_LOSS`);
@@ -28,6 +29,9 @@
 //! output says which ran. `--world N` trains data-parallel over N ranks (`--shard` says what
 //! they shard; on the CPU each rank has `--threads` / N threads): the step's batch is cut into N
 //! micro-batches of `batch` / N rows, so a step holds the same tokens as on one rank.
+//! `--data squad` trains on real fine-tuning text instead of the synthetic chain: the fixture
+//! conversations (`suites/data/squad-sft.jsonl`, its tokenizer, answer-only labels), every row
+//! padded to `seq` (samples cut there), so a step has the synthetic one's shape.
 
 use ckpt_engine::backend::cpu::bf16_dot::Bf16Products;
 use ckpt_engine::backend::cpu::{peak, VectorIsa};
@@ -52,6 +56,7 @@ struct Options {
     loops: VectorIsa,
     world: usize,
     shard: String,
+    data: String,
 }
 
 impl Options {
@@ -74,6 +79,7 @@ impl Options {
             loops: VectorIsa::Avx512,
             world: 1,
             shard: "none".into(),
+            data: "synthetic".into(),
         };
         let mut args = std::env::args().skip(1);
         while let Some(arg) = args.next() {
@@ -108,6 +114,7 @@ impl Options {
                 }
                 "--world" => opts.world = value()?.parse().map_err(bad("world"))?,
                 "--shard" => opts.shard = value()?,
+                "--data" => opts.data = value()?,
                 "--loops" => {
                     opts.loops = match value()?.as_str() {
                         "widest" => VectorIsa::Avx512,
@@ -214,6 +221,25 @@ fn bad<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> String {
     move |e| format!("bad {what}: {e}")
 }
 
+impl Options {
+    /// The data the steps train on.
+    fn data_json(&self) -> Result<Value, String> {
+        let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../suites/data");
+        match self.data.as_str() {
+            "synthetic" => Ok(json!({"kind": "synthetic", "seed": 0, "samples": 4096})),
+            "squad" => Ok(json!({
+                "kind": "text",
+                "path": fixtures.join("squad-sft.jsonl"),
+                "columns": {"messages": "messages"},
+                "tokenizer": fixtures.join("tokenizer"),
+                "padding": "max_length",
+                "overlong": "truncate",
+            })),
+            other => Err(format!("--data takes synthetic or squad, not {other}")),
+        }
+    }
+}
+
 /// The benchmark's training configuration, as the trainer reads it.
 fn train_config(opts: &Options, checkpointing: &str) -> Result<Value, String> {
     let (model, _, _) = opts.model_json()?;
@@ -230,7 +256,7 @@ fn train_config(opts: &Options, checkpointing: &str) -> Result<Value, String> {
             "grad_clip": 1.0,
         },
         "schedule": {"kind": "constant"},
-        "data": {"kind": "synthetic", "seed": 0, "samples": 4096},
+        "data": opts.data_json()?,
         "batch_size": batch / opts.world,
         "accumulation": opts.world,
         "parallel": {"world_size": opts.world, "shard": opts.shard},
@@ -388,6 +414,7 @@ fn run() -> Result<Value, String> {
         "warmup": opts.warmup,
         "precision": opts.precision,
         "loss": opts.loss,
+        "data": opts.data,
         "tokens_per_step": batch * seq,
         "tokens_per_s": results[0]["tokens_per_s"],
         "results": results,

@@ -9,6 +9,7 @@ pub mod template;
 pub mod tokenizer;
 
 use crate::error::{EngineError, Result, Setting};
+use rayon::prelude::*;
 use rows::{Row, DATASET};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -188,13 +189,17 @@ impl TextData {
         if let Some(kept) = entry.as_deref().and_then(cache::read) {
             return Ok(kept);
         }
-        let mut tokens = Vec::new();
-        for (at, row) in rows::read(&self.path)? {
-            let sample = row
-                .and_then(|row| self.tokenize(form, &row, tokenizer))
-                .map_err(|e| EngineError::bad_file(&self.path, format!("{at}: {e}")))?;
-            tokens.push(sample);
-        }
+        // Rows are tokenized on every core, each on its own; the first bad row in file order
+        // is the one named.
+        let tokens = (rows::read(&self.path)?.into_par_iter())
+            .map(|(at, row)| {
+                row.and_then(|row| self.tokenize(form, &row, tokenizer))
+                    .map_err(|e| format!("{at}: {e}"))
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| EngineError::bad_file(&self.path, e))?;
         if tokens.is_empty() {
             return Err(EngineError::bad_file(
                 &self.path,
@@ -250,9 +255,8 @@ impl TextData {
         let all = self.labels == Labels::All;
         match *form {
             Form::Messages(name) => {
-                let messages = column(name)?;
-                check_messages(name, messages)?;
-                tokenizer.chat(messages, all)
+                let messages = messages_of(name, column(name)?)?;
+                tokenizer.chat(&serde_json::Value::Array(messages), all)
             }
             Form::PromptCompletion(prompt, completion) => {
                 let mut messages = turns(prompt, column(prompt)?, "user")?;
@@ -299,15 +303,28 @@ impl TextData {
     }
 }
 
-/// Refuses a column that is not a list of message objects.
-fn check_messages(name: &str, messages: &serde_json::Value) -> std::result::Result<(), String> {
-    match messages.as_array() {
-        Some(list) if list.iter().all(serde_json::Value::is_object) => Ok(()),
-        _ => Err(format!(
+/// A column's list of messages, each without its keys whose value is null (as transformers
+/// leaves them out of what a template sees), or what is wrong with it.
+fn messages_of(
+    name: &str,
+    messages: &serde_json::Value,
+) -> std::result::Result<Vec<serde_json::Value>, String> {
+    let wrong = || {
+        format!(
             "column `{name}` holds {}, not a list of messages ({{\"role\": ..., \"content\": ...}})",
             kind_of(messages)
-        )),
-    }
+        )
+    };
+    let list = messages.as_array().ok_or_else(wrong)?;
+    list.iter()
+        .map(|m| {
+            let object = m.as_object().ok_or_else(wrong)?;
+            let kept = object.iter().filter(|(_, v)| !v.is_null());
+            Ok(serde_json::Value::Object(
+                kept.map(|(k, v)| (k.clone(), v.clone())).collect(),
+            ))
+        })
+        .collect()
 }
 
 /// A prompt or completion column as messages: a string is one message of `role`.
@@ -320,10 +337,7 @@ fn turns(
         serde_json::Value::String(content) => {
             Ok(vec![serde_json::json!({"role": role, "content": content})])
         }
-        serde_json::Value::Array(list) => {
-            check_messages(name, value)?;
-            Ok(list.clone())
-        }
+        serde_json::Value::Array(_) => messages_of(name, value),
         other => Err(format!(
             "column `{name}` holds {}, not a string or a list of messages",
             kind_of(other)
@@ -398,6 +412,21 @@ mod tests {
         };
         let every = &all.load(512, 512).unwrap().tokens[0];
         assert!(every.learned.iter().all(|&l| l));
+    }
+
+    #[test]
+    fn keys_whose_value_is_null_are_left_out_as_transformers_leaves_them() {
+        let with_nulls = ROW.replace(
+            r#""content": "Zürich"}"#,
+            r#""content": "Zürich", "tool_calls": null}"#,
+        );
+        assert_ne!(with_nulls, ROW);
+        let (_dir, data) = chat(&format!("{ROW}\n{with_nulls}"));
+        let tokens = data.load(512, 512).unwrap().tokens;
+        assert_eq!(tokens[0], tokens[1]);
+        let (_dir, data) = chat(&ROW.replace("\"Where?\"", "null"));
+        let e = refusal(&data, 512);
+        assert!(e.contains("line 1: the chat template of "), "{e}");
     }
 
     #[test]
