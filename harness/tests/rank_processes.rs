@@ -15,7 +15,8 @@ use std::process::Command;
 mod common;
 
 /// `suite`'s file with `processes: true` in its `parallel`, written into `dir` (into
-/// `dir/faults` for a negative control, so that its trial keeps its name).
+/// `dir/faults` for a negative control, so that its trial keeps its name), beside a link to the
+/// `data/` directory beside it, where its suite's paths lead.
 fn in_processes(suite: &Suite, dir: &Path) -> Suite {
     let text = std::fs::read_to_string(&suite.path).unwrap();
     let changed = text.replacen("\nparallel: {", "\nparallel: {processes: true, ", 1);
@@ -32,6 +33,10 @@ fn in_processes(suite: &Suite, dir: &Path) -> Suite {
         dir.to_path_buf()
     };
     std::fs::create_dir_all(&dir).unwrap();
+    let data = suite.path.parent().unwrap().join("data");
+    if data.is_dir() && !dir.join("data").exists() {
+        std::os::unix::fs::symlink(data.canonicalize().unwrap(), dir.join("data")).unwrap();
+    }
     let path = dir.join(suite.path.file_name().unwrap());
     std::fs::write(&path, changed).unwrap();
     Suite::load(&path).unwrap()
