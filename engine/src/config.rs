@@ -230,6 +230,17 @@ impl TrainConfig {
             },
         )
     }
+    /// The run's data loader at its start: its data in rows of `batch_size` × `seq_len`, in the
+    /// order of `shuffle_seed`.
+    pub fn loader(&self) -> Result<DataLoader> {
+        DataLoader::new(
+            &self.data,
+            self.model.vocab_size,
+            self.batch_size,
+            self.seq_len,
+            self.shuffle_seed,
+        )
+    }
 
     /// Everything a trainer refuses at start, checked without allocating on a device: the
     /// model's shape, every optimizer, schedule, loss and dropout value, the batch shape and
@@ -299,14 +310,7 @@ impl TrainConfig {
                 std::fs::metadata(&weights).map_err(|e| EngineError::io(&weights, e))?;
             }
         }
-        let data = DataLoader::new(
-            &self.data,
-            self.model.vocab_size,
-            self.batch_size,
-            self.seq_len,
-            self.shuffle_seed,
-        );
-        match (data, &self.data) {
+        match (self.loader(), &self.data) {
             (Ok(_), _) => Ok(()),
             (
                 Err(e @ (EngineError::Io { .. } | EngineError::BadFile { .. })),

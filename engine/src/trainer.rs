@@ -176,13 +176,7 @@ impl<D: Device> Trainer<D> {
     }
 
     fn assemble(cfg: TrainConfig, ranks: Ranks<D>) -> Result<Self> {
-        let loader = DataLoader::new(
-            &cfg.data,
-            cfg.model.vocab_size,
-            cfg.batch_size,
-            cfg.seq_len,
-            cfg.shuffle_seed,
-        )?;
+        let loader = cfg.loader()?;
         let rng = RngState {
             seed: cfg.shuffle_seed,
             offset: 0,
@@ -628,9 +622,7 @@ impl<D: Device> Trainer<D> {
             .collect();
         trackers.iter().for_each(MemoryTracker::reset_peak);
         let seq = self.cfg.seq_len_at(self.step);
-        let batches = (0..self.cfg.accumulation)
-            .map(|_| self.loader.next_batch_of(seq))
-            .collect::<Result<Vec<_>>>()?;
+        let batches = self.loader.next_step(self.cfg.accumulation, seq)?;
         let dropout = (self.cfg.dropout > 0.0).then_some(Dropout {
             p: self.cfg.dropout,
             seed: self.rng.seed,

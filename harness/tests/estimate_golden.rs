@@ -6,7 +6,6 @@
 //! every suite that needs one (see [`needs_snapshot`]), so none can vanish unnoticed.
 
 use ckpt_engine::backend::count::{Like, Routes};
-use ckpt_engine::data::DataLoader;
 use ckpt_engine::estimate::{estimate, recorded_steps, Estimate, EstimateConfig};
 use ckpt_engine::memory::Breakdown;
 
@@ -75,21 +74,13 @@ fn rows(text: &str) -> Vec<Row> {
 /// `measured`: empty for a step of the run's own length.
 fn seq_lens(suite: &Suite, measured: &[Row]) -> Vec<Vec<usize>> {
     let run = &suite.train;
-    let mut loader = DataLoader::new(
-        &run.data,
-        run.model.vocab_size,
-        run.batch_size,
-        run.seq_len,
-        run.shuffle_seed,
-    )
-    .unwrap();
+    let mut loader = run.loader().unwrap();
     let last = measured.iter().map(|m| m.step).max().unwrap_or(0);
     (0..=last)
         .map(|step| {
             let seq = run.seq_len_at(step);
-            let lens: Vec<usize> = (0..run.accumulation)
-                .map(|_| loader.next_batch_of(seq).unwrap().seq)
-                .collect();
+            let batches = loader.next_step(run.accumulation, seq).unwrap();
+            let lens: Vec<usize> = batches.iter().map(|b| b.seq).collect();
             match lens.iter().all(|&l| l == seq) {
                 true => Vec::new(),
                 false => lens,

@@ -403,6 +403,14 @@ impl DataLoader {
         })
     }
 
+    /// The next step's `micro_batches` batches of rows of `seq` tokens (see
+    /// [`DataLoader::next_batch_of`]): what a trainer takes a step on.
+    pub fn next_step(&mut self, micro_batches: usize, seq: usize) -> Result<Vec<Batch>> {
+        (0..micro_batches)
+            .map(|_| self.next_batch_of(seq))
+            .collect()
+    }
+
     /// The dataset index of the next sample; moves the position on, into the next epoch
     /// after the last sample of one.
     fn draw(&mut self) -> Result<u64> {

@@ -58,14 +58,8 @@ struct MicroBatchView {
 pub fn exec(args: BatchesArgs) -> Result<u8> {
     let suite = plan::load_one(&args.suite)?;
     let train = &suite.train;
-    let mut loader = DataLoader::new(
-        &train.data,
-        train.model.vocab_size,
-        train.batch_size,
-        train.seq_len,
-        train.shuffle_seed,
-    )
-    .with_context(|| format!("{}: the data", args.suite.display()))?;
+    let mut loader =
+        (train.loader()).with_context(|| format!("{}: the data", args.suite.display()))?;
     let tokenizer = match &train.data {
         DataConfig::Text(text) if args.tokens && !args.json => {
             Some(HfTokenizer::open(&text.tokenizer)?)
@@ -81,9 +75,7 @@ pub fn exec(args: BatchesArgs) -> Result<u8> {
         .unwrap_or(end.saturating_sub(1));
     let mut out = std::io::stdout().lock();
     for step in 0..=last {
-        let batches = (0..train.accumulation)
-            .map(|_| loader.next_batch_of(train.seq_len_at(step)))
-            .collect::<ckpt_engine::Result<Vec<_>>>()?;
+        let batches = loader.next_step(train.accumulation, train.seq_len_at(step))?;
         let samples = loader.take_drawn();
         if !args.steps.is_empty() && !args.steps.contains(&step) {
             continue;

@@ -276,9 +276,7 @@ impl TextData {
     /// What a run's identity records of its data: the dataset's, tokenizer's and chat
     /// template's content (size and sha256, not their paths), and how samples are read.
     pub fn identity(&self) -> Result<serde_json::Value> {
-        let tokenizer = HfTokenizer::open(&self.tokenizer)?;
-        let template = tokenizer
-            .template_source()
+        let template = tokenizer::chat_template_source(&self.tokenizer)?
             .map(|s| super::content_of(s.as_bytes()));
         Ok(serde_json::json!({
             "kind": "text",

@@ -63,15 +63,7 @@ impl HfTokenizer {
             .with_truncation(None)
             .map_err(|e| EngineError::bad_file(&file, e.to_string()))?;
         tokenizer.with_padding(None);
-        let config_path = dir.join(CONFIG_FILE);
-        let config: serde_json::Value = match config_path.exists() {
-            true => {
-                let bytes = regular_file::read(&config_path, "a tokenizer_config.json")?;
-                serde_json::from_slice(&bytes)
-                    .map_err(|e| EngineError::bad_file(&config_path, format!("is not JSON: {e}")))?
-            }
-            false => serde_json::json!({}),
-        };
+        let config = read_config(dir)?;
         let special: Vec<(String, String)> = SPECIAL_TOKENS
             .iter()
             .filter_map(|&key| {
@@ -89,7 +81,7 @@ impl HfTokenizer {
         let pad_id = id_of("pad_token")
             .or_else(|| id_of("eos_token"))
             .unwrap_or(0);
-        let (template_source, origin) = template_source(dir, &config, &config_path)?;
+        let (template_source, origin) = template_source(dir, &config)?;
         let template = match &template_source {
             Some(source) => Some(ChatTemplate::new(source, &origin)?),
             None => None,
@@ -220,14 +212,27 @@ fn assistant_mask(encoding: &tokenizers::Encoding, rendered: &Rendered) -> Vec<b
     learned
 }
 
+/// `tokenizer_config.json` of `dir`, or an empty object where there is none.
+fn read_config(dir: &Path) -> Result<serde_json::Value> {
+    let path = dir.join(CONFIG_FILE);
+    if !path.exists() {
+        return Ok(serde_json::json!({}));
+    }
+    let bytes = regular_file::read(&path, "a tokenizer_config.json")?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| EngineError::bad_file(&path, format!("is not JSON: {e}")))
+}
+
+/// The source of the chat template in the tokenizer directory `dir`, where it has one, read
+/// without reading the tokenizer itself (a run's identity records it).
+pub fn chat_template_source(dir: &Path) -> Result<Option<String>> {
+    Ok(template_source(dir, &read_config(dir)?)?.0)
+}
+
 /// The chat template's source and the file it is in: `chat_template.jinja`, else
 /// `tokenizer_config.json`'s `chat_template` (a string, or a list of named templates of which
 /// the one named `default`).
-fn template_source(
-    dir: &Path,
-    config: &serde_json::Value,
-    config_path: &Path,
-) -> Result<(Option<String>, PathBuf)> {
+fn template_source(dir: &Path, config: &serde_json::Value) -> Result<(Option<String>, PathBuf)> {
     let file = dir.join(TEMPLATE_FILE);
     if file.exists() {
         let bytes = regular_file::read(&file, "a chat template")?;
@@ -244,5 +249,5 @@ fn template_source(
             .map(str::to_string),
         _ => None,
     };
-    Ok((source, config_path.to_path_buf()))
+    Ok((source, dir.join(CONFIG_FILE)))
 }
