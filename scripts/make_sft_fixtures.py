@@ -6,6 +6,8 @@
 Writes
 - suites/data/squad-sft.jsonl: 144 SQuAD-shaped rows made from this script's word lists with a
   fixed seed (id, title, context, question, answer, messages, prompt, completion, text);
+- suites/data/squad-sft-validation.jsonl: 24 more rows of the same kind, drawn after the
+  tokenizer's corpus (a validation split of its own);
 - suites/data/squad-sft.parquet: the same rows as Parquet, as the Hugging Face Hub serves datasets
   (pyarrow, snappy, row groups of 64 rows: `messages` a list of structs);
 - suites/data/tokenizer/: a 512-token byte-level BPE (tokenizer.json) trained with `tokenizers`
@@ -34,6 +36,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import PreTrainedTokenizerFast
 
 SEED = 23
+VALIDATION_ROWS = 24
 ROWS = 144
 VOCAB_SIZE = 512
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|startoftext|>", "<|pad|>"]
@@ -298,6 +301,9 @@ def main() -> None:
     table = pa.Table.from_pylist([dict(row) for row in rows])
     pq.write_table(table, DATA / "squad-sft.parquet", compression="snappy", row_group_size=64)
     tok = train_tokenizer(train_corpus(rows, rng))
+    with open(DATA / "squad-sft-validation.jsonl", "w", encoding="utf-8", newline="\n") as f:
+        for row in [make_row(rng) for _ in range(VALIDATION_ROWS)]:
+            f.write(json.dumps(row, ensure_ascii=False, separators=(",", ":")) + "\n")
     save_tokenizer(tok, CHAT_TEMPLATE, DATA / "tokenizer")
     save_tokenizer(tok, without_generation(CHAT_TEMPLATE), DATA / "tokenizer-no-generation")
 

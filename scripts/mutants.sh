@@ -35,8 +35,9 @@ args_for() {
     case "$1" in
         checks) args=(-p ckpt-harness -f 'harness/src/checks/*.rs' --cargo-arg=--lib) ;;
         optim) args=(-f engine/src/optim.rs "${engine_tests[@]}") ;;
-        data) args=(-f 'engine/src/data/*.rs' -f 'engine/src/data/text/*.rs' "${engine_tests[@]}" --cargo-arg=--test=text_data
-            --cargo-arg=--test=transformers_tokens) ;;
+        data) args=(-f 'engine/src/data/*.rs' -f 'engine/src/data/text/*.rs' -f engine/src/validation.rs
+            "${engine_tests[@]}" --cargo-arg=--test=text_data --cargo-arg=--test=transformers_tokens
+            --cargo-arg=--test=validation) ;;
         checkpoint)
             # cargo-mutants names only the mutated package; --package adds the harness's tests.
             args=(-f 'engine/src/checkpoint/*.rs' --test-package ckpt-engine --cargo-arg=--package=ckpt-harness

@@ -2,6 +2,7 @@
 //! must share with a run to resume it ([`TrainConfig::identity`]), and the checks that refuse an
 //! impossible run before anything is allocated ([`TrainConfig::validate`]).
 
+use crate::data::text::TextData;
 use crate::data::{DataConfig, DataLoader, LongBatch};
 use crate::error::{EngineError, Result, Setting};
 use crate::fault::Faults;
@@ -10,6 +11,7 @@ use crate::model::loss::LossKind;
 use crate::model::{Checkpointing, LlamaConfig};
 use crate::optim::{AdamWConfig, Schedule};
 use crate::parallel::Parallel;
+use crate::validation::ValidationConfig;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
@@ -100,6 +102,9 @@ pub struct TrainConfig {
     /// identity: the bits do not depend on it.
     #[serde(default, skip_serializing_if = "Parallel::is_single")]
     pub parallel: Parallel,
+    /// A validation split and when it is evaluated; none by default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub validation: Option<ValidationConfig>,
 }
 
 fn default_loss() -> LossKind {
@@ -161,6 +166,7 @@ impl TrainConfig {
             long_batch: None,
             faults: Faults::default(),
             parallel: Parallel::default(),
+            validation: None,
         }
     }
 
@@ -190,6 +196,9 @@ impl TrainConfig {
         }
         if let Some(long) = self.long_batch {
             identity["long_batch"] = serde_json::json!(long);
+        }
+        if let Some(validation) = &self.validation {
+            identity["validation"] = validation.identity(&self.data)?;
         }
         Ok(identity)
     }
@@ -233,13 +242,35 @@ impl TrainConfig {
     /// The run's data loader at its start: its data in rows of `batch_size` × `seq_len`, in the
     /// order of `shuffle_seed`.
     pub fn loader(&self) -> Result<DataLoader> {
-        DataLoader::new(
-            &self.data,
-            self.model.vocab_size,
-            self.batch_size,
-            self.seq_len,
-            self.shuffle_seed,
-        )
+        Ok(self.loaders()?.0)
+    }
+
+    /// The run's training loader at its start ([`TrainConfig::loader`], without a held-out
+    /// validation share) and its validation split's loader, if it has one.
+    pub fn loaders(&self) -> Result<(DataLoader, Option<DataLoader>)> {
+        let loader = |data: &DataConfig| {
+            DataLoader::new(
+                data,
+                self.model.vocab_size,
+                self.batch_size,
+                self.seq_len,
+                self.shuffle_seed,
+            )
+        };
+        let train = loader(&self.data)?;
+        let Some(validation) = &self.validation else {
+            return Ok((train, None));
+        };
+        validation.check(&self.data)?;
+        let (train, split) =
+            validation.split(train, self.shuffle_seed, |path| match &self.data {
+                DataConfig::Text(text) => loader(&DataConfig::Text(TextData {
+                    path: path.to_path_buf(),
+                    ..text.clone()
+                })),
+                _ => unreachable!("checked: a validation file needs text data"),
+            })?;
+        Ok((train, Some(split)))
     }
 
     /// Everything a trainer refuses at start, checked without allocating on a device: the

@@ -412,6 +412,50 @@ fn repeating_steps(cfg: &EstimateConfig, seq: usize) -> Result<Option<Steps>> {
     Ok(Some((anatomy, steps, checkpoint_bytes)))
 }
 
+/// Each rank's peak, in rank order, over an evaluation of the validation micro-batches of
+/// `shapes` (rows, tokens per row) on a trainer between steps: a step of the run's shape on a
+/// fresh state of the counting device (one per rank), then the evaluation
+/// ([`Ranks::evaluate`]). A dense model's is the measured peak to the byte; a MoE model's
+/// evaluation is modelled with balanced routes.
+pub fn evaluation_peaks(cfg: &EstimateConfig, shapes: &[(usize, usize)]) -> Result<Vec<u64>> {
+    cfg.validate()?;
+    let run = &cfg.run;
+    let dev = CountingDevice::new(cfg.like);
+    let world = run.parallel.world_size;
+    let devices = match world {
+        1 => vec![dev.clone()],
+        _ => dev.ranks(world)?,
+    };
+    let mut ranks = match devices.len() {
+        1 => Ranks::single(State::zeros(run, dev.clone())?),
+        _ => Ranks::new(run, devices.clone(), None, None)?,
+    };
+    let zeros = |(rows, seq): (usize, usize)| -> Result<Batch> {
+        let tokens = rows.saturating_mul(seq);
+        Ok(Batch {
+            batch: rows,
+            seq,
+            input_ids: try_vec(tokens, 0, "the dry run's token ids")?,
+            labels: try_vec(tokens, 0, "the dry run's labels")?,
+        })
+    };
+    let step = (0..run.accumulation)
+        .map(|_| zeros((run.batch_size, run.seq_len)))
+        .collect::<Result<Vec<_>>>()?;
+    ranks.train_step(&step, None, 0.0)?;
+    drop(step);
+    let evaluated = shapes
+        .iter()
+        .map(|&s| zeros(s))
+        .collect::<Result<Vec<_>>>()?;
+    devices.iter().for_each(|d| d.tracker().reset_peak());
+    ranks.evaluate(&evaluated)?;
+    Ok(devices
+        .iter()
+        .map(|d| d.tracker().stats().allocated.peak)
+        .collect())
+}
+
 /// The parts, each rank's step without and with AdamW's moments at rows of `seq` tokens, and
 /// the bytes of a checkpoint's tensors after them: two steps of a fresh state on the counting
 /// device (one per rank, for data parallelism), each over `micro_batches` micro-batches.

@@ -95,6 +95,20 @@ pub enum Fault {
     /// tensor, as another writer would have produced it. The trainer's state is untouched; one
     /// rank's and gathered saves, and tensors the world size divides, are unharmed.
     LastUnevenShardDropped,
+    /// A resumed trainer evaluates its validation split again at the step it resumed at, when
+    /// that step was due one: the run saved there had already evaluated it (axolotl #3575,
+    /// Megatron-Bridge #5076: evaluation re-run on every resume). The training is untouched.
+    EvaluationRepeatedAtResume,
+    /// The validation loader is not reset before an evaluation: each one reads on from where
+    /// the last stopped, so an evaluation depends on how many came before it in the process,
+    /// and a resumed run evaluates other samples than the uninterrupted run at the same step.
+    /// Needs `validation.batches` short of the whole split. The training is untouched.
+    ValidationLoaderNotReset,
+    /// An evaluation's forward pass keeps every block's activations until its loss, as a
+    /// forward pass run without `torch.no_grad()` keeps the autograd graph: its peak is a
+    /// training forward pass's, not the one block's an evaluation needs (the evaluation that
+    /// runs out of memory on its own). The bits are untouched and nothing outlives the pass.
+    EvaluationKeepsActivations,
 }
 
 /// The set of faults a run injects.

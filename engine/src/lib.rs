@@ -28,6 +28,7 @@ pub mod regular_file;
 pub mod state;
 pub mod tensor;
 pub mod trainer;
+pub mod validation;
 
 pub use backend::{CountingDevice, CpuDevice, CudaDevice};
 pub use config::{Init, Precision, TrainConfig};

@@ -267,6 +267,27 @@ impl<D: Device> State<D> {
         Ok(passes)
     }
 
+    /// A forward pass without gradients over each of `batches` in turn (an evaluation's),
+    /// telling `hooks` around every read of a group's weights: each pass's output.
+    pub fn evaluate_hooked(
+        &mut self,
+        batches: &[Batch],
+        hooks: &mut (impl PassHooks<D, f32> + PassHooks<D, bf16>),
+    ) -> Result<Vec<PassOutput>> {
+        let mut passes = Vec::with_capacity(batches.len());
+        let (dev, model) = (&self.dev, &self.model);
+        let how = (self.cfg.loss, &self.cfg.faults);
+        for batch in batches {
+            passes.push(match &mut self.weights {
+                Weights::Fp32(p) => model.evaluate_hooked(dev, p, batch, how, hooks)?,
+                Weights::Bf16Mixed { compute, .. } => {
+                    model.evaluate_hooked(dev, compute, batch, how, hooks)?
+                }
+            });
+        }
+        Ok(passes)
+    }
+
     /// The model the passes run.
     pub fn model(&self) -> &Model<D> {
         &self.model

@@ -29,6 +29,7 @@ use crate::parallel::source::{HostTensors, RowSource};
 use crate::ranks::Ranks;
 use crate::state::State;
 use crate::tensor::Tensor;
+use crate::validation::Evaluation;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
@@ -67,6 +68,10 @@ pub struct StepStats {
     /// Every rank's memory figures, in rank order, in a data-parallel run; empty for one rank.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rank_memory: Vec<MemoryStats>,
+    /// The evaluations of the validation split run with the step (after it, where it is due
+    /// one), in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub evaluations: Vec<Evaluation>,
 }
 
 /// Digests of the training state, to compare a resumed run with the run it continues.
@@ -116,6 +121,8 @@ pub struct Trainer<D: Device> {
     cfg: TrainConfig,
     ranks: Ranks<D>,
     loader: DataLoader,
+    /// The validation split's loader, where the run has one.
+    validation: Option<DataLoader>,
     step: u64,
     rng: RngState,
     resumed_at: u64,
@@ -176,7 +183,7 @@ impl<D: Device> Trainer<D> {
     }
 
     fn assemble(cfg: TrainConfig, ranks: Ranks<D>) -> Result<Self> {
-        let loader = cfg.loader()?;
+        let (loader, validation) = cfg.loaders()?;
         let rng = RngState {
             seed: cfg.shuffle_seed,
             offset: 0,
@@ -186,6 +193,7 @@ impl<D: Device> Trainer<D> {
             cfg,
             ranks,
             loader,
+            validation,
             step: 0,
             rng,
             resumed_at: 0,
@@ -628,11 +636,20 @@ impl<D: Device> Trainer<D> {
             seed: self.rng.seed,
             offset: self.rng.offset,
         });
+        let repeated = match self.cfg.faults.has(Fault::EvaluationRepeatedAtResume)
+            && self.step == self.resumed_at
+            && self.resumed_loader.is_some()
+            && self.evaluation_due(self.step)
+        {
+            true => Some(self.evaluate()?),
+            false => None,
+        };
+        trackers.iter().for_each(MemoryTracker::reset_peak);
         let lr = self.next_lr();
         let (pass, grad_norm) = self.ranks.train_step(&batches, dropout, lr)?;
         self.allocated_at_load.clear();
         self.finish_saves()?;
-        let stats = StepStats {
+        let mut stats = StepStats {
             step: self.step,
             loss: pass.loss,
             lr,
@@ -648,10 +665,56 @@ impl<D: Device> Trainer<D> {
                 1 => Vec::new(),
                 _ => trackers.iter().map(MemoryTracker::stats).collect(),
             },
+            evaluations: repeated.into_iter().collect(),
         };
         self.step += 1;
         self.rng.offset += self.cfg.accumulation as u64;
+        if self.evaluation_due(self.step) {
+            stats.evaluations.push(self.evaluate()?);
+        }
         Ok(stats)
+    }
+
+    /// Whether the run evaluates its validation split after `steps` steps.
+    fn evaluation_due(&self, steps: u64) -> bool {
+        (self.cfg.validation.as_ref()).is_some_and(|v| v.due(steps))
+    }
+
+    /// Evaluates the validation split now ([`crate::validation`]): its loader reset, its
+    /// micro-batches drawn and passed forward over the ranks, the loss summed in global order;
+    /// the peak covers the evaluation only.
+    pub fn evaluate(&mut self) -> Result<Evaluation> {
+        let (Some(validation), Some(split)) = (&self.cfg.validation, &mut self.validation) else {
+            return Err(EngineError::Config(
+                "the run has no validation split to evaluate; write validation: {share: 0.1, every: N}".into(),
+            ));
+        };
+        if !self.cfg.faults.has(Fault::ValidationLoaderNotReset) {
+            split.set_state(LoaderState::default());
+        }
+        let rows = validation.rows(split.samples(), self.cfg.batch_size);
+        let batches = (rows.into_iter())
+            .map(|rows| split.next_rows(rows, self.cfg.seq_len))
+            .collect::<Result<Vec<_>>>()?;
+        let trackers: Vec<MemoryTracker> = (self.ranks.states().iter())
+            .map(|s| s.device().tracker().clone())
+            .collect();
+        trackers.iter().for_each(MemoryTracker::reset_peak);
+        let passes = self.ranks.evaluate(&batches)?;
+        let out = self.ranks.first().model().step_output(passes);
+        Ok(Evaluation {
+            step: self.step,
+            loss: out.ce,
+            tokens: out.tokens,
+            batch_digest: Batch::digest_all(&batches),
+            samples: split.take_drawn(),
+            shapes: batches.iter().map(|b| (b.batch, b.seq)).collect(),
+            memory: trackers[0].stats(),
+            rank_memory: match trackers.len() {
+                1 => Vec::new(),
+                _ => trackers.iter().map(MemoryTracker::stats).collect(),
+            },
+        })
     }
 }
 

@@ -188,6 +188,7 @@ fn another_trainer_s_record_passes_what_it_records_and_the_rest_is_not_applicabl
         ("memory_model", "not_applicable"),
         ("oom_free", "not_applicable"),
         ("golden", "off"),
+        ("eval_continuity", "passed"),
         ("finite", "passed"),
         ("checkpoint_equivalence", "not_applicable"),
     ];
@@ -354,6 +355,7 @@ fn a_suite_s_command_runs_each_phase_and_its_record_is_judged_and_kept() {
             "state_digest",
             "data_ledger",
             "peak_budget",
+            "eval_continuity",
             "finite"
         ]
     );

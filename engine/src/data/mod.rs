@@ -13,6 +13,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use text::{Padding, TextData, Tokens};
 
 /// Where samples come from.
@@ -169,6 +170,19 @@ enum Source {
     },
 }
 
+/// Shuffles `order` by the seeded generator's stream `stream` (Fisher–Yates from the end).
+fn seeded_shuffle(order: &mut [u64], seed: u64, stream: u64) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    rng.set_stream(stream);
+    for i in (1..order.len()).rev() {
+        let j = rng.random_range(0..=i);
+        order.swap(i, j);
+    }
+}
+
+/// The generator stream of the held-out draw, apart from every epoch's.
+const HOLD_OUT_STREAM: u64 = u64::MAX - 1;
+
 /// transformers' `LengthGroupedSampler` over a shuffled `order`, with micro-batches of `batch`
 /// rows: the order cut into mega-batches of `batch` times the lesser of 50 and a quarter of the
 /// micro-batches an epoch holds (at least 1), each sorted longest first (a stable sort, ties in
@@ -186,9 +200,13 @@ fn group_by_length(order: &mut [u64], batch: usize, len: impl Fn(u64) -> usize) 
     }
 }
 
-/// Hands out batches in a seeded shuffled order.
+/// Hands out batches in a seeded shuffled order (a validation loader in the dataset's order).
 pub struct DataLoader {
-    source: Source,
+    source: Arc<Source>,
+    /// The dataset indices it hands out, ascending; `None` for every sample.
+    members: Option<Arc<[u64]>>,
+    /// Whether each epoch has its own seeded order (else the members' order).
+    shuffle: bool,
     vocab: usize,
     batch: usize,
     seq: usize,
@@ -312,7 +330,9 @@ impl DataLoader {
             }
         };
         Ok(DataLoader {
-            source,
+            source: Arc::new(source),
+            members: None,
+            shuffle: true,
             vocab,
             batch,
             seq,
@@ -328,7 +348,15 @@ impl DataLoader {
 
     /// Samples per epoch.
     pub fn samples(&self) -> u64 {
-        match &self.source {
+        match &self.members {
+            Some(members) => members.len() as u64,
+            None => self.dataset_samples(),
+        }
+    }
+
+    /// Samples in the whole dataset, held-out ones included: dataset indices are below it.
+    pub fn dataset_samples(&self) -> u64 {
+        match &*self.source {
             Source::Synthetic { samples, .. } => *samples,
             Source::Tokens { tokens } => ((tokens.len() - 1) / self.seq) as u64,
             Source::Text { samples, .. } => samples.len() as u64,
@@ -337,10 +365,55 @@ impl DataLoader {
 
     /// Text sample `index`'s tokens and which of them the loss learns; `None` for other data.
     pub fn text_sample(&self, index: u64) -> Option<&Tokens> {
-        match &self.source {
+        match &*self.source {
             Source::Text { samples, .. } => samples.get(usize::try_from(index).ok()?),
             _ => None,
         }
+    }
+
+    /// Holds out `share` of the dataset (at least one sample, and at least one left to train
+    /// on) as a validation split: the samples first in a permutation drawn from `seed` on a
+    /// stream of its own, the same on every run of that seed. This loader keeps the others;
+    /// the returned one hands out the held-out samples in dataset order ([`Self::in_order`]).
+    pub fn hold_out(&mut self, share: f64, seed: u64) -> Result<DataLoader> {
+        let n = self.dataset_samples();
+        let held = (share * n as f64).ceil() as u64;
+        if !(share > 0.0 && share < 1.0) || held >= n {
+            return Err(Setting::new(
+                "validation.share",
+                format!("validation.share is {share}; it must hold out at least one of the dataset's {n} samples and leave at least one to train on (a share between 0 and 1, at most {:.4})", (n.saturating_sub(1)) as f64 / n as f64),
+            )
+            .into());
+        }
+        let len = usize::try_from(n).unwrap_or(usize::MAX);
+        let mut order = try_vec(len, 0u64, "the held-out draw (one index per sample)")?;
+        order.iter_mut().zip(0..).for_each(|(o, i)| *o = i);
+        seeded_shuffle(&mut order, seed, HOLD_OUT_STREAM);
+        let (validation, train) = order.split_at_mut(held as usize);
+        validation.sort_unstable();
+        train.sort_unstable();
+        self.members = Some(train.into());
+        self.order_epoch = None;
+        Ok(DataLoader {
+            source: Arc::clone(&self.source),
+            members: Some(validation.into()),
+            shuffle: false,
+            vocab: self.vocab,
+            batch: self.batch,
+            seq: self.seq,
+            state: LoaderState::default(),
+            order: Vec::new(),
+            order_epoch: None,
+            drawn: Vec::new(),
+        })
+    }
+
+    /// The loader handing out its samples in their order, every epoch the same (a validation
+    /// split's).
+    pub fn in_order(mut self) -> DataLoader {
+        self.shuffle = false;
+        self.order_epoch = None;
+        self
     }
 
     /// Where the loader stands.
@@ -369,9 +442,14 @@ impl DataLoader {
     /// long, padded with ignored labels where the file ends first. Text samples are as long as
     /// they are, in rows as long as the micro-batch's longest or `seq` (its `padding`).
     pub fn next_batch_of(&mut self, seq: usize) -> Result<Batch> {
-        let rows = self.batch;
+        self.next_rows(self.batch, seq)
+    }
+
+    /// The next batch of `rows` rows (not the loader's batch size) of `seq` tokens, as
+    /// [`DataLoader::next_batch_of`] makes them: a validation split's last, shorter micro-batch.
+    pub fn next_rows(&mut self, rows: usize, seq: usize) -> Result<Batch> {
         let indices = (0..rows).map(|_| self.draw()).collect::<Result<Vec<_>>>()?;
-        let seq = match &self.source {
+        let seq = match &*self.source {
             Source::Text {
                 samples,
                 padding: Padding::Longest,
@@ -385,7 +463,7 @@ impl DataLoader {
         };
         let tokens = rows.saturating_mul(seq);
         check_host(tokens as u64 * 12, "a batch (token ids and labels)")?;
-        let pad = match &self.source {
+        let pad = match &*self.source {
             Source::Text { pad, .. } => *pad,
             _ => PAD,
         };
@@ -433,7 +511,7 @@ impl DataLoader {
     /// text row holds every token, the last one's label ignored, as transformers' rows do.
     fn fill_row(&self, index: u64, ids: &mut [u32], labels: &mut [i64]) {
         let tokens = self.sample(index, ids.len());
-        let (len, learned) = match &self.source {
+        let (len, learned) = match &*self.source {
             Source::Text { samples, .. } => (
                 tokens.len().min(ids.len()),
                 Some(&samples[index as usize].learned),
@@ -454,20 +532,20 @@ impl DataLoader {
             let n = self.samples();
             let len = usize::try_from(n).unwrap_or(usize::MAX);
             let mut order = try_vec(len, 0u64, "the data order (one index per sample)")?;
-            order.iter_mut().zip(0..).for_each(|(o, i)| *o = i);
-            let mut rng = ChaCha8Rng::seed_from_u64(self.state.shuffle_seed);
-            rng.set_stream(self.state.epoch);
-            for i in (1..order.len()).rev() {
-                let j = rng.random_range(0..=i);
-                order.swap(i, j);
+            match &self.members {
+                Some(members) => order.copy_from_slice(members),
+                None => order.iter_mut().zip(0..).for_each(|(o, i)| *o = i),
             }
-            if let Source::Text {
-                samples,
-                group_by_length: true,
-                ..
-            } = &self.source
-            {
-                group_by_length(&mut order, self.batch, |i| samples[i as usize].ids.len());
+            if self.shuffle {
+                seeded_shuffle(&mut order, self.state.shuffle_seed, self.state.epoch);
+                if let Source::Text {
+                    samples,
+                    group_by_length: true,
+                    ..
+                } = &*self.source
+                {
+                    group_by_length(&mut order, self.batch, |i| samples[i as usize].ids.len());
+                }
             }
             self.order = order;
             self.order_epoch = Some(self.state.epoch);
@@ -478,7 +556,7 @@ impl DataLoader {
     /// Sample `index` for rows of `seq` tokens: between `min_len + 1` and `seq + 1` tokens
     /// (synthetic or a token file's), or a text sample's tokens, at most `seq`.
     fn sample(&self, index: u64, seq: usize) -> Vec<u32> {
-        match &self.source {
+        match &*self.source {
             Source::Synthetic {
                 seed,
                 min_len,
@@ -711,7 +789,7 @@ mod tests {
     #[test]
     fn synthetic_samples_follow_the_chain() {
         let l = DataLoader::new(&synthetic(None), 50, 1, 64, 0).unwrap();
-        let Source::Synthetic { successors, .. } = &l.source else {
+        let Source::Synthetic { successors, .. } = &*l.source else {
             unreachable!()
         };
         let (mut transitions, mut followed) = (0, 0);

@@ -99,6 +99,26 @@ pub fn linear_cross_entropy<D: Device, E: Elem>(
     })
 }
 
+/// The loss of `hn` through the head `w` as [`linear_cross_entropy`] computes it (the same
+/// chunks, the same row losses), without any gradient: an evaluation's.
+pub fn cross_entropy<D: Device, E: Elem>(
+    dev: &D,
+    hn: &D::Tensor<E>,
+    w: &D::Tensor<E>,
+    labels: &[i64],
+    kind: LossKind,
+) -> Result<LossOutput> {
+    let tokens = counted(labels);
+    let scale = mean_scale(tokens);
+    let row_loss = logit_grads(dev, (hn, w), labels, kind, scale, |_, _, _| Ok(()))?;
+    let total: f64 = dev.to_host(&row_loss)?.iter().map(|&l| l as f64).sum();
+    Ok(LossOutput {
+        loss: (total * scale as f64) as f32,
+        sum: total,
+        tokens,
+    })
+}
+
 /// Adds the head's gradient to `dw` as [`linear_cross_entropy`] adds it (the same arguments,
 /// the same chunks in the same order, so the same bits), computing the logits and their
 /// gradient again: for a pass that adds a tied head's gradient after the blocks' instead of

@@ -315,6 +315,28 @@ impl<D: Device> Model<D> {
         Ok(())
     }
 
+    /// The start of a pass over `batch` on `dev`: the batch and its attention shape checked,
+    /// the forward phase entered, and the blocks' context (the first block's, with `dropout`).
+    fn pass_start<'a>(
+        &'a self,
+        dev: &'a D,
+        batch: &Batch,
+        dropout: Option<Dropout>,
+    ) -> Result<BlockCtx<'a, D>> {
+        self.check_batch(batch)?;
+        let dims = self.dims(batch);
+        dev.check_attention(dims.attn)?;
+        dev.enter(StepPhase::Forward);
+        Ok(BlockCtx {
+            dev,
+            dims,
+            rope: &self.rope,
+            layer: 0,
+            dropout,
+            dprob: &[],
+        })
+    }
+
     /// One forward and backward pass without dropout: returns the loss and adds every
     /// parameter's gradient to `grads`. Activations are allocated and freed inside; nothing
     /// outlives the call.
@@ -366,18 +388,8 @@ impl<D: Device> Model<D> {
         pass: &PassConfig<'_>,
         hooks: &mut dyn PassHooks<D, E>,
     ) -> Result<(PassOutput, Vec<D::Tensor<E>>)> {
-        self.check_batch(batch)?;
-        let d = self.dims(batch);
-        dev.check_attention(d.attn)?;
-        dev.enter(StepPhase::Forward);
-        let ctx = BlockCtx {
-            dev,
-            dims: d,
-            rope: &self.rope,
-            layer: 0,
-            dropout: pass.dropout,
-            dprob: &[],
-        };
+        let ctx = self.pass_start(dev, batch, pass.dropout)?;
+        let d = ctx.dims;
         let (rows, h, p) = (d.rows, d.hidden, &self.layout);
         let ids = dev.ids(&batch.input_ids)?;
         let mut x = dev.uninit::<E>(&[rows, h], Category::Activations)?;
@@ -506,6 +518,61 @@ impl<D: Device> Model<D> {
             recomputed_blocks,
         };
         Ok((out, kept))
+    }
+
+    /// One forward pass without gradients or dropout over `batch`, telling `hooks` before and
+    /// after each [`Group`]'s weights are read: the batch's cross-entropy (its token losses
+    /// summed in f64 and its counted labels; no load-balancing loss). Each block's activations
+    /// are freed as soon as the next block has its input ([`Fault::EvaluationKeepsActivations`]
+    /// keeps them until the loss); nothing outlives the call.
+    pub fn evaluate_hooked<E: Elem>(
+        &self,
+        dev: &D,
+        w: &mut Params<D::Tensor<E>>,
+        batch: &Batch,
+        (kind, faults): (LossKind, &Faults),
+        hooks: &mut dyn PassHooks<D, E>,
+    ) -> Result<PassOutput> {
+        let ctx = self.pass_start(dev, batch, None)?;
+        let d = ctx.dims;
+        let p = &self.layout;
+        let ids = dev.ids(&batch.input_ids)?;
+        let mut x = dev.uninit::<E>(&[d.rows, d.hidden], Category::Activations)?;
+        hooks.weights_in(w, Group::Embed)?;
+        dev.embedding_forward(w.get(p.embed), &ids, &mut x)?;
+        hooks.weights_out(w, Group::Embed)?;
+        drop(ids);
+        let mut kept = Vec::new();
+        for (l, layer) in p.layers.iter().enumerate() {
+            hooks.weights_in(w, Group::Layer(l))?;
+            let (out, acts) = block::forward(BlockCtx { layer: l, ..ctx }, (w, layer), &x)?;
+            hooks.weights_out(w, Group::Layer(l))?;
+            if faults.has(Fault::EvaluationKeepsActivations) {
+                kept.push((acts, std::mem::replace(&mut x, out)));
+            } else {
+                drop(acts);
+                x = out;
+            }
+        }
+        hooks.weights_in(w, Group::FinalNorm)?;
+        let final_norm = block::norm(ctx, &x, w.get(p.final_norm))?;
+        hooks.weights_out(w, Group::FinalNorm)?;
+        drop(x);
+        dev.enter(StepPhase::Loss);
+        hooks.weights_in(w, Group::Head)?;
+        let loss = loss::cross_entropy(dev, &final_norm.out, w.get(p.head), &batch.labels, kind)?;
+        hooks.weights_out(w, Group::Head)?;
+        drop(kept);
+        Ok(PassOutput {
+            loss: loss.loss,
+            ce: loss.loss,
+            ce_sum: loss.sum,
+            aux: None,
+            tokens_per_expert: Vec::new(),
+            experts_chosen: Vec::new(),
+            tokens: loss.tokens,
+            recomputed_blocks: 0,
+        })
     }
 
     /// The output of an optimizer step from its micro-batches' passes, in order: the summed

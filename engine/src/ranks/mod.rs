@@ -34,6 +34,7 @@
 
 mod build;
 mod checkpoint;
+mod evaluate;
 mod exchange;
 pub mod experts;
 mod gather;
@@ -317,17 +318,7 @@ impl<D: Device> Ranks<D> {
                         })
                 })
                 .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.map_err(|e| EngineError::Config(format!("a rank's thread: {e}")))
-                        .and_then(|h| {
-                            h.join().unwrap_or_else(|_| {
-                                Err(EngineError::Config("a rank's thread panicked".into()))
-                            })
-                        })
-                })
-                .collect()
+            handles.into_iter().map(joined).collect()
         });
         first_cause(results).map(|ranks| {
             let norm = ranks.last().map_or(0.0, |r| r.1);
@@ -335,6 +326,39 @@ impl<D: Device> Ranks<D> {
             let passes = in_global_order(by_rank, parts.shard);
             (self.states[0].model().step_output(passes), norm)
         })
+    }
+
+    /// An evaluation over `batches` (every validation micro-batch, in order): each one's
+    /// forward pass without gradients (rank `r` takes micro-batches `r, r + N, ...`), the
+    /// passes in global order, with the bits one rank gives.
+    pub fn evaluate(&mut self, batches: &[Batch]) -> Result<Vec<PassOutput>> {
+        let world = self.world();
+        if world == 1 {
+            return self.states[0].evaluate_hooked(batches, &mut ());
+        }
+        let (shard, faults) = (self.parallel.shard, &self.faults);
+        if let Some(process) = &mut self.process {
+            return process.evaluate(&mut self.states[0], batches, (shard, faults));
+        }
+        let gathers = group(self.parallel.transport, world)?;
+        let results: Vec<Result<Vec<PassOutput>>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (self.states.iter_mut().zip(gathers))
+                .map(|(state, gather)| {
+                    let rank = gather.rank();
+                    let mine = evaluate::of_rank(batches, world, rank);
+                    std::thread::Builder::new()
+                        .name(format!("rank-{rank}"))
+                        .spawn_scoped(s, move || {
+                            let dev = state.device().clone();
+                            dev.run_step(move || {
+                                evaluate::run(state, &*gather, &mine, (shard, faults))
+                            })
+                        })
+                })
+                .collect();
+            handles.into_iter().map(joined).collect()
+        });
+        first_cause(results).map(|by_rank| evaluate::in_global_order(by_rank, batches.len()))
     }
 
     /// Where the ranks are processes of their own, this process's connections to the others
@@ -412,6 +436,12 @@ fn group(transport: Transport, world: usize) -> Result<Vec<Box<dyn Collective>>>
         Transport::Rendezvous => boxed(rendezvous::group(world)?),
         Transport::Sockets => boxed(sockets::group(world)?),
     })
+}
+
+/// What a rank's thread returned, or why it could not be started or did not return.
+fn joined<T>(handle: std::io::Result<std::thread::ScopedJoinHandle<'_, Result<T>>>) -> Result<T> {
+    let handle = handle.map_err(|e| EngineError::Config(format!("a rank's thread: {e}")))?;
+    (handle.join()).unwrap_or_else(|_| Err(EngineError::Config("a rank's thread panicked".into())))
 }
 
 /// The ranks' passes (`by_rank[r]` in the order rank `r` ran them) in global micro-batch
@@ -526,6 +556,41 @@ impl ProcessRank {
             Ok((passes, norm)) => {
                 self.mesh = Some(mesh);
                 Ok((state.model().step_output(passes), norm))
+            }
+            Err(e) => {
+                self.saves = None;
+                Err(e)
+            }
+        }
+    }
+}
+
+impl ProcessRank {
+    /// This rank's part of an evaluation over `batches`, on `state`; then every rank's passes,
+    /// gathered, in global order. A failure closes the connections, as a step's does.
+    fn evaluate<D: Device>(
+        &mut self,
+        state: &mut State<D>,
+        batches: &[Batch],
+        shard_faults: (Shard, &Faults),
+    ) -> Result<Vec<PassOutput>> {
+        let (comm, gather) = self.mesh.take().ok_or_else(|| self.closed())?;
+        let mine = evaluate::of_rank(batches, self.world, self.rank);
+        let dev = state.device().clone();
+        let (ran, mesh) = dev.run_step(|| {
+            let ran = evaluate::run(state, &gather, &mine, shard_faults).and_then(|passes| {
+                let all = comm.all_gather(wire::encode_passes(&passes))?;
+                let by_rank = (all.iter().enumerate())
+                    .map(|(from, bytes)| wire::decode_passes(from, bytes))
+                    .collect::<Result<Vec<_>>>()?;
+                Ok(evaluate::in_global_order(by_rank, batches.len()))
+            });
+            (ran, (comm, gather))
+        });
+        match ran {
+            Ok(passes) => {
+                self.mesh = Some(mesh);
+                Ok(passes)
             }
             Err(e) => {
                 self.saves = None;

@@ -155,19 +155,19 @@ impl RankStep<'_> {
         let dev = state.device().clone();
         let full = self.shard == Shard::Full;
         let mut hooks = RankHooks {
-            ring: GradRing::new(
+            ring: Some(GradRing::new(
                 dev.clone(),
                 comm,
                 &layout,
                 (self.faults, self.micro_batches),
                 rank,
-            ),
+            )),
             f32s: full.then(|| WeightGather::new(dev.clone(), gather, &layout, self.faults)),
             bf16s: full.then(|| WeightGather::new(dev.clone(), gather, &layout, self.faults)),
         };
         let stride = (rank as u64, world as u64);
         let passes = state.passes_hooked(mine, self.dropout, share, stride, &mut hooks)?;
-        let ring = hooks.ring;
+        let ring = hooks.ring.expect("a step's hooks hold its ring");
         state.device().enter(StepPhase::Optimizer);
         let norm = match rank == last {
             true => ring.sums.iter().sum::<f64>().sqrt(),
@@ -216,10 +216,11 @@ fn scale<D: Device>(state: &mut State<D>, coef: Option<f32>) -> Result<()> {
 /// the weight gathers of the run's precision). A tied head's gradient is added at the end of
 /// each backward pass, so every gradient is handed on in the order the next rank first adds to
 /// it, and a rank waiting for the tied one has already taken part in every gather of its pass.
-struct RankHooks<'a, D: Device> {
-    ring: GradRing<'a, D>,
-    f32s: Option<WeightGather<'a, D, f32>>,
-    bf16s: Option<WeightGather<'a, D, bf16>>,
+/// An evaluation's passes add no gradient: they have no ring.
+pub(super) struct RankHooks<'a, D: Device> {
+    pub(super) ring: Option<GradRing<'a, D>>,
+    pub(super) f32s: Option<WeightGather<'a, D, f32>>,
+    pub(super) bf16s: Option<WeightGather<'a, D, bf16>>,
 }
 
 /// [`PassHooks`] for the weights of element type `$elem`, gathered by the `$gathers` field.
@@ -237,14 +238,14 @@ macro_rules! rank_hooks_for {
                 (self.$gathers.as_mut()).map_or(Ok(()), |g| g.weights_out(w, group))
             }
             fn grads_in(&mut self, grads: &mut Params<D::Tensor<f32>>, group: Group) -> Result<()> {
-                self.ring.grads_in(grads, group)
+                (self.ring.as_mut()).map_or(Ok(()), |r| r.grads_in(grads, group))
             }
             fn grads_out(
                 &mut self,
                 grads: &mut Params<D::Tensor<f32>>,
                 group: Group,
             ) -> Result<()> {
-                self.ring.grads_out(grads, group)
+                (self.ring.as_mut()).map_or(Ok(()), |r| r.grads_out(grads, group))
             }
             fn tied_head_last(&self) -> bool {
                 true

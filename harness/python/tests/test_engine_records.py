@@ -1,6 +1,7 @@
 """The built-in engine writes the same contract: `ckpt-harness run` on small suites (one plain,
-one with a chain of resumes and asynchronous saves) writes a record per trial that validates
-against the schema, with every phase's lines in order. The binary is the one `CKPT_HARNESS`
+one with a chain of resumes and asynchronous saves, one evaluating a validation split on 1 and 3
+ranks) writes a record per trial that validates against the schema, with every phase's lines in
+order. The binary is the one `CKPT_HARNESS`
 names (CI builds it before these tests); without it the test fails saying how to build it."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from conftest import read_record
 from phases import assert_resumed_steps_equal_reference, by_phase
 
 ROOT = Path(__file__).resolve().parents[3]
-SUITES = ["tiny-fp32.yaml", "chained-resumes.yaml", "async-save.yaml"]
+SUITES = ["tiny-fp32.yaml", "chained-resumes.yaml", "async-save.yaml", "sft-chat.yaml"]
 
 
 def harness() -> Path:
@@ -58,3 +59,8 @@ def test_the_engine_s_records_validate_and_resume_its_reference(
             assert resume["state"] == resume["reference_state"], f"{name}: {phase}"
     chained = read_record(report / "records" / "cpu.chained-resumes.jsonl", validator)
     assert "resume-mid-2" in by_phase(chained, "phase")
+    validated = read_record(report / "records" / "cpu.sft-chat.jsonl", validator)
+    evaluations = by_phase(validated, "eval")
+    assert [e["step"] for e in evaluations["reference"]] == [4, 8, 12, 16, 18, 20]
+    assert [e["step"] for e in evaluations["resume-end"]] == [20]
+    assert evaluations["resume-end"][0]["loss"] == evaluations["reference"][-1]["loss"]

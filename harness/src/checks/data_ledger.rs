@@ -63,7 +63,10 @@ pub fn check(r: &RunRecord) -> Outcome {
         if r.samples_per_epoch == 0 {
             continue;
         }
-        if let Some((step, what, expected, actual)) = epoch_break(&joined, r.samples_per_epoch) {
+        let dataset = r.dataset_samples.unwrap_or(r.samples_per_epoch);
+        if let Some((step, what, expected, actual)) =
+            epoch_break(&joined, r.samples_per_epoch, dataset)
+        {
             out.push(fail(phase, what).step(step).saw(expected, actual));
         }
     }
@@ -108,11 +111,12 @@ fn first_difference(
     None
 }
 
-/// The first place where `ledger` breaks the epoch rules, given `samples` per epoch: its step,
-/// what broke, the expected and the actual.
+/// The first place where `ledger` breaks the epoch rules, given `samples` per epoch of a dataset
+/// of `dataset` samples: its step, what broke, the expected and the actual.
 fn epoch_break(
     ledger: &[(u64, SampleId)],
     samples: u64,
+    dataset: u64,
 ) -> Option<(u64, &'static str, String, String)> {
     let mut epoch = 0u64;
     let mut seen = BTreeSet::new();
@@ -132,11 +136,11 @@ fn epoch_break(
             };
             return Some((step, "epoch order", expected, id.to_string()));
         }
-        if id.index >= samples {
+        if id.index >= dataset {
             return Some((
                 step,
                 "sample index",
-                format!("below the dataset's {samples} samples"),
+                format!("below the dataset's {dataset} samples"),
                 id.to_string(),
             ));
         }

@@ -1,6 +1,7 @@
 //! `memory_model`: every step's own peak (above what the device held before the phase's
 //! trainer was built) equals the memory model's prediction (for a MoE step, the prediction at
-//! the tokens per expert it recorded): to the byte on the CPU, within 2% on
+//! the tokens per expert it recorded), and so does every evaluation's of the validation split
+//! (at its micro-batches' shapes): to the byte on the CPU, within 2% on
 //! CUDA. The CPU device allocates exactly what the model predicts; any difference is an
 //! allocation the model does not know of, or one that did not happen. The CUDA backend's tracker
 //! counts the bytes it asks the pool for (the pool's own rounding is not in them), and the model
@@ -49,6 +50,26 @@ pub fn check(r: &RunRecord) -> Outcome {
                         .detail(format!(
                             "measured at peak: {}; a load should read each tensor into its final place, staging no copy on the device",
                             excess(&p.setup.at_peak, &p.before)
+                        )),
+                );
+            }
+        }
+        for e in &p.evaluations {
+            let Some(&want) = e.predicted_peaks.first() else {
+                continue;
+            };
+            compared += 1;
+            let own = e.memory.allocated.peak.saturating_sub(base);
+            max_diff = max_diff.max(own.abs_diff(want));
+            if own.abs_diff(want) > tolerance(r, want) {
+                out.push(
+                    Failure::new(Check::MemoryModel, r, "evaluation peak")
+                        .phase(p.phase)
+                        .step(e.step)
+                        .saw(bytes(want), bytes(own))
+                        .detail(format!(
+                            "measured at peak: {}; an evaluation holds the trainer's state and one forward pass without gradients",
+                            excess(&e.memory.at_peak, &p.before)
                         )),
                 );
             }

@@ -87,6 +87,9 @@ checks! {
     OomFree => oom_free,
     /// The reference trajectory equals its snapshot.
     Golden => golden,
+    /// Every phase evaluates its validation split after the steps the schedule names, and every
+    /// resumed evaluation equals the reference's after the same step.
+    EvalContinuity => eval_continuity,
     /// Every step's loss and gradient norm are finite.
     Finite => finite,
     /// Every checkpoint on disk holds the state of its step; an asynchronous save's files are a
@@ -423,7 +426,8 @@ pub(crate) mod fixtures {
     use crate::record::ranks::{RankModel, RankPhase, RankStep, WorldModel};
     use crate::record::saves::{SaveRecord, SavedState};
     use crate::record::{
-        Oom, Phase, PhaseRecord, PlannedPhase, PredictedStep, RunRecord, StepRecord, Window,
+        EvalRecord, Oom, Phase, PhaseRecord, PlannedPhase, PredictedStep, RunRecord, StepRecord,
+        Window,
     };
     use ckpt_engine::checkpoint::state::RngState;
     use ckpt_engine::data::{LoaderState, SampleId};
@@ -524,6 +528,32 @@ pub(crate) mod fixtures {
         }
     }
 
+    /// `r` with a validation split evaluated after steps 3 and 6, each phase evaluating after
+    /// those it trains past.
+    pub fn validated(mut r: RunRecord) -> RunRecord {
+        r.planned_evaluations = vec![3, 6];
+        for p in &mut r.phases {
+            let from = p.steps.first().map_or(0, |s| s.step);
+            let end = p.steps.last().map_or(0, |s| s.step + 1);
+            p.evaluations = (r.planned_evaluations.iter())
+                .filter(|&&s| s > from && s <= end)
+                .map(|&s| evaluation(s))
+                .collect();
+        }
+        r
+    }
+
+    /// The evaluation after `step` steps: its loss and batches depend on the step alone.
+    pub fn evaluation(step: u64) -> EvalRecord {
+        EvalRecord {
+            step,
+            loss: 2.0 + step as f32 / 16.0,
+            tokens: 40,
+            batch_digest: format!("eval-{step}"),
+            ..EvalRecord::default()
+        }
+    }
+
     fn phase(phase: Phase, from: u64, end: u64) -> PhaseRecord {
         PhaseRecord {
             phase,
@@ -560,10 +590,12 @@ pub(crate) mod fixtures {
             predicted_load: HELD.total(),
             predicted_staging: 0,
             planned_saves: vec![2, 4, 6],
+            planned_evaluations: Vec::new(),
             capacity: u64::MAX,
             budget: None,
             rss_budget: None,
             samples_per_epoch: 10,
+            dataset_samples: None,
             planned: [
                 (Phase::Reference, 0),
                 (Phase::ResumeMid, 2),
@@ -680,7 +712,7 @@ mod tests {
             assert_eq!(serde_json::from_str::<Check>(&json).unwrap(), check);
         }
         assert_eq!(Check::NAMES[0], "loss_continuity");
-        assert_eq!(Check::ALL.len(), 13);
+        assert_eq!(Check::ALL.len(), 14);
     }
 
     /// Every check over `r`, with its own trajectory as the snapshot.
@@ -721,6 +753,7 @@ mod tests {
                 (MemoryModel, 14, 14),
                 (OomFree, 15, 15),
                 (Golden, 6, 6),
+                (EvalContinuity, 0, 0),
                 (Finite, 12, 12),
                 (CheckpointEquivalence, 3, 3),
             ]
@@ -750,6 +783,7 @@ mod tests {
                 (MemoryModel, Passed, 18, 18),
                 (OomFree, Passed, 19, 19),
                 (Golden, Passed, 6, 6),
+                (EvalContinuity, Passed, 0, 0),
                 (Finite, Passed, 15, 15),
                 (CheckpointEquivalence, Passed, 3, 3),
             ]
@@ -836,7 +870,8 @@ mod tests {
             (lost_phase, [Golden, CheckpointEquivalence].as_slice()),
         ] {
             for (check, status) in statuses(&r) {
-                let want = if check == PeakBudget || passing.contains(&check) {
+                let nothing_asked = [PeakBudget, EvalContinuity].contains(&check);
+                let want = if nothing_asked || passing.contains(&check) {
                     Passed
                 } else {
                     Failed
@@ -875,6 +910,7 @@ mod tests {
                 (MemoryModel, NotRun),
                 (OomFree, Failed),
                 (Golden, NotRun),
+                (EvalContinuity, Passed),
                 (Finite, NotRun),
                 (CheckpointEquivalence, NotRun),
             ]
@@ -919,7 +955,14 @@ mod tests {
             .collect();
         assert_eq!(
             applicable,
-            [LossContinuity, StateDigest, DataLedger, Golden, Finite]
+            [
+                LossContinuity,
+                StateDigest,
+                DataLedger,
+                Golden,
+                EvalContinuity,
+                Finite
+            ]
         );
     }
 

@@ -1,5 +1,6 @@
-//! `peak_budget`: every step's peak in every phase, and the peak of building each trainer
-//! (checkpoint loading included), at or under `memory.budget`; the resident host memory each
+//! `peak_budget`: every step's peak in every phase, every evaluation's of the validation split,
+//! and the peak of building each trainer (checkpoint loading included), at or under
+//! `memory.budget`; the resident host memory each
 //! phase adds at its peak (above the resident bytes at its start) at or under
 //! `memory.rss_budget`.
 
@@ -27,9 +28,22 @@ pub fn check(r: &RunRecord) -> Outcome {
     for p in &r.phases {
         max_rss_added = max_rss_added.max(p.host.growth().unwrap_or(0));
         let peaks = p.steps.iter().map(|s| s.memory.allocated.peak);
-        max_peak = peaks.fold(max_peak.max(p.setup.peak), u64::max);
+        let eval_peaks = p.evaluations.iter().map(|e| e.memory.allocated.peak);
+        max_peak = (peaks.chain(eval_peaks)).fold(max_peak.max(p.setup.peak), u64::max);
         if let Some(budget) = r.budget {
-            compared += 1 + p.steps.len() as u64;
+            compared += 1 + p.steps.len() as u64 + p.evaluations.len() as u64;
+            for e in p.evaluations.iter().filter(|e| e.memory.allocated.peak > budget) {
+                out.push(
+                    Failure::new(Check::PeakBudget, r, "evaluation peak")
+                        .phase(p.phase)
+                        .step(e.step)
+                        .saw(
+                            format!("at most {}", bytes(budget)),
+                            bytes(e.memory.allocated.peak),
+                        )
+                        .detail(memory_detail(&e.memory.at_peak)),
+                );
+            }
             if p.setup.peak > budget {
                 let what = if p.phase == Phase::Reference {
                     "peak while building the trainer"

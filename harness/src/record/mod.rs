@@ -145,6 +145,30 @@ pub struct StepRecord {
     pub ranks: Vec<RankStep>,
 }
 
+/// One evaluation of the validation split as observed.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct EvalRecord {
+    /// Steps completed when it ran.
+    pub step: u64,
+    /// The split's mean token loss (`null` in JSON when not finite).
+    #[serde(deserialize_with = "float_or_null")]
+    pub loss: f32,
+    /// Labels the loss counted.
+    pub tokens: u64,
+    /// sha256 of its micro-batches' token ids and labels.
+    pub batch_digest: String,
+    /// Its memory figures: `allocated.peak` is the evaluation's peak.
+    pub memory: MemoryStats,
+    /// Every rank's peak, in rank order, on more than one rank (`memory` is rank 0's).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rank_peaks: Vec<u64>,
+    /// The memory model's peak of each rank, in rank order (one entry on one device); empty
+    /// where the trainer has no memory model.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub predicted_peaks: Vec<u64>,
+}
+
 /// The device's peak over one call, such as loading a checkpoint.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(default)]
@@ -207,6 +231,9 @@ pub struct PhaseRecord {
     pub host: HostMemory,
     /// Its steps.
     pub steps: Vec<StepRecord>,
+    /// Its evaluations of the validation split, in order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub evaluations: Vec<EvalRecord>,
     /// The checkpoints it saved.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub saves: Vec<SaveRecord>,
@@ -325,6 +352,10 @@ pub struct RunRecord {
     pub predicted_staging: u64,
     /// The steps after which the reference phase saves a checkpoint.
     pub planned_saves: Vec<u64>,
+    /// Steps (completed) after which a phase that trains past them evaluates its validation
+    /// split; empty without one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub planned_evaluations: Vec<u64>,
     /// The device's capacity in bytes.
     pub capacity: u64,
     /// The per-step budget in bytes, if the suite sets one.
@@ -333,6 +364,10 @@ pub struct RunRecord {
     pub rss_budget: Option<u64>,
     /// Samples in one epoch of the dataset.
     pub samples_per_epoch: u64,
+    /// Samples in the whole dataset, where an epoch holds fewer (a validation share held out
+    /// of training); `None` where it is the epoch's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dataset_samples: Option<u64>,
     /// The phases the suite implies, in order: what a complete record holds.
     pub planned: Vec<PlannedPhase>,
     /// The phases in order.

@@ -173,6 +173,16 @@ fn rank_phase(p: &PhaseRecord, rank: usize) -> PhaseRecord {
             s.predicted = mine.predicted;
         }
     }
+    for e in &mut p.evaluations {
+        if let Some(&peak) = e.rank_peaks.get(rank) {
+            if rank > 0 {
+                e.memory = MemoryStats::default();
+            }
+            e.memory.allocated.peak = peak;
+        }
+        e.rank_peaks.clear();
+        e.predicted_peaks = e.predicted_peaks.get(rank).copied().into_iter().collect();
+    }
     p.ranks.clear();
     p.steps.iter_mut().for_each(|s| s.ranks.clear());
     p

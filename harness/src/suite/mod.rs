@@ -10,6 +10,7 @@ use ckpt_engine::fault::Fault;
 use ckpt_engine::model::loss::LossKind;
 use ckpt_engine::optim::{AdamWConfig, Schedule};
 use ckpt_engine::parallel::Parallel;
+use ckpt_engine::validation::ValidationConfig;
 use ckpt_engine::{regular_file, Checkpointing, EngineError, LlamaConfig, Setting};
 use engine::CommandEngine;
 use places::{place, yaml_error, Places};
@@ -121,6 +122,10 @@ pub struct SuiteFile {
     /// Longer rows from a given step on: `{from_step, seq_len}`.
     #[serde(default)]
     pub long_batch: Option<LongBatch>,
+    /// A validation split, `{share: F}` or `{path: FILE}`, evaluated after every `every` steps
+    /// and after `max_steps`; `batches` caps the micro-batches an evaluation reads.
+    #[serde(default)]
+    pub validation: Option<ValidationConfig>,
     /// Run length and saves.
     pub training: Training,
     /// CPU worker threads (shared out among the ranks of a data-parallel phase).
@@ -284,6 +289,10 @@ impl Suite {
                     checkpoints: p.checkpoints,
                     transport: p.transport,
                 }),
+            validation: file.validation.as_ref().map(|v| ValidationConfig {
+                end: Some(t.max_steps.value),
+                ..v.relative_to(base)
+            }),
         };
         Ok(Suite {
             path: path.to_path_buf(),
@@ -577,6 +586,16 @@ impl Suite {
     pub fn planned_saves(&self) -> Vec<u64> {
         let end = self.max_steps() + self.file.training.extra_steps;
         (1..=end).filter(|&s| self.saves_at(0, s)).collect()
+    }
+
+    /// The steps (completed) after which a phase that trains past them evaluates its
+    /// validation split: every `validation.every`-th and `max_steps`; empty without one.
+    pub fn planned_evaluations(&self) -> Vec<u64> {
+        let end = self.max_steps() + self.file.training.extra_steps;
+        let Some(validation) = &self.train.validation else {
+            return Vec::new();
+        };
+        (1..=end).filter(|&s| validation.due(s)).collect()
     }
 
     /// The devices the suite runs on.
@@ -1033,11 +1052,11 @@ expect_fail: [state_digest, loss_continuity]
 
     #[test]
     fn a_suite_that_would_compare_nothing_is_refused_at_its_place() {
-        let off = "checks: {loss_continuity: false, state_digest: false, data_ledger: false, memory_reclaimed: false, memory_parity: false, peak_budget: false, no_leak: false, ac_coverage: false, memory_model: false, oom_free: false, golden: false, finite: false, checkpoint_equivalence: false}\n";
+        let off = "checks: {loss_continuity: false, state_digest: false, data_ledger: false, memory_reclaimed: false, memory_parity: false, peak_budget: false, no_leak: false, ac_coverage: false, memory_model: false, oom_free: false, golden: false, eval_continuity: false, finite: false, checkpoint_equivalence: false}\n";
         let e = error(off);
         assert!(e.starts_with("s.yaml:9:9:"), "{e}");
         assert!(e.contains("every check is off"), "{e}");
-        let every = "memory: {capacity: 1}\nexpect_fail: [oom_free]\nexpect_not_run: [loss_continuity, state_digest, data_ledger, memory_reclaimed, memory_parity, peak_budget, no_leak, ac_coverage, memory_model, golden, finite, checkpoint_equivalence]\n";
+        let every = "memory: {capacity: 1}\nexpect_fail: [oom_free]\nexpect_not_run: [loss_continuity, state_digest, data_ledger, memory_reclaimed, memory_parity, peak_budget, no_leak, ac_coverage, memory_model, golden, eval_continuity, finite, checkpoint_equivalence]\n";
         let e = error(every);
         assert!(e.starts_with("s.yaml:11:17:"), "{e}");
         assert!(e.contains("nothing would be compared"), "{e}");
@@ -1114,6 +1133,7 @@ batch_size: 2
 seq_len: 16
 dropout: 0.1
 long_batch: {from_step: 9, seq_len: 32}
+validation: {share: 0.25, every: 2, batches: 3}
 optimizer: {lr: 0.001, betas: [0.9, 0.95], eps: 1.0e-8, weight_decay: 0.1, grad_clip: 1.0}
 schedule: {warmup_steps: 1, min_lr_ratio: 0.1}
 loss: {kind: chunked, chunk_tokens: 8}
@@ -1200,6 +1220,16 @@ parallel: {world_size: 2}
             ("vocab_size", |r| r.model.vocab_size = 0),
             ("num_key_value_heads", |r| r.model.num_key_value_heads = 3),
             ("model", |r| r.model.rope_theta = -1.0),
+            ("every", |r| r.validation.as_mut().unwrap().every = 0),
+            ("share", |r| {
+                r.validation.as_mut().unwrap().share = Some(1.0)
+            }),
+            ("batches", |r| {
+                r.validation.as_mut().unwrap().batches = Some(0)
+            }),
+            ("validation", |r| {
+                r.validation.as_mut().unwrap().share = None
+            }),
         ];
         for (key, break_it) in cases {
             let mut broken = suite.clone();

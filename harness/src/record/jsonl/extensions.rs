@@ -68,6 +68,14 @@ pub struct StepExt {
     pub ranks: Vec<RankStep>,
 }
 
+/// On an `eval` line.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct EvalExt {
+    /// The memory model's peak of each rank, in rank order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub predicted_peaks: Vec<u64>,
+}
+
 fn is_zero(n: &u64) -> bool {
     *n == 0
 }

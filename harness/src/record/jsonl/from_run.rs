@@ -2,15 +2,15 @@
 //! start (the run's facts and the memory model's predictions on the reference's), its steps, its
 //! saves, its resumed state with the reference's at the same step, and its end.
 
-use super::extensions::{self, PhaseExt, StepExt};
+use super::extensions::{self, EvalExt, PhaseExt, StepExt};
 use super::lines::{
-    Engine, Host, Line, Memory, Oom, OptimizerState, Params, PhaseEndLine, PhaseLine, Planned,
-    ResumeLine, ResumedFrom, Run, SaveLine, Schedule, State, StepLine,
+    Engine, EvalLine, Host, Line, Memory, Oom, OptimizerState, Params, PhaseEndLine, PhaseLine,
+    Planned, ResumeLine, ResumedFrom, Run, SaveLine, Schedule, State, StepLine,
 };
 use crate::record::saves::{SaveRecord, SavedState};
-use crate::record::{Phase, PhaseRecord, RunRecord, StepRecord};
+use crate::record::{EvalRecord, Phase, PhaseRecord, RunRecord, StepRecord};
 use ckpt_engine::memory::Breakdown;
-use ckpt_engine::StateDigest;
+use ckpt_engine::{MemoryStats, StateDigest};
 use serde_json::json;
 use std::collections::BTreeMap;
 
@@ -71,12 +71,22 @@ fn phase_lines(r: &RunRecord, p: &PhaseRecord, seeds: &BTreeMap<String, u64>) ->
         })));
     }
     let mut saves = p.saves.iter().peekable();
+    let mut evaluations = p.evaluations.iter().peekable();
+    let eval_line = |e: &EvalRecord| Line::Eval(Box::new(evaluation(p.phase, e)));
     for s in &p.steps {
+        // An evaluation at the step's start (one a resume repeats) comes before its line.
+        while let Some(e) = evaluations.next_if(|e| e.step <= s.step) {
+            out.push(eval_line(e));
+        }
         out.push(Line::Step(Box::new(step(p.phase, s))));
+        while let Some(e) = evaluations.next_if(|e| e.step <= s.step + 1) {
+            out.push(eval_line(e));
+        }
         while let Some(save) = saves.next_if(|save| save.step <= s.step + 1) {
             out.push(Line::Save(Box::new(saved(p.phase, save))));
         }
     }
+    out.extend(evaluations.map(eval_line));
     out.extend(saves.map(|save| Line::Save(Box::new(saved(p.phase, save)))));
     out.push(Line::PhaseEnd(Box::new(PhaseEndLine {
         phase: p.phase,
@@ -130,7 +140,9 @@ fn start(r: &RunRecord, p: &PhaseRecord, seeds: &BTreeMap<String, u64>) -> Phase
             params: r.params,
             checkpointing: r.checkpointing,
             samples_per_epoch: r.samples_per_epoch,
+            dataset_samples: r.dataset_samples,
             planned_saves: r.planned_saves.clone(),
+            planned_evaluations: r.planned_evaluations.clone(),
             capacity: r.capacity,
             budget: r.budget,
             rss_budget: r.rss_budget,
@@ -189,22 +201,47 @@ fn step(phase: Phase, s: &StepRecord) -> StepLine {
         samples: Some(s.samples.clone()),
         recomputed_blocks: Some(s.recomputed_blocks as u64),
         memory: Some(Memory {
-            source: SOURCE.into(),
-            peak_reset: Some(true),
-            allocated: Some(m.allocated.current),
-            reserved: Some(m.reserved.current),
-            allocated_peak: Some(m.allocated.peak),
-            reserved_peak: Some(m.reserved.peak),
             allocated_at_start: Some(s.start.total()),
-            by_category: Some(m.current),
-            by_category_at_peak: Some(m.at_peak),
             by_category_at_start: Some(s.start),
-            oom_count: Some(m.oom_count),
-            ..Memory::default()
+            ..figures(m)
         }),
         seconds: Some(s.seconds),
         extensions: Some(json!({extensions::KEY: own})),
         ..StepLine::default()
+    }
+}
+
+/// The tracker's figures over a step or an evaluation whose peak was reset as it began.
+fn figures(m: &MemoryStats) -> Memory {
+    Memory {
+        source: SOURCE.into(),
+        peak_reset: Some(true),
+        allocated: Some(m.allocated.current),
+        reserved: Some(m.reserved.current),
+        allocated_peak: Some(m.allocated.peak),
+        reserved_peak: Some(m.reserved.peak),
+        by_category: Some(m.current),
+        by_category_at_peak: Some(m.at_peak),
+        oom_count: Some(m.oom_count),
+        ..Memory::default()
+    }
+}
+
+fn evaluation(phase: Phase, e: &EvalRecord) -> EvalLine {
+    let m = &e.memory;
+    EvalLine {
+        phase,
+        step: e.step,
+        loss: finite(f64::from(e.loss)),
+        tokens: Some(e.tokens),
+        batch_digest: Some(e.batch_digest.clone()),
+        memory: Some(figures(m)),
+        rank_peaks: (!e.rank_peaks.is_empty()).then(|| e.rank_peaks.clone()),
+        extensions: (!e.predicted_peaks.is_empty()).then(|| {
+            json!({extensions::KEY: EvalExt {
+                predicted_peaks: e.predicted_peaks.clone(),
+            }})
+        }),
     }
 }
 

@@ -17,6 +17,8 @@ pub enum Line {
     Phase(Box<PhaseLine>),
     /// One optimizer step.
     Step(Box<StepLine>),
+    /// One evaluation of the validation split.
+    Eval(Box<EvalLine>),
     /// A checkpoint was saved.
     Save(Box<SaveLine>),
     /// A checkpoint was loaded, before the first resumed step.
@@ -74,8 +76,15 @@ pub struct Run {
     pub checkpointing: bool,
     /// Samples in one epoch of the dataset.
     pub samples_per_epoch: u64,
+    /// Samples in the whole dataset, where an epoch holds fewer (a validation share held out
+    /// of training).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dataset_samples: Option<u64>,
     /// Steps the reference saves after.
     pub planned_saves: Vec<u64>,
+    /// Steps (completed) after which a phase evaluates its validation split.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub planned_evaluations: Vec<u64>,
     /// The device's bytes.
     pub capacity: u64,
     /// The per-step memory budget in bytes.
@@ -215,6 +224,33 @@ pub struct StepLine {
     /// Wall-clock seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seconds: Option<f64>,
+    /// The writer's own data.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extensions: Option<serde_json::Value>,
+}
+
+/// `eval`: one evaluation of the validation split.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvalLine {
+    /// Which phase.
+    pub phase: Phase,
+    /// Steps completed when it ran.
+    pub step: u64,
+    /// The split's mean token loss, exactly; `None` when not finite.
+    pub loss: Option<f64>,
+    /// Tokens the loss counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<u64>,
+    /// A digest of its batches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_digest: Option<String>,
+    /// Its memory: `allocated_peak` the evaluation's peak.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<Memory>,
+    /// Every rank's peak, in rank order, on more than one rank.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank_peaks: Option<Vec<u64>>,
     /// The writer's own data.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub extensions: Option<serde_json::Value>,

@@ -5,12 +5,14 @@
 //! digest. Every line must parse as the contract's; an error names the file, the line and what
 //! to fix.
 
-use super::extensions::{self, PhaseExt, StepExt};
+use super::extensions::{self, EvalExt, PhaseExt, StepExt};
 use super::from_run;
-use super::lines::{Line, Memory, PhaseLine, State, StepLine};
+use super::lines::{EvalLine, Line, Memory, PhaseLine, State, StepLine};
 use crate::record::fields::RecordField;
 use crate::record::saves::{SaveRecord, SavedState};
-use crate::record::{HostMemory, Oom, PhaseRecord, PlannedPhase, RunRecord, StepRecord, Window};
+use crate::record::{
+    EvalRecord, HostMemory, Oom, PhaseRecord, PlannedPhase, RunRecord, StepRecord, Window,
+};
 use anyhow::{anyhow, bail, Context, Result};
 use ckpt_engine::checkpoint::state::RngState;
 use ckpt_engine::data::LoaderState;
@@ -89,6 +91,7 @@ pub fn run_record(lines: Vec<Line>) -> Result<RunRecord> {
         match line {
             Line::Phase(_) => unreachable!("handled above"),
             Line::Step(s) => p.steps.push(step(*s).with_context(at)?),
+            Line::Eval(e) => p.evaluations.push(evaluation(*e).with_context(at)?),
             Line::Save(s) => p.saves.push(SaveRecord {
                 step: s.step,
                 asynchronous: s.asynchronous.unwrap_or_default(),
@@ -190,7 +193,7 @@ impl Seen {
             Line::PhaseEnd(e) => {
                 self.phase_ends_by_category += usize::from(e.memory_after.by_category.is_some());
             }
-            Line::Resume(_) => {}
+            Line::Resume(_) | Line::Eval(_) => {}
         }
     }
 
@@ -247,7 +250,9 @@ fn begin(r: &mut RunRecord, ran: &mut Vec<PlannedPhase>, start: PhaseLine) -> Re
         r.params = run.params;
         r.checkpointing = run.checkpointing;
         r.samples_per_epoch = run.samples_per_epoch;
+        r.dataset_samples = run.dataset_samples;
         r.planned_saves = run.planned_saves.clone();
+        r.planned_evaluations = run.planned_evaluations.clone();
         r.capacity = run.capacity;
         r.budget = run.budget;
         r.rss_budget = run.rss_budget;
@@ -289,6 +294,23 @@ fn window(m: &Memory) -> Window {
     }
 }
 
+/// A tracker's figures from what a line's memory holds of them (0 where it holds nothing; the
+/// tracker's own counters, which only the engine's extensions carry, left at 0).
+fn stats(m: &Memory) -> MemoryStats {
+    let usage = |current: Option<u64>, peak: Option<u64>| Usage {
+        current: current.unwrap_or_default(),
+        peak: peak.unwrap_or_default(),
+    };
+    MemoryStats {
+        allocated: usage(m.allocated, m.allocated_peak),
+        reserved: usage(m.reserved, m.reserved_peak),
+        current: m.by_category.unwrap_or_default(),
+        at_peak: m.by_category_at_peak.unwrap_or_default(),
+        oom_count: m.oom_count.unwrap_or_default(),
+        ..MemoryStats::default()
+    }
+}
+
 /// A float the record holds as `null` when it was not finite.
 fn float(x: Option<f64>) -> f64 {
     x.unwrap_or(f64::NAN)
@@ -297,10 +319,6 @@ fn float(x: Option<f64>) -> f64 {
 fn step(s: StepLine) -> Result<StepRecord> {
     let own: StepExt = ext(&s.extensions)?;
     let m = s.memory.unwrap_or_default();
-    let usage = |current: Option<u64>, peak: Option<u64>| Usage {
-        current: current.unwrap_or_default(),
-        peak: peak.unwrap_or_default(),
-    };
     Ok(StepRecord {
         step: s.step,
         loss: float(s.loss) as f32,
@@ -314,17 +332,26 @@ fn step(s: StepLine) -> Result<StepRecord> {
         start: m.by_category_at_start.unwrap_or_default(),
         staging: own.staging,
         memory: MemoryStats {
-            allocated: usage(m.allocated, m.allocated_peak),
-            reserved: usage(m.reserved, m.reserved_peak),
-            current: m.by_category.unwrap_or_default(),
             peak_by_category: own.peak_by_category,
-            at_peak: m.by_category_at_peak.unwrap_or_default(),
             capacity: own.capacity,
             alloc_count: own.alloc_count,
-            oom_count: m.oom_count.unwrap_or_default(),
+            ..stats(&m)
         },
         seconds: s.seconds.unwrap_or_default(),
         ranks: own.ranks,
+    })
+}
+
+fn evaluation(e: EvalLine) -> Result<EvalRecord> {
+    let own: EvalExt = ext(&e.extensions)?;
+    Ok(EvalRecord {
+        step: e.step,
+        loss: float(e.loss) as f32,
+        tokens: e.tokens.unwrap_or_default(),
+        batch_digest: e.batch_digest.unwrap_or_default(),
+        memory: stats(&e.memory.unwrap_or_default()),
+        rank_peaks: e.rank_peaks.unwrap_or_default(),
+        predicted_peaks: own.predicted_peaks,
     })
 }
 

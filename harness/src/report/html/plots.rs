@@ -3,7 +3,7 @@
 //! of each step.
 
 use super::timeline::{phase_summary, Slot};
-use crate::record::{Phase, RunRecord};
+use crate::record::{Phase, PhaseRecord, RunRecord};
 use anyhow::{anyhow, Result};
 use ckpt_engine::memory::{human_bytes, Category};
 use plotters::coord::types::RangedCoordf64;
@@ -118,8 +118,18 @@ fn padded(lo: f64, hi: f64) -> (f64, f64) {
     (lo - pad, hi + pad)
 }
 
+/// Each evaluation of `p` that has a finite loss, where the loss plot draws it: between the
+/// step it followed and the next.
+fn evaluation_points(p: &PhaseRecord) -> Vec<(f64, f64)> {
+    (p.evaluations.iter())
+        .filter(|e| e.loss.is_finite())
+        .map(|e| (e.step as f64 - 0.5, f64::from(e.loss)))
+        .collect()
+}
+
 /// The loss of every step of every phase against the step, the resumed phases drawn over the
-/// reference, and `divergence` (a phase and step) marked.
+/// reference, each phase's evaluations of the validation split as circles, and `divergence` (a
+/// phase and step) marked.
 pub fn loss(r: &RunRecord, divergence: Option<(Phase, u64)>) -> Result<String> {
     let finite: Vec<(f64, f64)> = r
         .phases
@@ -127,6 +137,7 @@ pub fn loss(r: &RunRecord, divergence: Option<(Phase, u64)>) -> Result<String> {
         .flat_map(|p| &p.steps)
         .filter(|s| s.loss.is_finite())
         .map(|s| (s.step as f64, f64::from(s.loss)))
+        .chain(r.phases.iter().flat_map(evaluation_points))
         .collect();
     let x_end = finite.iter().map(|p| p.0).fold(0.0, f64::max) + 1.0;
     let (lo, hi) = padded(
@@ -176,6 +187,18 @@ pub fn loss(r: &RunRecord, divergence: Option<(Phase, u64)>) -> Result<String> {
                 .legend(move |(x, y)| {
                     PathElement::new(vec![(x, y), (x + 16, y)], colour.stroke_width(3))
                 });
+            let evaluations = evaluation_points(p);
+            if !evaluations.is_empty() {
+                let size = if p.phase == Phase::Reference { 5 } else { 3 };
+                chart
+                    .draw_series(
+                        (evaluations.into_iter())
+                            .map(|at| Circle::new(at, size, colour.stroke_width(2))),
+                    )
+                    .map_err(plot_error)?
+                    .label(format!("{} validation", p.phase))
+                    .legend(move |(x, y)| Circle::new((x + 8, y), 4, colour.stroke_width(2)));
+            }
         }
         if let Some((phase, step)) = divergence {
             let x = step as f64;
@@ -424,7 +447,7 @@ mod tests {
 
     #[test]
     fn the_loss_plot_draws_each_phase_and_the_divergence() {
-        let r = fixtures::run();
+        let r = fixtures::validated(fixtures::run());
         let text = loss(&r, Some((Phase::ResumeMid, 3))).unwrap();
         assert!(text.starts_with("<svg"), "{text}");
         for label in [
@@ -432,6 +455,8 @@ mod tests {
             "resume-mid from step 2",
             "resume-end from step 4",
             "first divergence: resume-mid step 3",
+            "reference validation",
+            "resume-end validation",
         ] {
             assert!(text.contains(label), "{label}: {text}");
         }

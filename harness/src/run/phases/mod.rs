@@ -13,7 +13,8 @@ pub mod processes;
 use crate::devices::{self, DeviceKind, OnDevice};
 use crate::record::ranks::{RankModel, RankPhase, RankStep, WorldModel};
 use crate::record::{
-    HostMemory, Oom, Phase, PhaseRecord, PlannedPhase, PredictedStep, RunRecord, StepRecord, Window,
+    EvalRecord, HostMemory, Oom, Phase, PhaseRecord, PlannedPhase, PredictedStep, RunRecord,
+    StepRecord, Window,
 };
 use crate::run::host_memory;
 use crate::run::saver::Saver;
@@ -21,7 +22,9 @@ use crate::suite::Suite;
 use anyhow::Result;
 use ckpt_engine::backend::count::{Like, Routes};
 use ckpt_engine::checkpoint::step_dir_name;
-use ckpt_engine::estimate::{estimate, recorded_rank_steps, EstimateConfig, StepEstimate};
+use ckpt_engine::estimate::{
+    estimate, evaluation_peaks, recorded_rank_steps, EstimateConfig, StepEstimate,
+};
 use ckpt_engine::memory::{Breakdown, MemoryTracker};
 use ckpt_engine::{Device, EngineError, MemoryStats, Placing, StateDigest, StepStats, Trainer};
 use serde::{Deserialize, Serialize};
@@ -334,6 +337,7 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
         }
         let mut reference_digests: BTreeMap<u64, StateDigest> = BTreeMap::new();
         let mut samples_per_epoch = 0;
+        let mut dataset_samples = None;
         let mut phases = Vec::new();
         for leg in legs(&planned, work) {
             let world = planned
@@ -347,6 +351,7 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
             };
             reference_digests.extend(ran.digests);
             samples_per_epoch = ran.samples_per_epoch.unwrap_or(samples_per_epoch);
+            dataset_samples = ran.dataset_samples.or(dataset_samples);
             let stop = ran.record.oom.is_some() || ran.record.refused.is_some();
             phases.push(ran.record);
             if stop {
@@ -365,10 +370,12 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
             predicted_load: model.checkpoint_io,
             predicted_staging: model.save_staging_on_device(),
             planned_saves: suite.planned_saves(),
+            planned_evaluations: suite.planned_evaluations(),
             capacity: dev.tracker().capacity(),
             budget: suite.budget().map(|b| b.bytes(dev.tracker().capacity())),
             rss_budget: suite.file.memory.rss_budget,
             samples_per_epoch,
+            dataset_samples,
             planned,
             phases,
             worlds,
@@ -389,6 +396,8 @@ pub(crate) struct PhaseRun {
     pub(crate) digests: BTreeMap<u64, StateDigest>,
     /// Samples in one epoch of the dataset.
     pub(crate) samples_per_epoch: Option<u64>,
+    /// Samples in the whole dataset, where an epoch holds fewer.
+    pub(crate) dataset_samples: Option<u64>,
 }
 
 /// The trial a phase belongs to, on the device it runs on.
@@ -444,6 +453,13 @@ impl<'a, D: Device> Trial<'a, D> {
             .iter()
             .map(|[a, b]| [predict(a), predict(b)])
             .collect())
+    }
+
+    /// The memory model's peak of each rank of `world` over an evaluation of micro-batches of
+    /// `shapes` (rows, tokens per row).
+    fn evaluation_model(&self, world: usize, shapes: &[(usize, usize)]) -> Result<Vec<u64>> {
+        let cfg = EstimateConfig::from_train(&self.suite.train_at(world), self.like);
+        Ok(evaluation_peaks(&cfg, shapes)?)
     }
 
     /// The trainer of `leg` on `world` ranks, placed as `place` says: fresh, or resumed from
@@ -516,6 +532,8 @@ impl<'a, D: Device> Trial<'a, D> {
                     record.setup = first.setup.clone();
                 }
                 ran.samples_per_epoch = Some(trainer.loader().samples());
+                ran.dataset_samples = Some(trainer.loader().dataset_samples())
+                    .filter(|&n| n != trainer.loader().samples());
                 if let Some(step) = from {
                     record.resumed_digest = Some(trainer.state_digest()?);
                     record.reference_digest = reference_digests.get(&step).cloned();
@@ -579,6 +597,23 @@ impl<'a, D: Device> Trial<'a, D> {
                             };
                             watch.step_done(phase, &step);
                             record.steps.push(step);
+                            for e in s.evaluations {
+                                let predicted = self.evaluation_model(world, &e.shapes)?;
+                                record.evaluations.push(EvalRecord {
+                                    step: e.step,
+                                    loss: e.loss,
+                                    tokens: e.tokens as u64,
+                                    batch_digest: e.batch_digest,
+                                    rank_peaks: (e.rank_memory.iter())
+                                        .map(|m| m.allocated.peak)
+                                        .collect(),
+                                    memory: e.memory,
+                                    predicted_peaks: match own_rank {
+                                        Some(rank) => vec![predicted[rank]],
+                                        None => predicted,
+                                    },
+                                });
+                            }
                             if let Some(saver) = &mut saver {
                                 saver.collect()?;
                             }

@@ -269,6 +269,7 @@ fn put_together(ended: Vec<Ended>) -> Result<PhaseRun> {
             record,
             digests: early.digests.clone(),
             samples_per_epoch: early.samples_per_epoch,
+            dataset_samples: early.dataset_samples,
         });
     }
     let mut failed: Vec<&Ended> = ended.iter().filter(|e| e.run.is_err()).collect();
@@ -323,8 +324,23 @@ fn side_by_side(mut runs: Vec<PhaseRun>) -> Result<PhaseRun> {
                 .collect()
         })
         .collect();
+    // Each rank's evaluations: its peak and its own model's, in rank order.
+    let eval_ranks: Vec<(Vec<u64>, Vec<u64>)> = (0..runs[0].record.evaluations.len())
+        .map(|i| {
+            let of_rank = |r: &PhaseRun| {
+                let e = &r.record.evaluations[i];
+                (e.memory.allocated.peak, e.predicted_peaks.first().copied())
+            };
+            let (peaks, predicted): (Vec<u64>, Vec<Option<u64>>) = runs.iter().map(of_rank).unzip();
+            (peaks, predicted.into_iter().flatten().collect())
+        })
+        .collect();
     let mut merged = runs.swap_remove(0);
     merged.record.ranks = ranks;
+    for (evaluation, (peaks, predicted)) in merged.record.evaluations.iter_mut().zip(eval_ranks) {
+        evaluation.rank_peaks = peaks;
+        evaluation.predicted_peaks = predicted;
+    }
     merged.record.oom = merged.record.oom.take().or(oom);
     merged.record.refused = merged.record.refused.take().or(refused);
     for (step, ranks) in merged.record.steps.iter_mut().zip(step_ranks) {
@@ -345,6 +361,29 @@ fn agree(runs: &[PhaseRun]) -> Result<()> {
                 steps.len(),
                 first.len()
             );
+        }
+        let (evaluations, first_evaluations) =
+            (&run.record.evaluations, &runs[0].record.evaluations);
+        if evaluations.len() != first_evaluations.len() {
+            bail!(
+                "rank {rank} evaluated {} times and rank 0 {}: ranks in processes of their own must evaluate together",
+                evaluations.len(),
+                first_evaluations.len()
+            );
+        }
+        for (mine, theirs) in evaluations.iter().zip(first_evaluations) {
+            if mine.loss.to_bits() != theirs.loss.to_bits()
+                || mine.batch_digest != theirs.batch_digest
+            {
+                bail!(
+                    "rank {rank} recorded the evaluation after step {} as loss {:e}, batches {}; rank 0 as {:e}, {}: the ranks must agree bit for bit",
+                    mine.step,
+                    mine.loss,
+                    mine.batch_digest,
+                    theirs.loss,
+                    theirs.batch_digest
+                );
+            }
         }
         for (mine, theirs) in steps.iter().zip(first) {
             let same = mine.loss.to_bits() == theirs.loss.to_bits()
