@@ -1351,6 +1351,43 @@ fn batches(suite: &str, args: &[&str]) -> Vec<serde_json::Value> {
 }
 
 #[test]
+fn batches_shows_what_every_evaluation_reads() {
+    let suite = ckpt_harness::run::plan::load_one(&root().join("suites/sft-chat.yaml")).unwrap();
+    let shown = batches("suites/sft-chat.yaml", &["--json", "--validation"]);
+    assert_eq!(shown.len(), 1);
+    assert_eq!(shown[0]["evaluation"], true);
+    let dev = ckpt_engine::CpuDevice::new(2, u64::MAX).unwrap();
+    let evaluated = (ckpt_engine::Trainer::new(suite.train.clone(), dev).unwrap())
+        .evaluate()
+        .unwrap();
+    let micro_batches = shown[0]["micro_batches"].as_array().unwrap();
+    let shapes: Vec<(usize, usize)> = (micro_batches.iter())
+        .map(|m| {
+            let shape = |i: usize| m["shape"][i].as_u64().unwrap() as usize;
+            (shape(0), shape(1))
+        })
+        .collect();
+    assert_eq!(shapes, evaluated.shapes);
+    let rows: Vec<(u64, u64)> = (micro_batches.iter())
+        .flat_map(|m| m["rows"].as_array().unwrap().iter())
+        .map(|r| (r["epoch"].as_u64().unwrap(), r["index"].as_u64().unwrap()))
+        .collect();
+    let want: Vec<(u64, u64)> = (evaluated.samples.iter())
+        .map(|s| (s.epoch, s.index))
+        .collect();
+    assert_eq!(rows, want);
+    assert_eq!(rows.len(), 24, "the whole validation file, in order");
+    let refused = harness(&["batches", "suites/tiny-fp32.yaml", "--validation"], &[]);
+    assert!(!refused.status.success());
+    assert!(
+        text(&refused)
+            .contains("tiny-fp32.yaml: the suite has no validation split; write validation:"),
+        "{}",
+        text(&refused)
+    );
+}
+
+#[test]
 fn batches_shows_the_samples_and_shapes_the_trainer_trains_on() {
     let suite = ckpt_harness::run::plan::load_one(&root().join("suites/sft-chat.yaml")).unwrap();
     let steps = batches("suites/sft-chat.yaml", &["--json"]);

@@ -1,13 +1,14 @@
 //! `ckpt-harness batches`: what the model sees at each step of a suite, without training: each
 //! micro-batch's padded shape and its rows' samples (index, epoch, length, tokens learned), and
 //! with `--tokens` the text of each row, the tokens the loss learns marked (`⟦…⟧`), or in JSON
-//! the ids and labels. Every phase of a suite draws the same batches at the same step.
+//! the ids and labels. Every phase of a suite draws the same batches at the same step. With
+//! `--validation`, the micro-batches every evaluation of the validation split reads instead.
 
 use super::exit_codes;
 use crate::run::plan;
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use ckpt_engine::data::text::HfTokenizer;
-use ckpt_engine::data::{DataConfig, DataLoader};
+use ckpt_engine::data::{DataConfig, DataLoader, SampleId};
 use ckpt_engine::model::Batch;
 use std::io::Write;
 use std::path::PathBuf;
@@ -28,6 +29,37 @@ pub struct BatchesArgs {
     /// One JSON object a step instead of text.
     #[arg(long)]
     pub json: bool,
+    /// The micro-batches an evaluation of the validation split reads (every evaluation reads
+    /// the same) instead of the steps'.
+    #[arg(long, conflicts_with = "steps")]
+    pub validation: bool,
+}
+
+/// What a group of micro-batches shown is drawn for.
+#[derive(Clone, Copy)]
+enum Shown {
+    /// The step of this index.
+    Step(u64),
+    /// An evaluation of the validation split.
+    Evaluation,
+}
+
+impl Shown {
+    /// How a text line names it.
+    fn name(self) -> String {
+        match self {
+            Shown::Step(step) => format!("step {step}"),
+            Shown::Evaluation => "evaluation".into(),
+        }
+    }
+
+    /// Its JSON object, to which the micro-batches are added.
+    fn json(self) -> serde_json::Value {
+        match self {
+            Shown::Step(step) => serde_json::json!({"step": step}),
+            Shown::Evaluation => serde_json::json!({"evaluation": true}),
+        }
+    }
 }
 
 /// A row as shown: its sample, its tokens and how many of them are learned.
@@ -58,14 +90,39 @@ struct MicroBatchView {
 pub fn exec(args: BatchesArgs) -> Result<u8> {
     let suite = plan::load_one(&args.suite)?;
     let train = &suite.train;
-    let mut loader =
-        (train.loader()).with_context(|| format!("{}: the data", args.suite.display()))?;
+    let (mut loader, split) =
+        (train.loaders()).with_context(|| format!("{}: the data", args.suite.display()))?;
     let tokenizer = match &train.data {
         DataConfig::Text(text) if args.tokens && !args.json => {
             Some(HfTokenizer::open(&text.tokenizer)?)
         }
         _ => None,
     };
+    let mut out = std::io::stdout().lock();
+    let mut show = |shown: Shown, loader: &mut DataLoader, batches: &[Batch]| -> Result<()> {
+        let samples = loader.take_drawn();
+        show_batches(
+            &mut out,
+            shown,
+            (loader, batches, &samples),
+            &args,
+            tokenizer.as_ref(),
+        )
+    };
+    if args.validation {
+        let (Some(mut split), Some(validation)) = (split, &train.validation) else {
+            bail!(
+                "{}: the suite has no validation split; write validation: {{share: 0.1, every: N}} or {{path: FILE, every: N}}",
+                args.suite.display()
+            );
+        };
+        let rows = validation.rows(split.samples(), train.batch_size);
+        let batches = (rows.into_iter())
+            .map(|rows| split.next_rows(rows, train.seq_len))
+            .collect::<ckpt_engine::Result<Vec<_>>>()?;
+        show(Shown::Evaluation, &mut split, &batches)?;
+        return Ok(exit_codes::SUCCESS);
+    }
     let end = suite.max_steps() + suite.file.training.extra_steps;
     let last = args
         .steps
@@ -73,57 +130,65 @@ pub fn exec(args: BatchesArgs) -> Result<u8> {
         .copied()
         .max()
         .unwrap_or(end.saturating_sub(1));
-    let mut out = std::io::stdout().lock();
     for step in 0..=last {
         let batches = loader.next_step(train.accumulation, train.seq_len_at(step))?;
-        let samples = loader.take_drawn();
-        if !args.steps.is_empty() && !args.steps.contains(&step) {
-            continue;
-        }
-        let mut drawn = samples.iter();
-        let views: Vec<MicroBatchView> = (batches.iter())
-            .map(|b| MicroBatchView {
-                shape: [b.batch, b.seq],
-                rows: (0..b.batch)
-                    .zip(drawn.by_ref())
-                    .map(|(row, id)| row_view(&loader, b, row, *id, args.tokens))
-                    .collect(),
-            })
-            .collect();
-        if args.json {
-            let line = serde_json::json!({"step": step, "micro_batches": views});
-            writeln!(out, "{line}")?;
-            continue;
-        }
-        for (m, (view, batch)) in views.iter().zip(&batches).enumerate() {
-            writeln!(
-                out,
-                "step {step}  micro-batch {m}  [{} × {}]",
-                view.shape[0], view.shape[1]
-            )?;
-            for (row, r) in view.rows.iter().enumerate() {
-                writeln!(
-                    out,
-                    "  row {row}: sample {} of epoch {}, {} tokens, {} learned",
-                    r.index, r.epoch, r.length, r.learned
-                )?;
-                if let Some(tokenizer) = &tokenizer {
-                    writeln!(out, "    {}", marked_text(tokenizer, batch, row, r.length)?)?;
-                }
-            }
+        match args.steps.is_empty() || args.steps.contains(&step) {
+            true => show(Shown::Step(step), &mut loader, &batches)?,
+            false => drop(loader.take_drawn()),
         }
     }
     Ok(exit_codes::SUCCESS)
 }
 
+/// Writes `batches` (drawn by `loader` as `samples`) as `args` asks: a JSON line, or a text
+/// line a micro-batch and a row, each row's text with `tokenizer`.
+fn show_batches(
+    out: &mut impl Write,
+    shown: Shown,
+    (loader, batches, samples): (&DataLoader, &[Batch], &[SampleId]),
+    args: &BatchesArgs,
+    tokenizer: Option<&HfTokenizer>,
+) -> Result<()> {
+    let mut drawn = samples.iter();
+    let views: Vec<MicroBatchView> = (batches.iter())
+        .map(|b| MicroBatchView {
+            shape: [b.batch, b.seq],
+            rows: (0..b.batch)
+                .zip(drawn.by_ref())
+                .map(|(row, id)| row_view(loader, b, row, *id, args.tokens))
+                .collect(),
+        })
+        .collect();
+    if args.json {
+        let mut line = shown.json();
+        line["micro_batches"] = serde_json::to_value(&views)?;
+        writeln!(out, "{line}")?;
+        return Ok(());
+    }
+    for (m, (view, batch)) in views.iter().zip(batches).enumerate() {
+        writeln!(
+            out,
+            "{}  micro-batch {m}  [{} × {}]",
+            shown.name(),
+            view.shape[0],
+            view.shape[1]
+        )?;
+        for (row, r) in view.rows.iter().enumerate() {
+            writeln!(
+                out,
+                "  row {row}: sample {} of epoch {}, {} tokens, {} learned",
+                r.index, r.epoch, r.length, r.learned
+            )?;
+            if let Some(tokenizer) = tokenizer {
+                writeln!(out, "    {}", marked_text(tokenizer, batch, row, r.length)?)?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Row `row` of `batch`, drawn as sample `id`.
-fn row_view(
-    loader: &DataLoader,
-    batch: &Batch,
-    row: usize,
-    id: ckpt_engine::data::SampleId,
-    tokens: bool,
-) -> RowView {
+fn row_view(loader: &DataLoader, batch: &Batch, row: usize, id: SampleId, tokens: bool) -> RowView {
     let ids = &batch.input_ids[row * batch.seq..][..batch.seq];
     let labels = &batch.labels[row * batch.seq..][..batch.seq];
     let length = loader
