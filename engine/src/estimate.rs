@@ -430,15 +430,6 @@ pub fn evaluation_peaks(cfg: &EstimateConfig, shapes: &[(usize, usize)]) -> Resu
         1 => Ranks::single(State::zeros(run, dev.clone())?),
         _ => Ranks::new(run, devices.clone(), None, None)?,
     };
-    let zeros = |(rows, seq): (usize, usize)| -> Result<Batch> {
-        let tokens = rows.saturating_mul(seq);
-        Ok(Batch {
-            batch: rows,
-            seq,
-            input_ids: try_vec(tokens, 0, "the dry run's token ids")?,
-            labels: try_vec(tokens, 0, "the dry run's labels")?,
-        })
-    };
     let step = (0..run.accumulation)
         .map(|_| zeros((run.batch_size, run.seq_len)))
         .collect::<Result<Vec<_>>>()?;
@@ -485,15 +476,7 @@ fn dry_run(cfg: &EstimateConfig, seq: usize, micro_batches: usize) -> Result<Ste
         "the dry run's micro-batches (token ids and labels)",
     )?;
     let batches = (seq_lens.iter())
-        .map(|&seq| {
-            let rows = run.batch_size.saturating_mul(seq);
-            Ok(Batch {
-                batch: run.batch_size,
-                seq,
-                input_ids: try_vec(rows, 0, "the dry run's token ids")?,
-                labels: try_vec(rows, 0, "the dry run's labels")?,
-            })
-        })
+        .map(|&seq| zeros((run.batch_size, seq)))
         .collect::<Result<Vec<_>>>()?;
     let dropout = (run.dropout > 0.0).then_some(Dropout {
         p: run.dropout,
@@ -517,6 +500,18 @@ fn dry_run(cfg: &EstimateConfig, seq: usize, micro_batches: usize) -> Result<Ste
     let later = step()?;
     let steps = first.into_iter().zip(later).map(|(a, b)| [a, b]).collect();
     Ok((anatomy(cfg, seq), steps, ranks.checkpoint_bytes()))
+}
+
+/// A dry run's batch of `rows` rows of `seq` tokens: every id and label 0 (the counting device
+/// holds no values, only shapes).
+fn zeros((rows, seq): (usize, usize)) -> Result<Batch> {
+    let tokens = rows.saturating_mul(seq);
+    Ok(Batch {
+        batch: rows,
+        seq,
+        input_ids: try_vec(tokens, 0, "the dry run's token ids")?,
+        labels: try_vec(tokens, 0, "the dry run's labels")?,
+    })
 }
 
 /// What the counting device `dev` saw of a step that started with `before`.

@@ -622,13 +622,7 @@ impl<D: Device> Trainer<D> {
     /// finished at its end, before its figures are read: its staging buffers count in the
     /// step's peak, not in the bytes held at its end.
     pub fn step(&mut self) -> Result<StepStats> {
-        let trackers: Vec<MemoryTracker> = self
-            .ranks
-            .states()
-            .iter()
-            .map(|s| s.device().tracker().clone())
-            .collect();
-        trackers.iter().for_each(MemoryTracker::reset_peak);
+        let trackers = reset_trackers(&self.ranks);
         let seq = self.cfg.seq_len_at(self.step);
         let batches = self.loader.next_step(self.cfg.accumulation, seq)?;
         let dropout = (self.cfg.dropout > 0.0).then_some(Dropout {
@@ -661,10 +655,7 @@ impl<D: Device> Trainer<D> {
             recomputed_blocks: pass.recomputed_blocks,
             tokens_per_expert: pass.tokens_per_expert,
             memory: trackers[0].stats(),
-            rank_memory: match trackers.len() {
-                1 => Vec::new(),
-                _ => trackers.iter().map(MemoryTracker::stats).collect(),
-            },
+            rank_memory: rank_memory(&trackers),
             evaluations: repeated.into_iter().collect(),
         };
         self.step += 1;
@@ -696,10 +687,7 @@ impl<D: Device> Trainer<D> {
         let batches = (rows.into_iter())
             .map(|rows| split.next_rows(rows, self.cfg.seq_len))
             .collect::<Result<Vec<_>>>()?;
-        let trackers: Vec<MemoryTracker> = (self.ranks.states().iter())
-            .map(|s| s.device().tracker().clone())
-            .collect();
-        trackers.iter().for_each(MemoryTracker::reset_peak);
+        let trackers = reset_trackers(&self.ranks);
         let passes = self.ranks.evaluate(&batches)?;
         let out = self.ranks.first().model().step_output(passes);
         Ok(Evaluation {
@@ -710,11 +698,26 @@ impl<D: Device> Trainer<D> {
             samples: split.take_drawn(),
             shapes: batches.iter().map(|b| (b.batch, b.seq)).collect(),
             memory: trackers[0].stats(),
-            rank_memory: match trackers.len() {
-                1 => Vec::new(),
-                _ => trackers.iter().map(MemoryTracker::stats).collect(),
-            },
+            rank_memory: rank_memory(&trackers),
         })
+    }
+}
+
+/// Every rank's tracker, in rank order, each with its peak reset: the figures of what follows.
+fn reset_trackers<D: Device>(ranks: &Ranks<D>) -> Vec<MemoryTracker> {
+    let trackers: Vec<MemoryTracker> = (ranks.states().iter())
+        .map(|s| s.device().tracker().clone())
+        .collect();
+    trackers.iter().for_each(MemoryTracker::reset_peak);
+    trackers
+}
+
+/// Every rank's figures from `trackers`, in rank order; none for one rank (its figures are the
+/// run's own).
+fn rank_memory(trackers: &[MemoryTracker]) -> Vec<MemoryStats> {
+    match trackers.len() {
+        1 => Vec::new(),
+        _ => trackers.iter().map(MemoryTracker::stats).collect(),
     }
 }
 
