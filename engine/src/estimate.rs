@@ -431,13 +431,13 @@ pub fn evaluation_peaks(cfg: &EstimateConfig, shapes: &[(usize, usize)]) -> Resu
         _ => Ranks::new(run, devices.clone(), None, None)?,
     };
     let step = (0..run.accumulation)
-        .map(|_| zeros((run.batch_size, run.seq_len)))
+        .map(|_| zeros((run.batch_size, run.seq_len), run.data.packs()))
         .collect::<Result<Vec<_>>>()?;
     ranks.train_step(&step, None, 0.0)?;
     drop(step);
     let evaluated = shapes
         .iter()
-        .map(|&s| zeros(s))
+        .map(|&s| zeros(s, false))
         .collect::<Result<Vec<_>>>()?;
     devices.iter().for_each(|d| d.tracker().reset_peak());
     ranks.evaluate(&evaluated)?;
@@ -472,11 +472,11 @@ fn dry_run(cfg: &EstimateConfig, seq: usize, micro_batches: usize) -> Result<Ste
     };
     let tokens = seq_lens.iter().map(|&s| s as u64).sum::<u64>();
     check_host(
-        (run.batch_size as u64 * 12).saturating_mul(tokens),
-        "the dry run's micro-batches (token ids and labels)",
+        (run.batch_size as u64 * 16).saturating_mul(tokens),
+        "the dry run's micro-batches (token ids, labels and positions)",
     )?;
     let batches = (seq_lens.iter())
-        .map(|&seq| zeros((run.batch_size, seq)))
+        .map(|&seq| zeros((run.batch_size, seq), run.data.packs()))
         .collect::<Result<Vec<_>>>()?;
     let dropout = (run.dropout > 0.0).then_some(Dropout {
         p: run.dropout,
@@ -503,14 +503,19 @@ fn dry_run(cfg: &EstimateConfig, seq: usize, micro_batches: usize) -> Result<Ste
 }
 
 /// A dry run's batch of `rows` rows of `seq` tokens: every id and label 0 (the counting device
-/// holds no values, only shapes).
-fn zeros((rows, seq): (usize, usize)) -> Result<Batch> {
+/// holds no values, only shapes), and where the data packs samples, positions too (every
+/// token a document of its own).
+fn zeros((rows, seq): (usize, usize), packed: bool) -> Result<Batch> {
     let tokens = rows.saturating_mul(seq);
     Ok(Batch {
         batch: rows,
         seq,
         input_ids: try_vec(tokens, 0, "the dry run's token ids")?,
         labels: try_vec(tokens, 0, "the dry run's labels")?,
+        positions: match packed {
+            true => Some(try_vec(tokens, 0, "the dry run's positions")?),
+            false => None,
+        },
     })
 }
 

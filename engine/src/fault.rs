@@ -109,6 +109,11 @@ pub enum Fault {
     /// training forward pass's, not the one block's an evaluation needs (the evaluation that
     /// runs out of memory on its own). The bits are untouched and nothing outlives the pass.
     EvaluationKeepsActivations,
+    /// A packing loader's checkpoint leaves out the pack in flight: the sample drawn for a row
+    /// it did not fit in. The resumed run begins its next row with the sample after it, and the
+    /// dropped one is never trained on in its epoch (torchtitan #3008: the sample in flight at
+    /// a pack boundary lost on resume). Needs `padding: packed` data.
+    PackInFlightDropped,
 }
 
 /// The set of faults a run injects.

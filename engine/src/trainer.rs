@@ -509,9 +509,13 @@ impl<D: Device> Trainer<D> {
     /// The loader position a checkpoint saves: where the loader stands, except that
     /// [`Fault::LoaderPositionCountsSteps`] counts one micro-batch per step taken and
     /// [`Fault::LoaderOffsetLostOnResave`] counts only the samples read since the resume and
-    /// [`Fault::LoaderPositionPerRank`] one rank's share.
+    /// [`Fault::LoaderPositionPerRank`] one rank's share, and [`Fault::PackInFlightDropped`]
+    /// leaves out the pack in flight.
     fn saved_loader_state(&self) -> LoaderState {
-        let state = self.loader.state();
+        let mut state = self.loader.state();
+        if self.cfg.faults.has(Fault::PackInFlightDropped) {
+            state.in_flight = None;
+        }
         let samples = self.loader.samples();
         let faults = &self.cfg.faults;
         let world = self.cfg.parallel.world_size as u64;

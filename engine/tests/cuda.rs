@@ -159,6 +159,7 @@ fn read_batch(path: &Path) -> Result<Batch, Failed> {
         seq: shape[1],
         input_ids: ids.iter().map(|&i| i as u32).collect(),
         labels,
+        positions: None,
     })
 }
 

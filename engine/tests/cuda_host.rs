@@ -51,15 +51,36 @@ fn main() {
             broken_causal_mask_fails,
         ),
         trial(
+            "a_document_mask_off_by_one_fails_the_attention_check",
+            || {
+                fault_fails(
+                    "j0 + jj >= first) {\n                float dot",
+                    "j0 + jj + 1 >= first) {\n                float dot",
+                    "a document mask off by one",
+                    |exe| attention_on::<f32>(exe, Kernels::Tiled, 1e-5),
+                )
+            },
+        ),
+        trial(
             "attention_on_tensor_cores_matches_the_cpu",
             attention_tensor_cores,
+        ),
+        trial(
+            "a_tensor_core_document_mask_off_by_one_fails_the_attention_check",
+            || {
+                tensor_core_fault_fails(
+                    "j <= i && j >= first[e >> 1] ? a.scale",
+                    "j <= i && j + 1 >= first[e >> 1] ? a.scale",
+                    "a document mask off by one",
+                )
+            },
         ),
         trial(
             "a_tensor_core_causal_mask_off_by_one_fails_the_attention_check",
             || {
                 tensor_core_fault_fails(
-                    "s[n][e] = j <= i ? a.scale",
-                    "s[n][e] = j < i ? a.scale",
+                    "s[n][e] = j <= i && j >= first[e >> 1]",
+                    "s[n][e] = j < i && j >= first[e >> 1]",
                     "a causal mask off by one",
                 )
             },
@@ -322,7 +343,8 @@ fn rel_diff<E: Elem>(got: &[E], want: &[E]) -> f64 {
 }
 
 /// The tiled attention forward and backward passes against the CPU's, on shapes that cover
-/// grouped heads, head widths 8 to 256 and rows shorter, longer and not a multiple of a tile.
+/// grouped heads, head widths 8 to 256 and rows shorter, longer and not a multiple of a tile,
+/// each once as whole sequences and once packed with documents of random lengths.
 fn attention<E: Elem>(tolerance: f64) -> Outcome {
     attention_on::<E>(&driver()?, Kernels::Tiled, tolerance)
 }
@@ -368,7 +390,7 @@ fn fault_fails(right: &str, fault: &str, what: &str, check: impl Fn(&Path) -> Ou
 /// The negative control of [`attention`]: the same comparison with a driver whose forward pass
 /// lets no query row see its own key fails.
 fn broken_causal_mask_fails() -> Outcome {
-    let right = "if (row_ok && j0 + jj <= i) {\n                float dot";
+    let right = "if (row_ok && j0 + jj <= i && j0 + jj >= first) {\n                float dot";
     let kernels = host_kernels()?;
     if kernels.matches(right).count() != 1 {
         return Err("the forward pass's causal mask is not where this control expects it".into());
@@ -408,7 +430,10 @@ fn attention_on<E: Elem>(exe: &Path, kernels: Kernels, tolerance: f64) -> Outcom
         ],
     };
     let mut rng = ChaCha8Rng::seed_from_u64(7);
-    for &(batch, seq, heads, kv_heads, head_dim) in shapes {
+    let packings = shapes
+        .iter()
+        .flat_map(|&shape| [(shape, false), (shape, true)]);
+    for ((batch, seq, heads, kv_heads, head_dim), packed) in packings {
         let s = AttnShape {
             batch,
             seq,
@@ -428,40 +453,39 @@ fn attention_on<E: Elem>(exe: &Path, kernels: Kernels, tolerance: f64) -> Outcom
             random::<E>(&mut rng, kn),
             random::<E>(&mut rng, qn),
         );
+        let positions = packed.then(|| documents(&mut rng, batch, seq));
+        let tpos = positions.as_ref();
         let [tq, tk, tv, tdout] = [&q, &k, &v, &dout].map(|x| on_cpu(&dev, x));
         let mut tout = on_cpu(&dev, &vec![E::default(); qn]);
         let mut tlse = on_cpu(&dev, &vec![0f32; ln]);
-        dev.attention_forward(s, &tq, &tk, &tv, &mut tout, &mut tlse)?;
+        dev.attention_forward(s, tpos, &tq, &tk, &tv, &mut tout, &mut tlse)?;
         let [mut tdq, mut tdk, mut tdv] =
             [qn, kn, kn].map(|n| on_cpu(&dev, &vec![E::default(); n]));
         let saved = (&tout, &tlse);
         dev.attention_backward(
-            s, &tq, &tk, &tv, saved, &tdout, &mut tdq, &mut tdk, &mut tdv,
+            s, tpos, &tq, &tk, &tv, saved, &tdout, &mut tdq, &mut tdk, &mut tdv,
         )?;
         let (out, lse) = (tout.as_slice(), tlse.as_slice());
         let (dq, dk, dv) = (tdq.as_slice(), tdk.as_slice(), tdv.as_slice());
 
+        let shape = [batch, seq, heads, kv_heads, head_dim];
         let (command_name, args, what) = match kernels {
             Kernels::Tiled => (
                 "attention",
-                vec![
-                    batch,
-                    seq,
-                    heads,
-                    kv_heads,
-                    head_dim,
-                    tiles.forward_queries,
-                    tiles.forward_keys,
-                    tiles.backward,
-                ],
-                format!("{s:?} {tiles:?}"),
+                [
+                    &shape[..],
+                    &[tiles.forward_queries, tiles.forward_keys, tiles.backward],
+                    &[usize::from(packed)],
+                ]
+                .concat(),
+                format!("{s:?} {tiles:?}, packed: {packed}"),
             ),
             Kernels::TensorCores => {
                 let keys = tensor_core_keys(head_dim).ok_or("no tensor-core kernels")?;
                 (
                     "attention-tc",
-                    vec![batch, seq, heads, kv_heads, head_dim, keys],
-                    format!("{s:?} on tensor cores, {TC_ROWS} x {keys} tiles"),
+                    [&shape[..], &[keys, usize::from(packed)]].concat(),
+                    format!("{s:?} on tensor cores, {TC_ROWS} x {keys} tiles, packed: {packed}"),
                 )
             }
         };
@@ -475,6 +499,7 @@ fn attention_on<E: Elem>(exe: &Path, kernels: Kernels, tolerance: f64) -> Outcom
                 bytemuck::cast_slice(&k),
                 bytemuck::cast_slice(&v),
                 bytemuck::cast_slice(&dout),
+                bytemuck::cast_slice(positions.as_deref().unwrap_or_default()),
             ],
         )?;
         let mut rest = bytes.as_slice();
@@ -642,8 +667,23 @@ fn rmsnorm_on<E: Elem>(exe: &Path, tolerance: f64) -> Outcome {
     Ok(())
 }
 
+/// A packed batch's positions: each of `batch` sequences of `seq` tokens cut into documents of
+/// random lengths, each token's position its place in its document.
+fn documents(rng: &mut ChaCha8Rng, batch: usize, seq: usize) -> Vec<u32> {
+    let mut positions = Vec::with_capacity(batch * seq);
+    for _ in 0..batch {
+        let mut left = seq;
+        while left > 0 {
+            let len = rng.random_range(1..=left.min(seq / 2 + 1));
+            positions.extend(0..len as u32);
+            left -= len;
+        }
+    }
+    positions
+}
+
 /// The rotary embedding and its inverse give the CPU's bits (the same products, unfused),
-/// with rows at positions past the first sequence.
+/// with rows at positions past the first sequence, and with a packed batch's positions.
 fn rope_both_ways<E: Elem>() -> Outcome {
     let dev = CpuDevice::new(1, u64::MAX)?;
     let mut rng = ChaCha8Rng::seed_from_u64(17);
@@ -658,28 +698,36 @@ fn rope_both_ways<E: Elem>() -> Outcome {
         RopeTable::new(head_dim, 10000.0, positions)?,
         dev.rope_tables(spec)?,
     );
-    let x = random::<E>(&mut rng, rows * width);
-    let mut t = on_cpu(&dev, &x);
-    dev.rope(&mut t, (width, seq), &tables, false)?;
-    let once = t.as_slice().to_vec();
-    dev.rope(&mut t, (width, seq), &tables, true)?;
-    let back = t.as_slice().to_vec();
-    let args = [rows, width, seq, table.half, positions].map(|v| v.to_string());
-    let bytes = run_driver(
-        &driver()?,
-        &format!("rope-{}", elem_name::<E>()),
-        &command::<E>("rope", &args),
-        &[
-            bytemuck::cast_slice(&x),
-            bytemuck::cast_slice(&table.cos),
-            bytemuck::cast_slice(&table.sin),
-        ],
-    )?;
-    let mut rest = bytes.as_slice();
-    let g_once: Vec<E> = split(&mut rest, rows * width);
-    let g_back: Vec<E> = split(&mut rest, rows * width);
-    if g_once != once || g_back != back {
-        return Err("the emulated rotary embedding differs from the CPU's".into());
+    for packed in [false, true] {
+        let at = packed.then(|| documents(&mut rng, batch, seq));
+        let x = random::<E>(&mut rng, rows * width);
+        let mut t = on_cpu(&dev, &x);
+        dev.rope(&mut t, (width, seq), &tables, at.as_ref(), false)?;
+        let once = t.as_slice().to_vec();
+        dev.rope(&mut t, (width, seq), &tables, at.as_ref(), true)?;
+        let back = t.as_slice().to_vec();
+        let args =
+            [rows, width, seq, table.half, positions, usize::from(packed)].map(|v| v.to_string());
+        let bytes = run_driver(
+            &driver()?,
+            &format!("rope-{}", elem_name::<E>()),
+            &command::<E>("rope", &args),
+            &[
+                bytemuck::cast_slice(&x),
+                bytemuck::cast_slice(&table.cos),
+                bytemuck::cast_slice(&table.sin),
+                bytemuck::cast_slice(at.as_deref().unwrap_or_default()),
+            ],
+        )?;
+        let mut rest = bytes.as_slice();
+        let g_once: Vec<E> = split(&mut rest, rows * width);
+        let g_back: Vec<E> = split(&mut rest, rows * width);
+        if g_once != once || g_back != back {
+            return Err(format!(
+                "the emulated rotary embedding differs from the CPU's (packed: {packed})"
+            )
+            .into());
+        }
     }
     Ok(())
 }

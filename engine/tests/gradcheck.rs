@@ -1,6 +1,7 @@
 //! The explicit backward pass against finite differences of the loss, on random tiny Llamas:
 //! every parameter tensor, grouped-query and plain attention, tied and untied embeddings, ignored
-//! labels, with and without residual dropout (a fixed mask per step). Activation checkpointing
+//! labels, packed rows (positions restarting and attention kept within each document), with and
+//! without residual dropout (a fixed mask per step). Activation checkpointing
 //! and the chunked loss must not change the gradients.
 
 use ckpt_engine::memory::Category;
@@ -33,7 +34,8 @@ struct Case {
 /// embeddings, every family's block (Qwen2's biases, Qwen3's per-head norms, Phi-3's fused
 /// projections, Qwen3-MoE's and Mixtral's router, top-k and experts with 1-4 experts and the
 /// load-balancing loss), 1-2 rows of 1-5 tokens
-/// with about one label in four ignored (at least one counted).
+/// with about one label in four ignored (at least one counted), half of them packed (documents
+/// beginning at about two tokens in five).
 fn cases() -> impl Strategy<Value = Case> {
     (1usize..=4)
         .prop_flat_map(|heads| {
@@ -111,11 +113,12 @@ fn cases() -> impl Strategy<Value = Case> {
                     0..rows,
                     0..vocab as i64,
                     Just((batch, seq, seed)),
+                    prop::option::of(prop::collection::vec(prop::bool::weighted(0.4), rows)),
                 )
             },
         )
         .prop_map(
-            |(cfg, input_ids, mut labels, keep, label, (batch, seq, seed))| {
+            |(cfg, input_ids, mut labels, keep, label, (batch, seq, seed), starts)| {
                 labels[keep] = label;
                 Case {
                     cfg,
@@ -124,11 +127,26 @@ fn cases() -> impl Strategy<Value = Case> {
                         seq,
                         input_ids,
                         labels,
+                        positions: starts.map(|starts| packed(&starts, seq)),
                     },
                     seed,
                 }
             },
         )
+}
+
+/// A packed batch's positions for rows of `seq` tokens where a document begins at each row's
+/// first token and at each token `starts` marks.
+fn packed(starts: &[bool], seq: usize) -> Vec<u32> {
+    let mut positions = Vec::with_capacity(starts.len());
+    for (i, &start) in starts.iter().enumerate() {
+        let p = match positions.last() {
+            Some(&p) if i % seq != 0 && !start => p + 1,
+            _ => 0,
+        };
+        positions.push(p);
+    }
+    positions
 }
 
 /// Weights from N(0, 0.5²) so gradients are far from zero, and norm scales drawn from [0.5, 1.5]

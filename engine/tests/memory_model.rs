@@ -53,6 +53,7 @@ fn batch(cfg: &LlamaConfig, rows: usize, seq: usize) -> Batch {
                 }
             })
             .collect(),
+        positions: None,
     }
 }
 

@@ -1388,6 +1388,60 @@ fn batches_shows_what_every_evaluation_reads() {
 }
 
 #[test]
+fn batches_shows_every_sample_of_a_packed_row_where_it_begins() {
+    let suite = ckpt_harness::run::plan::load_one(&root().join("suites/sft-packed.yaml")).unwrap();
+    let steps = batches("suites/sft-packed.yaml", &["--json", "--tokens"]);
+    let dev = ckpt_engine::CpuDevice::new(2, u64::MAX).unwrap();
+    let mut trainer = ckpt_engine::Trainer::new(suite.train.clone(), dev).unwrap();
+    for (step, shown) in steps.iter().enumerate().take(4) {
+        let trained = trainer.step().unwrap();
+        let micro_batches = shown["micro_batches"].as_array().unwrap();
+        let rows: Vec<&serde_json::Value> = (micro_batches.iter())
+            .flat_map(|m| m["rows"].as_array().unwrap().iter())
+            .collect();
+        let ids: Vec<(u64, u64)> = (rows.iter())
+            .map(|r| (r["epoch"].as_u64().unwrap(), r["index"].as_u64().unwrap()))
+            .collect();
+        let want: Vec<(u64, u64)> = trained.samples.iter().map(|s| (s.epoch, s.index)).collect();
+        assert_eq!(ids, want, "step {step}: samples");
+        assert!(rows.len() > 6, "step {step}: several samples a row");
+        // Within a row the samples follow one another from token 0, each as long as its ids.
+        let mut next = (u64::MAX, 0);
+        for r in &rows {
+            let (row, offset) = (r["row"].as_u64().unwrap(), r["offset"].as_u64().unwrap());
+            let length = r["length"].as_u64().unwrap();
+            assert_eq!(r["input_ids"].as_array().unwrap().len() as u64, length);
+            match row == next.0 {
+                true => assert_eq!(offset, next.1, "step {step}: row {row}"),
+                false => assert_eq!(offset, 0, "step {step}: row {row} begins"),
+            }
+            assert!(offset + length <= 512);
+            next = (row, offset + length);
+        }
+    }
+    let shown = harness(
+        &[
+            "batches",
+            "suites/sft-packed.yaml",
+            "--step",
+            "0",
+            "--tokens",
+        ],
+        &[],
+    );
+    let shown = text(&shown);
+    assert!(shown.contains("  row 0 at 0: sample "), "{shown}");
+    assert!(
+        shown
+            .lines()
+            .filter(|l| l.starts_with("  row 0 at "))
+            .count()
+            > 3,
+        "{shown}"
+    );
+}
+
+#[test]
 fn batches_shows_the_samples_and_shapes_the_trainer_trains_on() {
     let suite = ckpt_harness::run::plan::load_one(&root().join("suites/sft-chat.yaml")).unwrap();
     let steps = batches("suites/sft-chat.yaml", &["--json"]);

@@ -63,6 +63,11 @@ impl DataConfig {
             DataConfig::Text(text) => text.identity()?,
         })
     }
+
+    /// Whether training rows pack several samples ([`Padding::Packed`]).
+    pub fn packs(&self) -> bool {
+        matches!(self, DataConfig::Text(text) if text.padding == Padding::Packed)
+    }
 }
 
 /// What a token file must be, for the message refusing a FIFO, a device or a directory.
@@ -149,6 +154,10 @@ pub struct LoaderState {
     pub position: u64,
     /// Seed of the per-epoch shuffles.
     pub shuffle_seed: u64,
+    /// The pack in flight: a packing loader's sample drawn for a row it did not fit in, which
+    /// begins the next row (counted in `position` already, in no batch yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_flight: Option<SampleId>,
 }
 
 enum Source {
@@ -207,6 +216,8 @@ pub struct DataLoader {
     members: Option<Arc<[u64]>>,
     /// Whether each epoch has its own seeded order (else the members' order).
     shuffle: bool,
+    /// Whether rows pack whole samples ([`Padding::Packed`] training data).
+    pack: bool,
     vocab: usize,
     batch: usize,
     seq: usize,
@@ -330,6 +341,7 @@ impl DataLoader {
             }
         };
         Ok(DataLoader {
+            pack: cfg.packs(),
             source: Arc::new(source),
             members: None,
             shuffle: true,
@@ -398,6 +410,7 @@ impl DataLoader {
             source: Arc::clone(&self.source),
             members: Some(validation.into()),
             shuffle: false,
+            pack: false,
             vocab: self.vocab,
             batch: self.batch,
             seq: self.seq,
@@ -408,10 +421,11 @@ impl DataLoader {
         })
     }
 
-    /// The loader handing out its samples in their order, every epoch the same (a validation
-    /// split's).
+    /// The loader handing out its samples in their order, every epoch the same, one a row (a
+    /// validation split's).
     pub fn in_order(mut self) -> DataLoader {
         self.shuffle = false;
+        self.pack = false;
         self.order_epoch = None;
         self
     }
@@ -440,7 +454,8 @@ impl DataLoader {
     /// position on as [`DataLoader::next_batch`] does. Synthetic samples are drawn up to `seq`
     /// tokens long; token-file samples are read from the same window starts, `seq + 1` tokens
     /// long, padded with ignored labels where the file ends first. Text samples are as long as
-    /// they are, in rows as long as the micro-batch's longest or `seq` (its `padding`).
+    /// they are, in rows as long as the micro-batch's longest or `seq`, or packed into rows of
+    /// `seq` (its `padding`).
     pub fn next_batch_of(&mut self, seq: usize) -> Result<Batch> {
         self.next_rows(self.batch, seq)
     }
@@ -448,13 +463,14 @@ impl DataLoader {
     /// The next batch of `rows` rows (not the loader's batch size) of `seq` tokens, as
     /// [`DataLoader::next_batch_of`] makes them: a validation split's last, shorter micro-batch.
     pub fn next_rows(&mut self, rows: usize, seq: usize) -> Result<Batch> {
+        if self.pack {
+            return self.next_packed(rows, seq);
+        }
         let indices = (0..rows).map(|_| self.draw()).collect::<Result<Vec<_>>>()?;
         let seq = match &*self.source {
             Source::Text {
-                samples,
-                padding: Padding::Longest,
-                ..
-            } => (indices.iter())
+                samples, padding, ..
+            } if *padding != Padding::MaxLength => (indices.iter())
                 .map(|&i| samples[i as usize].ids.len())
                 .max()
                 .unwrap_or(1)
@@ -478,6 +494,63 @@ impl DataLoader {
             seq,
             input_ids,
             labels,
+            positions: None,
+        })
+    }
+
+    /// The next batch of `rows` rows of `seq` tokens packed with whole samples
+    /// ([`Padding::Packed`]), with their positions: the pack in flight first, then samples
+    /// drawn in order while they fit; the first that does not fit in a row that holds one
+    /// already becomes the pack in flight. A row's tokens after its last sample are padding,
+    /// ignored, their positions continuing that sample's.
+    fn next_packed(&mut self, rows: usize, seq: usize) -> Result<Batch> {
+        let tokens = rows.saturating_mul(seq);
+        check_host(
+            tokens as u64 * 16,
+            "a packed batch (token ids, labels and positions)",
+        )?;
+        let source = Arc::clone(&self.source);
+        let Source::Text { samples, pad, .. } = &*source else {
+            unreachable!("only text data packs");
+        };
+        let mut input_ids = try_vec(tokens, *pad, "a batch's token ids")?;
+        let mut labels = try_vec(tokens, IGNORE_INDEX, "a batch's labels")?;
+        let mut positions = try_vec(tokens, 0u32, "a packed batch's positions")?;
+        let parts = (input_ids.chunks_mut(seq))
+            .zip(labels.chunks_mut(seq))
+            .zip(positions.chunks_mut(seq));
+        for ((ids, labels), positions) in parts {
+            let mut at = 0;
+            while at < seq {
+                let id = match self.state.in_flight.take() {
+                    Some(id) => id,
+                    None => self.draw_id()?,
+                };
+                let len = samples[id.index as usize].ids.len().min(seq);
+                if at > 0 && at + len > seq {
+                    self.state.in_flight = Some(id);
+                    break;
+                }
+                self.drawn.push(id);
+                let span = at..at + len;
+                self.fill_row(id.index, &mut ids[span.clone()], &mut labels[span.clone()]);
+                positions[span]
+                    .iter_mut()
+                    .zip(0..)
+                    .for_each(|(p, i)| *p = i);
+                at += len;
+            }
+            let last = positions[at - 1];
+            (positions[at..].iter_mut())
+                .zip(last + 1..)
+                .for_each(|(p, next)| *p = next);
+        }
+        Ok(Batch {
+            batch: rows,
+            seq,
+            input_ids,
+            labels,
+            positions: Some(positions),
         })
     }
 
@@ -489,20 +562,27 @@ impl DataLoader {
             .collect()
     }
 
-    /// The dataset index of the next sample; moves the position on, into the next epoch
-    /// after the last sample of one.
+    /// The dataset index of the next sample, which the next row holds; moves the position on
+    /// ([`DataLoader::draw_id`]).
     fn draw(&mut self) -> Result<u64> {
+        let id = self.draw_id()?;
+        self.drawn.push(id);
+        Ok(id.index)
+    }
+
+    /// The next sample; moves the position on, into the next epoch after the last sample of
+    /// one.
+    fn draw_id(&mut self) -> Result<SampleId> {
         if self.state.position >= self.samples() {
             self.state.epoch += 1;
             self.state.position = 0;
         }
         let index = self.shuffled(self.state.position)?;
-        self.drawn.push(SampleId {
+        self.state.position += 1;
+        Ok(SampleId {
             epoch: self.state.epoch,
             index,
-        });
-        self.state.position += 1;
-        Ok(index)
+        })
     }
 
     /// Writes sample `index` into a row's `ids` and `labels` (as long as each other): each

@@ -213,7 +213,8 @@ pub trait Device: Clone + Send + Sync + 'static {
     type Tensor<E: Elem>: DeviceTensor;
     /// The rotary tables as the rotation reads them.
     type Rope: Send + Sync;
-    /// A batch's token ids as the embedding reads them.
+    /// A batch's token ids as the embedding reads them, and a packed batch's positions as the
+    /// rotary embedding and attention read them.
     type Ids;
     /// A batch's labels as the cross-entropy reads them.
     type Labels;
@@ -367,14 +368,15 @@ pub trait Device: Clone + Send + Sync + 'static {
         dw: &mut Self::Tensor<f32>,
     ) -> Result<()>;
 
-    /// Rotates every head of `x` (`[rows, width]`, row `r` at position `r % seq`; `width_seq`
-    /// is `(width, seq)`) in place;
-    /// `inverse` applies the transposed rotation, which is the backward pass.
+    /// Rotates every head of `x` (`[rows, width]`; `width_seq` is `(width, seq)`) in place, row
+    /// `r` at position `positions[r]` (a packed batch's, see [`crate::model::Batch::positions`]),
+    /// else `r % seq`; `inverse` applies the transposed rotation, which is the backward pass.
     fn rope<E: Elem>(
         &self,
         x: &mut Self::Tensor<E>,
         width_seq: (usize, usize),
         tables: &Self::Rope,
+        positions: Option<&Self::Ids>,
         inverse: bool,
     ) -> Result<()>;
 
@@ -460,11 +462,14 @@ pub trait Device: Clone + Send + Sync + 'static {
 
     /// Causal attention `out = softmax(q·kᵀ/√d + mask)·v` per head (`q`, `out`:
     /// `[rows, heads·d]`; `k`, `v`: `[rows, kv_heads·d]`, rotated); `lse` (`[batch, heads, seq]`)
-    /// receives each row's log-sum-exp.
+    /// receives each row's log-sum-exp. With a packed batch's `positions`, query `i` of a
+    /// sequence sees keys `i − positions[i] ..= i` only: its own document's (see
+    /// [`crate::model::Batch::positions`]).
     #[allow(clippy::too_many_arguments)]
     fn attention_forward<E: Elem>(
         &self,
         shape: AttnShape,
+        positions: Option<&Self::Ids>,
         q: &Self::Tensor<E>,
         k: &Self::Tensor<E>,
         v: &Self::Tensor<E>,
@@ -473,11 +478,12 @@ pub trait Device: Clone + Send + Sync + 'static {
     ) -> Result<()>;
 
     /// Backward of [`Device::attention_forward`]: `dq`, `dk`, `dv` from `dout`, the
-    /// probabilities recomputed from the saved log-sum-exp.
+    /// probabilities recomputed from the saved log-sum-exp, under the same `positions`.
     #[allow(clippy::too_many_arguments)]
     fn attention_backward<E: Elem>(
         &self,
         shape: AttnShape,
+        positions: Option<&Self::Ids>,
         q: &Self::Tensor<E>,
         k: &Self::Tensor<E>,
         v: &Self::Tensor<E>,

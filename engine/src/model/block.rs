@@ -251,7 +251,7 @@ pub fn activations<D: Device, E: Elem>(
     let mut att = ctx.output(qw)?;
     let a = d.attn;
     let mut lse = dev.uninit::<f32>(&[a.batch, a.heads, a.seq], Activations)?;
-    dev.attention_forward(a, &q, &k, &v, &mut att, &mut lse)?;
+    dev.attention_forward(a, ctx.positions, &q, &k, &v, &mut att, &mut lse)?;
     let h_mid = residual_linear(ctx, Site::Attention, x, &att, (w, l.o))?;
     let norm2 = norm(ctx, &h_mid, w.get(l.post_norm))?;
     let mlp = match &l.mlp {
@@ -415,6 +415,7 @@ pub fn backward<D: Device, E: Elem>(
     let mut dv = ctx.output(kw)?;
     dev.attention_backward(
         d.attn,
+        ctx.positions,
         &q,
         &k,
         &v,

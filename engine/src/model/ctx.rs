@@ -36,6 +36,8 @@ pub struct BlockCtx<'a, D: Device> {
     pub dims: BlockDims,
     /// Rotary tables.
     pub rope: &'a D::Rope,
+    /// A packed batch's positions on the device ([`crate::model::Batch::positions`]).
+    pub positions: Option<&'a D::Ids>,
     /// The block's index in the model (it keys the dropout masks).
     pub layer: usize,
     /// Residual dropout of a training pass; `None` applies none.
@@ -83,7 +85,8 @@ impl<D: Device> BlockCtx<'_, D> {
         inverse: bool,
     ) -> Result<()> {
         let seq = self.dims.attn.seq;
-        self.dev.rope(x, (width, seq), self.rope, inverse)
+        self.dev
+            .rope(x, (width, seq), self.rope, self.positions, inverse)
     }
 }
 

@@ -63,6 +63,11 @@ pub struct Batch {
     pub input_ids: Vec<u32>,
     /// Target ids aligned with `input_ids`; −100 where ignored.
     pub labels: Vec<i64>,
+    /// A packed batch's positions, aligned with `input_ids`: each token's place in its document
+    /// (0 where one begins, else the previous token's plus 1). They drive the rotary embedding,
+    /// and a token attends only to its own document's earlier tokens. `None`: each row is one
+    /// sequence, token `i` at position `i`.
+    pub positions: Option<Vec<u32>>,
 }
 
 impl Batch {
@@ -72,7 +77,8 @@ impl Batch {
     }
 
     /// sha256 of the shapes, token ids and labels of `batches` in order (the micro-batches of a
-    /// step): for one batch, its [`Batch::digest`].
+    /// step), and of a packed batch's positions after its labels: for one batch, its
+    /// [`Batch::digest`].
     pub fn digest_all(batches: &[Batch]) -> String {
         use sha2::{Digest, Sha256};
         let mut h = Sha256::new();
@@ -84,6 +90,9 @@ impl Batch {
             }
             for label in &b.labels {
                 h.update(label.to_le_bytes());
+            }
+            for position in b.positions.iter().flatten() {
+                h.update(position.to_le_bytes());
             }
         }
         format!("{:x}", h.finalize())
@@ -279,7 +288,8 @@ impl<D: Device> Model<D> {
     }
 
     /// Checks a batch fits the model: rows as long as its shape says and no longer than the
-    /// rotary tables, ids below the vocabulary, labels ids or −100.
+    /// rotary tables, ids below the vocabulary, labels ids or −100, a packed batch's positions
+    /// starting at 0 in each row and counting up by 1 within a document.
     pub fn check_batch(&self, batch: &Batch) -> Result<()> {
         let v = self.cfg.vocab_size;
         let tokens = batch.batch * batch.seq;
@@ -312,29 +322,54 @@ impl<D: Device> Model<D> {
                 "label {l} is neither -100 nor a token id below {v}"
             )));
         }
+        if let Some(positions) = &batch.positions {
+            if positions.len() != tokens {
+                return Err(EngineError::Config(format!(
+                    "a batch of {} × {} needs that many positions, has {}",
+                    batch.batch,
+                    batch.seq,
+                    positions.len()
+                )));
+            }
+            let at = |i: usize| (i / batch.seq, i % batch.seq);
+            let wrong = positions.iter().enumerate().find(|&(i, &p)| {
+                p != 0 && (i % batch.seq == 0 || p != positions[i - 1].wrapping_add(1))
+            });
+            if let Some((i, p)) = wrong {
+                let (row, token) = at(i);
+                return Err(EngineError::Config(format!(
+                    "position {p} of token {token} of row {row} neither begins a document (0) nor follows the previous token's"
+                )));
+            }
+        }
         Ok(())
     }
 
     /// The start of a pass over `batch` on `dev`: the batch and its attention shape checked,
-    /// the forward phase entered, and the blocks' context (the first block's, with `dropout`).
+    /// the forward phase entered, the blocks' context (the first block's, with `dropout`; its
+    /// `positions` for the caller to point at the second value), and a packed batch's positions
+    /// on the device.
     fn pass_start<'a>(
         &'a self,
         dev: &'a D,
         batch: &Batch,
         dropout: Option<Dropout>,
-    ) -> Result<BlockCtx<'a, D>> {
+    ) -> Result<(BlockCtx<'a, D>, Option<D::Ids>)> {
         self.check_batch(batch)?;
         let dims = self.dims(batch);
         dev.check_attention(dims.attn)?;
         dev.enter(StepPhase::Forward);
-        Ok(BlockCtx {
+        let positions = batch.positions.as_deref().map(|p| dev.ids(p)).transpose()?;
+        let ctx = BlockCtx {
             dev,
             dims,
             rope: &self.rope,
+            positions: None,
             layer: 0,
             dropout,
             dprob: &[],
-        })
+        };
+        Ok((ctx, positions))
     }
 
     /// One forward and backward pass without dropout: returns the loss and adds every
@@ -388,7 +423,11 @@ impl<D: Device> Model<D> {
         pass: &PassConfig<'_>,
         hooks: &mut dyn PassHooks<D, E>,
     ) -> Result<(PassOutput, Vec<D::Tensor<E>>)> {
-        let ctx = self.pass_start(dev, batch, pass.dropout)?;
+        let (ctx, positions) = self.pass_start(dev, batch, pass.dropout)?;
+        let ctx = BlockCtx {
+            positions: positions.as_ref(),
+            ..ctx
+        };
         let d = ctx.dims;
         let (rows, h, p) = (d.rows, d.hidden, &self.layout);
         let ids = dev.ids(&batch.input_ids)?;
@@ -533,7 +572,11 @@ impl<D: Device> Model<D> {
         (kind, faults): (LossKind, &Faults),
         hooks: &mut dyn PassHooks<D, E>,
     ) -> Result<PassOutput> {
-        let ctx = self.pass_start(dev, batch, None)?;
+        let (ctx, positions) = self.pass_start(dev, batch, None)?;
+        let ctx = BlockCtx {
+            positions: positions.as_ref(),
+            ..ctx
+        };
         let d = ctx.dims;
         let p = &self.layout;
         let ids = dev.ids(&batch.input_ids)?;
@@ -614,6 +657,37 @@ impl<D: Device> Model<D> {
                 .map(|p| p.recomputed_blocks)
                 .max()
                 .unwrap_or(0),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::CpuDevice;
+
+    fn packed(positions: Vec<u32>) -> Batch {
+        Batch {
+            batch: 2,
+            seq: 3,
+            input_ids: vec![1; 6],
+            labels: vec![IGNORE_INDEX; 6],
+            positions: Some(positions),
+        }
+    }
+
+    #[test]
+    fn a_packed_batch_s_positions_must_restart_at_each_row_and_count_up_in_a_document() {
+        let dev = CpuDevice::new(1, u64::MAX).unwrap();
+        let model = Model::new(&dev, LlamaConfig::new(8, 8, 8, 1, 2, 1)).unwrap();
+        model.check_batch(&packed(vec![0, 1, 0, 0, 0, 1])).unwrap();
+        for (positions, wrong) in [
+            (vec![0, 1, 2, 1, 2, 3], "position 1 of token 0 of row 1"),
+            (vec![0, 2, 0, 0, 1, 2], "position 2 of token 1 of row 0"),
+            (vec![0, 1, 0, 0, 1], "needs that many positions, has 5"),
+        ] {
+            let err = model.check_batch(&packed(positions)).unwrap_err();
+            assert!(err.to_string().contains(wrong), "{err}");
         }
     }
 }

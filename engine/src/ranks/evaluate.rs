@@ -27,6 +27,7 @@ pub(super) fn of_rank(batches: &[Batch], world: usize, rank: usize) -> Vec<Batch
                 seq: 1,
                 input_ids: vec![0],
                 labels: vec![IGNORE_INDEX],
+                positions: None,
             })
         })
         .collect()

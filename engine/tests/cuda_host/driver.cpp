@@ -1,16 +1,18 @@
 // Runs kernels of kernels.cu (included as `kernels.cpp`, made host C++ by cuda_host.rs) on
 // inputs from a file and writes their outputs to another, for engine/tests/cuda_host.rs.
 //
-//   driver attention ELEM BATCH SEQ HEADS KV_HEADS D FWD_QUERIES FWD_KEYS BACKWARD IN OUT
-//     IN: q, k, v, dout; OUT: out, lse, dq, dk, dv (the forward pass, delta, dq, dk/dv)
-//   driver attention-tc bf16 BATCH SEQ HEADS KV_HEADS D KEYS IN OUT
+//   driver attention ELEM BATCH SEQ HEADS KV_HEADS D FWD_QUERIES FWD_KEYS BACKWARD PACKED IN OUT
+//     IN: q, k, v, dout, and where PACKED is 1 the positions (u32); OUT: out, lse, dq, dk, dv
+//     (the forward pass, delta, dq, dk/dv)
+//   driver attention-tc bf16 BATCH SEQ HEADS KV_HEADS D KEYS PACKED IN OUT
 //     the tensor-core kernels for heads D wide, streaming KEYS rows at a time; IN, OUT as above
 //   driver dropout ELEM N KEY THRESHOLD SHIFT SCALE IN OUT
 //     IN: x, y, dout; OUT: x + dropout(y), its gradient for y
 //   driver rmsnorm ELEM ROWS H EPS IN OUT
 //     IN: x, w, dy, dx; OUT: y, rinv (f32), dx + the gradient, dw (f32, from zeros)
-//   driver rope ELEM ROWS WIDTH SEQ HALF POSITIONS IN OUT
-//     IN: x, cos (f32), sin (f32); OUT: x rotated, then that rotated back
+//   driver rope ELEM ROWS WIDTH SEQ HALF POSITIONS PACKED IN OUT
+//     IN: x, cos (f32), sin (f32), and where PACKED is 1 each row's position (u32); OUT: x
+//     rotated, then that rotated back
 //   driver bias ELEM ROWS WIDTH IN OUT
 //     IN: y, b, dy; OUT: y + b per row, the bias gradient (f32, from zeros)
 //   driver swiglu ELEM N IN OUT
@@ -61,16 +63,24 @@ template <> std::vector<float> poisoned<float>(size_t n) { return std::vector<fl
 
 static unsigned blocks_of(size_t n) { return (unsigned)((n + THREADS - 1) / THREADS); }
 
+// A packed batch's n positions from `r` where `packed` is "1", else none (an empty vector, whose
+// data() the kernels see as no positions).
+static std::vector<u32> positions_of(Reader& r, const char* packed, size_t n) {
+    return std::string(packed) == "1" ? r.read<u32>(n) : std::vector<u32>();
+}
+static const u32* or_null(const std::vector<u32>& v) { return v.empty() ? nullptr : v.data(); }
+
 template <typename T> void attention(char** a) {
     unsigned batch = std::stoul(a[0]), seq = std::stoul(a[1]), heads = std::stoul(a[2]),
              kv = std::stoul(a[3]), d = std::stoul(a[4]), fq = std::stoul(a[5]), fk = std::stoul(a[6]),
              bt = std::stoul(a[7]);
-    Reader r{std::ifstream(a[8], std::ios::binary)};
+    Reader r{std::ifstream(a[9], std::ios::binary)};
     size_t qn = (size_t)batch * seq * heads * d, kn = (size_t)batch * seq * kv * d, ln = (size_t)batch * heads * seq;
     auto q = r.read<T>(qn), k = r.read<T>(kn), v = r.read<T>(kn), dout = r.read<T>(qn);
+    auto pos = positions_of(r, a[8], (size_t)batch * seq);
     float scale = 1.0f / std::sqrt((float)d);
-    Attn fwd{batch, seq, heads, kv, d, scale, fq, fk};
-    Attn bwd{batch, seq, heads, kv, d, scale, bt, bt};
+    Attn fwd{batch, seq, heads, kv, d, scale, fq, fk, or_null(pos)};
+    Attn bwd{batch, seq, heads, kv, d, scale, bt, bt, or_null(pos)};
     auto out = poisoned<T>(qn), dq = poisoned<T>(qn), dk = poisoned<T>(kn), dv = poisoned<T>(kn);
     auto lse = poisoned<float>(ln), delta = poisoned<float>(ln);
     size_t ds = d + 1;
@@ -83,7 +93,7 @@ template <typename T> void attention(char** a) {
     launch({(seq + bt - 1) / bt, kv, batch}, THREADS, (4 * bt * ds + 2 * bt * (bt + 1) + 2 * bt) * 4, [&] {
         attn_bwd_dkv<T>(q.data(), k.data(), v.data(), dout.data(), lse.data(), delta.data(), dk.data(), dv.data(), bwd);
     });
-    Writer w{std::ofstream(a[9], std::ios::binary)};
+    Writer w{std::ofstream(a[10], std::ios::binary)};
     w.write(out);
     w.write(lse);
     w.write(dq);
@@ -107,10 +117,11 @@ void attention_tc(char** a) {
              kv = std::stoul(a[3]), d = std::stoul(a[4]), keys = std::stoul(a[5]);
     auto tc = std::find_if(std::begin(TC_KERNELS), std::end(TC_KERNELS), [&](auto& t) { return t.d == d; });
     if (tc == std::end(TC_KERNELS)) throw std::runtime_error("no tensor-core kernels for this head width");
-    Reader r{std::ifstream(a[6], std::ios::binary)};
+    Reader r{std::ifstream(a[7], std::ios::binary)};
     size_t qn = (size_t)batch * seq * heads * d, kn = (size_t)batch * seq * kv * d, ln = (size_t)batch * heads * seq;
     auto q = r.read<bf16>(qn), k = r.read<bf16>(kn), v = r.read<bf16>(kn), dout = r.read<bf16>(qn);
-    Attn at{batch, seq, heads, kv, d, 1.0f / std::sqrt((float)d), TC_ROWS, keys};
+    auto pos = positions_of(r, a[6], (size_t)batch * seq);
+    Attn at{batch, seq, heads, kv, d, 1.0f / std::sqrt((float)d), TC_ROWS, keys, or_null(pos)};
     auto out = poisoned<bf16>(qn), dq = poisoned<bf16>(qn), dk = poisoned<bf16>(kn), dv = poisoned<bf16>(kn);
     auto lse = poisoned<float>(ln), delta = poisoned<float>(ln);
     size_t shared = 4 * keys * (d + TC_PAD) * sizeof(bf16);
@@ -123,7 +134,7 @@ void attention_tc(char** a) {
     launch({tiles, kv, batch}, TC_THREADS, shared, [&] {
         tc->dkv(q.data(), k.data(), v.data(), dout.data(), lse.data(), delta.data(), dk.data(), dv.data(), at);
     });
-    Writer w{std::ofstream(a[7], std::ios::binary)};
+    Writer w{std::ofstream(a[8], std::ios::binary)};
     w.write(out);
     w.write(lse);
     w.write(dq);
@@ -167,14 +178,16 @@ template <typename T> void rmsnorm(char** a) {
 template <typename T> void rope_both_ways(char** a) {
     unsigned rows = std::stoul(a[0]), width = std::stoul(a[1]), seq = std::stoul(a[2]), half = std::stoul(a[3]),
              positions = std::stoul(a[4]);
-    Reader r{std::ifstream(a[5], std::ios::binary)};
+    Reader r{std::ifstream(a[6], std::ios::binary)};
     size_t n = (size_t)rows * width;
     auto x = r.read<T>(n);
     auto cos_t = r.read<float>((size_t)positions * half), sin_t = r.read<float>((size_t)positions * half);
-    Writer out{std::ofstream(a[6], std::ios::binary)};
+    auto pos = positions_of(r, a[5], rows);
+    Writer out{std::ofstream(a[7], std::ios::binary)};
     for (float sign : {1.0f, -1.0f}) {
-        launch({blocks_of(n / 2), 1, 1}, THREADS, 0,
-               [&] { rope<T>(x.data(), cos_t.data(), sin_t.data(), rows, width, seq, half, sign); });
+        launch({blocks_of(n / 2), 1, 1}, THREADS, 0, [&] {
+            rope<T>(x.data(), cos_t.data(), sin_t.data(), rows, width, seq, half, sign, or_null(pos));
+        });
         out.write(x);
     }
 }
@@ -328,15 +341,15 @@ void sumsq(char** a) {
 int main(int argc, char** argv) {
     try {
         std::string cmd = argc > 2 ? argv[1] : "", elem = argc > 2 ? argv[2] : "";
-        if (cmd == "attention" && argc == 13) {
+        if (cmd == "attention" && argc == 14) {
             elem == "bf16" ? attention<bf16>(argv + 3) : attention<float>(argv + 3);
-        } else if (cmd == "attention-tc" && elem == "bf16" && argc == 11) {
+        } else if (cmd == "attention-tc" && elem == "bf16" && argc == 12) {
             attention_tc(argv + 3);
         } else if (cmd == "dropout" && argc == 10) {
             elem == "bf16" ? dropout<bf16>(argv + 3) : dropout<float>(argv + 3);
         } else if (cmd == "rmsnorm" && argc == 8) {
             elem == "bf16" ? rmsnorm<bf16>(argv + 3) : rmsnorm<float>(argv + 3);
-        } else if (cmd == "rope" && argc == 10) {
+        } else if (cmd == "rope" && argc == 11) {
             elem == "bf16" ? rope_both_ways<bf16>(argv + 3) : rope_both_ways<float>(argv + 3);
         } else if (cmd == "bias" && argc == 7) {
             elem == "bf16" ? bias<bf16>(argv + 3) : bias<float>(argv + 3);

@@ -517,9 +517,8 @@ pub(crate) mod fixtures {
             optimizer_steps: step,
             next_lr: 0.001 * (step + 1) as f64,
             loader: LoaderState {
-                epoch: 0,
                 position: step * 4,
-                shuffle_seed: 0,
+                ..LoaderState::default()
             },
             rng: RngState {
                 seed: 0,
@@ -839,7 +838,7 @@ mod tests {
         let digest = &out[1].failures;
         assert_eq!(
             digest[0].to_string(),
-            "state_digest: cpu::s resume-mid-2 step 3: loader position: expected LoaderState { epoch: 0, position: 12, shuffle_seed: 0 }, got LoaderState { epoch: 0, position: 4, shuffle_seed: 0 }"
+            "state_digest: cpu::s resume-mid-2 step 3: loader position: expected LoaderState { epoch: 0, position: 12, shuffle_seed: 0, in_flight: None }, got LoaderState { epoch: 0, position: 4, shuffle_seed: 0, in_flight: None }"
         );
         let ledger: Vec<&str> = out[2].failures.iter().map(|f| f.what.as_str()).collect();
         assert_eq!(

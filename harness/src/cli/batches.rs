@@ -1,5 +1,6 @@
 //! `ckpt-harness batches`: what the model sees at each step of a suite, without training: each
-//! micro-batch's padded shape and its rows' samples (index, epoch, length, tokens learned), and
+//! micro-batch's padded shape and its rows' samples (index, epoch, length, tokens learned; in a
+//! packed batch, every sample of a row with the token it begins at), and
 //! with `--tokens` the text of each row, the tokens the loss learns marked (`⟦…⟧`), or in JSON
 //! the ids and labels. Every phase of a suite draws the same batches at the same step. With
 //! `--validation`, the micro-batches every evaluation of the validation split reads instead.
@@ -62,9 +63,16 @@ impl Shown {
     }
 }
 
-/// A row as shown: its sample, its tokens and how many of them are learned.
+/// A row as shown (in a packed batch, one sample of a row): its sample, its tokens and how many
+/// of them are learned.
 #[derive(serde::Serialize)]
 struct RowView {
+    /// A packed sample's row.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    row: Option<usize>,
+    /// The token of its row a packed sample begins at.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    offset: Option<usize>,
     epoch: u64,
     index: u64,
     /// The sample's tokens (a text sample's own length; the row's for other data).
@@ -153,9 +161,8 @@ fn show_batches(
     let views: Vec<MicroBatchView> = (batches.iter())
         .map(|b| MicroBatchView {
             shape: [b.batch, b.seq],
-            rows: (0..b.batch)
-                .zip(drawn.by_ref())
-                .map(|(row, id)| row_view(loader, b, row, *id, args.tokens))
+            rows: (spans(b).zip(drawn.by_ref()))
+                .map(|(span, id)| row_view(loader, b, span, *id, args.tokens))
                 .collect(),
         })
         .collect();
@@ -173,28 +180,69 @@ fn show_batches(
             view.shape[0],
             view.shape[1]
         )?;
-        for (row, r) in view.rows.iter().enumerate() {
+        for (span, r) in spans(batch).zip(&view.rows) {
+            let at = match r.offset {
+                Some(offset) => format!("row {} at {offset}", span.row),
+                None => format!("row {}", span.row),
+            };
             writeln!(
                 out,
-                "  row {row}: sample {} of epoch {}, {} tokens, {} learned",
+                "  {at}: sample {} of epoch {}, {} tokens, {} learned",
                 r.index, r.epoch, r.length, r.learned
             )?;
             if let Some(tokenizer) = tokenizer {
-                writeln!(out, "    {}", marked_text(tokenizer, batch, row, r.length)?)?;
+                let span = Span {
+                    len: r.length,
+                    ..span
+                };
+                writeln!(out, "    {}", marked_text(tokenizer, batch, span)?)?;
             }
         }
     }
     Ok(())
 }
 
-/// Row `row` of `batch`, drawn as sample `id`.
-fn row_view(loader: &DataLoader, batch: &Batch, row: usize, id: SampleId, tokens: bool) -> RowView {
-    let ids = &batch.input_ids[row * batch.seq..][..batch.seq];
-    let labels = &batch.labels[row * batch.seq..][..batch.seq];
+/// Where a sample sits in a batch: its row, the token it begins at, and the tokens it spans
+/// (a whole row, padding included, unless the batch is packed).
+#[derive(Clone, Copy)]
+struct Span {
+    row: usize,
+    offset: usize,
+    len: usize,
+}
+
+/// The spans of `batch`'s samples in order: its rows, or in a packed batch each sample of each
+/// row, from each token at position 0 to the next (the padding after a row's last sample
+/// continues its positions).
+fn spans(batch: &Batch) -> impl Iterator<Item = Span> + '_ {
+    let seq = batch.seq;
+    (0..batch.batch).flat_map(move |row| {
+        let starts: Vec<usize> = match &batch.positions {
+            Some(p) => (0..seq).filter(|&i| p[row * seq + i] == 0).collect(),
+            None => vec![0],
+        };
+        let ends: Vec<usize> = starts.iter().skip(1).copied().chain([seq]).collect();
+        (starts.into_iter().zip(ends)).map(move |(offset, end)| Span {
+            row,
+            offset,
+            len: end - offset,
+        })
+    })
+}
+
+/// The sample `id` of `batch` at `span`.
+fn row_view(loader: &DataLoader, batch: &Batch, span: Span, id: SampleId, tokens: bool) -> RowView {
+    let packed = batch.positions.is_some();
     let length = loader
         .text_sample(id.index)
-        .map_or(batch.seq, |t| t.ids.len().min(batch.seq));
+        .map_or(span.len, |t| t.ids.len().min(span.len));
+    let shown = if packed { length } else { span.len };
+    let at = span.row * batch.seq + span.offset;
+    let ids = &batch.input_ids[at..][..shown];
+    let labels = &batch.labels[at..][..shown];
     RowView {
+        row: packed.then_some(span.row),
+        offset: packed.then_some(span.offset),
         epoch: id.epoch,
         index: id.index,
         length,
@@ -204,16 +252,12 @@ fn row_view(loader: &DataLoader, batch: &Batch, row: usize, id: SampleId, tokens
     }
 }
 
-/// A text row's first `length` tokens as text, each run of tokens the loss learns in `⟦…⟧`
+/// The tokens of a text sample's `span` as text, each run of tokens the loss learns in `⟦…⟧`
 /// (a token is learned where the label before it is not ignored).
-fn marked_text(
-    tokenizer: &HfTokenizer,
-    batch: &Batch,
-    row: usize,
-    length: usize,
-) -> Result<String> {
-    let ids = &batch.input_ids[row * batch.seq..][..length];
-    let labels = &batch.labels[row * batch.seq..][..batch.seq];
+fn marked_text(tokenizer: &HfTokenizer, batch: &Batch, span: Span) -> Result<String> {
+    let at = span.row * batch.seq + span.offset;
+    let ids = &batch.input_ids[at..][..span.len];
+    let labels = &batch.labels[at..][..span.len];
     let learned = |i: usize| i > 0 && labels[i - 1] >= 0;
     let mut text = String::new();
     let mut start = 0;

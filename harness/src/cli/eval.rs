@@ -163,6 +163,7 @@ pub fn read_batch(path: &Path) -> Result<Batch> {
         seq: shape[1],
         input_ids,
         labels,
+        positions: None,
     })
 }
 

@@ -254,7 +254,7 @@ impl Device for CountingDevice {
         fn embedding_forward<E>(&self, &T<E>, &CountIndices, &mut T<E>);
         fn rmsnorm_forward<E>(&self, &T<E>, &T<E>, f32, &mut T<E>, &mut T<f32>);
         fn rmsnorm_backward<E>(&self, &T<E>, &T<E>, &T<E>, &T<f32>, &mut T<E>, &mut T<f32>);
-        fn rope<E>(&self, &mut T<E>, (usize, usize), &Vec<Lease>, bool);
+        fn rope<E>(&self, &mut T<E>, (usize, usize), &Vec<Lease>, Option<&CountIndices>, bool);
         fn add_bias<E>(&self, &mut T<E>, &T<E>);
         fn bias_grad<E>(&self, &T<E>, &mut T<f32>);
         fn scale_rows<E>(&self, &mut T<E>, &T<E>);
@@ -431,6 +431,7 @@ impl Device for CountingDevice {
     fn attention_forward<E: Elem>(
         &self,
         s: AttnShape,
+        _: Option<&CountIndices>,
         _: &T<E>,
         _: &T<E>,
         _: &T<E>,
@@ -446,6 +447,7 @@ impl Device for CountingDevice {
     fn attention_backward<E: Elem>(
         &self,
         s: AttnShape,
+        _: Option<&CountIndices>,
         _: &T<E>,
         _: &T<E>,
         _: &T<E>,

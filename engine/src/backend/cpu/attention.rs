@@ -1,6 +1,7 @@
 //! Causal grouped-query attention that saves only each row's log-sum-exp: the backward pass
 //! recomputes the probabilities, so no `[heads, T, T]` tensor outlives a kernel. Query rows go in
-//! blocks that compute scores only against the keys they can see.
+//! blocks that compute scores only against the keys they can see. In a packed batch each query
+//! sees its own document's keys only, the others masked like the causal mask's.
 //!
 //! Work is split into units (one (batch, head) in forward, one (batch, kv-head) group in
 //! backward so that a key/value gradient is summed over its heads by one thread, in head order).
@@ -150,6 +151,24 @@ fn query_blocks(t: usize) -> impl Iterator<Item = (usize, usize)> {
         .map(move |i0| (i0, (i0 + QUERY_BLOCK).min(t)))
 }
 
+/// The first key query row `i` of sequence `b` sees: the start of its document in a packed
+/// batch (`positions[b·t + i]` tokens back), else the sequence's first.
+#[inline(always)]
+fn first_key(positions: Option<&[u32]>, t: usize, b: usize, i: usize) -> usize {
+    positions.map_or(0, |p| i.saturating_sub(p[b * t + i] as usize))
+}
+
+/// Masks one score row of query `i` to keys `first..=i` (the others set to 0) and returns the
+/// keys it sees.
+#[inline(always)]
+fn visible(row: &mut [f32], first: usize, i: usize) -> &mut [f32] {
+    let (seen, after) = row.split_at_mut(i + 1);
+    after.fill(0.0);
+    let (before, seen) = seen.split_at_mut(first.min(i));
+    before.fill(0.0);
+    seen
+}
+
 /// Softmax of one causal score row in place, `row[j] = e^{scale·row[j] − lse}`, returning the
 /// row's log-sum-exp of the scaled scores.
 #[inline(always)]
@@ -166,10 +185,11 @@ fn softmax_row(row: &mut [f32], scale: f32) -> f32 {
 
 /// Forward: `out = softmax(q·kᵀ/√d + causal mask)·v` per head; `lse` (`[batch, heads, seq]`)
 /// receives each row's log-sum-exp. `q`/`out` are `[batch·seq, heads·d]`, `k`/`v` are
-/// `[batch·seq, kv_heads·d]`, with rotary embeddings already applied.
+/// `[batch·seq, kv_heads·d]`, with rotary embeddings already applied. With a packed batch's
+/// positions, each query sees its own document's keys only ([`first_key`]).
 pub(crate) fn forward<E: Elem>(
     dev: &CpuDevice,
-    s: AttnShape,
+    (s, positions): (AttnShape, Option<&[u32]>),
     q: &[E],
     k: &[E],
     v: &[E],
@@ -205,9 +225,8 @@ pub(crate) fn forward<E: Elem>(
                     false,
                 );
                 for (i, row) in (i0..i1).zip(p.chunks_mut(kv)) {
-                    let (seen, masked) = row.split_at_mut(i + 1);
+                    let seen = visible(row, first_key(positions, t, b, i), i);
                     let l = softmax_row(seen, s.scale());
-                    masked.fill(0.0);
                     // SAFETY: each (b, h, i) is written by exactly one unit.
                     unsafe { *lse_ptr.get().add(unit * t + i) = l };
                 }
@@ -231,7 +250,7 @@ pub(crate) fn forward<E: Elem>(
 /// from `q`, `k` and the saved `lse`. `saved` is `[q, k, v, out, dout]`.
 pub(crate) fn backward<E: Elem>(
     dev: &CpuDevice,
-    s: AttnShape,
+    (s, positions): (AttnShape, Option<&[u32]>),
     [q, k, v, out, dout]: [&[E]; 5],
     lse: &[f32],
     [dq, dk, dv]: [&mut [E]; 3],
@@ -278,11 +297,9 @@ pub(crate) fn backward<E: Elem>(
                     // p = softmax(q·kᵀ), recomputed from the saved log-sum-exp
                     mm((rows, kv, d), qb, (di, 1), &kh[..kv * d], (1, di), p, false);
                     for (i, row) in (i0..i1).zip(p.chunks_mut(kv)) {
-                        let (seen, masked) = row.split_at_mut(i + 1);
-                        for x in seen {
+                        for x in visible(row, first_key(positions, t, b, i), i) {
                             *x = math::exp(*x * scale - lse_row[i]);
                         }
-                        masked.fill(0.0);
                     }
                     // dV += pᵀ·dO ; dP = dO·Vᵀ
                     mm(
@@ -349,7 +366,7 @@ mod tests {
     /// Plain f64 attention: `(out, lse, dq, dk, dv)` for row-major inputs as the kernels take.
     #[allow(clippy::type_complexity)]
     fn reference(
-        s: AttnShape,
+        (s, positions): (AttnShape, Option<&[u32]>),
         q: &[f32],
         k: &[f32],
         v: &[f32],
@@ -368,7 +385,8 @@ mod tests {
                 let vj = |j: usize, c: usize| v[(b * t + j) * kw + g * d + c] as f64;
                 let doi = |i: usize, c: usize| dout[(b * t + i) * qw + h * d + c] as f64;
                 for i in 0..t {
-                    let sc: Vec<f64> = (0..=i)
+                    let first = positions.map_or(0, |p| i - p[b * t + i] as usize);
+                    let sc: Vec<f64> = (first..=i)
                         .map(|j| (0..d).map(|c| qi(i, c) * kj(j, c)).sum::<f64>() * scale)
                         .collect();
                     let max = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
@@ -376,10 +394,10 @@ mod tests {
                     lse[(b * s.heads + h) * t + i] = max + sum.ln();
                     let p: Vec<f64> = sc.iter().map(|x| (x - max).exp() / sum).collect();
                     let o: Vec<f64> = (0..d)
-                        .map(|c| (0..=i).map(|j| p[j] * vj(j, c)).sum())
+                        .map(|c| (first..=i).zip(&p).map(|(j, pj)| pj * vj(j, c)).sum())
                         .collect();
                     let delta: f64 = (0..d).map(|c| doi(i, c) * o[c]).sum();
-                    for (j, &pj) in p.iter().enumerate() {
+                    for (j, &pj) in (first..).zip(&p) {
                         let dpj: f64 = (0..d).map(|c| doi(i, c) * vj(j, c)).sum();
                         let ds = pj * (dpj - delta) * scale;
                         for c in 0..d {
@@ -397,11 +415,16 @@ mod tests {
         (out, lse, dq, dk, dv)
     }
 
-    fn run(threads: usize, s: AttnShape, inputs: &[Vec<f32>; 4]) -> [Vec<f32>; 5] {
+    fn run(
+        threads: usize,
+        (s, positions): (AttnShape, Option<&[u32]>),
+        inputs: &[Vec<f32>; 4],
+    ) -> [Vec<f32>; 5] {
         let dev = CpuDevice::new(threads, u64::MAX).unwrap();
         let [q, k, v, dout] = inputs;
         let mut out = vec![0.0; q.len()];
         let mut lse = vec![0.0; s.batch * s.heads * s.seq];
+        let s = (s, positions);
         forward(&dev, s, q, k, v, &mut out, &mut lse).unwrap();
         let (mut dq, mut dk, mut dv) = (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
         let saved = [&q[..], k, v, &out, dout];
@@ -410,23 +433,15 @@ mod tests {
         [out, lse, dq, dk, dv]
     }
 
-    #[test]
-    fn blocked_attention_matches_a_plain_reference_on_every_thread_count() {
-        // 100 rows: one full query block and one partial one.
-        let s = AttnShape {
-            batch: 2,
-            seq: QUERY_BLOCK + 36,
-            heads: 4,
-            kv_heads: 2,
-            head_dim: 8,
-        };
-        let rows = s.batch * s.seq;
+    /// The kernels against [`reference`] on one thread, and the same bits on two and three.
+    fn matches_the_reference(s: (AttnShape, Option<&[u32]>)) {
+        let rows = s.0.batch * s.0.seq;
         let gen = |n: usize, f: f32| -> Vec<f32> { (0..n).map(|i| (i as f32 * f).sin()).collect() };
         let inputs = [
-            gen(rows * s.q_width(), 0.37),
-            gen(rows * s.kv_width(), 0.71),
-            gen(rows * s.kv_width(), 0.13),
-            gen(rows * s.q_width(), 0.53),
+            gen(rows * s.0.q_width(), 0.37),
+            gen(rows * s.0.kv_width(), 0.71),
+            gen(rows * s.0.kv_width(), 0.13),
+            gen(rows * s.0.q_width(), 0.53),
         ];
         let got = run(1, s, &inputs);
         let [q, k, v, dout] = &inputs;
@@ -448,5 +463,34 @@ mod tests {
         for threads in [2, 3] {
             assert_eq!(run(threads, s, &inputs), got, "{threads} threads");
         }
+    }
+
+    /// A shape of two sequences of 100 rows: one full query block and one partial one.
+    fn two_blocks() -> AttnShape {
+        AttnShape {
+            batch: 2,
+            seq: QUERY_BLOCK + 36,
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 8,
+        }
+    }
+
+    #[test]
+    fn blocked_attention_matches_a_plain_reference_on_every_thread_count() {
+        matches_the_reference((two_blocks(), None));
+    }
+
+    #[test]
+    fn packed_documents_see_only_their_own_keys() {
+        // Documents of 30, 50 and 20 tokens in the first sequence (one crossing the query
+        // blocks' boundary), of 1, 64 and 35 in the second.
+        let s = two_blocks();
+        let positions: Vec<u32> = [30, 50, 20, 1, 64, 35]
+            .into_iter()
+            .flat_map(|len| 0..len)
+            .collect();
+        assert_eq!(positions.len(), s.batch * s.seq);
+        matches_the_reference((s, Some(&positions)));
     }
 }

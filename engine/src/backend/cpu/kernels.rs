@@ -295,6 +295,7 @@ impl Device for CpuDevice {
         x: &mut Tensor<E>,
         (width, seq): (usize, usize),
         tables: &CpuRope,
+        positions: Option<&Vec<u32>>,
         inverse: bool,
     ) -> Result<()> {
         let (dev, x, table) = (self, x.as_mut_slice(), &tables.table);
@@ -303,7 +304,7 @@ impl Device for CpuDevice {
         dev.install(|| {
             x.par_chunks_mut(width).enumerate().for_each(|(row, x)| {
                 vectorized!(self.vector_isa(), {
-                    let p = row % seq;
+                    let p = positions.map_or(row % seq, |p| p[row] as usize);
                     let cos = &table.cos[p * half..(p + 1) * half];
                     let sin = &table.sin[p * half..(p + 1) * half];
                     for head in x.chunks_mut(2 * half) {
@@ -516,6 +517,7 @@ impl Device for CpuDevice {
     fn attention_forward<E: Elem>(
         &self,
         s: AttnShape,
+        positions: Option<&Vec<u32>>,
         q: &Tensor<E>,
         k: &Tensor<E>,
         v: &Tensor<E>,
@@ -523,12 +525,14 @@ impl Device for CpuDevice {
         lse: &mut Tensor<f32>,
     ) -> Result<()> {
         let (q, k, v) = (q.as_slice(), k.as_slice(), v.as_slice());
-        attention::forward(self, s, q, k, v, out.as_mut_slice(), lse.as_mut_slice())
+        let (out, lse) = (out.as_mut_slice(), lse.as_mut_slice());
+        attention::forward(self, (s, positions.map(|p| &p[..])), q, k, v, out, lse)
     }
 
     fn attention_backward<E: Elem>(
         &self,
         s: AttnShape,
+        positions: Option<&Vec<u32>>,
         q: &Tensor<E>,
         k: &Tensor<E>,
         v: &Tensor<E>,
@@ -540,6 +544,7 @@ impl Device for CpuDevice {
     ) -> Result<()> {
         let saved = [q, k, v, out, dout].map(|t| t.as_slice());
         let grads = [dq, dk, dv].map(|t| t.as_mut_slice());
+        let s = (s, positions.map(|p| &p[..]));
         attention::backward(self, s, saved, lse.as_slice(), grads)
     }
 
@@ -695,7 +700,7 @@ mod tests {
         let mut y =
             Tensor::<f32>::from_f32(dev.tracker(), &[4, 16], &values, Category::Activations)
                 .unwrap();
-        dev.rope(&mut y, (16, 4), &tables, false).unwrap();
+        dev.rope(&mut y, (16, 4), &tables, None, false).unwrap();
         // Row p is position p; each of its two heads of 8 rotates pair (i, i + 4) by
         // p · 10000^(−2i/8), Hugging Face's angle.
         for (at, got) in y.as_slice().iter().enumerate() {
@@ -707,7 +712,7 @@ mod tests {
             let want = if second { b * c + a * s } else { a * c - b * s };
             assert!((got - want).abs() < 1e-6, "element {at}: {got} vs {want}");
         }
-        dev.rope(&mut y, (16, 4), &tables, true).unwrap();
+        dev.rope(&mut y, (16, 4), &tables, None, true).unwrap();
         for (a, b) in values.iter().zip(y.as_slice()) {
             assert!((a - b).abs() < 1e-6);
         }

@@ -14,8 +14,8 @@ pub(crate) const BLOCK: u32 = 256;
 /// Dynamic shared memory a block may use without opting in, less the kernels' static arrays.
 const SHARED_BYTES: usize = 48 * 1024 - 3 * BLOCK as usize * 4;
 
-/// The attention shape as kernels.cu's `Attn`, with the tile of one kernel: `br` query rows
-/// and `bc` key rows.
+/// The attention shape as kernels.cu's `Attn`, with the tile of one kernel (`br` query rows
+/// and `bc` key rows) and a packed batch's positions (0 for none).
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub(crate) struct Attn {
@@ -27,6 +27,7 @@ pub(crate) struct Attn {
     scale: f32,
     pub(crate) br: u32,
     pub(crate) bc: u32,
+    positions: u64,
 }
 
 /// Most columns of a head one thread of a tiled attention kernel owns (`MAX_COLS` in
@@ -73,7 +74,9 @@ fn backward_tile(d: usize) -> Option<usize> {
 }
 
 impl Attn {
-    pub(crate) fn new(s: AttnShape, (br, bc): (usize, usize)) -> Self {
+    /// `s` with the tile `(br, bc)` and the device address of a packed batch's positions (0 for
+    /// none).
+    pub(crate) fn new(s: AttnShape, (br, bc): (usize, usize), positions: u64) -> Self {
         Attn {
             batch: s.batch as u32,
             seq: s.seq as u32,
@@ -83,6 +86,7 @@ impl Attn {
             scale: 1.0 / (s.head_dim as f32).sqrt(),
             br: br as u32,
             bc: bc as u32,
+            positions,
         }
     }
 

@@ -176,10 +176,11 @@ __device__ void rmsnorm_bwd_dw(const T* dy, const T* x, const float* rinv, float
     dw[j] = total;
 }
 
-// Rotates pairs (i, i + half) of every head; row r sits at position r % seq. sign -1: inverse.
+// Rotates pairs (i, i + half) of every head; row r sits at position pos[r] (a packed batch's), else
+// r % seq. sign -1: inverse.
 template <typename T>
 __device__ void rope(T* x, const float* cos_t, const float* sin_t, u64 rows, u32 width, u32 seq, u32 half,
-                     float sign) {
+                     float sign, const u32* pos) {
     u64 idx = global_index();
     u32 heads = width / (2 * half);
     if (idx >= rows * heads * half) return;
@@ -187,7 +188,7 @@ __device__ void rope(T* x, const float* cos_t, const float* sin_t, u64 rows, u32
     u64 rest = idx / half;
     u32 head = rest % heads;
     u64 row = rest / heads;
-    u64 p = row % seq;
+    u64 p = pos ? pos[row] : row % seq;
     T* lo = x + row * width + head * 2 * half + i;
     T* hi = lo + half;
     float a = widen(*lo), b = widen(*hi);
@@ -299,11 +300,19 @@ __device__ void swiglu_bwd(const T* dact, const T* gate, const T* up, T* dgate, 
 // Attention shapes: q/out/dq are [batch*seq, heads*d], k/v/dk/dv are [batch*seq, kv_heads*d],
 // lse/delta are [batch, heads, seq].
 // br and bc: the query and key rows of a tile of the tiled kernels below.
+// pos: a packed batch's positions ([batch * seq], each token's place in its document), or null.
 struct Attn {
     u32 batch, seq, heads, kv_heads, d;
     float scale;
     u32 br, bc;
+    const u32* pos;
 };
+
+// The first key query row i of sequence b sees: its document's first row in a packed batch, else
+// the sequence's first. Key j is visible to query i when first_key(a, b, i) <= j <= i.
+__device__ __forceinline__ u32 first_key(Attn a, u32 b, u32 i) {
+    return a.pos && i < a.seq ? i - a.pos[(u64)b * a.seq + i] : 0;
+}
 
 // Tiled attention: a block holds a tile of a.br query rows (forward, dq) or a.bc key rows (dk,
 // dv) and walks the other side's tiles through shared memory, so each key/value (or query/
@@ -352,6 +361,7 @@ __device__ void attn_fwd(const T* q, const T* k, const T* v, T* out, float* lse,
     const float NEG_INF = -__int_as_float(0x7f800000);
     u32 i = i0 + r;
     bool row_ok = i < a.seq;
+    u32 first = first_key(a, b, i);
     load_tile(q, b, i0, a.br, qw, (u64)h * a.d, a, qs);
     float m = NEG_INF, l = 0.0f;
     float acc[MAX_COLS];
@@ -361,7 +371,7 @@ __device__ void attn_fwd(const T* q, const T* k, const T* v, T* out, float* lse,
         next_kv_tile(k, v, b, j0, g, a, ks, vs);
         for (u32 jj = lane; jj < a.bc; jj += tpr) {
             float s = NEG_INF;
-            if (row_ok && j0 + jj <= i) {
+            if (row_ok && j0 + jj <= i && j0 + jj >= first) {
                 float dot = 0.0f;
                 for (u32 c = 0; c < a.d; ++c) dot += qs[r * ds + c] * ks[jj * ds + c];
                 s = a.scale * dot;
@@ -438,6 +448,7 @@ __device__ void attn_bwd_dq(const T* q, const T* k, const T* v, const T* dout, c
     float* dss = vs + a.bc * ds;
     u32 i = i0 + r;
     bool row_ok = i < a.seq;
+    u32 first = first_key(a, b, i);
     load_tile(q, b, i0, a.br, qw, (u64)h * a.d, a, qs);
     load_tile(dout, b, i0, a.br, qw, (u64)h * a.d, a, dos);
     u64 bhi = ((u64)b * a.heads + h) * a.seq + i;
@@ -449,7 +460,7 @@ __device__ void attn_bwd_dq(const T* q, const T* k, const T* v, const T* dout, c
         next_kv_tile(k, v, b, j0, g, a, ks, vs);
         for (u32 jj = lane; jj < a.bc; jj += tpr) {
             float d_s = 0.0f;
-            if (row_ok && j0 + jj <= i) {
+            if (row_ok && j0 + jj <= i && j0 + jj >= first) {
                 float s = 0.0f, dp = 0.0f;
                 for (u32 c = 0; c < a.d; ++c) {
                     s += qs[r * ds + c] * ks[jj * ds + c];
@@ -517,7 +528,7 @@ __device__ void attn_bwd_dkv(const T* q, const T* k, const T* v, const T* dout, 
             for (u32 ii = lane; ii < a.br; ii += tpk) {
                 u32 i = i0 + ii;
                 float p = 0.0f, d_s = 0.0f;
-                if (row_ok && i < a.seq && i >= j) {
+                if (row_ok && i < a.seq && i >= j && j >= first_key(a, b, i)) {
                     float s = 0.0f, dp = 0.0f;
                     for (u32 c = 0; c < a.d; ++c) {
                         s += qs[ii * ds + c] * ks[jr * ds + c];
@@ -777,6 +788,7 @@ __device__ void attn_tc_fwd(const bf16* q, const bf16* k, const bf16* v, bf16* o
     tc_clear<2 * KD>(o);
     u32 tiles = (min(i0 + TC_ROWS, a.seq) - 1) / NS + 1;
     auto load = [&](u32 t, bf16* dst) { tc_load_pair(k, v, b, t * NS, NS, kw, (u64)g * D, D, a, dst); };
+    const u32 first[2] = {first_key(a, b, tc_row(row0, 0)), first_key(a, b, tc_row(row0, 1))};
     auto use = [&](u32 t, const bf16* ks) {
         float s[NT][4];
         tc_scores<KD, NT>(s, qf, ks);
@@ -784,7 +796,7 @@ __device__ void attn_tc_fwd(const bf16* q, const bf16* k, const bf16* v, bf16* o
         for (int n = 0; n < NT; ++n)
             for (int e = 0; e < 4; ++e) {
                 u32 i = tc_row(row0, e >> 1), j = t * NS + tc_col(n, e);
-                s[n][e] = j <= i ? a.scale * s[n][e] : NEG_INF;
+                s[n][e] = j <= i && j >= first[e >> 1] ? a.scale * s[n][e] : NEG_INF;
                 mt[e >> 1] = fmaxf(mt[e >> 1], s[n][e]);
             }
         float alpha[2];
@@ -834,11 +846,13 @@ __device__ void attn_tc_dq(const bf16* q, const bf16* k, const bf16* v, const bf
     tc_own_rows<KD>(qf, q, b, i0, qw, (u64)h * D, a, buf);
     tc_own_rows<KD>(df, dout, b, i0, qw, (u64)h * D, a, buf);
     float lse_r[2], delta_r[2];
+    u32 first[2];
     for (int r = 0; r < 2; ++r) {
         u32 i = tc_row(row0, r);
         u64 bhi = ((u64)b * a.heads + h) * a.seq + i;
         lse_r[r] = i < a.seq ? lse[bhi] : 0.0f;
         delta_r[r] = i < a.seq ? delta[bhi] : 0.0f;
+        first[r] = first_key(a, b, i);
     }
     float acc[2 * KD][4];
     tc_clear<2 * KD>(acc);
@@ -852,7 +866,7 @@ __device__ void attn_tc_dq(const bf16* q, const bf16* k, const bf16* v, const bf
             for (int e = 0; e < 4; ++e) {
                 u32 i = tc_row(row0, e >> 1), j = t * NS + tc_col(n, e);
                 int r = e >> 1;
-                s[n][e] = j <= i && i < a.seq ? score_grad(s[n][e], dp[n][e], lse_r[r], delta_r[r], a.scale).ds : 0.0f;
+                s[n][e] = j <= i && j >= first[r] && i < a.seq ? score_grad(s[n][e], dp[n][e], lse_r[r], delta_r[r], a.scale).ds : 0.0f;
             }
         tc_accumulate<KD, NT>(acc, s, ks);
     };
@@ -896,7 +910,7 @@ __device__ void attn_tc_dkv(const bf16* q, const bf16* k, const bf16* v, const b
             for (int e = 0; e < 4; ++e) {
                 u32 j = tc_row(row0, e >> 1), i = i0 + tc_col(n, e);
                 ScoreGrad pd = {0.0f, 0.0f};
-                if (i < a.seq && i >= j) {
+                if (i < a.seq && i >= j && j >= first_key(a, b, i)) {
                     u64 bhi = ((u64)b * a.heads + h) * a.seq + i;
                     pd = score_grad(p[n][e], ds[n][e], lse[bhi], delta[bhi], a.scale);
                 }
@@ -989,8 +1003,8 @@ __device__ void xent(T* logits, const long long* labels, float* row_loss, u32 vo
         rmsnorm_bwd_dw<T>(dy, x, rinv, dw, rows, h);                                                     \
     }                                                                                                    \
     extern "C" __global__ void rope_##S(T* x, const float* cos_t, const float* sin_t, u64 rows, u32 width, \
-                                        u32 seq, u32 half, float sign) {                                 \
-        rope<T>(x, cos_t, sin_t, rows, width, seq, half, sign);                                          \
+                                        u32 seq, u32 half, float sign, const u32* pos) {                   \
+        rope<T>(x, cos_t, sin_t, rows, width, seq, half, sign, pos);                                       \
     }                                                                                                    \
     extern "C" __global__ void dropout_add_##S(const T* x, const T* y, T* out, u64 n, DropoutMask m) {   \
         dropout_add<T>(x, y, out, n, m);                                                                 \

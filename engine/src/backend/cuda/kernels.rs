@@ -116,6 +116,11 @@ pub struct DeviceIds {
     buf: Buffer,
 }
 
+/// The device address of a packed batch's positions, 0 (a null pointer to the kernels) for none.
+fn address(positions: Option<&DeviceIds>) -> u64 {
+    positions.map_or(0, |p| p.buf.ptr())
+}
+
 /// A dropout mask as kernels.cu's `DropoutMask`.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -413,16 +418,18 @@ impl Device for CudaDevice {
         x: &mut CudaTensor<E>,
         (width, seq): (usize, usize),
         tables: &RopeTables,
+        positions: Option<&DeviceIds>,
         inverse: bool,
     ) -> Result<()> {
         let rows = (x.numel() / width) as u64;
         let (w, s, half) = (width as u32, seq as u32, tables.half as u32);
         let sign: f32 = if inverse { -1.0 } else { 1.0 };
         let (xp, c, sn) = (x.ptr(), tables.cos.ptr(), tables.sin.ptr());
+        let pos = address(positions);
         self.each(
             &kernel::<E>("rope"),
             x.numel() / 2,
-            args![xp, c, sn, rows, w, s, half, sign],
+            args![xp, c, sn, rows, w, s, half, sign, pos],
         )
     }
 
@@ -534,6 +541,7 @@ impl Device for CudaDevice {
     fn attention_forward<E: Elem>(
         &self,
         s: AttnShape,
+        positions: Option<&DeviceIds>,
         q: &CudaTensor<E>,
         k: &CudaTensor<E>,
         v: &CudaTensor<E>,
@@ -543,7 +551,7 @@ impl Device for CudaDevice {
         check_attention(s)?;
         let (qp, kp, vp, op, lp) = (q.ptr(), k.ptr(), v.ptr(), out.ptr(), lse.ptr());
         if let Some(keys) = self.tensor_core_tile::<E>(s, &[qp, kp, vp, op]) {
-            let a = Attn::new(s, (TC_ROWS, keys));
+            let a = Attn::new(s, (TC_ROWS, keys), address(positions));
             return self.launch(
                 &format!("attn_tc_fwd_d{}", s.head_dim),
                 a.grid(a.br, a.heads),
@@ -554,7 +562,7 @@ impl Device for CudaDevice {
         }
         let tiles = attention_tiles(s.head_dim).expect("checked above");
         let (br, bc) = (tiles.forward_queries, tiles.forward_keys);
-        let a = Attn::new(s, (br, bc));
+        let a = Attn::new(s, (br, bc), address(positions));
         let shared = forward_shared(s.head_dim, br, bc) as u32;
         self.launch(
             &kernel::<E>("attn_fwd"),
@@ -568,6 +576,7 @@ impl Device for CudaDevice {
     fn attention_backward<E: Elem>(
         &self,
         s: AttnShape,
+        positions: Option<&DeviceIds>,
         q: &CudaTensor<E>,
         k: &CudaTensor<E>,
         v: &CudaTensor<E>,
@@ -590,7 +599,7 @@ impl Device for CudaDevice {
                 Some(keys) => {
                     let shared = tensor_core_shared(d, keys) as u32;
                     (
-                        Attn::new(s, (TC_ROWS, keys)),
+                        Attn::new(s, (TC_ROWS, keys), address(positions)),
                         TC_THREADS,
                         (format!("attn_tc_dq_d{d}"), shared),
                         (format!("attn_tc_dkv_d{d}"), shared),
@@ -599,7 +608,7 @@ impl Device for CudaDevice {
                 None => {
                     let t = attention_tiles(d).expect("checked above").backward;
                     (
-                        Attn::new(s, (t, t)),
+                        Attn::new(s, (t, t), address(positions)),
                         BLOCK,
                         (kernel::<E>("attn_bwd_dq"), dq_shared(d, t, t) as u32),
                         (kernel::<E>("attn_bwd_dkv"), dkv_shared(d, t, t) as u32),

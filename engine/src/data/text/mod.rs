@@ -79,6 +79,12 @@ pub enum Padding {
     Longest,
     /// Always the run's `seq_len`.
     MaxLength,
+    /// Whole samples one after another in rows of the run's `seq_len` tokens (Automodel's
+    /// packed sequences, transformers' padding-free collation): a sample that does not fit in
+    /// what is left of a row begins the next one (the pack in flight, kept in the loader's
+    /// state), positions restart at each sample and a token attends only to its own sample's
+    /// tokens. Evaluations pad each micro-batch to its longest sample instead.
+    Packed,
 }
 
 /// What becomes of a sample longer than the run's `seq_len`.
@@ -253,7 +259,7 @@ impl TextData {
             })
         };
         let all = self.labels == Labels::All;
-        match *form {
+        let tokens = match *form {
             Form::Messages(name) => {
                 let messages = messages_of(name, column(name)?)?;
                 tokenizer.chat(&serde_json::Value::Array(messages), all)
@@ -270,6 +276,10 @@ impl TextData {
                     kind_of(other)
                 )),
             },
+        }?;
+        match tokens.ids.is_empty() {
+            true => Err("tokenizes to no tokens; remove the row or give it text".into()),
+            false => Ok(tokens),
         }
     }
 

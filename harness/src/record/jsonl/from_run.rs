@@ -9,6 +9,7 @@ use super::lines::{
 };
 use crate::record::saves::{SaveRecord, SavedState};
 use crate::record::{EvalRecord, Phase, PhaseRecord, RunRecord, StepRecord};
+use ckpt_engine::data::LoaderState;
 use ckpt_engine::memory::Breakdown;
 use ckpt_engine::{MemoryStats, StateDigest};
 use serde_json::json;
@@ -256,13 +257,24 @@ fn state(d: &StateDigest) -> State {
             "dropout".to_string(),
             json!({"seed": d.rng.seed, "offset": d.rng.offset}),
         )])),
-        data: Some(BTreeMap::from([
-            ("epoch".to_string(), json!(d.loader.epoch)),
-            ("position".to_string(), json!(d.loader.position)),
-            ("shuffle_seed".to_string(), json!(d.loader.shuffle_seed)),
-        ])),
+        data: Some(loader_data(&d.loader)),
         ..tensors(&SavedState::in_memory(d))
     }
+}
+
+/// The loader's state as a state line's `data`: its epoch, position and shuffle seed, and a
+/// pack in flight as `in_flight_epoch` and `in_flight_index`.
+fn loader_data(l: &LoaderState) -> BTreeMap<String, serde_json::Value> {
+    let mut data = BTreeMap::from([
+        ("epoch".to_string(), json!(l.epoch)),
+        ("position".to_string(), json!(l.position)),
+        ("shuffle_seed".to_string(), json!(l.shuffle_seed)),
+    ]);
+    if let Some(id) = l.in_flight {
+        data.insert("in_flight_epoch".to_string(), json!(id.epoch));
+        data.insert("in_flight_index".to_string(), json!(id.index));
+    }
+    data
 }
 
 /// The tensors' digests and steps of a saved state.

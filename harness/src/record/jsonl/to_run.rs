@@ -15,7 +15,7 @@ use crate::record::{
 };
 use anyhow::{anyhow, bail, Context, Result};
 use ckpt_engine::checkpoint::state::RngState;
-use ckpt_engine::data::LoaderState;
+use ckpt_engine::data::{LoaderState, SampleId};
 use ckpt_engine::memory::Usage;
 use ckpt_engine::{EnvChange, MemoryStats, StateDigest};
 use serde::de::DeserializeOwned;
@@ -410,6 +410,13 @@ fn digest(s: &State) -> Result<Option<StateDigest>> {
             epoch: at("epoch")?,
             position: at("position")?,
             shuffle_seed: at("shuffle_seed")?,
+            in_flight: match data.contains_key("in_flight_index") {
+                true => Some(SampleId {
+                    epoch: at("in_flight_epoch")?,
+                    index: at("in_flight_index")?,
+                }),
+                false => None,
+            },
         },
         rng,
     }))
