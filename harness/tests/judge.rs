@@ -391,6 +391,13 @@ fn a_phase_that_fails_or_hangs_fails_the_trial_with_its_output() {
         "",
     );
     let hanging = command_suite(dir.path(), "hanging", "sleep 30", ", timeout_seconds: 1");
+    // 3 MB on one line, then a byte that is not UTF-8.
+    let loud = command_suite(
+        dir.path(),
+        "loud",
+        r#"sh -c 'head -c 3000000 /dev/zero | tr "\000" x; printf "\n\377 the end\n"; exit 3'"#,
+        "",
+    );
     let report = dir.path().join("report");
     let started = std::time::Instant::now();
     let out = harness(&[
@@ -399,6 +406,7 @@ fn a_phase_that_fails_or_hangs_fails_the_trial_with_its_output() {
         report.to_str().unwrap(),
         failing.to_str().unwrap(),
         hanging.to_str().unwrap(),
+        loud.to_str().unwrap(),
     ]);
     assert!(
         started.elapsed().as_secs() < 20,
@@ -417,6 +425,13 @@ fn a_phase_that_fails_or_hangs_fails_the_trial_with_its_output() {
         verdict(1).contains("ran past engine.timeout_seconds (1 s) and was stopped"),
         "{}",
         verdict(1)
+    );
+    let loud = verdict(2);
+    assert!(loud.len() < 8192, "a verdict of {} bytes", loud.len());
+    assert!(
+        loud.contains("its output ended:\n…xxx") && loud.ends_with("x\n\u{fffd} the end"),
+        "{}",
+        &loud[loud.len().saturating_sub(200)..]
     );
 }
 

@@ -6,7 +6,7 @@
 use crate::devices::DeviceKind;
 use crate::record::jsonl::to_run;
 use crate::record::RunRecord;
-use crate::run::phases;
+use crate::run::{output_tail, phases};
 use crate::suite::engine::CommandEngine;
 use crate::suite::Suite;
 use anyhow::{anyhow, bail, Context, Result};
@@ -132,11 +132,10 @@ fn run_phase(
     Ok(())
 }
 
-/// The last lines of `log`, as `; its output ended: ...`, or nothing when it is empty.
+/// The last lines of `log` ([`output_tail::last_lines`]), as `; its output ended: ...`, or
+/// nothing when it is empty.
 fn tail(log: &Path) -> String {
-    let text = std::fs::read_to_string(log).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    let last = &lines[lines.len().saturating_sub(TAIL_LINES)..];
+    let last = output_tail::last_lines(log, TAIL_LINES);
     if last.is_empty() {
         String::new()
     } else {

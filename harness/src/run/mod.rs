@@ -8,6 +8,7 @@ pub mod command_phases;
 pub mod host_memory;
 pub mod meeting;
 pub mod memory_trace;
+pub mod output_tail;
 pub mod phases;
 pub mod plan;
 pub mod progress;

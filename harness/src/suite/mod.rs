@@ -381,6 +381,12 @@ impl Suite {
             }
         }
         let m = &file.memory;
+        if let Some(cap) = m.capacity.as_ref().filter(|c| c.value == 0) {
+            bail!(
+                "{}: memory.capacity is 0; a device holds at least one byte: write the bytes it may hold, such as 1073741824, or remove the key for an unlimited CPU device",
+                place(path, cap.referenced)
+            );
+        }
         if let Some(b) = &m.budget {
             match (b.value, &m.capacity) {
                 (Budget::Bytes(bytes), Some(cap)) if bytes > cap.value => bail!(
@@ -904,6 +910,13 @@ expect_fail: [state_digest, loss_continuity]
         let e = error("memory:\n  capacity: 1000\n  budget: 2000\n");
         assert!(e.starts_with("s.yaml:11:11: memory.budget"), "{e}");
         assert!(e.contains("at most 1000 bytes"), "{e}");
+    }
+
+    #[test]
+    fn a_capacity_of_0_is_refused_at_its_place() {
+        let e = error("memory:\n  capacity: 0\n  budget: \"0.5\"\n");
+        assert!(e.starts_with("s.yaml:10:13: memory.capacity is 0;"), "{e}");
+        assert!(e.contains("such as 1073741824"), "{e}");
     }
 
     #[test]

@@ -10,6 +10,7 @@ use super::{Leg, PhaseRun, RankPhase, Trial, Watch};
 use crate::atomic_file;
 use crate::devices::{self, DeviceKind, OnDevice};
 use crate::run::meeting::MeetAt;
+use crate::run::output_tail;
 use anyhow::{bail, Context, Result};
 use ckpt_engine::{Device, Placing, StateDigest};
 use serde::{Deserialize, Serialize};
@@ -162,15 +163,9 @@ impl RankProcess {
         })
     }
 
-    /// The last lines of what the rank printed, as one line.
+    /// The last lines of what the rank printed ([`output_tail::last_lines`]), as one line.
     fn tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text
-            .lines()
-            .map(str::trim)
-            .filter(|l| !l.is_empty())
-            .collect();
-        lines[lines.len().saturating_sub(TAIL_LINES)..].join(" | ")
+        output_tail::last_lines(&self.log, TAIL_LINES).join(" | ")
     }
 }
 
