@@ -2,7 +2,8 @@
 //! resuming changed nothing and memory behaved. This crate also holds the command-line tool.
 //!
 //! The stages, in the order data flows through them: [`suite`] (a YAML file read and
-//! validated), [`run`] (the trials planned and driven through their phases), [`record`] (what a
+//! validated), [`forecast`] (every step's batches and predicted memory, before anything runs),
+//! [`run`] (the trials planned and driven through their phases), [`record`] (what a
 //! trial observed, the only thing the checks read, and its published JSON-lines form),
 //! [`checks`] (pure functions over a record), [`report`] (summaries, trends, the page), and
 //! [`cli`] (the commands). Leaves every stage may use: [`devices`], [`error_text`],
@@ -13,6 +14,7 @@ pub mod checks;
 pub mod cli;
 pub mod devices;
 pub mod error_text;
+pub mod forecast;
 pub mod record;
 pub mod report;
 pub mod run;

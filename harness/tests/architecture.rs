@@ -21,6 +21,7 @@ const STAGES: &[&str] = &[
     "record",
     "checks",
     "suite",
+    "forecast",
     "run",
     "report",
     "cli",
@@ -60,7 +61,7 @@ fn the_stages_import_one_way() {
     assert!(
         wrong.is_empty(),
         "imports against the harness's stages (docs/ARCHITECTURE.md, harness: record, checks, \
-         suite, run, report, cli, each importing only those before it; move what both use into \
+         suite, forecast, run, report, cli, each importing only those before it; move what both use into \
          the lower one or a leaf): {wrong:?}"
     );
 }

@@ -890,7 +890,7 @@ fn estimate_of_a_suite_checks_its_budget() {
     assert!(all.contains("| baseline = as configured"), "{all}");
     assert!(all.contains("**step peak, long rows**"), "{all}");
     assert!(
-        all.contains("budget 1.3 MiB (1400000 bytes) on cpu: EXCEEDED by 353.3 KiB (361792 bytes) at the long rows from step 8"),
+        all.contains("budget 1.3 MiB (1400000 bytes) on cpu: EXCEEDED by 353.3 KiB (361792 bytes) at reference step 8"),
         "{all}"
     );
     let out = est("suites/long-rows-checkpointed.yaml");
@@ -901,6 +901,60 @@ fn estimate_of_a_suite_checks_its_budget() {
         "{all}"
     );
     assert!(all.contains("on cpu: holds"), "{all}");
+}
+
+/// `estimate` of a suite on real data plans every step of every phase: each phase's line names
+/// the step that sets its peak, a step holding the data's longest micro-batch (as `batches`
+/// draws them), with its samples; `--json` has every step of every phase and each rank's peak.
+#[test]
+fn estimate_of_real_data_names_the_step_of_the_longest_batch() {
+    let suite = root().join("suites/sft-chat.yaml");
+    let out = harness(&["estimate"], &[&suite]);
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(exit_codes::SUCCESS.into()), "{all}");
+    let drawn = harness(&["batches", "--json"], &[&suite]);
+    let steps: Vec<serde_json::Value> = String::from_utf8_lossy(&drawn.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let longest = |step: &serde_json::Value| -> u64 {
+        (step["micro_batches"].as_array().unwrap().iter())
+            .map(|m| m["shape"][1].as_u64().unwrap())
+            .max()
+            .unwrap()
+    };
+    let most = steps.iter().map(longest).max().unwrap();
+    assert!(steps.iter().any(|s| longest(s) < most), "shapes vary");
+    let line = all.lines().find(|l| l.starts_with("- reference")).unwrap();
+    let named: usize = line["- reference (steps 0..21, 1 rank): step ".len()..]
+        .split(',')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(longest(&steps[named]), most, "{line}");
+    let first = &steps[named]["micro_batches"][0]["rows"][0];
+    let sample = format!(
+        "micro-batch 0 [2 × {}]: samples {} ({} tokens)",
+        steps[named]["micro_batches"][0]["shape"][1], first["index"], first["length"]
+    );
+    assert!(all.contains(&sample), "{sample}: {all}");
+
+    let out = harness(&["estimate", "--json"], &[&suite]);
+    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let phases = plan["phases"].as_array().unwrap();
+    let trained: Vec<(u64, u64, usize)> = (phases.iter())
+        .map(|p| {
+            let steps = p["steps"].as_array().unwrap();
+            let ranks = steps[0]["ranks"].as_array().unwrap().len();
+            assert!(steps
+                .iter()
+                .all(|s| s["ranks"][0]["peak"].as_u64().unwrap() > 0));
+            (p["from"].as_u64().unwrap(), steps.len() as u64, ranks)
+        })
+        .collect();
+    assert_eq!(trained, [(0, 21, 1), (6, 15, 3), (12, 9, 1), (18, 3, 3)]);
+    assert_eq!(plan["highest"]["at"], format!("reference step {named}"));
 }
 
 /// The nightly GPU suites are sized for one 80 GB card: by the memory model, each one's budget,

@@ -6,6 +6,7 @@
 //! `--validation`, the micro-batches every evaluation of the validation split reads instead.
 
 use super::exit_codes;
+use crate::forecast::data::{sample_tokens, spans, Span};
 use crate::run::plan;
 use anyhow::{bail, Context, Result};
 use ckpt_engine::data::text::HfTokenizer;
@@ -202,40 +203,10 @@ fn show_batches(
     Ok(())
 }
 
-/// Where a sample sits in a batch: its row, the token it begins at, and the tokens it spans
-/// (a whole row, padding included, unless the batch is packed).
-#[derive(Clone, Copy)]
-struct Span {
-    row: usize,
-    offset: usize,
-    len: usize,
-}
-
-/// The spans of `batch`'s samples in order: its rows, or in a packed batch each sample of each
-/// row, from each token at position 0 to the next (the padding after a row's last sample
-/// continues its positions).
-fn spans(batch: &Batch) -> impl Iterator<Item = Span> + '_ {
-    let seq = batch.seq;
-    (0..batch.batch).flat_map(move |row| {
-        let starts: Vec<usize> = match &batch.positions {
-            Some(p) => (0..seq).filter(|&i| p[row * seq + i] == 0).collect(),
-            None => vec![0],
-        };
-        let ends: Vec<usize> = starts.iter().skip(1).copied().chain([seq]).collect();
-        (starts.into_iter().zip(ends)).map(move |(offset, end)| Span {
-            row,
-            offset,
-            len: end - offset,
-        })
-    })
-}
-
 /// The sample `id` of `batch` at `span`.
 fn row_view(loader: &DataLoader, batch: &Batch, span: Span, id: SampleId, tokens: bool) -> RowView {
     let packed = batch.positions.is_some();
-    let length = loader
-        .text_sample(id.index)
-        .map_or(span.len, |t| t.ids.len().min(span.len));
+    let length = sample_tokens(loader, span, id);
     let shown = if packed { length } else { span.len };
     let at = span.row * batch.seq + span.offset;
     let ids = &batch.input_ids[at..][..shown];

@@ -5,6 +5,7 @@
 
 use super::exit_codes;
 use crate::checks::bytes as exact_bytes;
+use crate::forecast::Forecast;
 use crate::suite::{Budget, Suite};
 use anyhow::{bail, Context, Result};
 use ckpt_engine::backend::count::{Like, Routes};
@@ -19,6 +20,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 mod limits;
+mod steps;
 
 /// The `estimate` subcommand's flags. The run comes from a suite, `--config`, `--llama-1b` or the
 /// model flags; any flag given also overrides the run's value. The first column is the run as
@@ -94,6 +96,10 @@ pub struct EstimateArgs {
     /// Also train two steps of every column on this machine's CPU and print the measured peaks.
     #[arg(long)]
     measure: bool,
+    /// The plan of a suite's every step as JSON (each phase's steps with each rank's predicted
+    /// peak, the samples of every micro-batch, the evaluations) instead of the table.
+    #[arg(long, requires = "suite", conflicts_with = "measure")]
+    json: bool,
 }
 
 /// The checkpointing policy of the checkpointing columns, as a flag value.
@@ -342,7 +348,8 @@ fn largest_peak(e: &Estimate) -> (u64, String) {
 fn budget_verdict(
     suite: &Suite,
     kind: DeviceKind,
-    e: &Estimate,
+    (peak, at): (u64, String),
+    load: u64,
     capacity: Option<u64>,
 ) -> Option<(bool, String)> {
     let limit = match (suite.budget()?, capacity) {
@@ -355,8 +362,6 @@ fn budget_verdict(
             ))
         }
     };
-    let (peak, at) = largest_peak(e);
-    let load = e.checkpoint_io;
     Some(if peak <= limit && load <= limit {
         (
             true,
@@ -638,20 +643,45 @@ pub fn table(a: &EstimateArgs) -> Result<Report> {
     if let Some(capacity) = a.capacity {
         text.push_str(&fits(&cols, &estimates, capacity));
     }
-    let verdict = suite.as_ref().and_then(|s| {
-        budget_verdict(
-            s,
-            a.device,
-            &estimates[configured],
-            a.capacity.or(s.capacity()),
-        )
+    let Some(suite) = suite else {
+        return Ok(Report {
+            text,
+            within_budget: true,
+        });
+    };
+    // The plan follows the suite's phases over its data, in the run the flags make of it.
+    let mut planned = suite.clone();
+    planned.train = run.clone();
+    let forecast = Forecast::of(&planned, like)?;
+    let capacity = a.capacity.or(suite.capacity());
+    let limit = suite.budget().and_then(|b| match (b, capacity) {
+        (Budget::Bytes(bytes), _) => Some(bytes),
+        (fraction, Some(capacity)) => Some(fraction.bytes(capacity)),
+        _ => None,
     });
+    let largest = steps::highest(&forecast).unwrap_or_else(|| largest_peak(&estimates[configured]));
+    let verdict = budget_verdict(
+        &suite,
+        a.device,
+        largest,
+        estimates[configured].checkpoint_io,
+        capacity,
+    );
+    let within_budget = verdict.as_ref().is_none_or(|(holds, _)| *holds);
+    if a.json {
+        let plan = steps::json(&forecast, limit)?;
+        return Ok(Report {
+            text: format!("{plan}\n"),
+            within_budget,
+        });
+    }
+    text.push_str(&steps::section(&forecast, limit, a.bytes));
     if let Some((_, line)) = &verdict {
         text.push_str(&format!("\n{line}\n"));
     }
     Ok(Report {
         text,
-        within_budget: verdict.is_none_or(|(holds, _)| holds),
+        within_budget,
     })
 }
 

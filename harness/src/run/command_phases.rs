@@ -27,7 +27,7 @@ pub fn run(
     device: DeviceKind,
     work: &Path,
 ) -> Result<RunRecord> {
-    let planned = phases::plan(suite);
+    let planned = crate::forecast::plan(suite);
     let records = work.join("records");
     std::fs::create_dir_all(&records)
         .with_context(|| format!("{}: cannot create", records.display()))?;

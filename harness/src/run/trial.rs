@@ -343,7 +343,7 @@ pub fn judge(
     record.name = suite.trial_name(device);
     record.suite.clone_from(&suite.file.name);
     record.device = device.to_string();
-    record.planned = phases::plan(suite);
+    record.planned = crate::forecast::plan(suite);
     let outcome = suite.check_run().and_then(|()| {
         let stored = golden::load(golden_dir, &record.device, &record.suite)?;
         Ok(checks::run_all(&record, &suite.file.checks, &stored))

@@ -619,7 +619,7 @@ impl Suite {
         in_report_order(&self.file.expect_not_run)
     }
 
-    /// The world size of each planned phase, in run order (see [`crate::run::phases::plan`]): the
+    /// The world size of each planned phase, in run order (see [`crate::forecast::plan`]): the
     /// reference's, each resume point's, then `resume-end`'s.
     pub fn world_sizes(&self) -> Vec<usize> {
         let resumes = self.resume_points().len() + 1;

@@ -105,7 +105,7 @@ fn divides(at: &str, key: &str, world: usize, accumulation: usize) -> Result<()>
 #[cfg(test)]
 mod tests {
     use super::Transport;
-    use crate::run::phases::plan;
+    use crate::forecast::plan;
     use crate::suite::Suite;
     use std::path::Path;
 

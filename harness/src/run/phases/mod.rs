@@ -10,7 +10,9 @@
 
 pub mod processes;
 
+use crate::checks::Check;
 use crate::devices::{self, DeviceKind, OnDevice};
+use crate::forecast::{plan, predict, Forecast};
 use crate::record::ranks::{RankModel, RankPhase, RankStep, WorldModel};
 use crate::record::{
     EvalRecord, HostMemory, Oom, Phase, PhaseRecord, PlannedPhase, PredictedStep, RunRecord,
@@ -19,7 +21,7 @@ use crate::record::{
 use crate::run::host_memory;
 use crate::run::saver::Saver;
 use crate::suite::Suite;
-use anyhow::Result;
+use anyhow::{bail, Result};
 use ckpt_engine::backend::count::{Like, Routes};
 use ckpt_engine::checkpoint::step_dir_name;
 use ckpt_engine::estimate::{
@@ -110,25 +112,6 @@ fn window(stats: &MemoryStats, oom_before: u64) -> Window {
         at_peak: stats.at_peak,
         oom_count: stats.oom_count - oom_before,
     }
-}
-
-/// The phases `suite` implies, in the order they run: the reference; a resume from each of its
-/// resume points (`resume-mid`, then `resume-mid-2` ... for a chain); `resume-end` from
-/// `max_steps`. Each trains to `max_steps + extra_steps`.
-pub fn plan(suite: &Suite) -> Vec<PlannedPhase> {
-    let end = suite.max_steps() + suite.file.training.extra_steps;
-    let chain = suite.resume_points().into_iter().enumerate();
-    std::iter::once((Phase::Reference, 0))
-        .chain(chain.map(|(k, from)| (Phase::chained(k + 1), from)))
-        .chain([(Phase::ResumeEnd, suite.max_steps())])
-        .zip(suite.world_sizes())
-        .map(|((phase, from), world_size)| PlannedPhase {
-            phase,
-            from,
-            end,
-            world_size,
-        })
-        .collect()
 }
 
 /// How one planned phase runs: the checkpoint it resumes from and where it saves.
@@ -273,7 +256,7 @@ fn warm_up<D: Device>(suite: &Suite, world_size: usize, steps: u64, dev: &D) {
     }
 }
 
-/// Runs the phases of `suite` (see [`plan`]) on a device of `kind`, checkpoints under `work`; `watch` is
+/// Runs the phases of `suite` (see [`crate::forecast::plan`]) on a device of `kind`, checkpoints under `work`; `watch` is
 /// told as each phase and step starts and ends. An allocation the device refuses ends the run
 /// early and is recorded, not returned as an error. With `parallel.processes`, each phase's
 /// ranks run as processes of their own (see [`processes`]).
@@ -300,15 +283,6 @@ struct Phases<'a, W> {
     watch: &'a mut W,
 }
 
-/// The memory model's prediction of a step, as a record keeps it.
-fn predict(s: &StepEstimate) -> PredictedStep {
-    PredictedStep {
-        start: s.start,
-        peak: s.peak,
-        at_peak: s.at_peak,
-    }
-}
-
 impl<W: Watch> OnDevice for Phases<'_, W> {
     type Output = RunRecord;
 
@@ -319,7 +293,19 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
             work,
             watch,
         } = self;
-        let trial = Trial::new(suite, kind, work, &dev);
+        let trial = Trial::new(suite, kind, work, &dev)?;
+        if let Some(budget) = suite.budget() {
+            if !suite.expect_fail().contains(&Check::PeakBudget) {
+                let limit = |world| budget.bytes(dev.rank_capacity(world));
+                if let Some(over) = trial.forecast.first_over_budget(limit) {
+                    bail!(
+                        "{}: the plan breaks the budget before anything runs: {over}`ckpt-harness estimate {}` shows what fits; add peak_budget to expect_fail to run it anyway",
+                        suite.path.display(),
+                        suite.path.display()
+                    );
+                }
+            }
+        }
         let model = estimate(&EstimateConfig::from_train(&suite.train, trial.like))?;
         let predicted = [false, true].map(|moments| predict(model.step(moments)));
         let predicted_long = model.long_batch.as_ref().map(|long| {
@@ -412,18 +398,28 @@ pub(crate) struct Trial<'a, D> {
     pub(crate) dev: &'a D,
     /// The device as the memory model counts it.
     pub(crate) like: Like,
+    /// Every step's batches and predicted memory, planned before any runs.
+    pub(crate) forecast: Forecast,
 }
 
 impl<'a, D: Device> Trial<'a, D> {
-    /// `suite`'s trial on `dev`, a device of `kind`, run directories under `work`.
-    pub(crate) fn new(suite: &'a Suite, kind: DeviceKind, work: &'a Path, dev: &'a D) -> Self {
-        Trial {
+    /// `suite`'s trial on `dev`, a device of `kind`, run directories under `work`, its steps
+    /// planned.
+    pub(crate) fn new(
+        suite: &'a Suite,
+        kind: DeviceKind,
+        work: &'a Path,
+        dev: &'a D,
+    ) -> Result<Self> {
+        let like = Like::new(kind, suite.file.threads);
+        Ok(Trial {
             suite,
             kind,
             work,
             dev,
-            like: Like::new(kind, suite.file.threads),
-        }
+            like,
+            forecast: Forecast::of(suite, like)?,
+        })
     }
 
     /// The step every phase stops before: `max_steps + extra_steps`.
@@ -433,19 +429,19 @@ impl<'a, D: Device> Trial<'a, D> {
 
     /// A step's own memory model on each rank of `world`, where the run's cannot hold it: a
     /// MoE step's at the tokens per expert it recorded (each rank's at its own micro-batches'),
-    /// a step of text padded to its micro-batches' longest samples at their lengths. Empty for
-    /// a dense step of the run's shape, whose model is the run's.
+    /// a step of text padded to its micro-batches' longest samples the plan's for that step.
+    /// Empty for a dense step of the run's shape, whose model is the run's.
     fn own_model(&self, world: usize, s: &StepStats) -> Result<Vec<[PredictedStep; 2]>> {
+        if s.tokens_per_expert.is_empty() {
+            return Ok(self
+                .forecast
+                .step(world, s.step)
+                .map_or_else(Vec::new, |f| f.shaped_model.clone()));
+        }
         let seq = self.suite.train.seq_len_at(s.step);
-        let shaped = s.seq_lens.iter().any(|&len| len != seq);
-        if s.tokens_per_expert.is_empty() && !shaped {
-            return Ok(Vec::new());
-        }
-        let mut cfg = EstimateConfig::from_train(&self.suite.train_at(world), self.like);
-        if !s.tokens_per_expert.is_empty() {
-            cfg = cfg.with_routes(Routes::Recorded(s.tokens_per_expert.clone()));
-        }
-        if shaped {
+        let mut cfg = EstimateConfig::from_train(&self.suite.train_at(world), self.like)
+            .with_routes(Routes::Recorded(s.tokens_per_expert.clone()));
+        if s.seq_lens.iter().any(|&len| len != seq) {
             cfg = cfg.with_seq_lens(s.seq_lens.clone());
         }
         let ranks = recorded_rank_steps(&cfg, seq)?;

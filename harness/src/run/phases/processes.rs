@@ -436,7 +436,7 @@ impl OnDevice for OneRank<'_> {
 
     fn run<D: Device>(self, dev: D) -> Result<PhaseRun> {
         let OneRank { suite, job, rank } = self;
-        let trial = Trial::new(suite, job.device, &job.work, &dev);
+        let trial = Trial::new(suite, job.device, &job.work, &dev)?;
         let place = match job.world {
             1 => Placing::Here,
             _ => Placing::Rank {
