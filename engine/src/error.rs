@@ -163,9 +163,16 @@ impl EngineError {
 /// The engine's result type.
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;
 
-/// Refuses a host buffer of `bytes` for `what` that the host's available memory cannot hold.
+/// Requests below this many bytes are not held to the host's available memory: reading it
+/// takes seven files of `/proc` and `/sys`, far more than such a request costs (a plan's dry
+/// runs made thousands of them a second), and the allocator's own refusal of one is still an
+/// error ([`try_vec`]).
+const PROBED_FROM: u64 = 1 << 20;
+
+/// Refuses a host buffer of `bytes` for `what` that the host's available memory cannot hold
+/// (from 1 MiB on).
 pub fn check_host(bytes: u64, what: &str) -> Result<()> {
-    if bytes > crate::memory::host_available().unwrap_or(u64::MAX) {
+    if bytes >= PROBED_FROM && bytes > crate::memory::host_available().unwrap_or(u64::MAX) {
         return Err(EngineError::HostMemory {
             what: what.to_string(),
             bytes,

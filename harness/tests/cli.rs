@@ -893,6 +893,13 @@ fn estimate_of_a_suite_checks_its_budget() {
         all.contains("budget 1.3 MiB (1400000 bytes) on cpu: EXCEEDED by 353.3 KiB (361792 bytes) at reference step 8"),
         "{all}"
     );
+    for rung in [
+        "- checkpointing: full: highest peak 1255936 B, fits",
+        "- checkpointing: selective: highest peak 1536512 B, does not fit",
+        "The cheapest change that fits: batch_size: 2, training.accumulation: 2",
+    ] {
+        assert!(all.contains(rung), "the fix ladder: {rung}: {all}");
+    }
     let out = est("suites/long-rows-checkpointed.yaml");
     let all = text(&out);
     assert_eq!(out.status.code(), Some(exit_codes::SUCCESS.into()), "{all}");

@@ -8,7 +8,9 @@
 mod common;
 
 use ckpt_engine::backend::count::Like;
+use ckpt_harness::checks::{Check, Failure};
 use ckpt_harness::devices::DeviceKind;
+use ckpt_harness::forecast::ladder::{cheapest, ladder};
 use ckpt_harness::forecast::Forecast;
 use ckpt_harness::run::trial::{self, GoldenMode, TrialResult};
 use ckpt_harness::suite::Suite;
@@ -58,6 +60,20 @@ fn run(suite: &Suite) -> TrialResult {
         GoldenMode::Check,
         &mut (),
     )
+}
+
+/// The failures of `peak_budget` in `t` at a step or an evaluation (the resident host memory it
+/// also holds to a budget is the whole test process's, which other tests share).
+fn peak_budget(t: &TrialResult) -> Vec<&Failure> {
+    let outcome = (t.checks.iter())
+        .find(|o| o.check == Check::PeakBudget)
+        .unwrap();
+    assert!(outcome.compared > 0);
+    outcome
+        .failures
+        .iter()
+        .filter(|f| f.step.is_some())
+        .collect()
 }
 
 fn plan(suite: &Suite) -> Forecast {
@@ -150,15 +166,96 @@ fn a_budget_the_plan_breaks_stops_the_run_at_the_step_it_names() {
     let expected = format!("{budget}expect_fail: [peak_budget]\n");
     let t = run(&suite(dir.path(), &expected));
     assert!(t.passed, "{}", t.verdict);
-    let failed = t
-        .checks
-        .iter()
-        .find(|o| o.check.to_string() == "peak_budget")
-        .unwrap();
-    let first = &failed.failures[0];
+    let failed = peak_budget(&t);
+    let first = failed[0];
     assert_eq!(
         (first.phase, first.step),
         (Some(phase.planned.phase), Some(step.step)),
         "{first}"
     );
+}
+
+/// phi-4 fine-tuned on SQuAD without activation checkpointing
+/// (`suites/faults/phi4_squad_no_checkpointing.yaml`): the plan names the data's longest batch,
+/// in the `max_steps + 3` tail, as the first step over the budget, every step before `max_steps`
+/// under it; the run fails `peak_budget` at exactly the steps the plan puts over it, in every
+/// phase. With full checkpointing (`suites/phi4-squad.yaml`) no planned step breaks it.
+#[test]
+fn phi4_on_squad_fails_its_budget_at_the_steps_the_plan_names() {
+    let control =
+        Suite::load(&common::root().join("suites/faults/phi4_squad_no_checkpointing.yaml"))
+            .unwrap();
+    let budget = 17_000_000;
+    let forecast = plan(&control);
+    let over: Vec<(String, u64)> = (forecast.phases.iter())
+        .flat_map(|p| {
+            (p.steps.iter())
+                .filter(|s| s.highest().1 > budget)
+                .map(|s| (p.planned.phase.to_string(), s.step))
+        })
+        .collect();
+    let tail = control.max_steps();
+    assert!(
+        !over.is_empty() && over.iter().all(|(_, step)| *step >= tail),
+        "{over:?}"
+    );
+    let named = forecast.first_over_budget(|_| budget).unwrap();
+    let (phase, step) = &over[0];
+    assert!(
+        named.starts_with(&format!("{phase} step {step} is predicted")),
+        "{named}"
+    );
+    let longest = |step: u64| {
+        (forecast.data.steps[step as usize].iter())
+            .map(|m| m.shape[1])
+            .max()
+            .unwrap()
+    };
+    assert!(
+        (0..*step).all(|s| longest(s) < longest(*step)),
+        "the longest batch"
+    );
+
+    let t = run(&control);
+    assert!(t.passed, "{}", t.verdict);
+    let failed = peak_budget(&t);
+    let at: Vec<(String, u64)> = (failed.iter())
+        .map(|f| (f.phase.unwrap().to_string(), f.step.unwrap()))
+        .collect();
+    assert_eq!(at, over);
+
+    let checkpointed = Suite::load(&common::root().join("suites/phi4-squad.yaml")).unwrap();
+    let forecast = plan(&checkpointed);
+    assert!(forecast.first_over_budget(|_| budget).is_none());
+    let (_, highest) = forecast.highest_step().unwrap();
+    assert_eq!(highest.step, *step, "the same batch sets the peak");
+}
+
+/// The fix ladder of phi-4 on SQuAD without checkpointing holds when run: every change it
+/// says fits passes `peak_budget`, every change it says does not fit fails it; the cheapest
+/// that fits is named when the plan stops the run.
+#[test]
+fn each_rung_of_the_fix_ladder_fits_when_run_as_it_was_planned_to() {
+    let control =
+        Suite::load(&common::root().join("suites/faults/phi4_squad_no_checkpointing.yaml"))
+            .unwrap();
+    let like = Like::new(DeviceKind::Cpu, control.file.threads);
+    let rungs = ladder(&control, like, &|_| 17_000_000).unwrap();
+    assert!(
+        rungs.iter().any(|r| r.fits) && rungs.iter().any(|r| !r.fits),
+        "{rungs:?}"
+    );
+    for rung in &rungs {
+        let mut changed = control.clone();
+        changed.train = rung.run.clone();
+        let t = run(&changed);
+        let budget = peak_budget(&t);
+        assert_eq!(budget.is_empty(), rung.fits, "{}: {budget:?}", rung.change);
+    }
+    let mut unexpected = control.clone();
+    unexpected.file.expect_fail = None;
+    let t = run(&unexpected);
+    let cheapest = cheapest(&rungs).unwrap();
+    let named = format!("the cheapest change that fits: {}", cheapest.change);
+    assert!(t.verdict.contains(&named), "{named}: {}", t.verdict);
 }

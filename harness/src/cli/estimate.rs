@@ -5,6 +5,7 @@
 
 use super::exit_codes;
 use crate::checks::bytes as exact_bytes;
+use crate::forecast::ladder::ladder;
 use crate::forecast::Forecast;
 use crate::suite::{Budget, Suite};
 use anyhow::{bail, Context, Result};
@@ -376,7 +377,7 @@ fn budget_verdict(
         (
             false,
             format!(
-                "budget {} on {kind}: EXCEEDED by {} at {at} (step peak {}, checkpoint load {}); enable checkpointing or the chunked loss (see the other columns), shorten the rows or the batch, or raise memory.budget",
+                "budget {} on {kind}: EXCEEDED by {} at {at} (step peak {}, checkpoint load {}); the fix ladder above plans each change that could fix it (the columns, checkpointing and the chunked loss together), or raise memory.budget",
                 exact_bytes(limit),
                 exact_bytes(peak.max(load).saturating_sub(limit)),
                 exact_bytes(peak),
@@ -668,14 +669,20 @@ pub fn table(a: &EstimateArgs) -> Result<Report> {
         capacity,
     );
     let within_budget = verdict.as_ref().is_none_or(|(holds, _)| *holds);
+    let rungs = match limit {
+        Some(limit) => ladder(&planned, like, &|_| limit)?,
+        None => Vec::new(),
+    };
     if a.json {
-        let plan = steps::json(&forecast, limit)?;
+        let mut plan = steps::json(&forecast, limit)?;
+        plan["ladder"] = serde_json::to_value(&rungs)?;
         return Ok(Report {
             text: format!("{plan}\n"),
             within_budget,
         });
     }
     text.push_str(&steps::section(&forecast, limit, a.bytes));
+    text.push_str(&steps::ladder_section(&rungs, a.bytes));
     if let Some((_, line)) = &verdict {
         text.push_str(&format!("\n{line}\n"));
     }

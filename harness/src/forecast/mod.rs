@@ -7,6 +7,7 @@
 //! routes a step will take (the run's own check compares each step at the routes it recorded).
 
 pub mod data;
+pub mod ladder;
 
 pub use data::{DataPlan, PlannedMicroBatch, PlannedSample};
 

@@ -2,6 +2,7 @@
 //! micro-batches' shapes and samples, the rank, the peak by category and how far it sits from
 //! the budget) and its evaluations' peak; and the run's highest peak for the budget's verdict.
 
+use crate::forecast::ladder::{cheapest, Rung};
 use crate::forecast::{Forecast, PhaseForecast};
 use ckpt_engine::memory::human_bytes;
 
@@ -114,4 +115,34 @@ pub(super) fn json(f: &Forecast, limit: Option<u64>) -> serde_json::Result<serde
         None => serde_json::Value::Null,
     };
     Ok(v)
+}
+
+/// The fix ladder as a table, each change's highest peak and whether it fits, then the cheapest
+/// that fits; nothing where the plan fits its budget.
+pub(super) fn ladder_section(rungs: &[Rung], exact: bool) -> String {
+    if rungs.is_empty() {
+        return String::new();
+    }
+    let show = |b: u64| match exact {
+        true => format!("{b} B"),
+        false => human_bytes(b),
+    };
+    let mut text = String::from(
+        "\nThe fix ladder: each change alone, planned again over the same data, in the playbook's order\n",
+    );
+    for r in rungs {
+        text.push_str(&format!(
+            "- {}: highest peak {}, {} ({})\n",
+            r.change,
+            show(r.peak),
+            if r.fits { "fits" } else { "does not fit" },
+            r.cost
+        ));
+    }
+    text.push_str(&match cheapest(rungs) {
+        Some(r) => format!("The cheapest change that fits: {}\n", r.change),
+        None => "No single change fits; combine them (the columns above) or raise memory.budget\n"
+            .into(),
+    });
+    text
 }

@@ -12,6 +12,7 @@ pub mod processes;
 
 use crate::checks::Check;
 use crate::devices::{self, DeviceKind, OnDevice};
+use crate::forecast::ladder::{cheapest, ladder};
 use crate::forecast::{plan, predict, Forecast};
 use crate::record::ranks::{RankModel, RankPhase, RankStep, WorldModel};
 use crate::record::{
@@ -296,10 +297,17 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
         let trial = Trial::new(suite, kind, work, &dev)?;
         if let Some(budget) = suite.budget() {
             if !suite.expect_fail().contains(&Check::PeakBudget) {
-                let limit = |world| budget.bytes(dev.rank_capacity(world));
+                let limit = |world: usize| budget.bytes(dev.rank_capacity(world));
                 if let Some(over) = trial.forecast.first_over_budget(limit) {
+                    let rungs = ladder(suite, trial.like, &limit)?;
+                    let fix = match cheapest(&rungs) {
+                        Some(r) => {
+                            format!("the cheapest change that fits: {} ({})", r.change, r.cost)
+                        }
+                        None => "no single change of the fix ladder fits".into(),
+                    };
                     bail!(
-                        "{}: the plan breaks the budget before anything runs: {over}`ckpt-harness estimate {}` shows what fits; add peak_budget to expect_fail to run it anyway",
+                        "{}: the plan breaks the budget before anything runs: {over}{fix}; `ckpt-harness estimate {}` shows every change; add peak_budget to expect_fail to run it anyway",
                         suite.path.display(),
                         suite.path.display()
                     );
