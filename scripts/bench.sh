@@ -4,8 +4,9 @@
 # one after the other in the same invocation; prints both and the ratio. Then fine-tuning data:
 # a step on the fixture conversations against one of the same shape on synthetic data, and
 # tokenizing 100,000 conversations against transformers' apply_chat_template (and the token
-# cache's read back against the first run). Then checkpoint save and load throughput next to a
-# plain write + fsync and read of the same bytes (checkpoint_io bench).
+# cache's read back against the first run). Then the plan of every step of a 1,000-step run over
+# those conversations against drawing its batches alone (plan bench). Then checkpoint save and
+# load throughput next to a plain write + fsync and read of the same bytes (checkpoint_io bench).
 #
 #   scripts/bench.sh [--threads N] [--steps N] [--warmup N] [--rounds N] [--precision P]
 #                    [--kernels native|fma] [--json FILE]
@@ -57,6 +58,17 @@ median() {
 median_of() {
     local key="$1" line
     while IFS= read -r line; do json_number "$key" "$line"; done | median
+}
+
+# harness_bench NAME: the harness's bench NAME run `rounds` times, each run's last line (its
+# JSON figures) written on a line of standard output and shown as "NAME: LINE" on standard error.
+harness_bench() {
+    local round line
+    for ((round = 1; round <= rounds; round++)); do
+        line=$(cargo bench -p ckpt-harness --bench "$1" --locked -q | tail -n 1)
+        echo "$1: $line" >&2
+        echo "$line"
+    done
 }
 
 # figure NAME UNIT VALUE [reference]: one figure for --json; a value that is not a number stops
@@ -178,13 +190,25 @@ if [[ $have_torch == 1 ]]; then
     figure "tokenizing chat samples, engine / transformers" x "$tokenize_ratio"
 fi
 
+echo "the plan of every step..." >&2
+# Every step's batches and memory planned over the tokenize bench's 100,000 conversations in a
+# 1,000-step run, at the phi4-squad suite's shape and at phi-4's real one, against drawing the
+# batches alone.
+plan_out=$(harness_bench plan)
+mapfile -t plan_lines <<<"$plan_out"
+plan_median() { printf '%s\n' "${plan_lines[@]}" | median_of "$1"; }
+printf 'the plan of 100,000 samples over 1,000 steps: %.2f s (target < 2 s on 2 cores); at phi-4'"'"'s real shape %.2f s (target < 5 s); drawing the batches alone %.2f s\n' \
+    "$(plan_median plan_s)" "$(plan_median plan_phi4_s)" "$(plan_median draw_s)"
+steps_per_s() { awk -v s="$(plan_median "$1")" 'BEGIN { printf "%.4f", 1000 / s }'; }
+figure "planning every step, phi4-squad's shape" steps/s "$(steps_per_s plan_s)"
+figure "planning every step, phi-4's real shape" steps/s "$(steps_per_s plan_phi4_s)"
+figure "drawing every step's batches" steps/s "$(steps_per_s draw_s)" reference
+figure "planning every step / drawing the batches, phi4-squad's shape" x \
+    "$(awk -v a="$(plan_median plan_s)" -v b="$(plan_median draw_s)" 'BEGIN { printf "%.4f", b / a }')"
+
 echo "checkpoint save and load..." >&2
-io_lines=()
-for ((round = 1; round <= rounds; round++)); do
-    io=$(cargo bench -p ckpt-harness --bench checkpoint_io --locked -q | tail -n 1)
-    echo "checkpoint_io: $io"
-    io_lines+=("$io")
-done
+io_out=$(harness_bench checkpoint_io)
+mapfile -t io_lines <<<"$io_out"
 io_median() { printf '%s\n' "${io_lines[@]}" | median_of "$1"; }
 printf 'save %.2f GB/s, plain write + fsync %.2f GB/s: %.2fx (target >= 0.80x)\n' \
     "$(io_median save_gb_s)" "$(io_median plain_write_gb_s)" "$(io_median save_vs_plain)"

@@ -962,6 +962,15 @@ fn estimate_of_real_data_names_the_step_of_the_longest_batch() {
         .collect();
     assert_eq!(trained, [(0, 21, 1), (6, 15, 3), (12, 9, 1), (18, 3, 3)]);
     assert_eq!(plan["highest"]["at"], format!("reference step {named}"));
+
+    let out = harness(&["estimate", "--json", "--world-size", "3"], &[&suite]);
+    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let phases = plan["phases"].as_array().unwrap();
+    assert_eq!(phases.len(), 4);
+    for p in phases {
+        let step = &p["steps"][0];
+        assert_eq!(step["ranks"].as_array().unwrap().len(), 3, "{step}");
+    }
 }
 
 /// The nightly GPU suites are sized for one 80 GB card: by the memory model, each one's budget,

@@ -2,11 +2,13 @@
 //! and the peak of building each trainer (checkpoint loading included), at or under
 //! `memory.budget`; the resident host memory each
 //! phase adds at its peak (above the resident bytes at its start) at or under
-//! `memory.rss_budget`.
+//! `memory.rss_budget`. A run the plan stopped before it trained ([`planned`]) fails it at
+//! every step the plan put over the budget.
 
 use super::{bytes, memory_detail, per_rank, Check, Failure, Input, Outcome};
 use crate::record::fields::RecordField;
 use crate::record::{Phase, RunRecord};
+use ckpt_engine::memory::Breakdown;
 
 /// The optional parts of a record it compares.
 pub const NEEDS: &[RecordField] = &[RecordField::StepMemory];
@@ -127,6 +129,48 @@ pub fn check(r: &RunRecord) -> Outcome {
         .with("max_peak", max_peak)
         .with("rss_budget", r.rss_budget)
         .with("max_rss_added", max_rss_added)
+}
+
+/// A step the plan of every step puts over its rank's budget, before anything runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Overrun {
+    /// The phase.
+    pub phase: Phase,
+    /// The step.
+    pub step: u64,
+    /// The rank whose peak is highest, on more than one rank.
+    pub rank: Option<usize>,
+    /// Its planned peak.
+    pub peak: u64,
+    /// Its rank's budget.
+    pub budget: u64,
+    /// The planned bytes per category at the peak.
+    pub at_peak: Breakdown,
+    /// The step's micro-batches: shapes and samples.
+    pub batches: String,
+}
+
+/// The outcome of a run the plan stopped before it trained: failed at each of `overruns`,
+/// having compared each step the plan put over the budget.
+pub fn planned(r: &RunRecord, overruns: &[Overrun]) -> Outcome {
+    let failures = overruns
+        .iter()
+        .map(|o| {
+            let mut f = Failure::new(Check::PeakBudget, r, "step peak")
+                .phase(o.phase)
+                .step(o.step)
+                .saw(format!("at most {}", bytes(o.budget)), bytes(o.peak))
+                .detail(format!(
+                    "{}; planned before anything ran, its micro-batches: {}",
+                    memory_detail(&o.at_peak),
+                    o.batches
+                ));
+            f.rank = o.rank;
+            f
+        })
+        .collect();
+    let n = overruns.len() as u64;
+    Outcome::new(Check::PeakBudget, r, n, n, failures)
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use super::exit_codes;
 use crate::checks::bytes as exact_bytes;
 use crate::forecast::ladder::ladder;
 use crate::forecast::Forecast;
-use crate::suite::{Budget, Suite};
+use crate::suite::{Budget, ParallelSpec, Suite};
 use anyhow::{bail, Context, Result};
 use ckpt_engine::backend::count::{Like, Routes};
 use ckpt_engine::estimate::{estimate, Estimate, EstimateConfig};
@@ -68,7 +68,7 @@ pub struct EstimateArgs {
     #[arg(long)]
     accumulation: Option<usize>,
     /// Data-parallel ranks, each a device of its own; the table is rank 0's (whose shards are
-    /// the largest) and each rank's peaks follow it.
+    /// the largest) and each rank's peaks follow it; a suite's plan runs every phase on them.
     #[arg(long)]
     world_size: Option<usize>,
     /// What the ranks shard.
@@ -650,9 +650,21 @@ pub fn table(a: &EstimateArgs) -> Result<Report> {
             within_budget: true,
         });
     };
-    // The plan follows the suite's phases over its data, in the run the flags make of it.
+    // The plan follows the suite's phases over its data, in the run the flags make of it:
+    // with --world-size, every phase on that many ranks.
     let mut planned = suite.clone();
     planned.train = run.clone();
+    if a.world_size.is_some() {
+        let p = &run.parallel;
+        planned.file.parallel = Some(ParallelSpec {
+            world_size: p.world_size,
+            shard: p.shard,
+            checkpoints: p.checkpoints,
+            transport: p.transport,
+            processes: false,
+            resume_world_sizes: None,
+        });
+    }
     let forecast = Forecast::of(&planned, like)?;
     let capacity = a.capacity.or(suite.capacity());
     let limit = suite.budget().and_then(|b| match (b, capacity) {

@@ -12,6 +12,7 @@ pub mod ladder;
 pub use data::{DataPlan, PlannedMicroBatch, PlannedSample};
 
 use crate::checks::bytes;
+use crate::checks::peak_budget::Overrun;
 use crate::record::{Phase, PlannedPhase, PredictedStep};
 use crate::suite::Suite;
 use anyhow::Result;
@@ -187,27 +188,43 @@ impl Forecast {
             .collect()
     }
 
-    /// The first step, in run order, whose peak on some rank exceeds `limit` of its phase's
-    /// world size, as a sentence naming the phase, step, rank, peak and samples.
-    pub fn first_over_budget(&self, limit: impl Fn(usize) -> u64) -> Option<String> {
-        self.phases.iter().find_map(|p| {
+    /// Every step of every phase, in run order, whose peak on some rank exceeds `limit` of its
+    /// phase's world size.
+    pub fn overruns(&self, limit: impl Fn(usize) -> u64) -> Vec<Overrun> {
+        let mut out = Vec::new();
+        for p in &self.phases {
             let budget = limit(p.planned.world_size);
-            let s = p.steps.iter().find(|s| s.highest().1 > budget)?;
-            let (rank, peak) = s.highest();
-            let on_rank = match p.planned.world_size {
-                1 => String::new(),
-                _ => format!(" on rank {rank}"),
-            };
-            Some(format!(
-                "{} step {}{on_rank} is predicted to peak at {}, {} over memory.budget's {}; its micro-batches:\n{}",
-                p.planned.phase,
-                s.step,
-                bytes(peak),
-                human_bytes(peak - budget),
-                bytes(budget),
-                self.micro_batches_text(s.step, "  ")
-            ))
-        })
+            for s in p.steps.iter().filter(|s| s.highest().1 > budget) {
+                let (rank, peak) = s.highest();
+                let batches = self.micro_batches_text(s.step, "");
+                out.push(Overrun {
+                    phase: p.planned.phase,
+                    step: s.step,
+                    rank: (p.planned.world_size > 1).then_some(rank),
+                    peak,
+                    budget,
+                    at_peak: s.ranks[rank].at_peak,
+                    batches: batches.trim_end().replace('\n', "; "),
+                });
+            }
+        }
+        out
+    }
+
+    /// The first of [`Forecast::overruns`] as one line naming the phase, step, rank, peak and
+    /// samples.
+    pub fn first_over_budget(&self, limit: impl Fn(usize) -> u64) -> Option<String> {
+        let o = self.overruns(limit).into_iter().next()?;
+        let on_rank = o.rank.map_or(String::new(), |r| format!(" on rank {r}"));
+        Some(format!(
+            "{} step {}{on_rank} is predicted to peak at {}, {} over memory.budget's {}; its micro-batches: {}; ",
+            o.phase,
+            o.step,
+            bytes(o.peak),
+            human_bytes(o.peak - o.budget),
+            bytes(o.budget),
+            o.batches
+        ))
     }
 
     /// Step `step` on `world` ranks, as any phase at that world size that trains it plans it.

@@ -2,12 +2,12 @@
 //! passes only when exactly the checks of `expect_fail` fail and exactly those of
 //! `expect_not_run` had nothing to compare; a suite that cannot run fails with the reason.
 
-use crate::checks::{self, golden, Check, Outcome, Status};
+use crate::checks::{self, golden, peak_budget, Check, Outcome, Status};
 use crate::devices::DeviceKind;
 use crate::error_text;
 use crate::record::RunRecord;
 use crate::run::command_phases;
-use crate::run::phases::{self, Watch};
+use crate::run::phases::{self, PlanOverBudget, Watch};
 use crate::run::repeat::Spread;
 use crate::suite::engine::CommandEngine;
 use crate::suite::Suite;
@@ -230,13 +230,34 @@ pub fn run(
     let started = Instant::now();
     let (verdict, checks, record) = match observe(suite, device, golden_dir, mode, watch) {
         Ok(Observed { record, checks }) => (conclude(suite, &checks), checks, record),
-        Err(e) => (
-            Err(could_not("run", &suite.path, &e)),
-            Vec::new(),
-            RunRecord::default(),
-        ),
+        Err(e) => match e.downcast::<PlanOverBudget>() {
+            Ok(over) => stopped_by_the_plan(suite, device, over),
+            Err(e) => (
+                Err(could_not("run", &suite.path, &e)),
+                Vec::new(),
+                RunRecord::default(),
+            ),
+        },
     };
     result(suite, device, verdict, checks, record, started)
+}
+
+/// The verdict, outcomes and record of a run the plan stopped before it trained: `peak_budget`
+/// failed at every step the plan put over the budget, nothing else run.
+fn stopped_by_the_plan(
+    suite: &Suite,
+    device: DeviceKind,
+    over: PlanOverBudget,
+) -> (Result<(), String>, Vec<Outcome>, RunRecord) {
+    let record = RunRecord {
+        name: suite.trial_name(device),
+        suite: suite.file.name.clone(),
+        device: device.name().into(),
+        planned: crate::forecast::plan(suite),
+        ..RunRecord::default()
+    };
+    let checks = vec![peak_budget::planned(&record, &over.overruns)];
+    (Err(over.message), checks, record)
 }
 
 /// A trial of a suite whose phases another trainer runs (`engine: {command}`): every phase as

@@ -10,6 +10,7 @@
 
 pub mod processes;
 
+use crate::checks::peak_budget::Overrun;
 use crate::checks::Check;
 use crate::devices::{self, DeviceKind, OnDevice};
 use crate::forecast::ladder::{cheapest, ladder};
@@ -22,7 +23,7 @@ use crate::record::{
 use crate::run::host_memory;
 use crate::run::saver::Saver;
 use crate::suite::Suite;
-use anyhow::{bail, Result};
+use anyhow::Result;
 use ckpt_engine::backend::count::{Like, Routes};
 use ckpt_engine::checkpoint::step_dir_name;
 use ckpt_engine::estimate::{
@@ -114,6 +115,24 @@ fn window(stats: &MemoryStats, oom_before: u64) -> Window {
         oom_count: stats.oom_count - oom_before,
     }
 }
+
+/// A run stopped before it trained: the plan of every step puts steps over the suite's budget,
+/// and the suite does not expect `peak_budget` to fail.
+#[derive(Debug)]
+pub struct PlanOverBudget {
+    /// Each step of each phase over its rank's budget, in run order.
+    pub overruns: Vec<Overrun>,
+    /// The first named with its samples, and the cheapest change that fits.
+    pub message: String,
+}
+
+impl std::fmt::Display for PlanOverBudget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for PlanOverBudget {}
 
 /// How one planned phase runs: the checkpoint it resumes from and where it saves.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -306,11 +325,15 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
                         }
                         None => "no single change of the fix ladder fits".into(),
                     };
-                    bail!(
-                        "{}: the plan breaks the budget before anything runs: {over}{fix}; `ckpt-harness estimate {}` shows every change; add peak_budget to expect_fail to run it anyway",
-                        suite.path.display(),
-                        suite.path.display()
-                    );
+                    return Err(PlanOverBudget {
+                        overruns: trial.forecast.overruns(limit),
+                        message: format!(
+                            "{}: the plan breaks the budget before anything runs: {over}{fix}; `ckpt-harness estimate {}` shows every change; add peak_budget to expect_fail to run it anyway",
+                            suite.path.display(),
+                            suite.path.display()
+                        ),
+                    }
+                    .into());
                 }
             }
         }
