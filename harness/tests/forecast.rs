@@ -240,7 +240,8 @@ fn each_rung_of_the_fix_ladder_fits_when_run_as_it_was_planned_to() {
         Suite::load(&common::root().join("suites/faults/phi4_squad_no_checkpointing.yaml"))
             .unwrap();
     let like = Like::new(DeviceKind::Cpu, control.file.threads);
-    let rungs = ladder(&control, like, &|_| 17_000_000).unwrap();
+    let planned = Forecast::of(&control, like).unwrap();
+    let rungs = ladder(&control, &planned, like, &|_| 17_000_000).unwrap();
     assert!(
         rungs.iter().any(|r| r.fits) && rungs.iter().any(|r| !r.fits),
         "{rungs:?}"

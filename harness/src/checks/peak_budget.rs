@@ -8,7 +8,7 @@
 use super::{bytes, memory_detail, per_rank, Check, Failure, Input, Outcome};
 use crate::record::fields::RecordField;
 use crate::record::{Phase, RunRecord};
-use ckpt_engine::memory::Breakdown;
+use ckpt_engine::memory::{human_bytes, Breakdown};
 
 /// The optional parts of a record it compares.
 pub const NEEDS: &[RecordField] = &[RecordField::StepMemory];
@@ -148,6 +148,22 @@ pub struct Overrun {
     pub at_peak: Breakdown,
     /// The step's micro-batches: shapes and samples.
     pub batches: String,
+}
+
+impl Overrun {
+    /// One line naming the phase, step, rank, peak, how far over the budget, and the samples.
+    pub fn sentence(&self) -> String {
+        let on_rank = self.rank.map_or(String::new(), |r| format!(" on rank {r}"));
+        format!(
+            "{} step {}{on_rank} is predicted to peak at {}, {} over memory.budget's {}; its micro-batches: {}; ",
+            self.phase,
+            self.step,
+            bytes(self.peak),
+            human_bytes(self.peak.saturating_sub(self.budget)),
+            bytes(self.budget),
+            self.batches
+        )
+    }
 }
 
 /// The outcome of a run the plan stopped before it trained: failed at each of `overruns`,

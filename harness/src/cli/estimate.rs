@@ -672,7 +672,9 @@ pub fn table(a: &EstimateArgs) -> Result<Report> {
         (fraction, Some(capacity)) => Some(fraction.bytes(capacity)),
         _ => None,
     });
-    let largest = steps::highest(&forecast).unwrap_or_else(|| largest_peak(&estimates[configured]));
+    let largest = forecast
+        .highest()
+        .unwrap_or_else(|| largest_peak(&estimates[configured]));
     let verdict = budget_verdict(
         &suite,
         a.device,
@@ -682,7 +684,7 @@ pub fn table(a: &EstimateArgs) -> Result<Report> {
     );
     let within_budget = verdict.as_ref().is_none_or(|(holds, _)| *holds);
     let rungs = match limit {
-        Some(limit) => ladder(&planned, like, &|_| limit)?,
+        Some(limit) => ladder(&planned, &forecast, like, &|_| limit)?,
         None => Vec::new(),
     };
     if a.json {

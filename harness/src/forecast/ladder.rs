@@ -38,11 +38,15 @@ pub struct Rung {
     pub run: TrainConfig,
 }
 
-/// The ladder of `suite` on the backend `like` models, each rank's budget on `world` ranks
-/// `limit(world)`; empty where the suite's own plan fits.
-pub fn ladder(suite: &Suite, like: Like, limit: &dyn Fn(usize) -> u64) -> Result<Vec<Rung>> {
-    let planned = Forecast::of(suite, like)?;
-    if fits(&planned, limit) {
+/// The ladder of `suite`, whose plan is `planned`, on the backend `like` models, each rank's
+/// budget on `world` ranks `limit(world)`; empty where the suite's own plan fits.
+pub fn ladder(
+    suite: &Suite,
+    planned: &Forecast,
+    like: Like,
+    limit: &dyn Fn(usize) -> u64,
+) -> Result<Vec<Rung>> {
+    if fits(planned, limit) {
         return Ok(Vec::new());
     }
     let run = &suite.train;
@@ -111,7 +115,7 @@ pub fn ladder(suite: &Suite, like: Like, limit: &dyn Fn(usize) -> u64) -> Result
             }),
         )?);
     }
-    if let Some(cap) = capped(suite, like, limit)? {
+    if let Some(cap) = capped(suite, planned, like, limit)? {
         rungs.push(cap);
     }
     if let DataConfig::Text(text) = &run.data {
@@ -178,24 +182,19 @@ fn fits(f: &Forecast, limit: &dyn Fn(usize) -> u64) -> bool {
 
 /// The highest peak of any step or evaluation of any rank of `f`.
 fn highest(f: &Forecast) -> u64 {
-    (f.phases.iter())
-        .flat_map(|p| {
-            let steps = p.steps.iter().map(|s| s.highest().1);
-            steps.chain(
-                p.evaluations
-                    .iter()
-                    .flat_map(|e| e.rank_peaks.iter().copied()),
-            )
-        })
-        .max()
-        .unwrap_or(0)
+    f.highest().map_or(0, |(peak, _)| peak)
 }
 
 /// The cap rung of text padded to each micro-batch's longest or to `seq_len`: the most tokens a
 /// sample may keep for the plan to fit (bisected; samples over it cut, `overlong: truncate`),
 /// with the samples of the run it cuts and the tokens they lose; `None` for other data, or
-/// where no cap below `seq_len` fits.
-fn capped(suite: &Suite, like: Like, limit: &dyn Fn(usize) -> u64) -> Result<Option<Rung>> {
+/// where no cap below `seq_len` fits. `planned` is the suite's own plan.
+fn capped(
+    suite: &Suite,
+    planned: &Forecast,
+    like: Like,
+    limit: &dyn Fn(usize) -> u64,
+) -> Result<Option<Rung>> {
     let DataConfig::Text(text) = &suite.train.data else {
         return Ok(None);
     };
@@ -210,19 +209,19 @@ fn capped(suite: &Suite, like: Like, limit: &dyn Fn(usize) -> u64) -> Result<Opt
             }
         })
     };
-    let at = |cap: usize| Forecast::of(&changed(cap), like);
-    let (mut lo, mut hi) = (0, suite.train.seq_len);
+    // The longest cap that fits, and its plan's highest peak.
+    let (mut lo, mut hi, mut peak) = (0, suite.train.seq_len, 0);
     while hi - lo > 1 {
         let mid = lo + (hi - lo) / 2;
-        match fits(&at(mid)?, limit) {
-            true => lo = mid,
+        let f = Forecast::of(&changed(mid), like)?;
+        match fits(&f, limit) {
+            true => (lo, peak) = (mid, highest(&f)),
             false => hi = mid,
         }
     }
     if lo == 0 {
         return Ok(None);
     }
-    let planned = Forecast::of(suite, like)?;
     let mut cut: BTreeMap<u64, usize> = BTreeMap::new();
     for sample in planned.data.steps.iter().flatten().flat_map(|m| &m.samples) {
         if sample.tokens > lo {
@@ -240,7 +239,7 @@ fn capped(suite: &Suite, like: Like, limit: &dyn Fn(usize) -> u64) -> Result<Opt
                 .collect::<Vec<_>>()
                 .join(", ")
         ),
-        peak: highest(&at(lo)?),
+        peak,
         fits: true,
         run: changed(lo).train,
     }))

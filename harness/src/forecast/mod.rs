@@ -11,16 +11,14 @@ pub mod ladder;
 
 pub use data::{DataPlan, PlannedMicroBatch, PlannedSample};
 
-use crate::checks::bytes;
 use crate::checks::peak_budget::Overrun;
 use crate::record::{Phase, PlannedPhase, PredictedStep};
 use crate::suite::Suite;
 use anyhow::Result;
 use ckpt_engine::backend::count::Like;
 use ckpt_engine::estimate::{
-    estimate, evaluation_peaks, recorded_rank_steps, EstimateConfig, StepEstimate,
+    estimate, evaluation_peaks, recorded_rank_steps, Estimate, EstimateConfig, StepEstimate,
 };
-use ckpt_engine::memory::human_bytes;
 use serde::Serialize;
 use std::collections::HashMap;
 
@@ -163,9 +161,9 @@ impl Forecast {
         best
     }
 
-    /// A line for each micro-batch of step `step`, each after `indent`: its shape and each
-    /// sample's index (and epoch, past the first) and tokens.
-    pub fn micro_batches_text(&self, step: u64, indent: &str) -> String {
+    /// A line for each micro-batch of step `step`: its shape and each sample's index (and
+    /// epoch, past the first) and tokens.
+    pub fn micro_batch_lines(&self, step: u64) -> Vec<String> {
         let planned: &[PlannedMicroBatch] =
             (self.data.steps.get(step as usize)).map_or(&[], |s| &s[..]);
         planned
@@ -179,7 +177,7 @@ impl Forecast {
                     })
                     .collect();
                 format!(
-                    "{indent}micro-batch {m} [{} × {}]: samples {}\n",
+                    "micro-batch {m} [{} × {}]: samples {}",
                     mb.shape[0],
                     mb.shape[1],
                     samples.join(", ")
@@ -196,7 +194,6 @@ impl Forecast {
             let budget = limit(p.planned.world_size);
             for s in p.steps.iter().filter(|s| s.highest().1 > budget) {
                 let (rank, peak) = s.highest();
-                let batches = self.micro_batches_text(s.step, "");
                 out.push(Overrun {
                     phase: p.planned.phase,
                     step: s.step,
@@ -204,27 +201,51 @@ impl Forecast {
                     peak,
                     budget,
                     at_peak: s.ranks[rank].at_peak,
-                    batches: batches.trim_end().replace('\n', "; "),
+                    batches: self.micro_batch_lines(s.step).join("; "),
                 });
             }
         }
         out
     }
 
-    /// The first of [`Forecast::overruns`] as one line naming the phase, step, rank, peak and
-    /// samples.
+    /// The first of [`Forecast::overruns`] as one line ([`Overrun::sentence`]).
     pub fn first_over_budget(&self, limit: impl Fn(usize) -> u64) -> Option<String> {
-        let o = self.overruns(limit).into_iter().next()?;
-        let on_rank = o.rank.map_or(String::new(), |r| format!(" on rank {r}"));
-        Some(format!(
-            "{} step {}{on_rank} is predicted to peak at {}, {} over memory.budget's {}; its micro-batches: {}; ",
-            o.phase,
-            o.step,
-            bytes(o.peak),
-            human_bytes(o.peak - o.budget),
-            bytes(o.budget),
-            o.batches
-        ))
+        self.overruns(limit).first().map(Overrun::sentence)
+    }
+
+    /// The highest peak of any step or evaluation of any rank, and where: the phase, the step
+    /// (or the evaluation after it) and the rank, on more than one.
+    pub fn highest(&self) -> Option<(u64, String)> {
+        let mut best: Option<(u64, String)> = None;
+        let mut consider = |peak: u64, at: String| {
+            if best.as_ref().is_none_or(|(b, _)| peak > *b) {
+                best = Some((peak, at));
+            }
+        };
+        for p in &self.phases {
+            let on_rank = |rank: usize| match p.planned.world_size {
+                1 => String::new(),
+                _ => format!(" on rank {rank}"),
+            };
+            if let Some(s) = p.highest_step() {
+                let (rank, peak) = s.highest();
+                consider(
+                    peak,
+                    format!("{} step {}{}", p.planned.phase, s.step, on_rank(rank)),
+                );
+            }
+            for e in &p.evaluations {
+                let (rank, peak) = highest(e.rank_peaks.iter().copied());
+                let at = format!(
+                    "{} evaluation after step {}{}",
+                    p.planned.phase,
+                    e.step,
+                    on_rank(rank)
+                );
+                consider(peak, at);
+            }
+        }
+        best
     }
 
     /// Step `step` on `world` ranks, as any phase at that world size that trains it plans it.
@@ -316,15 +337,22 @@ impl<'a> Models<'a> {
             return Ok(vec![0; world]);
         }
         let model = estimate(&self.config(world))?;
-        Ok(match self.suite.rank_processes() {
-            true => model.save_staging_on_process_ranks(),
-            false => (0..world)
-                .map(|r| match r {
-                    0 => model.save_staging_on_device(),
-                    _ => 0,
-                })
-                .collect(),
-        })
+        Ok(staging_by_rank(&model, self.suite.rank_processes()))
+    }
+}
+
+/// The bytes of an asynchronous save's staging each rank of `model`'s run counts on its own
+/// tracker: each its own chunk where the ranks are `processes` of their own, else rank 0 all
+/// of it ([`Estimate::save_staging_on_process_ranks`], [`Estimate::save_staging_on_device`]).
+pub(crate) fn staging_by_rank(model: &Estimate, processes: bool) -> Vec<u64> {
+    match processes {
+        true => model.save_staging_on_process_ranks(),
+        false => (0..model.config.run.parallel.world_size.max(1))
+            .map(|r| match r {
+                0 => model.save_staging_on_device(),
+                _ => 0,
+            })
+            .collect(),
     }
 }
 

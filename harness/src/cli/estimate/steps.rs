@@ -1,41 +1,10 @@
 //! The plan's part of `estimate` on a suite: phase by phase, the step that sets its peak (its
 //! micro-batches' shapes and samples, the rank, the peak by category and how far it sits from
-//! the budget) and its evaluations' peak; and the run's highest peak for the budget's verdict.
+//! the budget) and its evaluations' peak; the fix ladder; the plan as JSON.
 
 use crate::forecast::ladder::{cheapest, Rung};
 use crate::forecast::{Forecast, PhaseForecast};
 use ckpt_engine::memory::human_bytes;
-
-/// The highest peak of any step or evaluation of any phase, and where it is.
-pub(super) fn highest(f: &Forecast) -> Option<(u64, String)> {
-    let mut best: Option<(u64, String)> = None;
-    let mut consider = |peak: u64, at: String| {
-        if best.as_ref().is_none_or(|(b, _)| peak > *b) {
-            best = Some((peak, at));
-        }
-    };
-    for p in &f.phases {
-        if let Some(s) = p.highest_step() {
-            let (rank, peak) = s.highest();
-            consider(
-                peak,
-                format!("{} step {}{}", p.planned.phase, s.step, on_rank(p, rank)),
-            );
-        }
-        for e in &p.evaluations {
-            let (rank, peak) = (e.rank_peaks.iter().copied().enumerate())
-                .fold((0, 0), |b, (r, v)| if v > b.1 { (r, v) } else { b });
-            let at = format!(
-                "{} evaluation after step {}{}",
-                p.planned.phase,
-                e.step,
-                on_rank(p, rank)
-            );
-            consider(peak, at);
-        }
-    }
-    best
-}
 
 /// The section: a line a phase for its highest step with that step's micro-batches below it,
 /// and its evaluations' highest peak; `limit` is the budget in bytes, where one is known.
@@ -78,7 +47,9 @@ pub(super) fn section(f: &Forecast, limit: Option<u64>, exact: bool) -> String {
             margin(peak),
             s.ranks[rank].at_peak
         ));
-        text.push_str(&f.micro_batches_text(s.step, "  "));
+        for line in f.micro_batch_lines(s.step) {
+            text.push_str(&format!("  {line}\n"));
+        }
         if let Some(e) = p
             .evaluations
             .iter()
@@ -110,7 +81,7 @@ fn on_rank(p: &PhaseForecast, rank: usize) -> String {
 pub(super) fn json(f: &Forecast, limit: Option<u64>) -> serde_json::Result<serde_json::Value> {
     let mut v = serde_json::to_value(f)?;
     v["budget"] = serde_json::json!(limit);
-    v["highest"] = match highest(f) {
+    v["highest"] = match f.highest() {
         Some((peak, at)) => serde_json::json!({"peak": peak, "at": at}),
         None => serde_json::Value::Null,
     };

@@ -14,7 +14,7 @@ use crate::checks::peak_budget::Overrun;
 use crate::checks::Check;
 use crate::devices::{self, DeviceKind, OnDevice};
 use crate::forecast::ladder::{cheapest, ladder};
-use crate::forecast::{plan, predict, Forecast};
+use crate::forecast::{plan, predict, staging_by_rank, Forecast};
 use crate::record::ranks::{RankModel, RankPhase, RankStep, WorldModel};
 use crate::record::{
     EvalRecord, HostMemory, Oom, Phase, PhaseRecord, PlannedPhase, PredictedStep, RunRecord,
@@ -226,7 +226,7 @@ fn world_models<D: Device>(
                 like,
             ))?;
             let capacity = dev.rank_capacity(world_size);
-            let process_staging = model.save_staging_on_process_ranks();
+            let staging = staging_by_rank(&model, suite.rank_processes());
             let ranks = (0..world_size)
                 .map(|r| {
                     let predicted = pair(&model.ranks, &model.first_step, &model.later_step, r);
@@ -236,11 +236,7 @@ fn world_models<D: Device>(
                         predicted_long: model.long_batch.as_ref().map(|l| {
                             (l.from_step, pair(&l.ranks, &l.first_step, &l.later_step, r))
                         }),
-                        predicted_staging: match suite.rank_processes() {
-                            true => process_staging.get(r).copied().unwrap_or(0),
-                            false if r == 0 => model.save_staging_on_device(),
-                            false => 0,
-                        },
+                        predicted_staging: staging.get(r).copied().unwrap_or(0),
                         capacity,
                         budget: suite.budget().map(|b| b.bytes(capacity)),
                     }
@@ -317,23 +313,22 @@ impl<W: Watch> OnDevice for Phases<'_, W> {
         if let Some(budget) = suite.budget() {
             if !suite.expect_fail().contains(&Check::PeakBudget) {
                 let limit = |world: usize| budget.bytes(dev.rank_capacity(world));
-                if let Some(over) = trial.forecast.first_over_budget(limit) {
-                    let rungs = ladder(suite, trial.like, &limit)?;
+                let overruns = trial.forecast.overruns(limit);
+                if let Some(first) = overruns.first() {
+                    let rungs = ladder(suite, &trial.forecast, trial.like, &limit)?;
                     let fix = match cheapest(&rungs) {
                         Some(r) => {
                             format!("the cheapest change that fits: {} ({})", r.change, r.cost)
                         }
                         None => "no single change of the fix ladder fits".into(),
                     };
-                    return Err(PlanOverBudget {
-                        overruns: trial.forecast.overruns(limit),
-                        message: format!(
-                            "{}: the plan breaks the budget before anything runs: {over}{fix}; `ckpt-harness estimate {}` shows every change; add peak_budget to expect_fail to run it anyway",
-                            suite.path.display(),
-                            suite.path.display()
-                        ),
-                    }
-                    .into());
+                    let message = format!(
+                        "{}: the plan breaks the budget before anything runs: {}{fix}; `ckpt-harness estimate {}` shows every change; add peak_budget to expect_fail to run it anyway",
+                        suite.path.display(),
+                        first.sentence(),
+                        suite.path.display()
+                    );
+                    return Err(PlanOverBudget { overruns, message }.into());
                 }
             }
         }
